@@ -1,0 +1,99 @@
+"""Strict JSON in, canonical JSON out, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+
+from kvgraft.errors import InputError
+
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def loads_strict(data: bytes | str, where: str) -> Any:
+    """Parse JSON refusing duplicate keys and NaN/Infinity; errors name `where`."""
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: invalid JSON: {exc}") from None
+
+
+def load_file(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read and strictly parse a JSON file whose size is bounded before reading."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if size > max_bytes:
+        raise InputError(f"{path}: {size} bytes exceeds the {max_bytes}-byte limit for JSON")
+    with path.open("rb") as fh:
+        return loads_strict(fh.read(max_bytes + 1), str(path))
+
+
+def canonical(obj: Any) -> bytes:
+    """RFC 8785 canonical JSON bytes."""
+    return rfc8785.dumps(obj)
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, object) for each non-blank line; errors name file and line."""
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            obj = loads_strict(line, f"{path}:{lineno}")
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{lineno}: expected a JSON object")
+            yield lineno, obj
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp name in the same folder, fsync, rename: never a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any, *, canonical_form: bool = False) -> None:
+    data = canonical(obj) if canonical_form else (json.dumps(obj, indent=2) + "\n").encode()
+    write_atomic(path, data)

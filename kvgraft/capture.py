@@ -1,0 +1,213 @@
+"""Prefill under an explicit schedule and turn the model's cache into stored tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft._internal.jsonio import read_jsonl
+from kvgraft.environment import record as environment
+from kvgraft.errors import InputError
+from kvgraft.hashing import digest_json
+from kvgraft.models import LoadedModel
+from kvgraft.release import ReleaseWriter, token_ids_digest
+from kvgraft.tensors import dtype_name, tensor_sha256
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a prefix is prefilled. Byte-exactness holds only under the same schedule."""
+
+    chunk_tokens: int | None = None  # None: one forward pass over the whole prefix
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": "one-shot" if self.chunk_tokens is None else "chunked",
+                "chunk_tokens": self.chunk_tokens, "batch_size": 1,
+                "add_special_tokens": self.add_special_tokens,
+                "add_generation_prompt": self.add_generation_prompt}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Schedule:
+        return cls(d.get("chunk_tokens"), d.get("add_special_tokens", True), d.get("add_generation_prompt", False))
+
+
+def new_cache(lm: LoadedModel) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=lm.model.config)
+
+
+@torch.inference_mode()
+def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = None) -> tuple[Any, torch.Tensor]:
+    """Run the prefix through the model under `schedule`; return (cache, last-position logits)."""
+    cache = new_cache(lm) if cache is None else cache
+    x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
+    step = schedule.chunk_tokens or len(ids)
+    logits: torch.Tensor | None = None
+    for at in range(0, len(ids), step):
+        out = lm.model(input_ids=x[:, at : at + step], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]
+    assert logits is not None
+    return cache, logits
+
+
+@torch.inference_mode()
+def forward(lm: LoadedModel, cache: Any, ids: list[int]) -> torch.Tensor:
+    """Feed `ids` after what the cache holds; return logits for every fed position."""
+    x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
+    out = lm.model(input_ids=x, past_key_values=cache, use_cache=True)
+    logits: torch.Tensor = out.logits[0]
+    return logits
+
+
+@torch.inference_mode()
+def greedy(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, n: int,
+           eos: Iterable[int] = ()) -> list[int]:
+    """Greedy decode `n` tokens starting from `first_logits`, extending `cache`."""
+    stop = set(eos)
+    out: list[int] = []
+    logits = first_logits
+    for _ in range(n):
+        tok = int(torch.argmax(logits).item())
+        out.append(tok)
+        if tok in stop or len(out) == n:
+            break
+        logits = forward(lm, cache, [tok])[-1]
+    return out
+
+
+def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """Describe each cache layer and collect its tensors exactly as the cache holds them."""
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    modes = getattr(lm.model.config.get_text_config(), "kv_sharing_modes", None)
+    layer_types = getattr(lm.model.config.get_text_config(), "layer_types", None)
+    layers: list[dict[str, Any]] = []
+    tensors: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, DummyLayer):
+            layers.append({"index": i, "kind": "shared", "shared_with": _producer(i, modes, layer_types)})
+            continue
+        keys, values = layer.keys, layer.values
+        kname, vname = f"layer.{i}.keys", f"layer.{i}.values"
+        tensors[kname], tensors[vname] = keys, values
+        meta: dict[str, Any] = {"index": i, "keys": kname, "values": vname}
+        n = int(keys.shape[-2])
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            cum = int(layer.cumulative_length)
+            meta.update(kind="sliding", sliding_window=int(layer.sliding_window), cumulative_length=cum,
+                        positions=[cum - n, cum])
+        elif type(layer) is DynamicLayer:
+            meta.update(kind="full", positions=[0, n])
+        else:
+            raise InputError(f"layer {i}: cache layer type {type(layer).__name__} is not supported")
+        layers.append(meta)
+    return layers, tensors
+
+
+def _producer(i: int, modes: list[str | None] | None, layer_types: list[str] | None) -> int:
+    """The layer whose K/V a KV-shared layer reads: the last 'store' layer of its type."""
+    if not modes or not layer_types:
+        raise InputError(f"layer {i}: a shared cache layer in a model without kv_sharing_modes")
+    for j in range(i - 1, -1, -1):
+        if modes[j] == "store" and layer_types[j] == layer_types[i]:
+            return j
+    raise InputError(f"layer {i}: no producer layer found for this KV-shared layer")
+
+
+def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: str) -> tuple[list[int], dict[str, Any]]:
+    tok = lm.tokenizer
+    if "text" in rec and isinstance(rec["text"], str):
+        ids = tok(rec["text"], add_special_tokens=schedule.add_special_tokens)["input_ids"]
+        source: dict[str, Any] = {"kind": "text", "sha256": digest_json(rec["text"]), "text": rec["text"]}
+    elif "messages" in rec and isinstance(rec["messages"], list):
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"{where}: record has messages but the tokenizer has no chat template")
+        out: Any = tok.apply_chat_template(rec["messages"], tokenize=True,
+                                      add_generation_prompt=schedule.add_generation_prompt)
+        ids = out["input_ids"] if not isinstance(out, list) else out
+        source = {"kind": "messages", "sha256": digest_json(rec["messages"]), "messages": rec["messages"]}
+    else:
+        raise InputError(f'{where}: a record needs "text" (string) or "messages" (list)')
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise InputError(f"{where}: record tokenizes to zero tokens")
+    return ids, source
+
+
+def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, probe_tokens: int,
+                  where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """One record → (entry metadata without file/tensors/digest, tensors). A pure function."""
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise InputError(f'{where}: record needs a non-empty string "id"')
+    ids, source = tokenize(lm, rec, schedule, where)
+    cache, logits = prefill(lm, ids, schedule)
+    layers, tensors = layer_map(lm, cache)
+    entry: dict[str, Any] = {
+        "id": rid, "num_tokens": len(ids), "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
+        "source": source, "layers": layers,
+        "next_token": {"logits_sha256": tensor_sha256(logits), "argmax": int(torch.argmax(logits)),
+                       "dtype": dtype_name(logits)},
+    }
+    if "answer" in rec:
+        entry["answer"] = rec["answer"]
+    if isinstance(rec.get("meta"), dict):
+        entry["meta"] = rec["meta"]
+    if probe_tokens > 0:
+        # Decoding extends the cache by concatenation; the tensors collected above are not modified.
+        entry["probe"] = {"token_ids": greedy(lm, cache, logits, probe_tokens)}
+    return entry, tensors
+
+
+def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> dict[str, Any]:
+    cfg = lm.model.config
+    env = environment(lm.device, lm.dtype, lm.attn)
+    if forced:
+        env["forced_model"] = True
+    return {
+        "model": {"spec": lm.spec, "architecture": (cfg.architectures or [type(lm.model).__name__])[0],
+                  "model_type": cfg.model_type, "num_hidden_layers": len(new_cache(lm).layers),
+                  "identity": lm.identity.as_dict()},
+        "schedule": schedule.as_dict(),
+        "environment": env,
+    }
+
+
+def read_records(source: Path) -> list[tuple[str, dict[str, Any]]]:
+    records = [(f"{source}:{n}", rec) for n, rec in read_jsonl(source)]
+    if not records:
+        raise InputError(f"{source}: no records")
+    seen: dict[str, str] = {}
+    for where, rec in records:
+        rid = rec.get("id")
+        if isinstance(rid, str) and rid in seen:
+            raise InputError(f"{where}: id {rid!r} already used at {seen[rid]}")
+        if isinstance(rid, str):
+            seen[rid] = where
+    return records
+
+
+def capture(lm: LoadedModel, records: list[tuple[str, dict[str, Any]]], out: Path, *,
+            schedule: Schedule = Schedule(), probe_tokens: int = 8, overwrite: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Capture every record into a new release at `out`; return its manifest."""
+    if schedule.chunk_tokens is not None and schedule.chunk_tokens < 1:
+        raise InputError(f"--chunk {schedule.chunk_tokens}: must be at least 1")
+    writer = ReleaseWriter(out, overwrite=overwrite)
+    try:
+        for i, (where, rec) in enumerate(records):
+            entry, tensors = capture_entry(lm, rec, schedule, probe_tokens, where)
+            writer.add_entry(entry, tensors)
+            if progress:
+                progress(i + 1, len(records))
+        return writer.finish(header(lm, schedule))
+    except BaseException:
+        writer.abort()
+        raise

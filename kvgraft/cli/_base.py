@@ -1,0 +1,76 @@
+"""Shared CLI pieces: the Typer app, consoles, common options, error-to-exit-code mapping."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from kvgraft import __version__
+from kvgraft.errors import Error
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Capture, graft, recompute and verify KV-cache releases.")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+EXIT_INTERNAL = 70
+_state = {"verbose": False}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handled(fn: F) -> F:
+    """Library errors become one line on stderr and their exit code; tracebacks only with --verbose."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Error as exc:
+            if _state["verbose"]:
+                err.print_exception()
+            err.print(f"[bold red]kvgraft: error:[/] {exc.diagnostics()}", soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("kvgraft: interrupted; nothing partial was left behind")
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if _state["verbose"]:
+                err.print_exception()
+            err.print(f"[bold red]kvgraft: internal error:[/] {type(exc).__name__}: {exc} (rerun with --verbose)",
+                      soft_wrap=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"kvgraft {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    _state["verbose"] = verbose
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id, local folder, or smollm2-135m.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
+AttnOpt = Annotated[str, typer.Option("--attn", help="eager or sdpa.")]
+
+
+def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
+    from kvgraft import models
+
+    return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(f"[dim]{m}[/]"))
+
+

@@ -1,0 +1,77 @@
+"""Commands on releases: capture and run (graft + continue)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out
+
+
+@app.command()
+@handled
+def capture(
+    source: Annotated[Path, typer.Argument(help='JSONL records {"id", "text"} or {"id", "messages"}.')],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")],
+    model: ModelOpt = "smollm2-135m",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa",
+    chunk: Annotated[int | None, typer.Option("--chunk", help="Prefill in chunks of N tokens (default one-shot).")] = None,
+    probe: Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")] = 8,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
+) -> None:
+    """Capture KV states of each record into a cache release."""
+    from rich.progress import Progress
+
+    from kvgraft.capture import Schedule, read_records
+    from kvgraft.capture import capture as do_capture
+    from kvgraft.errors import ExistsError
+
+    records = read_records(source)
+    if out_dir.exists() and not overwrite:
+        raise ExistsError(f"{out_dir}: already exists; pass --overwrite to replace it")
+    lm = load_model(model, device, dtype, attn)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("capturing", total=len(records))
+        manifest = do_capture(lm, records, out_dir, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
+                              overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i))
+    tokens = sum(e["num_tokens"] for e in manifest["entries"])
+    out.print(f"captured {len(manifest['entries'])} entries, {tokens} tokens → {out_dir}")
+    out.print(f"root digest {manifest['root_digest']}")
+
+
+@app.command("run")
+@handled
+def run_cmd(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    entry: Annotated[str, typer.Option("--entry", "-e", help="Entry id to graft.")],
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix.")] = "",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    model: ModelOpt = "smollm2-135m",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa",
+    force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Graft a stored cache, then continue greedily; print the continuation and token ledger."""
+    from kvgraft import graft
+    from kvgraft.release import Release
+
+    rel = Release.open(release)
+    lm = load_model(model, device, dtype, attn)
+    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force)
+    if as_json:
+        out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
+                                   "ledger": result.ledger}))
+        return
+    from kvgraft.render import ledger_table
+
+    out.print(result.text, markup=False)
+    out.print(ledger_table(result.ledger))
+
+

@@ -1,0 +1,59 @@
+"""Everything about the run that can change KV bytes, recorded with every result."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "kvgraft": __version__,
+        "platform": f"{sys.platform}-{platform.machine()}",
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else cpu_name(),
+        "dtype": dtype,
+        "attn_implementation": attn,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "mkldnn": bool(torch.backends.mkldnn.is_available()),  # type: ignore[no-untyped-call]
+    }
+    if device == "cuda":
+        env.update({
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),  # type: ignore[no-untyped-call]
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        })
+    return env
+
+
+# Keys whose difference can change KV bytes; compared between a release and a rerun.
+SENSITIVE = ("device", "device_name", "dtype", "attn_implementation", "threads", "torch", "transformers",
+             "deterministic_algorithms", "cuda", "cudnn")
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {k: (recorded.get(k), current.get(k)) for k in SENSITIVE if recorded.get(k) != current.get(k)}

@@ -1,0 +1,146 @@
+"""Restore stored KV states into a transformers cache, verifying every byte on the way in."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft.capture import forward, greedy, new_cache
+from kvgraft.environment import differences
+from kvgraft.environment import record as environment
+from kvgraft.errors import IntegrityError, ModelMismatchError
+from kvgraft.hashing import read_and_hash
+from kvgraft.models import LoadedModel, describe_identity_diff
+from kvgraft.release import Release
+from kvgraft.tensors import from_buffer
+
+
+@dataclass
+class Restored:
+    cache: Any
+    entry: dict[str, Any]
+    kv_bytes: int
+    seconds: float
+    forced: bool
+    conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
+
+
+def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
+    """Refuse a model whose identity differs from the release's; return True when forced past it."""
+    want = release.manifest["model"]["identity"]
+    have = lm.identity.as_dict()
+    if want["sha256"] == have["sha256"]:
+        return False
+    if force:
+        return True
+    raise ModelMismatchError(
+        f"{release.root}: model identity differs ({describe_identity_diff(want, have)}): release "
+        f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
+
+
+def read_entry_tensors(release: Release, entry: dict[str, Any]) -> tuple[dict[str, torch.Tensor], int]:
+    """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass."""
+    layout = release.tensor_layout(entry)
+    names = sorted(layout, key=lambda n: layout[n].start)
+    total = sum(layout[n].end - layout[n].start for n in names)
+    buf = torch.empty(total, dtype=torch.uint8)
+    path = release.entry_file(entry)
+    digests = read_and_hash(path, [(layout[n].start, layout[n].end) for n in names], buf.numpy().data)
+    tensors: dict[str, torch.Tensor] = {}
+    at = 0
+    for name, actual in zip(names, digests, strict=True):
+        info = layout[name]
+        size = info.end - info.start
+        expected = entry["tensors"][name]["sha256"]
+        if actual != expected:
+            raise IntegrityError(
+                f"{path}: entry {entry['id']!r} tensor {name!r} bytes [{info.start}, {info.end}): "
+                f"sha256 {actual} != expected {expected}")
+        tensors[name] = from_buffer(buf, at, at + size, info.dtype, info.shape)
+        at += size
+    return tensors, total
+
+
+def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """A fresh cache of the model's own layer types, filled with the stored states."""
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = new_cache(lm)
+    if len(cache.layers) != len(entry["layers"]):
+        raise IntegrityError(f"{where}: entry {entry['id']!r} has {len(entry['layers'])} layers, "
+                             f"the model's cache has {len(cache.layers)}")
+    device = lm.torch_device
+    layers: list[Any] = list(cache.layers)
+    for meta, layer in zip(entry["layers"], layers, strict=True):
+        i, kind = meta["index"], meta["kind"]
+        expect: Any = {"shared": DummyLayer, "sliding": DynamicSlidingWindowLayer, "full": DynamicLayer}[kind]
+        if type(layer) is not expect:
+            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: stored as {kind}, "
+                                 f"the model expects {type(layer).__name__}")
+        if kind == "shared":
+            continue
+        k = tensors[meta["keys"]].to(device)
+        v = tensors[meta["values"]].to(device)
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        if kind == "sliding":
+            if int(layer.sliding_window) != meta["sliding_window"]:
+                raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: sliding window "
+                                     f"{meta['sliding_window']}, the model's is {layer.sliding_window}")
+            # Without the cumulative length the mask is built as if the layer were empty.
+            layer.cumulative_length = meta["cumulative_length"]
+    return cache
+
+
+def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Restored:
+    """Verify and graft one entry; refuses a different model unless forced (recorded)."""
+    rel = release if isinstance(release, Release) else Release.open(release)
+    forced = check_model(rel, lm, force=force)
+    entry = rel.entry(entry_id)
+    t0 = time.perf_counter()
+    tensors, nbytes = read_entry_tensors(rel, entry)
+    cache = build_cache(lm, entry, tensors, str(rel.root))
+    seconds = time.perf_counter() - t0
+    conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
+    return Restored(cache, entry, nbytes, seconds, forced, conditions)
+
+
+def load_cache(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Any:
+    """A transformers Cache holding the entry's verified states, ready for generation."""
+    return restore(release, entry_id, lm, force=force).cache
+
+
+@dataclass
+class Continuation:
+    token_ids: list[int]
+    text: str
+    ledger: dict[str, Any]
+
+
+def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
+        max_new_tokens: int = 64, force: bool = False) -> Continuation:
+    """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token."""
+    restored = restore(release, entry_id, lm, force=force)
+    ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]] if prompt else []
+    t0 = time.perf_counter()
+    if ids:
+        logits = forward(lm, restored.cache, ids)[-1]
+    else:
+        # Nothing to prefill: the next token comes from the stored argmax, then decode continues.
+        logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
+        logits[restored.entry["next_token"]["argmax"]] = 1.0
+    t1 = time.perf_counter()
+    eos = lm.tokenizer.eos_token_id
+    out = greedy(lm, restored.cache, logits, max_new_tokens, eos=[eos] if isinstance(eos, int) else [])
+    t2 = time.perf_counter()
+    ledger = {
+        "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
+        "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,
+        "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forced_model": restored.forced,
+        "conditions_differing": {k: list(v) for k, v in restored.conditions.items()},
+    }
+    return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

@@ -1,0 +1,40 @@
+"""JSON Schemas of every file kvgraft writes, and validation with a JSON path in errors."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from kvgraft._internal.jsonio import load_file
+from kvgraft.errors import SchemaError
+
+CACHE_MANIFEST = "cache-manifest.v1.json"
+
+
+def schema_dir() -> Path:
+    """Installed wheels carry the schemas inside the package; a checkout has them at the top."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "schemas", here.parent / "schemas"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("kvgraft schemas folder not found")
+
+
+@cache
+def _validator(name: str) -> Any:
+    from jsonschema import Draft202012Validator
+
+    schema = load_file(schema_dir() / name)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def validate(doc: Any, name: str, where: str) -> None:
+    """Raise SchemaError naming the JSON path of the most relevant violation."""
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_validator(name).iter_errors(doc))
+    if error is not None:
+        message = error.message if len(error.message) < 200 else error.message[:200] + "..."
+        raise SchemaError(where, error.json_path, message)

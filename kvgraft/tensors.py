@@ -1,0 +1,37 @@
+"""Tensor bytes: the one place that turns torch tensors into hashed raw bytes and back."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def dtype_name(t: torch.Tensor | torch.dtype) -> str:
+    dt = t.dtype if isinstance(t, torch.Tensor) else t
+    return str(dt).removeprefix("torch.")
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in C order on the CPU, as a zero-copy view where possible.
+
+    bfloat16 has no numpy dtype, so the view goes through uint8.
+    """
+    flat = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    return flat.numpy().data
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(raw_bytes(t)).hexdigest()
+
+
+def from_buffer(buf: torch.Tensor, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A view of bytes [start, end) of a uint8 buffer as a tensor; no copy."""
+    return buf[start:end].view(TORCH_DTYPES[dtype]).view(shape)

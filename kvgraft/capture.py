@@ -37,6 +37,13 @@ class Schedule:
         return cls(d.get("chunk_tokens"), d.get("add_special_tokens", True), d.get("add_generation_prompt", False))
 
 
+def cache_kw(lm: LoadedModel) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache`; pass whichever the model takes."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
+
+
 def new_cache(lm: LoadedModel) -> Any:
     from transformers import DynamicCache
 
@@ -51,7 +58,7 @@ def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = No
     step = schedule.chunk_tokens or len(ids)
     logits: torch.Tensor | None = None
     for at in range(0, len(ids), step):
-        out = lm.model(input_ids=x[:, at : at + step], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = lm.model(input_ids=x[:, at : at + step], use_cache=True, logits_to_keep=1, **{cache_kw(lm): cache})
         logits = out.logits[0, -1]
     assert logits is not None
     return cache, logits
@@ -61,7 +68,7 @@ def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = No
 def forward(lm: LoadedModel, cache: Any, ids: list[int]) -> torch.Tensor:
     """Feed `ids` after what the cache holds; return logits for every fed position."""
     x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
-    out = lm.model(input_ids=x, past_key_values=cache, use_cache=True)
+    out = lm.model(input_ids=x, use_cache=True, **{cache_kw(lm): cache})
     logits: torch.Tensor = out.logits[0]
     return logits
 

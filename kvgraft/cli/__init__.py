@@ -7,9 +7,11 @@ from kvgraft.cli._base import app
 
 
 def entrypoint() -> None:
-    import logging
+    import os
 
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    # transformers' own progress bars and advisory logs would interleave with ours.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     app()
 
 

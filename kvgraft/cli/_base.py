@@ -14,6 +14,10 @@ from kvgraft.errors import Error
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Capture, graft, recompute and verify KV-cache releases.")
+audit_app = typer.Typer(no_args_is_help=True, help="Audits: recompute, determinism, generalization, claims, run.")
+report_app = typer.Typer(no_args_is_help=True, help="Show and verify audit reports.")
+app.add_typer(audit_app, name="audit")
+app.add_typer(report_app, name="report")
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 EXIT_INTERNAL = 70

@@ -148,7 +148,7 @@ def load(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "float
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # kvgraft draws its own progress; theirs would interleave
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # kvgraft draws its own progress; theirs would interleave
     if dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
     if attn not in ATTNS:

@@ -1,0 +1,84 @@
+"""Audit commands: recompute and determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, audit_app, err, handled, load_model, out
+from kvgraft.errors import EXIT_NOT_EXACT
+
+
+def _write(result: dict[str, object], path: Path, schema: str) -> None:
+    from kvgraft._internal.jsonio import write_json
+    from kvgraft.schema import validate
+
+    validate(result, schema, str(path))
+    write_json(path, result)
+
+
+@audit_app.command("recompute")
+@handled
+def recompute_cmd(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    model: ModelOpt = "smollm2-135m",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa",
+    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="Audit only these entries.")] = None,
+    probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
+    = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare even with a model of another identity.")] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Recompute fresh KV states and compare them with the release, bit for bit and by KL."""
+    from rich.progress import Progress
+
+    from kvgraft import recompute
+    from kvgraft.release import Release
+
+    rel = Release.open(release)
+    lm = load_model(model, device, dtype, attn)
+    with Progress(console=err, transient=True, disable=quiet) as bar:
+        n = len(entry) if entry else len(rel.entries)
+        task = bar.add_task("recomputing", total=n)
+        result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force,
+                                 progress=lambda i, _n: bar.update(task, completed=i))
+    if json_out:
+        _write(result, json_out, "recompute-result.v1.json")
+    if not quiet:
+        from kvgraft.render import recompute_table
+
+        out.print(recompute_table(result))
+        for line in result["statements"]:
+            out.print(f"• {line}")
+    if not result["all_byte_exact"]:
+        raise typer.Exit(EXIT_NOT_EXACT)
+
+
+@audit_app.command("determinism")
+@handled
+def determinism_cmd(
+    model: ModelOpt = "smollm2-135m",
+    length: Annotated[int, typer.Option("--length", help="Prefix length in tokens.")] = 300,
+    gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Include CUDA conditions when a GPU is present.")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the matrix as JSON to this file.")] = None,
+) -> None:
+    """Run one prefix under varied conditions and show which give byte-identical KV states."""
+    from rich.progress import Progress
+
+    from kvgraft import determinism
+    from kvgraft.render import determinism_table
+
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("conditions", total=None)
+        result = determinism.matrix(model, length=length, include_gpu=gpu,
+                                    progress=lambda i, n: bar.update(task, completed=i, total=n))
+    if json_out:
+        _write(result, json_out, "determinism-result.v1.json")
+    out.print(determinism_table(result))
+    for line in result["notes"]:
+        out.print(f"• {line}")

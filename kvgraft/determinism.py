@@ -1,0 +1,136 @@
+"""Determinism matrix: one prefix under varied conditions; which give byte-identical KV states?"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft import models
+from kvgraft.capture import Schedule, cache_kw, layer_map, new_cache, prefill
+from kvgraft.compare import distributions, ulp_distance
+from kvgraft.environment import record as environment
+from kvgraft.hashing import cores, digest_json
+from kvgraft.tensors import tensor_sha256
+
+EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"
+PAD = 16
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    dtype: str = "float32"
+    attn: str = "sdpa"
+    device: str = "cpu"
+    threads: int = 0  # 0: all cores
+    chunk: int | None = None
+    batch4: bool = False
+
+
+def conditions(include_gpu: bool) -> list[Condition]:
+    out: list[Condition] = []
+    for threads in (0, 1):
+        t = "all threads" if threads == 0 else "1 thread"
+        out += [Condition(f"one-shot, {t}", threads=threads),
+                Condition(f"chunks of 256, {t}", threads=threads, chunk=256),
+                Condition(f"chunks of 64, {t}", threads=threads, chunk=64),
+                Condition(f"chunks of 1, {t}", threads=threads, chunk=1),
+                Condition(f"left-padded batch of 4 (row 0), {t}", threads=threads, batch4=True)]
+    out += [Condition("eager attention, all threads", attn="eager"),
+            Condition("bfloat16, one-shot, all threads", dtype="bfloat16"),
+            Condition("bfloat16, chunks of 64, all threads", dtype="bfloat16", chunk=64),
+            Condition("bfloat16, chunks of 64, 1 thread", dtype="bfloat16", chunk=64, threads=1)]
+    if include_gpu and torch.cuda.is_available():
+        out += [Condition("cuda, one-shot", device="cuda"), Condition("cuda, chunks of 64", device="cuda", chunk=64),
+                Condition("cuda, bfloat16, one-shot", device="cuda", dtype="bfloat16")]
+    return out
+
+
+def prefix_ids(lm: models.LoadedModel, n: int) -> list[int]:
+    """`n` tokens of natural text from the bundled example, repeated as needed."""
+    text = " ".join(EXAMPLE.read_text().splitlines())
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += [int(t) for t in lm.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return ids[:n]
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or cores())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@torch.inference_mode()
+def _batch4_row0(lm: models.LoadedModel, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    n = len(ids)
+    others = [(ids[::-1] * 2)[k : k + n + PAD] for k in (1, 2, 3)]
+    rows = [[0] * PAD + ids, *others]
+    mask = torch.tensor([[0] * PAD + [1] * n] + [[1] * (n + PAD)] * 3, device=lm.torch_device)
+    x = torch.tensor(rows, dtype=torch.long, device=lm.torch_device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = new_cache(lm)
+    out = lm.model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                   **{cache_kw(lm): cache})
+    _, tensors = layer_map(lm, cache)
+    return [t[0:1, :, PAD:, :].contiguous() for t in tensors.values()], out.logits[0, -1]
+
+
+def run_condition(lm: models.LoadedModel, ids: list[int], c: Condition) -> tuple[list[torch.Tensor], torch.Tensor]:
+    with threads(c.threads):
+        if c.batch4:
+            return _batch4_row0(lm, ids)
+        cache, logits = prefill(lm, ids, Schedule(chunk_tokens=c.chunk))
+        _, tensors = layer_map(lm, cache)
+        return [t.cpu() for t in tensors.values()], logits
+
+
+def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
+           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    conds = conditions(include_gpu)
+    loaded: dict[tuple[str, str, str], models.LoadedModel] = {}
+    base_kv: list[torch.Tensor] = []
+    base_logits = torch.empty(0)
+    rows: list[dict[str, Any]] = []
+    classes: dict[str, str] = {}
+    ids: list[int] = []
+    for i, c in enumerate(conds):
+        key = (c.dtype, c.attn, c.device)
+        if key not in loaded:
+            loaded[key] = models.load(spec, device=c.device, dtype=c.dtype, attn=c.attn)
+        lm = loaded[key]
+        if not ids:
+            ids = prefix_ids(lm, length)
+        kv, logits = run_condition(lm, ids, c)
+        digest = digest_json([tensor_sha256(t) for t in kv])
+        cls = classes.setdefault(digest, chr(ord("A") + len(classes)))
+        if i == 0:
+            base_kv, base_logits = kv, logits.cpu()
+        same_dtype = kv[0].dtype == base_kv[0].dtype
+        max_abs = max(float((a.double() - b.double().cpu()).abs().max()) for a, b in zip(base_kv, kv, strict=True))
+        max_ulp = max(int(ulp_distance(a, b.cpu()).max()) for a, b in zip(base_kv, kv, strict=True)) if same_dtype else None
+        kl = distributions(base_logits[None], logits.cpu()[None]).kl[0]
+        rows.append({"name": c.name, "condition": c.__dict__, "kv_digest": digest, "class": cls,
+                     "identical_to_baseline": cls == "A", "max_ulp": max_ulp, "max_abs": max_abs, "kl": kl})
+        if progress:
+            progress(i + 1, len(conds))
+    env = environment("cpu", "float32", "sdpa")
+    odd = [r["name"] for r in rows if r["identical_to_baseline"] and r["kl"] != 0.0]
+    notes = [f"{len(classes)} distinct KV byte classes among {len(rows)} conditions; "
+             f"class A is the baseline ({rows[0]['name']}).",
+             "KL is KL(baseline ‖ condition) of the next-token distribution after the prefix, in float64.",
+             f"Measured on {env['device_name']} with torch {env['torch']}, transformers {env['transformers']}."]
+    if odd:
+        notes.append("KV bytes identical to the baseline but next-token logits not (the final projection ran "
+                     f"with another batch shape): {'; '.join(odd)}.")
+    return {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
+            "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes}

@@ -1,0 +1,187 @@
+"""Recompute audit: fresh KV states under the release's schedule vs the stored ones, and KL on probes."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft import __version__
+from kvgraft.capture import Schedule, forward, layer_map, new_cache, prefill
+from kvgraft.compare import TensorDiff, diff_tensors, distributions, fmt_kl
+from kvgraft.environment import differences
+from kvgraft.environment import record as environment
+from kvgraft.errors import IntegrityError
+from kvgraft.graft import check_model, restore
+from kvgraft.models import LoadedModel
+from kvgraft.release import Release
+from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
+
+RESULT_KIND = "kvgraft-recompute-result"
+
+
+def _stored(mapped: Any, info: Any, expected: str, where: str) -> tuple[memoryview, str]:
+    view = memoryview(mapped)[info.start : info.end]
+    actual = hashlib.sha256(view).hexdigest()
+    if actual != expected:
+        raise IntegrityError(f"{where} tensor {info.name!r} bytes [{info.start}, {info.end}): sha256 {actual} != "
+                             f"expected {expected}")
+    return view, actual
+
+
+def _as_tensor(view: memoryview, info: Any) -> torch.Tensor:
+    # One tensor's bytes, copied so torch owns writable memory: at most one layer beside the fresh cache.
+    return torch.frombuffer(bytearray(view), dtype=TORCH_DTYPES[info.dtype]).view(info.shape)
+
+
+def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any) -> list[dict[str, Any]]:
+    """Per layer, per K/V: digest equality, and on a difference its size and first location."""
+    fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
+    mapped, layout = rel.map_entry(entry)
+    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
+    rows: list[dict[str, Any]] = []
+    try:
+        for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
+            row: dict[str, Any] = {"index": stored_meta["index"], "kind": stored_meta["kind"]}
+            if stored_meta != fresh_meta and stored_meta["kind"] != fresh_meta["kind"]:
+                row["layout_mismatch"] = f"stored {stored_meta}, fresh {fresh_meta}"
+            if stored_meta["kind"] != "shared":
+                offset = stored_meta.get("positions", [0, 0])[0]
+                for part in ("keys", "values"):
+                    name = stored_meta[part]
+                    info = layout[name]
+                    view, stored_sha = _stored(mapped, info, entry["tensors"][name]["sha256"], where)
+                    fresh = fresh_tensors[fresh_meta[part]] if part in fresh_meta else None
+                    if fresh is None:
+                        d = TensorDiff(False, "", stored_sha, 0, shape_mismatch="no fresh tensor")
+                    elif tensor_sha256(fresh) == stored_sha:
+                        d = TensorDiff(True, stored_sha, stored_sha, int(fresh.numel()))
+                    else:
+                        d = diff_tensors(_as_tensor(view, info), fresh, stored_sha256=stored_sha, position_offset=offset)
+                    row[part] = d.as_dict()
+                    del view
+            rows.append(row)
+    finally:
+        mapped.close()
+    return rows
+
+
+def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for row in rows:
+        if "layout_mismatch" in row:
+            return {"layer": row["index"], "tensor": None, "detail": row["layout_mismatch"]}
+        for part in ("keys", "values"):
+            d = row.get(part)
+            if d and not d["equal"]:
+                loc = d["first"]
+                return {"layer": row["index"], "tensor": part, "location": loc,
+                        "named": None if loc is None or len(loc) != 4 else
+                        {"batch": loc[0], "head": loc[1], "position": loc[2], "dim": loc[3]},
+                        "max_ulp": d["max_ulp"], "max_abs": d["max_abs"], "detail": d["shape_mismatch"]}
+    return None
+
+
+def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) -> list[int]:
+    if probe_text:
+        return [int(t) for t in lm.tokenizer(probe_text, add_special_tokens=False)["input_ids"]]
+    recorded = entry.get("probe", {}).get("token_ids") or []
+    return [int(t) for t in recorded] or [int(entry["next_token"]["argmax"])]
+
+
+@torch.inference_mode()
+def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
+    """What a user computes without any cache: one forward pass over prefix + probe."""
+    from kvgraft.capture import cache_kw
+
+    x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
+    out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_kw(lm): new_cache(lm)})
+    logits: torch.Tensor = out.logits[0]
+    return logits
+
+
+def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
+                force: bool = False) -> dict[str, Any]:
+    """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
+    t0 = time.perf_counter()
+    schedule = Schedule.from_dict(rel.manifest["schedule"])
+    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
+    t_prefill = time.perf_counter() - t0
+    rows = compare_layers(rel, entry, lm, fresh_cache)
+    t_compare = time.perf_counter() - t0 - t_prefill
+    probe = probe_ids(lm, entry, probe_text)
+    # Distributions after each probe token: positions n .. n+k-1 of the full sequence.
+    fresh_logits = forward(lm, fresh_cache, probe)
+    del fresh_cache
+    grafted = restore(rel, entry["id"], lm, force=force)
+    grafted_logits = forward(lm, grafted.cache, probe)
+    del grafted
+    natural = natural_logits(lm, entry["token_ids"] + probe, len(probe))
+    exact = all(("layout_mismatch" not in r) and all(r[p]["equal"] for p in ("keys", "values") if p in r) for r in rows)
+    matched = distributions(fresh_logits, grafted_logits)
+    contrast = distributions(natural, grafted_logits)
+    tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
+    return {
+        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact,
+        "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
+        "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
+        "first_difference": _first_difference(rows), "layers": rows, "probe_token_ids": probe,
+        "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
+        "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
+        "seconds": {"prefill": t_prefill, "compare": t_compare, "total": time.perf_counter() - t0},
+    }
+
+
+def statements(result: dict[str, Any]) -> list[str]:
+    """Plain sentences saying for which comparison byte-exactness and zero KL hold."""
+    entries = result["entries"]
+    n = len(entries)
+    exact = sum(e["byte_exact"] for e in entries)
+    kl0 = sum(e["matched"]["kl_max"] == 0.0 and e["matched"]["logits_equal"] for e in entries)
+    nat_max = max((abs(e["natural"]["kl_max"]) for e in entries), default=0.0)
+    nat0 = sum(e["natural"]["logits_equal"] for e in entries)
+    sched = result["schedule"]
+    mode = "one-shot" if sched["chunk_tokens"] is None else f"chunks of {sched['chunk_tokens']}"
+    diffs = result["environment"]["differences"]
+    env = "same recorded environment" if not diffs else "environment differs in " + ", ".join(sorted(diffs))
+    out = [
+        f"Matched schedule ({mode}, {env}): KV bytes identical (SHA-256 equal) in {exact}/{n} entries; "
+        f"KL(fresh ‖ grafted) exactly 0.0 in {kl0}/{n}.",
+        f"Natural contrast (one forward pass over prefix + probe, no cache): logits identical in {nat0}/{n} entries; "
+        f"max KL(natural ‖ grafted) = {fmt_kl(nat_max)}"
+        + ("." if nat0 == n else "; byte-exactness and zero KL do not hold for this comparison."),
+    ]
+    if result["model"]["forced"]:
+        out.append("The model's identity differs from the release's (forced): differences are expected.")
+    return out
+
+
+def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
+          probe_text: str | None = None, force: bool = False,
+          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Recompute and compare every (or the named) entries of a release."""
+    rel = release if isinstance(release, Release) else Release.open(release)
+    forced = check_model(rel, lm, force=force)
+    chosen = [rel.entry(e) for e in entries] if entries else rel.entries
+    current = environment(lm.device, lm.dtype, lm.attn)
+    recorded = rel.manifest["environment"]
+    result: dict[str, Any] = {
+        "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
+        "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
+        "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
+                  "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
+        "schedule": rel.manifest["schedule"],
+        "environment": {"recorded": recorded, "current": current,
+                        "differences": {k: list(v) for k, v in differences(recorded, current).items()}},
+        "entries": [],
+    }
+    for i, entry in enumerate(chosen):
+        result["entries"].append(audit_entry(rel, entry, lm, probe_text=probe_text, force=force))
+        if progress:
+            progress(i + 1, len(chosen))
+    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
+    result["statements"] = statements(result)
+    return result

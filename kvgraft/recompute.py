@@ -104,10 +104,10 @@ def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
 
 
 def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
-                force: bool = False) -> dict[str, Any]:
+                force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
     """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
     t0 = time.perf_counter()
-    schedule = Schedule.from_dict(rel.manifest["schedule"])
+    schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
     t_prefill = time.perf_counter() - t0
     rows = compare_layers(rel, entry, lm, fresh_cache)
@@ -147,8 +147,9 @@ def statements(result: dict[str, Any]) -> list[str]:
     mode = "one-shot" if sched["chunk_tokens"] is None else f"chunks of {sched['chunk_tokens']}"
     diffs = result["environment"]["differences"]
     env = "same recorded environment" if not diffs else "environment differs in " + ", ".join(sorted(diffs))
+    label = "Recomputed with an overridden schedule" if result.get("schedule_overridden") else "Matched schedule"
     out = [
-        f"Matched schedule ({mode}, {env}): KV bytes identical (SHA-256 equal) in {exact}/{n} entries; "
+        f"{label} ({mode}, {env}): KV bytes identical (SHA-256 equal) in {exact}/{n} entries; "
         f"KL(fresh ‖ grafted) exactly 0.0 in {kl0}/{n}.",
         f"Natural contrast (one forward pass over prefix + probe, no cache): logits identical in {nat0}/{n} entries; "
         f"max KL(natural ‖ grafted) = {fmt_kl(nat_max)}"
@@ -160,9 +161,12 @@ def statements(result: dict[str, Any]) -> list[str]:
 
 
 def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
-          probe_text: str | None = None, force: bool = False,
+          probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Recompute and compare every (or the named) entries of a release."""
+    """Recompute and compare every (or the named) entries of a release.
+
+    `schedule` overrides the recorded prefill schedule (recorded in the result as such).
+    """
     rel = release if isinstance(release, Release) else Release.open(release)
     forced = check_model(rel, lm, force=force)
     chosen = [rel.entry(e) for e in entries] if entries else rel.entries
@@ -173,15 +177,43 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
         "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
         "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
                   "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
-        "schedule": rel.manifest["schedule"],
+        "schedule": (schedule.as_dict() if schedule else rel.manifest["schedule"]),
+        "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
         "environment": {"recorded": recorded, "current": current,
                         "differences": {k: list(v) for k, v in differences(recorded, current).items()}},
         "entries": [],
     }
     for i, entry in enumerate(chosen):
-        result["entries"].append(audit_entry(rel, entry, lm, probe_text=probe_text, force=force))
+        result["entries"].append(audit_entry(rel, entry, lm, probe_text=probe_text, force=force, schedule=schedule))
         if progress:
             progress(i + 1, len(chosen))
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
     result["statements"] = statements(result)
     return result
+
+
+def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> dict[str, Any]:
+    """Recompute one entry and compare per-tensor SHA-256 with a manifest alone (no stored tensors).
+
+    Returns the first differing layer (if any) and the recorded vs current environment, so that
+    drift between machines is named rather than hidden.
+    """
+    entry = next((e for e in manifest["entries"] if e["id"] == entry_id), None)
+    if entry is None:
+        raise IntegrityError(f"manifest has no entry {entry_id!r}")
+    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]))
+    _, fresh = layer_map(lm, cache)
+    mismatches = []
+    for meta in entry["layers"]:
+        for part in ("keys", "values"):
+            if part in meta:
+                actual = tensor_sha256(fresh[meta[part]])
+                if actual != entry["tensors"][meta[part]]["sha256"]:
+                    mismatches.append({"layer": meta["index"], "tensor": part, "expected":
+                                       entry["tensors"][meta[part]]["sha256"], "actual": actual})
+    current = environment(lm.device, lm.dtype, lm.attn)
+    return {"entry": entry_id, "mismatches": mismatches, "first": mismatches[0] if mismatches else None,
+            "next_token_logits_equal": tensor_sha256(logits) == entry["next_token"]["logits_sha256"],
+            "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
+            "recorded_environment": manifest["environment"], "current_environment": current,
+            "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}

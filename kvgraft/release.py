@@ -182,6 +182,7 @@ class ReleaseWriter:
             raise ExistsError(f"{self.out}: already exists; pass --overwrite to replace it")
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
+        self.tmp.chmod(0o755)
         (self.tmp / "entries").mkdir()
         self.entries: list[dict[str, Any]] = []
         self.files: dict[str, dict[str, Any]] = {}

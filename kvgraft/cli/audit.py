@@ -31,21 +31,36 @@ def recompute_cmd(
     probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Compare even with a model of another identity.")] = False,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="Recompute in chunks of N (overrides the recorded schedule).")]
+    = None,
+    one_shot: Annotated[bool, typer.Option("--one-shot", help="Recompute one-shot (overrides the recorded schedule).")]
+    = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
-    """Recompute fresh KV states and compare them with the release, bit for bit and by KL."""
+    """Recompute fresh KV states and compare them with the release, bit for bit and by KL.
+
+    Exit 0 when every entry is byte-exact, 4 when any is not, 3 for a model of another identity,
+    2 when the release cannot be read, 1 when stored bytes do not match their commitments.
+    """
     from rich.progress import Progress
 
     from kvgraft import recompute
+    from kvgraft.capture import Schedule
+    from kvgraft.errors import InputError
     from kvgraft.release import Release
 
+    if chunk is not None and one_shot:
+        raise InputError("--chunk and --one-shot exclude each other")
     rel = Release.open(release)
+    override = None
+    if chunk is not None or one_shot:
+        override = Schedule.from_dict({**rel.manifest["schedule"], "chunk_tokens": chunk})
     lm = load_model(model, device, dtype, attn)
     with Progress(console=err, transient=True, disable=quiet) as bar:
         n = len(entry) if entry else len(rel.entries)
         task = bar.add_task("recomputing", total=n)
-        result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force,
+        result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
                                  progress=lambda i, _n: bar.update(task, completed=i))
     if json_out:
         _write(result, json_out, "recompute-result.v1.json")

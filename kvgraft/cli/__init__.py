@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvgraft.cli import release  # noqa: F401  (commands register on `app` when imported)
+from kvgraft.cli import audit, release  # noqa: F401  (commands register on `app` when imported)
 from kvgraft.cli._base import app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import mmap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,14 @@ def _stored(mapped: Any, info: Any, expected: str, where: str) -> tuple[memoryvi
         raise IntegrityError(f"{where} tensor {info.name!r} bytes [{info.start}, {info.end}): sha256 {actual} != "
                              f"expected {expected}")
     return view, actual
+
+
+def _drop(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Release the pages just compared, so the mapping never holds more than about one tensor."""
+    page = mmap.PAGESIZE
+    lo = start - start % page
+    if hasattr(mapped, "madvise") and end > lo:
+        mapped.madvise(mmap.MADV_DONTNEED, lo, min(end - lo, len(mapped) - lo))
 
 
 def _as_tensor(view: memoryview, info: Any) -> torch.Tensor:
@@ -64,6 +73,7 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
                         d = diff_tensors(_as_tensor(view, info), fresh, stored_sha256=stored_sha, position_offset=offset)
                     row[part] = d.as_dict()
                     del view
+                    _drop(mapped, info.start, info.end)
             rows.append(row)
     finally:
         mapped.close()

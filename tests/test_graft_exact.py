@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-import tiny
 from kvgraft import capture, graft
 from kvgraft.capture import Schedule
+
+import tiny
 
 SUFFIX = " How many apples are left? Answer:"
 

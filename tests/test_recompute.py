@@ -96,8 +96,9 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
 
 
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
-    import tiny
     from kvgraft import models
+
+    import tiny
 
     lm = tiny_lm("llama")
     capture.capture(lm, [("t", {"id": "a", "text": _text(40)})], tmp_path / "rel", probe_tokens=2)

@@ -78,12 +78,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, fsync, rename: never a partial file."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temp name in the same folder, fsync, rename: never a partial file.
+
+    `mode` is set explicitly: mkstemp's 0600 would make published files unreadable to others,
+    while private keys must keep 0600.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make published files unreadable to others
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvgraft.cli import audit, release  # noqa: F401  (commands register on `app` when imported)
+from kvgraft.cli import report as report  # registers `audit claims`, `report show`
 from kvgraft.cli._base import app
 
 

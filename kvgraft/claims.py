@@ -1,0 +1,538 @@
+"""Claims as data, and a checker: internal consistency of the stated numbers, and claim vs measurement.
+
+A claims file (TOML, `format = "kvgraft-claims"`) lists benchmarks and claims; every check here is driven by
+the fields of a claim, never by the paper it came from:
+
+- accuracy  `percent` on a `benchmark` of N problems must be k/N for an integer k within the stated rounding;
+            if not, the nearest k/N is named, and the smallest number of runs r for which some k/(rN) matches
+            (the figure may be a mean over samples or runs).
+- gain      from a `baseline` accuracy claim to a `treated` one: the exact McNemar test in the most favourable
+            case (every discordant pair favours the treatment); not significant at `alpha` -> unsupported.
+- count     `count` problems, bounded by `bounds` (`unsolved-by` an accuracy claim: at most N - k; `solved-by`:
+            at most k) and by the benchmark size.
+- ratio     `stated` ratio; with `numerator` and `denominator` the quotient must round to it.
+- context   `from_tokens` -> `to_tokens` without more memory: needs measurement (tokens attended at once vs stored).
+- exactness byte-identical restore / zero KL: only a measurement can test it.
+
+`measure` maps the roles of a claim's kind to keys of a measured-results JSON (a flat object), e.g.
+`{"accuracy.12b.graft": {"k": 27, "n": 30}, "restore_byte_identical": true, "kl_max": 0.0}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__
+from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict
+from kvgraft.errors import InputError
+from kvgraft.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
+from kvgraft.schema import validate
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CLAIMS_SCHEMA = "claims.v1.json"
+CLAIMS_FORMAT = "kvgraft-claims"
+CHECK_FORMAT = "kvgraft-claims-check"
+MAX_CLAIMS_BYTES = 4 * 1024 * 1024
+MAX_RUNS = 16  # the largest number of runs per problem tried when a percentage is not k/N
+METADATA_KEYS = ("note", "source", "format", "format_version")
+
+# Roles a claim kind can be measured by, and the JSON type each role's value must have.
+MEASURE_ROLES: dict[str, dict[str, str]] = {
+    "accuracy": {"accuracy": "k/n object"},
+    "gain": {"discordant": "{baseline_only, treated_only} object"},
+    "count": {"count": "integer"},
+    "ratio": {"ratio": "number"},
+    "context": {"attended_tokens": "integer", "peak_memory_ratio": "number"},
+    "exactness": {"byte_identical": "boolean", "kl_max": "number"},
+}
+# Finding verdicts: internal checks give consistent/inconsistent/unsupported/needs-measurement; measurements give
+# supported/contradicted/unsupported/not-testable. A claim's verdict is the first of its findings in this order: a
+# contradiction or inconsistency always shows; a measurement that supports the claim outweighs the stated numbers
+# being too few to support it (unsupported).
+_PRECEDENCE = ("contradicted", "inconsistent", "supported", "unsupported", "consistent", "not-testable")
+_RANK = {v: i for i, v in enumerate(_PRECEDENCE)}
+assert set(_PRECEDENCE) == set(CLAIM_VERDICTS)
+
+
+@dataclass
+class Finding:
+    check: str
+    verdict: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "verdict": self.verdict, "detail": self.detail, "data": self.data}
+
+
+@dataclass
+class ClaimsFile:
+    path: str
+    sha256: str | None
+    doc: dict[str, Any]
+
+    @property
+    def claims(self) -> list[dict[str, Any]]:
+        claims: list[dict[str, Any]] = self.doc["claims"]
+        return claims
+
+    @property
+    def benchmarks(self) -> dict[str, dict[str, Any]]:
+        benchmarks: dict[str, dict[str, Any]] = self.doc.get("benchmarks", {})
+        return benchmarks
+
+    def claim(self, claim_id: str) -> dict[str, Any]:
+        for c in self.claims:
+            if c["id"] == claim_id:
+                return c
+        raise KeyError(claim_id)
+
+
+# --- numbers ---------------------------------------------------------------------------------------------------
+
+
+def fmt(x: float | int | Fraction, decimals: int = 1) -> str:
+    """1234567 -> '1,234,567'; 6574.19 -> '6,574.2'."""
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and decimals == 0):
+        return f"{int(x):,}"
+    return f"{float(x):,.{decimals}f}"
+
+
+def stated_decimals(value: float | int) -> int:
+    """Decimals a number was written with in the TOML (80.0 -> 1, 6574 -> 0)."""
+    if isinstance(value, int):
+        return 0
+    exponent = Decimal(repr(value)).as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def _half_unit(decimals: int) -> Fraction:
+    return Fraction(1, 2 * 10**decimals)
+
+
+def k_of_n(percent: float | int, n: int, decimals: int) -> dict[str, Any]:
+    """Which k/n a stated percentage can be: the ks within rounding, the nearest k, and the fewest runs r
+    such that some k/(r*n) rounds to it."""
+    p = Fraction(str(percent)) if isinstance(percent, float) else Fraction(percent)
+    tol = _half_unit(decimals)
+    ks = [k for k in range(n + 1) if abs(Fraction(100 * k, n) - p) <= tol]
+    nearest = min(range(n + 1), key=lambda k: (abs(Fraction(100 * k, n) - p), k))
+    runs = None
+    if not ks:
+        for r in range(2, MAX_RUNS + 1):
+            total = r * n
+            k = round(p * total / 100)
+            if 0 <= k <= total and abs(Fraction(100 * k, total) - p) <= tol:
+                runs = {"runs": r, "k": k, "n": total, "percent": float(Fraction(100 * k, total))}
+                break
+    return {"n": n, "ks": ks, "nearest_k": nearest, "nearest_percent": float(Fraction(100 * nearest, n)), "multi_run": runs}
+
+
+def _percent_str(claim: dict[str, Any]) -> str:
+    return f"{claim['percent']:.{_decimals(claim, 'percent')}f}%"
+
+
+def _decimals(claim: dict[str, Any], key: str) -> int:
+    return int(claim["decimals"]) if "decimals" in claim else stated_decimals(claim[key])
+
+
+# --- loading ---------------------------------------------------------------------------------------------------
+
+
+def load(path: Path) -> ClaimsFile:
+    """Parse and validate a claims TOML file; errors name the file (and the line for TOML syntax)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CLAIMS_BYTES:
+            raise InputError(f"{path}: {size} bytes exceeds the {MAX_CLAIMS_BYTES}-byte limit for a claims file")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML: {exc}") from None
+    return parse(doc, str(path), hashlib.sha256(data).hexdigest())
+
+
+def parse(doc: dict[str, Any], where: str, sha256: str | None = None) -> ClaimsFile:
+    """Validate a parsed claims document: schema, then references between claims and benchmarks."""
+    validate(doc, CLAIMS_SCHEMA, where)
+    if doc.get("format") != CLAIMS_FORMAT:
+        raise InputError(f"{where}: format is {doc.get('format')!r}, expected {CLAIMS_FORMAT!r}")
+    cf = ClaimsFile(where, sha256, doc)
+    seen: set[str] = set()
+    for c in cf.claims:
+        cid = c["id"]
+        if cid in seen:
+            raise InputError(f"{where}: claim id {cid!r} appears twice")
+        seen.add(cid)
+        bench = c.get("benchmark")
+        if bench is not None and bench not in cf.benchmarks:
+            raise InputError(f"{where}: claim {cid!r}: unknown benchmark {bench!r}")
+        roles = MEASURE_ROLES[c["kind"]]
+        for role in c.get("measure", {}):
+            if role not in roles:
+                raise InputError(f"{where}: claim {cid!r}: measure role {role!r} does not apply to a {c['kind']} claim "
+                                 f"(roles: {', '.join(roles)})")
+    ids = {c["id"]: c for c in cf.claims}
+
+    def accuracy_ref(c: dict[str, Any], ref: str, what: str) -> None:
+        target = ids.get(ref)
+        if target is None:
+            raise InputError(f"{where}: claim {c['id']!r}: {what} refers to unknown claim {ref!r}")
+        if target["kind"] != "accuracy":
+            raise InputError(f"{where}: claim {c['id']!r}: {what} {ref!r} is a {target['kind']} claim, not an accuracy claim")
+        if c.get("benchmark") is not None and target["benchmark"] != c["benchmark"]:
+            raise InputError(f"{where}: claim {c['id']!r}: {what} {ref!r} is on benchmark {target['benchmark']!r}, "
+                             f"not {c['benchmark']!r}")
+
+    for c in cf.claims:
+        if c["kind"] == "gain":
+            accuracy_ref(c, c["baseline"], "baseline")
+            accuracy_ref(c, c["treated"], "treated")
+            if ids[c["baseline"]]["benchmark"] != ids[c["treated"]]["benchmark"]:
+                raise InputError(f"{where}: claim {c['id']!r}: baseline and treated are on different benchmarks")
+        for b in c.get("bounds", []):
+            accuracy_ref(c, b["claim"], f"bound {b['relation']}")
+    return cf
+
+
+def load_measured(path: Path) -> tuple[dict[str, Any], str]:
+    """A measured-results JSON object and the SHA-256 of its bytes."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(f"{path}: {size} bytes exceeds the {MAX_JSON_BYTES}-byte limit for JSON")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    doc = loads_strict(data, str(path))
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: measured results must be a JSON object of measurement keys")
+    return doc, hashlib.sha256(data).hexdigest()
+
+
+# --- internal checks -------------------------------------------------------------------------------------------
+
+
+def _accuracy_k(cf: ClaimsFile, claim: dict[str, Any]) -> tuple[int, int, bool]:
+    """(k, n, exact) of an accuracy claim: exact False when the percentage is not k/n and the nearest k is used."""
+    n = int(cf.benchmarks[claim["benchmark"]]["size"])
+    info = k_of_n(claim["percent"], n, _decimals(claim, "percent"))
+    if info["ks"]:
+        return int(info["ks"][0]), n, True
+    return int(info["nearest_k"]), n, False
+
+
+def _check_accuracy(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
+    bench = cf.benchmarks[c["benchmark"]]
+    n = int(bench["size"])
+    info = k_of_n(c["percent"], n, _decimals(c, "percent"))
+    stated = _percent_str(c)
+    if info["ks"]:
+        fracs = " or ".join(f"{k}/{n}" for k in info["ks"])
+        return [Finding("k-of-n", "consistent", f"{stated} = {fracs} on {bench.get('name', c['benchmark'])}", info)]
+    detail = (f"{stated} is not k/{n} for any k (nearest {info['nearest_k']}/{n} = {info['nearest_percent']:.1f}%); "
+              "it may be an average over samples or runs")
+    runs = info["multi_run"]
+    if runs:
+        detail += f": {runs['k']}/{runs['n']} = {runs['percent']:.2f}% would be {runs['runs']} runs of {n}"
+    return [Finding("k-of-n", "inconsistent", detail, info)]
+
+
+def _check_gain(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
+    base, treat = cf.claim(c["baseline"]), cf.claim(c["treated"])
+    kb, n, exact_b = _accuracy_k(cf, base)
+    kt, _, exact_t = _accuracy_k(cf, treat)
+    alpha = float(c.get("alpha", 0.05))
+    approx = "" if exact_b and exact_t else " (using the nearest k/n of a percentage that is not one)"
+    d = kt - kb
+    data: dict[str, Any] = {"baseline_k": kb, "treated_k": kt, "n": n, "alpha": alpha, "min_discordant": abs(d)}
+    if d <= 0:
+        return [Finding("mcnemar-best-case", "inconsistent",
+                        f"{kb}/{n} -> {kt}/{n} is no gain{approx}", data)]
+    p = mcnemar_exact(0, d)
+    data["best_case_p"] = p
+    head = (f"{kb}/{n} -> {kt}/{n} needs at least {d} discordant pairs; even if all {d} favour the treatment, "
+            f"exact McNemar p = {p:.4g}{approx}")
+    if p < alpha:
+        return [Finding("mcnemar-best-case", "consistent", f"{head} < {alpha:g}: significant only if no problem regressed", data)]
+    return [Finding("mcnemar-best-case", "unsupported", f"{head} >= {alpha:g}: not significant at {alpha:g}", data)]
+
+
+def _check_count(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
+    count = int(c["count"])
+    out: list[Finding] = []
+    if "benchmark" in c:
+        n = int(cf.benchmarks[c["benchmark"]]["size"])
+        if count > n:
+            out.append(Finding("benchmark-size", "inconsistent", f"{count} exceeds the {n} problems of the benchmark",
+                               {"count": count, "n": n}))
+    for b in c.get("bounds", []):
+        ref = cf.claim(b["claim"])
+        k, n, exact = _accuracy_k(cf, ref)
+        approx = "" if exact else " (nearest k/n)"
+        if b["relation"] == "unsolved-by":
+            limit, what = n - k, "left unsolved by"
+        else:
+            limit, what = k, "solved by"
+        data = {"count": count, "limit": limit, "relation": b["relation"], "claim": ref["id"], "k": k, "n": n}
+        desc = f"{limit} problems {what} {ref['id']} ({_percent_str(ref)} = {k}/{n}{approx})"
+        if count > limit:
+            out.append(Finding(f"bound:{b['relation']}", "inconsistent", f"contradiction: {count} > the {desc}", data))
+        else:
+            out.append(Finding(f"bound:{b['relation']}", "consistent", f"{count} <= the {desc}", data))
+    return out
+
+
+def _check_ratio(c: dict[str, Any]) -> list[Finding]:
+    if "numerator" not in c or "denominator" not in c:
+        return []
+    num, den, stated = c["numerator"], c["denominator"], c["stated"]
+    if den == 0:
+        return [Finding("arithmetic", "inconsistent", "the denominator is 0", {})]
+    computed = Fraction(str(num)) / Fraction(str(den))
+    tol = Fraction(str(c["tolerance"])) if "tolerance" in c else _half_unit(_decimals(c, "stated"))
+    stated_f = Fraction(str(stated))
+    data = {"numerator": num, "denominator": den, "computed": float(computed), "stated": stated, "tolerance": float(tol)}
+    text = f"{fmt(num)} / {fmt(den)} = {fmt(computed)}"
+    shown = f"{fmt(stated, _decimals(c, 'stated'))}x"
+    if abs(computed - stated_f) <= tol:
+        return [Finding("arithmetic", "consistent", f"{text}, consistent with the stated {shown}", data)]
+    return [Finding("arithmetic", "inconsistent", f"{text}, not the stated {shown}", data)]
+
+
+def _check_context(c: dict[str, Any]) -> list[Finding]:
+    f, t = int(c["from_tokens"]), int(c["to_tokens"])
+    factor = t / f
+    keys = ", ".join(c.get("measure", {}).values()) or "a measurement"
+    memory = c.get("memory", "unchanged")
+    detail = (f"{fmt(t)} / {fmt(f)} = {factor:.1f}x the context with GPU memory {memory}: tokens stored and tokens "
+              f"attended at once are different quantities (KV memory grows with the tokens attended in one forward "
+              f"pass); needs measurement of both and of peak memory ({keys})")
+    return [Finding("context-stretch", "needs-measurement", detail, {"from_tokens": f, "to_tokens": t, "factor": factor})]
+
+
+def internal_findings(cf: ClaimsFile, claim: dict[str, Any]) -> list[Finding]:
+    kind = claim["kind"]
+    if kind == "accuracy":
+        return _check_accuracy(cf, claim)
+    if kind == "gain":
+        return _check_gain(cf, claim)
+    if kind == "count":
+        return _check_count(cf, claim)
+    if kind == "ratio":
+        return _check_ratio(claim)
+    if kind == "context":
+        return _check_context(claim)
+    return []
+
+
+# --- measurements ----------------------------------------------------------------------------------------------
+
+
+def _typed(measured: dict[str, Any], key: str, role_type: str, where: str) -> Any:
+    value = measured[key]
+    bad = f"{where}: measurement {key!r} must be "
+    if role_type == "k/n object":
+        if not (isinstance(value, dict) and set(value) >= {"k", "n"} and all(_is_int(value[x]) for x in ("k", "n"))
+                and 0 <= value["k"] <= value["n"] and value["n"] > 0):
+            raise InputError(bad + 'an object {"k": int, "n": int} with 0 <= k <= n, n > 0')
+    elif role_type.startswith("{baseline_only"):
+        pair = ("baseline_only", "treated_only")
+        if not (isinstance(value, dict) and all(_is_int(value.get(x)) and value[x] >= 0 for x in pair)):
+            raise InputError(bad + 'an object {"baseline_only": int >= 0, "treated_only": int >= 0}')
+    elif role_type == "integer":
+        if not _is_int(value):
+            raise InputError(bad + "an integer")
+    elif role_type == "number":
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            raise InputError(bad + "a number")
+    elif role_type == "boolean" and not isinstance(value, bool):
+        raise InputError(bad + "true or false")
+    return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def measured_findings(cf: ClaimsFile, c: dict[str, Any], measured: dict[str, Any], where: str) -> list[Finding]:
+    roles = MEASURE_ROLES[c["kind"]]
+    keys = {role: key for role, key in c.get("measure", {}).items() if key in measured}
+    if not c.get("measure"):
+        return [Finding("measurement", "not-testable", c.get("untestable", "the claim names no measurement"))]
+    if not keys:
+        wanted = ", ".join(c["measure"].values())
+        reason = f"no measurement of {wanted} in {where}"
+        if c.get("untestable"):
+            reason += f"; {c['untestable']}"
+        return [Finding("measurement", "not-testable", reason)]
+    v = {role: _typed(measured, key, roles[role], where) for role, key in keys.items()}
+    kind = c["kind"]
+    if kind == "accuracy":
+        k, n = int(v["accuracy"]["k"]), int(v["accuracy"]["n"])
+        lo, hi = wilson_interval(k, n)
+        claimed = float(c["percent"]) / 100
+        data = {"k": k, "n": n, "interval": [lo, hi], "claimed": claimed}
+        text = f"claimed {_percent_str(c)}; measured {k}/{n} = {100 * k / n:.1f}% (95% Wilson {100 * lo:.1f}-{100 * hi:.1f}%)"
+        if lo <= claimed <= hi:
+            return [Finding("measurement", "supported", f"{text}: the claim lies inside the interval", data)]
+        return [Finding("measurement", "contradicted", f"{text}: the claim lies outside the interval", data)]
+    if kind == "gain":
+        b, t = int(v["discordant"]["baseline_only"]), int(v["discordant"]["treated_only"])
+        p = mcnemar_exact(b, t)
+        alpha = float(c.get("alpha", 0.05))
+        data = {"baseline_only": b, "treated_only": t, "p_value": p, "alpha": alpha}
+        text = f"measured discordant pairs: {t} solved only with the treatment, {b} only without; exact McNemar p = {p:.4g}"
+        if t <= b:
+            return [Finding("measurement", "contradicted", f"{text}: no gain", data)]
+        if p < alpha:
+            return [Finding("measurement", "supported", f"{text} < {alpha:g}", data)]
+        return [Finding("measurement", "unsupported", f"{text} >= {alpha:g}: not significant", data)]
+    if kind == "count":
+        got = int(v["count"])
+        data = {"claimed": c["count"], "measured": got}
+        if got >= int(c["count"]):
+            return [Finding("measurement", "supported", f"claimed {c['count']}; measured {got}", data)]
+        return [Finding("measurement", "contradicted", f"claimed {c['count']}; measured only {got}", data)]
+    if kind == "ratio":
+        m = float(v["ratio"])
+        tol = float(c.get("measure_tolerance", 0.05))
+        data = {"claimed": c["stated"], "measured": m, "relative_tolerance": tol}
+        text = f"claimed {fmt(c['stated'], _decimals(c, 'stated'))}x; measured {fmt(m)}x"
+        if m >= float(c["stated"]) * (1 - tol):
+            return [Finding("measurement", "supported", text, data)]
+        return [Finding("measurement", "contradicted", f"{text} (more than {tol:.0%} below)", data)]
+    if kind == "context":
+        out: list[Finding] = []
+        data = {role: v[role] for role in v}
+        if "attended_tokens" in v:
+            a = int(v["attended_tokens"])
+            ok = a >= int(c["to_tokens"])
+            out.append(Finding("measurement", "supported" if ok else "contradicted",
+                               f"claimed {fmt(int(c['to_tokens']))} tokens; measured {fmt(a)} attended at once", data))
+        if "peak_memory_ratio" in v:
+            r = float(v["peak_memory_ratio"])
+            tol = float(c.get("measure_tolerance", 0.05))
+            ok = r <= 1 + tol
+            out.append(Finding("measurement", "supported" if ok else "contradicted",
+                               f"claimed no more GPU memory; measured peak memory {r:.2f}x the baseline's", data))
+        if len(out) == 1 and out[0].verdict == "supported":
+            missing = "peak_memory_ratio" if "attended_tokens" in v else "attended_tokens"
+            out.append(Finding("measurement", "not-testable", f"{missing} was not measured ({c['measure'].get(missing, '-')})"))
+        return out
+    # exactness
+    out = []
+    data = {role: v[role] for role in v}
+    if "byte_identical" in v:
+        out.append(Finding("measurement", "supported" if v["byte_identical"] else "contradicted",
+                           "restored states byte-identical to a fresh compute" if v["byte_identical"]
+                           else "restored states differ from a fresh compute", data))
+    if "kl_max" in v:
+        kl = float(v["kl_max"])
+        out.append(Finding("measurement", "supported" if kl == 0.0 else "contradicted",
+                           f"measured max KL divergence {kl:.3g}", data))
+    return out
+
+
+def measured_from_recompute(result: dict[str, Any]) -> dict[str, Any]:
+    """Measurements an exactness claim names, from a recompute result (schemas/recompute-result.v1.json):
+    `restore_byte_identical` (every entry byte-exact) and `kl_max` (largest matched-schedule KL)."""
+    entries = result.get("entries", [])
+    if not entries:
+        raise InputError("recompute result: no entries, nothing was measured")
+    return {"restore_byte_identical": all(bool(e["byte_exact"]) for e in entries),
+            "kl_max": max(float(e["matched"]["kl_max"]) for e in entries)}
+
+
+# --- the check -------------------------------------------------------------------------------------------------
+
+
+def claimed_summary(cf: ClaimsFile, c: dict[str, Any]) -> str:
+    kind = c["kind"]
+    if kind == "accuracy":
+        bench = cf.benchmarks[c["benchmark"]]
+        return f"{_percent_str(c)} on {bench.get('name', c['benchmark'])} ({bench['size']})"
+    if kind == "gain":
+        return f"{_percent_str(cf.claim(c['baseline']))} -> {_percent_str(cf.claim(c['treated']))}"
+    if kind == "count":
+        return f"{c['count']} {c.get('unit', 'problems')}"
+    if kind == "ratio":
+        s = f"≈{fmt(c['stated'], _decimals(c, 'stated'))}x"
+        if "numerator" in c and "denominator" in c:
+            s += f" ({fmt(c['numerator'])} / {fmt(c['denominator'])})"
+        return s
+    if kind == "context":
+        return f"{fmt(int(c['from_tokens']))} -> {fmt(int(c['to_tokens']))} tokens, memory {c.get('memory', 'unchanged')}"
+    return ", ".join(c.get("criteria", [])) or "exact"
+
+
+def claim_verdict(c: dict[str, Any], findings: list[Finding]) -> tuple[str, str]:
+    """(verdict, reason): the first finding in _PRECEDENCE order decides; needs-measurement counts as not-testable."""
+    if not findings:
+        return "not-testable", c.get("untestable") or "no internal check applies and no measurement was given"
+    ranked = sorted(findings, key=lambda f: _RANK["not-testable" if f.verdict == "needs-measurement" else f.verdict])
+    top = ranked[0]
+    verdict = "not-testable" if top.verdict == "needs-measurement" else top.verdict
+    reason = "; ".join(dict.fromkeys(f.detail for f in ranked if f.verdict == top.verdict))
+    if verdict == "not-testable" and c.get("untestable") and c["untestable"] not in reason:
+        reason = f"{reason}; {c['untestable']}"
+    return verdict, reason
+
+
+def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where: str = "measured results",
+          measured_sha256: str | None = None) -> dict[str, Any]:
+    """Check every claim; the result is valid against schemas/claims.v1.json."""
+    results = []
+    used: set[str] = set()
+    for c in cf.claims:
+        findings = internal_findings(cf, c)
+        if measured is not None:
+            findings += measured_findings(cf, c, measured, measured_where)
+            used.update(k for k in c.get("measure", {}).values() if k in measured)
+        elif not findings:
+            keys = ", ".join(c.get("measure", {}).values())
+            reason = c.get("untestable") or (f"needs measurement: {keys} (pass --measured)" if keys else "names no measurement")
+            findings.append(Finding("measurement", "not-testable", reason))
+        verdict, reason = claim_verdict(c, findings)
+        results.append({"id": c["id"], "kind": c["kind"], "text": c["text"], "claimed": claimed_summary(cf, c),
+                        "verdict": verdict, "reason": reason, "findings": [f.as_dict() for f in findings]})
+    counts = {v: 0 for v in CLAIM_VERDICTS}
+    for r in results:
+        counts[r["verdict"]] += 1
+    result: dict[str, Any] = {
+        "format": CHECK_FORMAT,
+        "format_version": 1,
+        "kvgraft_version": __version__,
+        "claims_file": {"path": cf.path, "sha256": cf.sha256},
+        "source": cf.doc.get("source", {}),
+        "measured_file": None if measured is None else {"path": measured_where, "sha256": measured_sha256},
+        "claims": results,
+        "counts": counts,
+        "unused_measurements": sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
+        "failed": any(counts[v] for v in FAILING_CLAIM_VERDICTS),
+    }
+    validate(result, CLAIMS_SCHEMA, "claims check result")
+    return result
+
+
+def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:
+    cf = load(claims_path)
+    if measured_path is None:
+        return check(cf)
+    measured, digest = load_measured(measured_path)
+    return check(cf, measured, str(measured_path), digest)

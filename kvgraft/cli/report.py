@@ -1,0 +1,67 @@
+"""Commands on claims and audit reports: `audit claims`, `report show`.
+
+(`report verify`, checking a report's signature, belongs to the signing commands, not here.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import audit_app, handled, out, report_app
+from kvgraft.errors import EXIT_FAILED
+
+
+@audit_app.command("claims")
+@handled
+def claims_cmd(
+    claims_file: Annotated[Path, typer.Argument(help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="Measured-results JSON: keys named by each claim's `measure`.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/claims.v1.json).")] = False,
+) -> None:
+    """Check claims for internal consistency and, with --measured, against measurements.
+
+    Exit status 0 if no claim is contradicted or inconsistent, 1 if one is, 2 on unusable input.
+    """
+    from kvgraft import claims
+
+    result = claims.check_files(claims_file, measured)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from kvgraft.render_report import claims_check_renderables
+
+        for r in claims_check_renderables(result):
+            out.print(r)
+    if result["failed"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@report_app.command("show")
+@handled
+def show_cmd(
+    report: Annotated[Path, typer.Argument(help="Audit report JSON (schemas/audit-report.v1.json).")],
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML page here instead.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing HTML file.")] = False,
+) -> None:
+    """Render an audit report in the terminal, or as one self-contained HTML page with --html."""
+    from kvgraft.report import load_report
+
+    doc = load_report(report)
+    if html_out is None:
+        from kvgraft.render_report import print_report
+
+        print_report(doc, out)
+        return
+    from kvgraft._internal.jsonio import write_atomic
+    from kvgraft.errors import ExistsError
+    from kvgraft.render_report import to_html
+
+    if html_out.exists() and not overwrite:
+        raise ExistsError(f"{html_out}: already exists; pass --overwrite to replace it")
+    write_atomic(html_out, to_html(doc).encode())
+    out.print(f"wrote {html_out} ({doc['verdict']['status']})")

@@ -1,0 +1,191 @@
+"""The audit report: statistics helpers, building, verdict logic, loading and validation.
+
+A report is a JSON object valid against schemas/audit-report.v1.json. Its `verdict` is derived from its
+checks and claim verdicts (see `compute_verdict`); `validate_report` refuses a report whose stored verdict
+or binding disagrees with its own content, so a renderer never shows a verdict the data does not carry.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import math
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+from kvgraft import __version__
+from kvgraft._internal.jsonio import canonical, load_file, write_json
+from kvgraft.errors import InputError
+from kvgraft.schema import validate
+
+REPORT_SCHEMA = "audit-report.v1.json"
+REPORT_FORMAT = "kvgraft-audit-report"
+REPORT_FORMAT_VERSION = 1
+
+CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "other")
+CHECK_STATUSES = ("passed", "failed", "skipped")
+# Claim verdicts, most severe first. The claims checker uses the same words.
+CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
+FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
+
+
+# --- statistics ------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n."""
+    if n <= 0 or not 0 <= k <= n:
+        raise InputError(f"wilson_interval: need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    if not 0 < confidence < 1:
+        raise InputError(f"wilson_interval: confidence must be in (0, 1), got {confidence}")
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pair counts (binomial test, p = 1/2)."""
+    if a_only < 0 or b_only < 0:
+        raise InputError(f"mcnemar_exact: discordant counts must be >= 0, got {a_only}, {b_only}")
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(b_only, n, 0.5, alternative="two-sided").pvalue)
+
+
+# --- building --------------------------------------------------------------------------------------------------
+
+
+def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, Any] | None = None, *,
+               reason: str | None = None) -> dict[str, Any]:
+    """One entry of `checks`; a skipped check must say why."""
+    if kind not in CHECK_KINDS:
+        raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join(CHECK_KINDS)})")
+    if status not in CHECK_STATUSES:
+        raise InputError(f"check {name!r}: unknown status {status!r} (one of {', '.join(CHECK_STATUSES)})")
+    if status == "skipped" and not reason:
+        raise InputError(f"check {name!r}: a skipped check needs a reason")
+    check: dict[str, Any] = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
+    if reason:
+        check["reason"] = reason
+    return check
+
+
+def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's `claims` list from a claims-check result (kvgraft.claims.check)."""
+    return [{"id": c["id"], "text": c["text"], "kind": c["kind"], "claimed": c["claimed"], "verdict": c["verdict"],
+             "reason": c["reason"]} for c in claims_check["claims"]]
+
+
+def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """Overall verdict: failed if a check failed or a claim is contradicted/inconsistent; incomplete if a check
+    was skipped or there is nothing to judge; passed otherwise."""
+    checks = {s: 0 for s in CHECK_STATUSES}
+    for c in report.get("checks", []):
+        checks[c["status"]] += 1
+    claims = {v: 0 for v in CLAIM_VERDICTS}
+    for c in report.get("claims", []):
+        claims[c["verdict"]] += 1
+    failing_claims = sum(claims[v] for v in FAILING_CLAIM_VERDICTS)
+    if checks["failed"] or failing_claims:
+        status = "failed"
+    elif checks["skipped"] or not (checks["passed"] or any(claims.values())):
+        status = "incomplete"
+    else:
+        status = "passed"
+    parts = []
+    if checks["failed"]:
+        parts.append(f"{checks['failed']} check(s) failed")
+    if failing_claims:
+        parts.append(f"{failing_claims} claim(s) contradicted or inconsistent")
+    if checks["skipped"]:
+        parts.append(f"{checks['skipped']} check(s) skipped")
+    if not parts:
+        parts.append("all checks passed" if checks["passed"] else "nothing was checked")
+    return {"status": status, "headline": "; ".join(parts), "checks": checks, "claims": claims}
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def plan_digest(content: Any) -> str:
+    """SHA-256 of the plan: of its text if a string, else of its RFC 8785 canonical JSON."""
+    data = content.encode() if isinstance(content, str) else canonical(content)
+    return hashlib.sha256(data).hexdigest()
+
+
+def new_report(*, plan_name: str, plan_content: Any, environment: dict[str, Any], model: dict[str, Any] | None,
+               release_root_digest: str | None, checks: list[dict[str, Any]], ledger: dict[str, Any] | None = None,
+               claims: list[dict[str, Any]] | None = None, release_attestation_digest: str | None = None,
+               created: str | None = None, note: str | None = None) -> dict[str, Any]:
+    """Assemble a report, derive its verdict and validate it."""
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_FORMAT_VERSION,
+        "kvgraft_version": __version__,
+        "created": created or now_utc(),
+        "plan": {"name": plan_name, "sha256": plan_digest(plan_content), "content": plan_content},
+        "environment": environment,
+        "model": model,
+        "release_root_digest": release_root_digest,
+        "checks": checks,
+        "ledger": ledger,
+        "claims": claims or [],
+        "binding": {"release_attestation_digest": release_attestation_digest, "release_root_digest": release_root_digest},
+    }
+    if note:
+        report["note"] = note
+    report["verdict"] = compute_verdict(report)
+    validate_report(report, "report")
+    return report
+
+
+# --- reading ---------------------------------------------------------------------------------------------------
+
+
+def validate_report(doc: Any, where: str) -> None:
+    """Schema, then what a schema cannot say: the verdict, binding and plan digest agree with the content."""
+    validate(doc, REPORT_SCHEMA, where)
+    expected = compute_verdict(doc)
+    stored = doc["verdict"]
+    if stored["status"] != expected["status"] or stored["checks"] != expected["checks"] or stored["claims"] != expected["claims"]:
+        raise InputError(f"{where}: stored verdict {stored['status']!r} {stored['checks']} {stored['claims']} does not "
+                         f"follow from the checks and claims ({expected['status']!r} {expected['checks']} {expected['claims']})")
+    if doc["binding"]["release_root_digest"] != doc["release_root_digest"]:
+        raise InputError(f"{where}: binding.release_root_digest {doc['binding']['release_root_digest']} differs from "
+                         f"release_root_digest {doc['release_root_digest']}")
+    digest = doc["plan"].get("sha256")
+    if digest is not None and digest != plan_digest(doc["plan"]["content"]):
+        raise InputError(f"{where}: plan.sha256 does not match the plan content")
+    for c in doc["checks"]:
+        if c["kind"] == "determinism":
+            n = len(c["data"]["conditions"])
+            for row in c["data"].get("rows", []):
+                if len(row["classes"]) != n:
+                    raise InputError(f"{where}: check {c['name']!r}: entry {row['entry']!r} has {len(row['classes'])} "
+                                     f"classes for {n} conditions")
+    names = [c["name"] for c in doc["checks"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError(f"{where}: duplicate check names: {', '.join(dupes)}")
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    doc = load_file(path)
+    validate_report(doc, str(path))
+    report: dict[str, Any] = doc
+    return report
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    validate_report(report, str(path))
+    write_json(path, report)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import math
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -18,6 +17,9 @@ from kvgraft import __version__
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.errors import InputError
 from kvgraft.schema import validate
+from kvgraft.stats import mcnemar_exact, wilson
+
+__all__ = ["mcnemar_exact", "wilson_interval"]
 
 REPORT_SCHEMA = "audit-report.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
@@ -34,31 +36,12 @@ FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n."""
+    """Wilson score interval of k/n at `confidence`; the one implementation lives in kvgraft.stats."""
     if n <= 0 or not 0 <= k <= n:
         raise InputError(f"wilson_interval: need 0 <= k <= n and n > 0, got k={k}, n={n}")
     if not 0 < confidence < 1:
         raise InputError(f"wilson_interval: confidence must be in (0, 1), got {confidence}")
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return lo, hi
-
-
-def mcnemar_exact(a_only: int, b_only: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant pair counts (binomial test, p = 1/2)."""
-    if a_only < 0 or b_only < 0:
-        raise InputError(f"mcnemar_exact: discordant counts must be >= 0, got {a_only}, {b_only}")
-    n = a_only + b_only
-    if n == 0:
-        return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(b_only, n, 0.5, alternative="two-sided").pvalue)
+    return wilson(k, n, z=NormalDist().inv_cdf(1 - (1 - confidence) / 2))
 
 
 # --- building --------------------------------------------------------------------------------------------------

@@ -45,7 +45,10 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At k = 0 and k = n the bound is exactly 0 or 1; rounding would otherwise leave ~1e-17.
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def mcnemar_exact(b: int, c: int) -> float:

@@ -21,7 +21,7 @@ the fields of a claim, never by the paper it came from:
 from __future__ import annotations
 
 import hashlib
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -33,11 +33,6 @@ from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict
 from kvgraft.errors import InputError
 from kvgraft.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
 from kvgraft.schema import validate
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 CLAIMS_SCHEMA = "claims.v1.json"
 CLAIMS_FORMAT = "kvgraft-claims"

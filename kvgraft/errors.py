@@ -6,7 +6,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a check ran and failed: digest mismatch, bad signature, tampering
 EXIT_INPUT = 2  # unusable input: missing/unreadable file, schema error, bad arguments
 EXIT_MODEL = 3  # the model is not the one the release was made with
-EXIT_NOT_EXACT = 4  # an audit ran and found states that are not byte-identical
+EXIT_NOT_EXACT = 4  # an audit completed and found a failure: states not byte-identical, or verdict FAILED
 EXIT_EXISTS = 5  # refusing to overwrite an existing output
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mmap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +22,9 @@ from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
 from kvgraft.release import Release
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
+
+if TYPE_CHECKING:
+    from kvgraft.executor import Executor
 
 RESULT_KIND = "kvgraft-recompute-result"
 
@@ -145,6 +149,12 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     }
 
 
+def entry_unit(lm: LoadedModel, rel: Release, entry: dict[str, Any], *, probe_text: str | None = None,
+               force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
+    """`audit_entry` as an executor work unit: (model, release, entry) → result."""
+    return audit_entry(rel, entry, lm, probe_text=probe_text, force=force, schedule=schedule)
+
+
 def statements(result: dict[str, Any]) -> list[str]:
     """Plain sentences saying for which comparison byte-exactness and zero KL hold."""
     entries = result["entries"]
@@ -172,15 +182,19 @@ def statements(result: dict[str, Any]) -> list[str]:
 
 def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
           probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
-          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Recompute and compare every (or the named) entries of a release.
 
-    `schedule` overrides the recorded prefill schedule (recorded in the result as such).
+    `schedule` overrides the recorded prefill schedule (recorded in the result as such). `executor`
+    runs the per-entry work (kvgraft.executor; default: in this process); each entry records its placement.
     """
+    from kvgraft.executor import LocalExecutor
+
     rel = release if isinstance(release, Release) else Release.open(release)
     forced = check_model(rel, lm, force=force)
     chosen = [rel.entry(e) for e in entries] if entries else rel.entries
-    current = environment(lm.device, lm.dtype, lm.attn)
+    ex = executor or LocalExecutor()
+    current = ex.environment(lm)
     recorded = rel.manifest["environment"]
     result: dict[str, Any] = {
         "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
@@ -193,10 +207,10 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
                         "differences": {k: list(v) for k, v in differences(recorded, current).items()}},
         "entries": [],
     }
-    for i, entry in enumerate(chosen):
-        result["entries"].append(audit_entry(rel, entry, lm, probe_text=probe_text, force=force, schedule=schedule))
-        if progress:
-            progress(i + 1, len(chosen))
+    unit = functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule)
+    result["entries"] = ex.map(unit, rel, chosen, lm=lm, labels=[e["id"] for e in chosen],
+                               progress=(lambda i, n, _label: progress(i, n)) if progress else None)
+    result["executor"] = ex.describe()
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
     result["statements"] = statements(result)
     return result

@@ -461,8 +461,13 @@ def renderables(report: dict[str, Any]) -> list[RenderableType]:
         if renderer is not None and c["data"]:
             body += renderer(c)
         rest = _data_rest(c["data"], _KNOWN_DATA.get(c["kind"], ()))
-        if rest:
-            body.append(Text(_json(rest), style="dim"))
+        scalars = {k: v for k, v in rest.items() if not isinstance(v, (dict, list))}
+        if scalars:
+            body.append(Text(_json(scalars), style="dim"))
+        nested = sorted(k for k, v in rest.items() if isinstance(v, (dict, list)))
+        if nested:
+            # The full data is in the report JSON; a terminal gets the summary, not a dump.
+            body.append(Text(f"more in the report JSON: {', '.join(nested)}", style="dim"))
         out.append(Panel(Group(*body), title=f"{c['name']} · {c['kind']} · {c['status']}", title_align="left",
                          border_style=style.replace("bold ", "") or "white"))
     if report["claims"]:
@@ -733,7 +738,7 @@ def to_html(report: dict[str, Any]) -> str:
             section.append(renderer(c))
         rest = _data_rest(c["data"], _KNOWN_DATA.get(c["kind"], ()))
         if rest:
-            section.append(f"<pre>{_e(_json(rest))}</pre>")
+            section.append(f"<details><summary>more data</summary><pre>{_e(_json(rest))}</pre></details>")
         section.append("</div>")
         body.append("".join(section))
     if report["claims"]:

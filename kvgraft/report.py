@@ -7,7 +7,6 @@ or binding disagrees with its own content, so a renderer never shows a verdict t
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 from pathlib import Path
 from statistics import NormalDist
@@ -16,6 +15,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.errors import InputError
+from kvgraft.release import now_utc
 from kvgraft.schema import validate
 from kvgraft.stats import mcnemar_exact, wilson
 
@@ -94,10 +94,6 @@ def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:
     if not parts:
         parts.append("all checks passed" if checks["passed"] else "nothing was checked")
     return {"status": status, "headline": "; ".join(parts), "checks": checks, "claims": claims}
-
-
-def now_utc() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def plan_digest(content: Any) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from kvgraft.cli import audit, release  # noqa: F401  (commands register on `app` when imported)
+import kvgraft.cli.attest  # noqa: F401
+from kvgraft.cli import audit, release, run  # noqa: F401  (commands register on `app` when imported)
+from kvgraft.cli import generalization as generalization  # registers `library build`, `audit generalization`
 from kvgraft.cli import report as report  # registers `audit claims`, `report show`
 from kvgraft.cli._base import app
 

@@ -1,0 +1,352 @@
+"""Release attestations: an in-toto Statement v1 in a DSSE envelope, stored as a Sigstore bundle v0.3.
+
+The statement's subjects are `manifest.json` and every file the manifest lists (name: the path in
+the release, digest: SHA-256 of its bytes); its predicate (`PREDICATE_TYPE`, JSON Schema in
+schemas/release-attestation-predicate.v1.json) repeats the manifest digest and names the release
+root digest and the model identity. The statement bytes are RFC 8785 canonical JSON. The DSSE
+signature is over the pre-authentication encoding PAE(payloadType, payload) of the DSSE v1 spec.
+
+The bundle lives at RELEASE/release.sigstore.json and is not itself a subject. Two kinds:
+
+* key-signed (`sign_release`): `verificationMaterial.publicKey.hint` is the key id
+  (hex SHA-256 of the DER public key) and `tlogEntries` is empty; offline, no Sigstore services.
+* keyless (`sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
+  sigstore-python's `Signer.sign_dsse`; needs the network and an OIDC identity.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, VerificationError
+from kvgraft.keys import PrivateKey, PublicKey, key_id
+from kvgraft.keys import sign as key_sign
+from kvgraft.keys import verify as key_verify
+from kvgraft.release import FORMAT, MANIFEST
+from kvgraft.schema import validate
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://kvgraft.dev/attestation/cache-release/v1"
+PREDICATE_SCHEMA = "release-attestation-predicate.v1.json"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+BUNDLE_MEDIA_TYPES = (
+    "application/vnd.dev.sigstore.bundle.v0.3+json",
+    "application/vnd.dev.sigstore.bundle+json;version=0.3",
+    "application/vnd.dev.sigstore.bundle+json;version=0.2",
+    "application/vnd.dev.sigstore.bundle+json;version=0.1",
+)
+BUNDLE_NAME = "release.sigstore.json"
+MAX_BUNDLE_BYTES = 64 * 1024 * 1024
+MAX_RELEASE_FILES = 1_000_000
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding: "DSSEv1" SP len(type) SP type SP len(body) SP body."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def check_relpath(name: Any, where: str) -> str:
+    """A release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
+    if not isinstance(name, str):
+        raise InputError(f"{where}: file name {name!r} is not a string")
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
+            or any(p in ("", ".", "..") for p in parts)):
+        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
+    return name
+
+
+def release_folder_files(root: Path) -> set[str]:
+    """Every regular file under `root` as a release-relative name, except the bundle.
+
+    Symlinks and special files anywhere in the folder are refused: a release holds plain files.
+    """
+    root = Path(root)
+    found: set[str] = set()
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                items = list(it)
+        except OSError as exc:
+            raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
+        for item in items:
+            rel = prefix + item.name
+            mode = item.stat(follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
+            if stat.S_ISDIR(mode):
+                stack.append((Path(item.path), rel + "/"))
+            elif stat.S_ISREG(mode):
+                if rel != BUNDLE_NAME:
+                    found.add(rel)
+                    if len(found) > MAX_RELEASE_FILES:
+                        raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
+            else:
+                raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")
+    return found
+
+
+# ---------------------------------------------------------------------------------------- statement
+
+
+def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int) -> dict[str, Any]:
+    """The in-toto Statement v1 of a release whose manifest file has this digest and size."""
+    subjects = [{"name": MANIFEST, "digest": {"sha256": manifest_sha256}}]
+    subjects += [{"name": name, "digest": {"sha256": f["sha256"]}} for name, f in sorted(manifest["files"].items())]
+    model = manifest["model"]
+    predicate = {
+        "release_format": FORMAT,
+        "format_version": manifest["format_version"],
+        "manifest": {"name": MANIFEST, "sha256": manifest_sha256, "size": manifest_size},
+        "root_digest": manifest["root_digest"],
+        "model": {"spec": model["spec"], "architecture": model["architecture"], "model_type": model["model_type"],
+                  "identity": dict(model["identity"])},
+        "num_entries": len(manifest["entries"]),
+        "num_files": len(subjects),
+        "kvgraft_version": __version__,
+    }
+    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+
+
+def statement_bytes(stmt: dict[str, Any]) -> bytes:
+    """The DSSE payload: RFC 8785 canonical JSON of the statement."""
+    return jsonio.canonical(stmt)
+
+
+def parse_statement(payload_type: str, payload: bytes, where: str) -> dict[str, Any]:
+    """Parse and check a release statement (strict JSON, safe subject names, our predicate)."""
+    if payload_type != PAYLOAD_TYPE:
+        raise VerificationError(f"{where}: DSSE payloadType {payload_type!r} is not {PAYLOAD_TYPE!r}")
+    doc = jsonio.loads_strict(payload, f"{where}: statement")
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: statement is not a JSON object")
+    if doc.get("_type") != STATEMENT_TYPE:
+        raise VerificationError(f"{where}: statement _type {doc.get('_type')!r} is not {STATEMENT_TYPE!r}")
+    if doc.get("predicateType") != PREDICATE_TYPE:
+        raise VerificationError(f"{where}: predicateType {doc.get('predicateType')!r} is not a kvgraft release "
+                                f"attestation ({PREDICATE_TYPE})")
+    subject = doc.get("subject")
+    if not isinstance(subject, list) or not subject:
+        raise InputError(f"{where}: statement has no subjects")
+    seen: set[str] = set()
+    for i, s in enumerate(subject):
+        at = f"{where}: statement subject {i}"
+        if not isinstance(s, dict) or not isinstance(s.get("digest"), dict):
+            raise InputError(f"{at}: expected an object with name and digest")
+        name = check_relpath(s.get("name"), at)
+        if name in seen:
+            raise InputError(f"{at}: {name!r} is listed twice")
+        seen.add(name)
+        sha = s["digest"].get("sha256")
+        if not isinstance(sha, str) or not _SHA256.match(sha):
+            raise InputError(f"{at}: {name!r} has no lowercase hex sha256 digest")
+    validate(doc.get("predicate"), PREDICATE_SCHEMA, f"{where}: statement predicate")
+    return doc
+
+
+def subjects(stmt: dict[str, Any]) -> dict[str, str]:
+    """name -> sha256 of a parsed statement."""
+    return {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+
+
+# ------------------------------------------------------------------------------------------- bundle
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The parts of a release bundle kvgraft reads itself (Sigstore checks use the raw bytes)."""
+
+    where: str
+    raw: bytes
+    doc: dict[str, Any]
+    media_type: str
+    payload_type: str
+    payload: bytes
+    signature: bytes
+    keyid: str | None  # the DSSE signature's keyid, if any
+    key_hint: str | None  # verificationMaterial.publicKey.hint: a key-signed bundle
+    has_certificate: bool  # a Sigstore (keyless) bundle
+
+
+def _b64(value: Any, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise InputError(f"{where}: expected a base64 string")
+    try:
+        if "-" in value or "_" in value:
+            return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise VerificationError(f"{where}: is not valid base64") from None
+
+
+def parse_bundle(raw: bytes, where: str) -> Bundle:
+    """Strictly parse a release bundle: Sigstore bundle JSON carrying a DSSE envelope."""
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise InputError(f"{where}: {len(raw)} bytes exceeds the {MAX_BUNDLE_BYTES}-byte limit for a bundle")
+    doc = jsonio.loads_strict(raw, where)
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: not a Sigstore bundle (not a JSON object)")
+    media_type = doc.get("mediaType")
+    if media_type not in BUNDLE_MEDIA_TYPES:
+        raise InputError(f"{where}: not a Sigstore bundle (mediaType {media_type!r})")
+    material = doc.get("verificationMaterial")
+    if not isinstance(material, dict):
+        raise InputError(f"{where}: bundle has no verificationMaterial")
+    envelope = doc.get("dsseEnvelope")
+    if not isinstance(envelope, dict):
+        raise InputError(f"{where}: bundle has no dsseEnvelope; a release attestation is a DSSE-signed statement")
+    payload_type = envelope.get("payloadType")
+    if not isinstance(payload_type, str):
+        raise InputError(f"{where}: dsseEnvelope.payloadType is missing")
+    sigs = envelope.get("signatures")
+    if not isinstance(sigs, list) or len(sigs) != 1 or not isinstance(sigs[0], dict):
+        count = len(sigs) if isinstance(sigs, list) else 0
+        raise VerificationError(f"{where}: dsseEnvelope must carry exactly one signature (found {count})")
+    signature = _b64(sigs[0].get("sig"), f"{where}: dsseEnvelope.signatures[0].sig")
+    if not signature:
+        raise VerificationError(f"{where}: dsseEnvelope.signatures[0].sig is empty")
+    keyid = sigs[0].get("keyid")
+    public_key = material.get("publicKey")
+    hint = public_key.get("hint") if isinstance(public_key, dict) else None
+    has_certificate = "certificate" in material or "x509CertificateChain" in material
+    if has_certificate == (public_key is not None):
+        raise InputError(f"{where}: verificationMaterial needs exactly one of publicKey or a certificate")
+    return Bundle(where=where, raw=raw, doc=doc, media_type=media_type, payload_type=payload_type,
+                  payload=_b64(envelope.get("payload"), f"{where}: dsseEnvelope.payload"), signature=signature,
+                  keyid=keyid if isinstance(keyid, str) else None, key_hint=hint if isinstance(hint, str) else None,
+                  has_certificate=has_certificate)
+
+
+def read_bundle(path: Path) -> Bundle:
+    """Read RELEASE/release.sigstore.json with its size bounded before reading."""
+    try:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise InputError(f"{path}: is a symlink; releases may not contain links")
+        if st.st_size > MAX_BUNDLE_BYTES:
+            raise InputError(f"{path}: {st.st_size} bytes exceeds the {MAX_BUNDLE_BYTES}-byte limit for a bundle")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BUNDLE_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_bundle(raw, str(path))
+
+
+def key_bundle(payload: bytes, signature: bytes, hint: str) -> dict[str, Any]:
+    """A Sigstore bundle v0.3 for a key-signed DSSE envelope (no certificate, no transparency log)."""
+    return {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": hint}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(payload).decode(),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{"sig": base64.b64encode(signature).decode(), "keyid": hint}],
+        },
+    }
+
+
+def write_bundle(root: Path, data: bytes) -> Path:
+    """Write RELEASE/release.sigstore.json atomically."""
+    path = Path(root) / BUNDLE_NAME
+    if path.is_symlink():
+        raise InputError(f"{path}: is a symlink; releases may not contain links")
+    jsonio.write_atomic(path, data)
+    os.chmod(path, 0o644)  # published with the release
+    return path
+
+
+def verify_with_key(bundle: Bundle, key: PublicKey) -> str:
+    """Check the DSSE signature of a key-signed bundle with `key`; return the key id."""
+    kid = key_id(key)
+    if bundle.has_certificate:
+        raise VerificationError(f"{bundle.where}: the release is signed keyless with a Sigstore certificate, not a key; "
+                                f"verify it with --certificate-identity and --certificate-oidc-issuer")
+    if not key_verify(key, bundle.signature, pae(bundle.payload_type, bundle.payload)):
+        named = f" (the bundle names key {bundle.key_hint})" if bundle.key_hint and bundle.key_hint != kid else ""
+        raise VerificationError(f"{bundle.where}: DSSE signature does not verify with key {kid}{named}")
+    return kid
+
+
+# ------------------------------------------------------------------------------------------ signing
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What `sign_release*` wrote."""
+
+    bundle: Path
+    statement: dict[str, Any]
+    signer: str  # key id, or the certificate identity for keyless signing
+
+
+def release_statement(root: Path) -> dict[str, Any]:
+    """Check the release's bytes (verify without a signature) and build its statement.
+
+    A release whose files do not match its manifest is refused: signing it would attest damage.
+    """
+    from kvgraft.verify import check_release
+
+    checked = check_release(Path(root))
+    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size)
+
+
+def sign_release(root: Path, key: PrivateKey) -> Signed:
+    """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
+    stmt = release_statement(root)
+    payload = statement_bytes(stmt)
+    signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
+    kid = key_id(key)
+    data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
+    return Signed(write_bundle(root, data), stmt, kid)
+
+
+def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
+    """Sign a release keyless with Sigstore (Fulcio certificate + Rekor entry); needs the network.
+
+    The OIDC identity is, in order: `identity_token` when given (a raw JWT); the ambient credential
+    of a CI system (`sigstore.oidc.detect_credential`: GitHub Actions with `permissions: id-token:
+    write`, GitLab, Buildkite, Google Cloud...); else an interactive browser flow with Sigstore's
+    OAuth issuer (`sigstore.oidc.Issuer`). The statement is signed as a DSSE envelope by
+    `Signer.sign_dsse`, logged in Rekor, and the returned bundle v0.3 is written to
+    RELEASE/release.sigstore.json. Verify with `kvgraft verify RELEASE --certificate-identity ID
+    --certificate-oidc-issuer URL` (see docs/ci-signing.md). `staging` uses Sigstore's staging
+    instance (for tests; verify with --staging).
+    """
+    from sigstore.dsse import Statement
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken, Issuer, detect_credential
+    from sigstore.sign import SigningContext
+
+    stmt = release_statement(root)
+    payload = statement_bytes(stmt)
+    try:
+        config = ClientTrustConfig.staging() if staging else ClientTrustConfig.production()
+        context = SigningContext.from_trust_config(config)
+        raw_token = identity_token or detect_credential()
+        token = (IdentityToken(raw_token) if raw_token
+                 else Issuer(config.signing_config.get_oidc_url()).identity_token())
+        with context.signer(token, cache=False) as signer:
+            bundle = signer.sign_dsse(Statement(payload))
+    except SigstoreError as exc:
+        raise InputError(f"{root}: Sigstore signing failed: {' '.join(exc.diagnostics().split())}") from None
+    except Exception as exc:  # network and OIDC errors of the underlying clients
+        raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    return Signed(write_bundle(root, bundle.to_json().encode()), stmt, str(token.identity))

@@ -1,0 +1,215 @@
+"""`kvgraft audit run PLAN`: every check a plan names, one report, signed and bound to the release."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import models
+from kvgraft.errors import InputError
+from kvgraft.hashing import hash_file
+from kvgraft.plan import Plan
+from kvgraft.report import make_check
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    report: dict[str, Any]
+    report_path: Path
+    bundle_path: Path | None
+    public_key: Path | None
+    release: Path
+    html: Path
+
+
+def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
+    from kvgraft.capture import Schedule, capture, read_records
+
+    spec = plan.doc["release"]
+    if "path" in spec:
+        path = plan.resolve(spec["path"])
+        from kvgraft.release import Release
+
+        rel = Release.open(path)
+        if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
+            raise InputError(f"{path}: root digest {rel.manifest['root_digest']} is not the plan's {spec['root_digest']}")
+        return path, {"kind": "existing", "path": str(path)}
+    target = out / "release"
+    schedule = Schedule(chunk_tokens=spec.get("chunk"))
+    if "records" in spec:
+        from kvgraft.determinism import EXAMPLE
+
+        src = EXAMPLE if spec["records"] == "example" else plan.resolve(spec["records"])
+        say(f"capturing {src.name}")
+        capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
+        return target, {"kind": "records", "records": str(src)}
+    from kvgraft import library
+
+    lib = spec["library"]
+    say(f"building a verified-solution library from {lib['source']}")
+    problems, source = library.load_problems(lib["source"], lib.get("limit"))
+    built = library.build(lm, problems, target, library_fraction=lib.get("library_fraction", 0.5),
+                          salt=lib.get("salt", "kvgraft"), source=source, schedule=schedule,
+                          settings=library.BuildSettings(attempts=lib.get("attempts", 0), generate=lib.get("attempts", 0) > 0),
+                          probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
+    return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unverified")}}
+
+
+def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
+    from kvgraft import keys
+
+    signing = plan.doc.get("signing", {})
+    name = signing.get("key")
+    if not name:
+        return None, None
+    if name == "ephemeral":
+        private, public = keys.write_keypair(out / "keys" / "ephemeral", overwrite=True)
+        return keys.load_private_key(private), public
+    path = plan.resolve(name)
+    return keys.load_private_key(path), None
+
+
+def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
+        say: Progress = lambda _m: None) -> Outcome:
+    """Run every enabled check of `plan`; write, sign and render the report under the output folder."""
+    from kvgraft import attest, recompute
+    from kvgraft.environment import record as environment
+    from kvgraft.render_report import to_html
+    from kvgraft.report import claim_verdicts, new_report, write_report
+
+    started = time.perf_counter()
+    out = plan.out_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("report.json", "report.sigstore.json", "report.html"):
+        (out / stale).unlink(missing_ok=True)  # a failed run must not leave an older report looking current
+    m = plan.doc["model"]
+    say(f"loading {m['spec']}")
+    lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
+                     attn=m.get("attn", "sdpa"))
+    release, release_info = _release(plan, lm, out, say)
+    key, pub = _signing_key(plan, out)
+    attestation_digest = None
+    if key is not None:
+        say("signing the release")
+        attest.sign_release(release, key)
+    if (release / attest.BUNDLE_NAME).is_file():
+        attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
+    checks: list[dict[str, Any]] = []
+    measured: dict[str, Any] = {}
+    ledger: dict[str, Any] = {}
+    build = release_info.get("build")
+    if build:
+        c, t = build["counts"], build["totals"]
+        ledger["library"] = (f"{c['reference'] + c['model']} verified entries, {t['entry_tokens']:,} tokens "
+                             f"({c['reference']} reference traces, {c['model']} model-generated, {c['unverified']} unverified); "
+                             f"upstream cost {t['upstream_tokens']:,} tokens")
+
+    if plan.check("verify") is not None:
+        say("verifying the release (hashes, statement, signature)")
+        from kvgraft.verify import verify_release
+
+        v = verify_release(release, key=pub)
+        checks.append(make_check("verify", "verify", "passed", f"{v.files} files, {v.bytes_hashed:,} bytes hashed; "
+                                 f"signature: {v.signature.describe()}", v.as_dict()))
+    rc = plan.check("recompute")
+    if rc is not None:
+        say("recomputing fresh KV states and comparing")
+        result = recompute.audit(release, lm, entries=rc.get("entries") or None)
+        exact = sum(e["byte_exact"] for e in result["entries"])
+        checks.append(make_check("recompute", "recompute", "passed" if result["all_byte_exact"] else "failed",
+                                 " ".join(result["statements"]), result))
+        from kvgraft.claims import measured_from_recompute
+
+        measured.update(measured_from_recompute(result))
+        ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, "
+                               f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
+    dc = plan.check("determinism")
+    if dc is not None:
+        say("running the determinism matrix")
+        from kvgraft import determinism
+
+        d = determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True)
+        checks.append(make_check("determinism", "determinism", "passed", " ".join(d["notes"]), d))
+    gc = plan.check("generalization")
+    if gc is not None:
+        say("generalization audit: conditions a-d on library, held-out and synthetic problems")
+        from kvgraft import generalization as gen
+        from kvgraft.release import Release
+
+        rel = Release.open(release)
+        queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
+        settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
+                                samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
+        g = gen.audit(lm, rel, queries, settings, prepared=prepared)
+        data = gen.report_check_data(g)
+        checks.append(make_check("generalization", "generalization", "passed", " ".join(g.get("statements", [])),
+                                 {**data, "result": g}))
+        ledger.update(_generalization_ledger(g))
+    claims_list: list[dict[str, Any]] = []
+    cc = plan.check("claims")
+    if cc is not None:
+        say("checking the claims file")
+        from kvgraft import claims
+
+        cf = claims.load(plan.resolve(cc["file"]))
+        checked = claims.check(cf, measured or None, measured_where="this audit's recompute check")
+        claims_list = claim_verdicts(checked)
+        checks.append(make_check("claims", "claims", "failed" if checked["failed"] else "passed",
+                                 f"{len(claims_list)} claims checked against internal consistency"
+                                 + (" and this audit's measurements" if measured else ""), checked))
+    wall = time.perf_counter() - started
+    limit = plan.doc.get("limits", {}).get("max_minutes")
+    ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
+    report = new_report(
+        plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
+        model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
+               "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
+        release_root_digest=_root(release), checks=checks, ledger=ledger, claims=claims_list,
+        release_attestation_digest=attestation_digest)
+    report_path = out / "report.json"
+    write_report(report_path, report)
+    bundle = None
+    if key is not None:
+        from kvgraft.report_attest import sign_report
+
+        say("signing the report")
+        bundle = sign_report(report_path, key)
+    html = out / "report.html"
+    from kvgraft._internal.jsonio import write_atomic
+
+    write_atomic(html, to_html(report).encode())
+    return Outcome(report, report_path, bundle, pub, release, html)
+
+
+def _generalization_ledger(g: dict[str, Any]) -> dict[str, str]:
+    """One readable line per condition; the full ledger stays in the generalization check's data."""
+    from kvgraft.generalization import LABELS
+
+    lines: dict[str, str] = {}
+    for cond, v in g["ledger"]["per_condition"].items():
+        line = (f"{v['decode_tokens']:,} decode, {v['prefill_tokens']:,} prefill, {v['restored_tokens']:,} restored tokens "
+                f"over {v['queries']} queries")
+        if v.get("decode_vs_budget") is not None:
+            line += f"; decode/budget {v['decode_vs_budget']:.2f}"
+        if v.get("with_upstream_amortized") is not None and v["restored_tokens"]:
+            line += f", {v['with_upstream_amortized']:.2f} with the library's upstream cost amortized"
+        lines[LABELS.get(cond, cond)] = line
+    lib = g["ledger"]["library"]
+    lines["library upstream"] = (f"{lib['upstream_tokens']:,} tokens, {lib['amortized_upstream_tokens_per_query']:.1f} per query "
+                                 f"over {lib['queries_served']} queries")
+    energy = g.get("energy") or {}
+    if energy:
+        kind = "ESTIMATE" if energy.get("method") == "estimate" else "measured"
+        lines["energy"] = f"{energy.get('joules', 0):,.0f} J ({kind}, {energy.get('method')})"
+    return lines
+
+
+def _root(release: Path) -> str:
+    from kvgraft.release import load_manifest
+
+    return str(load_manifest(release)["root_digest"])

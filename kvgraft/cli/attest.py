@@ -1,0 +1,133 @@
+"""Commands on attestations: keygen, sign, verify. None of them imports torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import _state, app, err, handled, out
+from kvgraft.errors import Error, InputError
+
+PassphraseEnvOpt = Annotated[
+    str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
+
+
+def _quiet_sigstore() -> None:
+    """sigstore logs advisories (e.g. "TUF repository is loaded in offline mode") on stderr, where a
+    failed verification must leave exactly one line; --verbose keeps them."""
+    if not _state["verbose"]:
+        logging.getLogger("sigstore").setLevel(logging.ERROR)
+
+
+def _passphrase_from_env(var: str) -> bytes:
+    value = os.environ.get(var)
+    if value is None:
+        raise InputError(f"--passphrase-env {var}: the environment variable is not set")
+    return value.encode()
+
+
+@app.command()
+@handled
+def keygen(
+    out_prefix: Annotated[Path, typer.Option("--out", "-o", help="Writes PREFIX.key.pem (private) and PREFIX.pub.pem.")],
+    algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="ecdsa-p256 (default) or ed25519.")] = "ecdsa-p256",
+    passphrase_env: PassphraseEnvOpt = None,
+    prompt: Annotated[bool, typer.Option("--passphrase", help="Prompt for a passphrase to encrypt the private key.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
+) -> None:
+    """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
+    from kvgraft.keys import key_id, load_public_key, write_keypair
+
+    passphrase: bytes | None = None
+    if passphrase_env is not None:
+        passphrase = _passphrase_from_env(passphrase_env)
+    elif prompt:
+        passphrase = typer.prompt("passphrase", hide_input=True, confirmation_prompt=True, err=True).encode()
+    private, public = write_keypair(out_prefix, algorithm=algorithm, passphrase=passphrase, overwrite=overwrite)
+    state = "encrypted" if passphrase else "NOT encrypted"
+    out.print(f"private key {private} ({algorithm}, {state}; keep it secret)", markup=False, soft_wrap=True)
+    out.print(f"public key  {public} (key id {key_id(load_public_key(public))})", markup=False, soft_wrap=True)
+
+
+@app.command()
+@handled
+def sign(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")] = None,
+    sigstore: Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")] = False,
+    staging: Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")] = False,
+    identity_token: Annotated[str | None, typer.Option(
+        "--identity-token", envvar="SIGSTORE_IDENTITY_TOKEN",
+        help="An OIDC token for keyless signing (default: the CI's ambient credential, else a browser flow).")] = None,
+    passphrase_env: PassphraseEnvOpt = None,
+) -> None:
+    """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
+    from kvgraft import attest, keys
+
+    _quiet_sigstore()
+    if (key is None) == (not sigstore):
+        raise InputError("give exactly one of --key KEY.pem or --sigstore")
+    if staging and not sigstore:
+        raise InputError("--staging goes with --sigstore")
+    if key is not None:
+        passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
+        try:
+            private = keys.load_private_key(key, passphrase)
+        except keys.EncryptedKeyError:
+            if not sys.stdin.isatty():
+                raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
+            private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
+        signed = attest.sign_release(release, private)
+    else:
+        signed = attest.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+    files = len(signed.statement["subject"])
+    root_digest = signed.statement["predicate"]["root_digest"]
+    out.print(f"signed {release} ({files} files, root digest {root_digest})", markup=False, soft_wrap=True)
+    out.print(f"signer {signed.signer}", markup=False, soft_wrap=True)
+    out.print(f"bundle {signed.bundle}", markup=False, soft_wrap=True)
+
+
+@app.command()
+@handled
+def verify(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the signature must verify with.")] = None,
+    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
+    trusted_root: Annotated[Path | None, typer.Option(
+        "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")] = None,
+    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
+    offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
+) -> None:
+    """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
+    from kvgraft.verify import SigstoreTrust, failure_dict, verify_release
+
+    _quiet_sigstore()
+    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    try:
+        result = verify_release(release, key=key, identity=identity, issuer=issuer, trust=trust, deep=deep)
+    except Error as exc:
+        if as_json:
+            typer.echo(json.dumps(failure_dict(release, exc.diagnostics(), exc.exit_code), indent=2))
+        raise
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    gib = result.bytes_hashed / 2**30
+    out.print(f"verified {release}", markup=False, soft_wrap=True)
+    out.print(f"  signature    {result.signature.describe()}", markup=False, soft_wrap=True)
+    out.print(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
+              f"{' (every tensor re-hashed)' if deep else ''}", markup=False, soft_wrap=True)
+    rate = result.throughput / 2**30
+    out.print(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)", markup=False, soft_wrap=True)
+    out.print(f"  root digest  {result.root_digest}", markup=False, soft_wrap=True)
+    if result.signature.status != "verified":
+        err.print("[yellow]kvgraft: note:[/] the signature was not checked; only the bytes were", soft_wrap=True)

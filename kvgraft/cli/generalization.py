@@ -1,0 +1,161 @@
+"""`kvgraft library build` and `kvgraft audit generalization`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, audit_app, err, handled, load_model, out
+from kvgraft.errors import EXIT_NOT_EXACT
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+library_app = typer.Typer(no_args_is_help=True, help="Build verified-solution libraries (cache releases of checked traces).")
+app.add_typer(library_app, name="library")
+
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice; 1 is far "
+                                                                  "faster on a CPU shared with other busy processes).")]
+SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
+
+
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        from kvgraft.errors import InputError
+
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def _progress(quiet: bool) -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True, disable=quiet)
+
+
+@library_app.command("build")
+@handled
+def build_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")],
+    source: SourceOpt = "gsm8k",
+    limit: Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")] = None,
+    library_fraction: Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")] = 0.5,
+    salt: Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")] = "kvgraft",
+    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")] = 0,
+    attempts: Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")] = 3,
+    temperature: Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")] = 0.7,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of sampled attempts.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per generation attempt.")] = 256,
+    no_reference: Annotated[bool, typer.Option("--no-reference", help="Ignore reference solutions; generate.")] = False,
+    no_generate: Annotated[bool, typer.Option("--no-generate", help="Reference solutions only; never generate.")] = False,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")] = None,
+    probe: Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
+    model: ModelOpt = "smollm2-135m",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa",
+    threads: ThreadsOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Verify a solution trace for each library problem against its answer and capture the verified ones.
+
+    The reference solution when the source has one (accepted only if the answer checker agrees), else
+    the model's greedy and then sampled generations. Problems without a verified trace are listed.
+    """
+    from kvgraft import library
+    from kvgraft.capture import Schedule
+    from kvgraft.errors import ExistsError, InputError
+    from kvgraft.render_generalization import build_renderables
+
+    if no_reference and no_generate:
+        raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
+    if out_dir.exists() and not overwrite:
+        raise ExistsError(f"{out_dir}: already exists; pass --overwrite to replace it")
+    problems, source_rec = library.load_problems(source, limit, synthetic_seed=synthetic_seed)
+    settings = library.BuildSettings(attempts=attempts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                                     use_reference=not no_reference, generate=not no_generate)
+    _threads(threads)
+    lm = load_model(model, device, dtype, attn)
+    with _progress(quiet) as bar:
+        task = bar.add_task("solving library problems", total=None)
+        result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt, source=source_rec,
+                               settings=settings, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
+                               overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    if not quiet:
+        for r in build_renderables(result):
+            out.print(r)
+    else:
+        c = result["counts"]
+        out.print(f"{c['reference'] + c['model']} verified entries, {c['unverified']} unverified → {out_dir}")
+
+
+@audit_app.command("generalization")
+@handled
+def generalization_cmd(
+    library_dir: Annotated[Path, typer.Option("--library", help="Library release built by `kvgraft library build`.")],
+    source: Annotated[str | None, typer.Option("--source", help="Problem source (default: the library's).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="First N problems of the source (default: the library's).")]
+    = None,
+    synthetic_n: Annotated[int, typer.Option("--synthetic", help="Also query M fresh synthetic problems.")] = 0,
+    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of the synthetic queries.")] = 1,
+    salt: Annotated[str | None, typer.Option("--salt", help="Split salt (default: the library's).")] = None,
+    library_fraction: Annotated[float | None, typer.Option("--library-fraction", help="Split fraction (default: the library's).")]
+    = None,
+    policy: Annotated[str, typer.Option("--policy", help="none: a only; exact: + own entry (b, d); nearest / bm25: + nearest "
+                                                        "other entry (c, d).")] = "nearest",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Decode at most N tokens per query.")] = 64,
+    samples: Annotated[int, typer.Option("--samples", help="Samples per query (needs --temperature > 0).")] = 1,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the samples and the bootstrap.")] = 0,
+    budget: Annotated[int | None, typer.Option("--budget", help="Decode-token budget per query (default: condition a's).")]
+    = None,
+    force: Annotated[bool, typer.Option("--force", help="Graft even into a model of another identity.")] = False,
+    model: ModelOpt = "smollm2-135m",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa",
+    threads: ThreadsOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
+
+    Exit 0 when the audit ran, 4 when the prompt-text condition did not reproduce the graft's tokens,
+    3 for a model of another identity, 2 for unusable input.
+    """
+    from kvgraft import generalization as gen
+    from kvgraft.release import Release
+    from kvgraft.render_generalization import renderables
+
+    settings = gen.Settings(max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed,
+                            policy=policy, force=force, budget=budget)
+    rel = Release.open(library_dir)
+    queries, prepared = gen.prepare(rel, source=source, limit=limit, library_fraction=library_fraction, salt=salt,
+                                    synthetic_n=synthetic_n, synthetic_seed=synthetic_seed)
+    _threads(threads)
+    lm = load_model(model, device, dtype, attn)
+    with _progress(quiet) as bar:
+        task = bar.add_task("auditing", total=None)
+
+        def tick(i: int, n: int, label: str) -> None:
+            bar.update(task, completed=i, total=n, description=f"auditing {label}")
+
+        result = gen.audit(lm, rel, queries, settings, prepared=prepared, progress=tick)
+    if json_out:
+        from kvgraft._internal.jsonio import write_json
+        from kvgraft.schema import validate
+
+        validate(result, gen.SCHEMA, str(json_out))
+        write_json(json_out, result)
+    if not quiet:
+        for r in renderables(result):
+            out.print(r)
+    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+        raise typer.Exit(EXIT_NOT_EXACT)

@@ -1,0 +1,81 @@
+"""`audit run` (the main job) and `report verify`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import DeviceOpt, audit_app, err, handled, out, report_app
+from kvgraft.errors import EXIT_NOT_EXACT
+
+
+@audit_app.command("run")
+@handled
+def run_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="Audit plan TOML, e.g. audit/demo.toml.")],
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default: the plan's, else out/NAME).")] = None,
+    device: DeviceOpt = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no report rendering.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON instead of rendering it.")] = False,
+) -> None:
+    """Run every check a plan names; write, sign and show one audit report.
+
+    Exit 0 when the report's verdict is passed; 4 when the audit completed and its verdict is failed
+    (a check failed, or a claim is contradicted or inconsistent); 1 when verification failed before a
+    report could be made; 2 on unusable input; 3 for a model of another identity.
+    """
+    import time
+
+    from kvgraft import auditrun, plan
+
+    p = plan.load(plan_file)
+    t0 = time.perf_counter()
+
+    def say(message: str) -> None:
+        if not quiet and not as_json:
+            err.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {message}")
+
+    outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say)
+    if as_json:
+        typer.echo(json.dumps(outcome.report, indent=2, ensure_ascii=False))
+    elif not quiet:
+        from kvgraft.render_report import print_report
+
+        print_report(outcome.report, out)
+        out.print(f"report   {outcome.report_path}")
+        out.print(f"html     {outcome.html}")
+        if outcome.bundle_path:
+            out.print(f"signed   {outcome.bundle_path}")
+            key = f" --key {outcome.public_key}" if outcome.public_key else ""
+            out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}")
+    if outcome.report["verdict"]["status"] != "passed":
+        raise typer.Exit(EXIT_NOT_EXACT)
+
+
+@report_app.command("verify")
+@handled
+def report_verify_cmd(
+    report: Annotated[Path, typer.Argument(help="Audit report JSON; its signature is REPORT.sigstore.json beside it.")],
+    key: Annotated[Path | None, typer.Option("--key", help="Public key PEM the report must be signed with.")] = None,
+    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore signer identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore OIDC issuer.")] = None,
+    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
+    offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
+    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
+    release: Annotated[Path | None, typer.Option("--release", help="Also check the binding to this release.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
+    from kvgraft.report_attest import verify_report
+    from kvgraft.verify import SigstoreTrust
+
+    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    bound = " and bound to the release" if result.release_checked else ""
+    out.print(f"[green]verified[/]: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")

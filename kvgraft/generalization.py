@@ -1,0 +1,670 @@
+"""The generalization audit: does grafting a verified solution help on problems it does not solve?
+
+Conditions, on the same queries with the same decoding (greedy unless `samples` > 1):
+
+- ``none``  (a) no graft: the query prompt alone;
+- ``own``   (b) graft of the query's own verified solution from the library (replay);
+- ``other`` (c) graft of the nearest OTHER library entry (generalization); entries of the query's own
+  problem are excluded by problem id and by problem hash;
+- ``own_text`` / ``other_text`` (d) the grafted entry's token ids given as plain prompt tokens instead:
+  a fresh prefill under the release's recorded schedule, then the query. Under that matched schedule
+  the output tokens must equal those of (b) / (c) exactly; every query is checked and mismatches are
+  reported.
+
+The query prompt is ``"\\nProblem: {problem}\\nSolution:"`` (no special tokens) after the grafted prefix,
+the same text without one. Decoding stops at EOS, at `max_new_tokens`, or once an "Answer: …" line is
+complete; `answers.check` decides correctness.
+
+`--policy` chooses what runs: ``none`` only (a); ``exact`` adds (b) and its (d) (the own entry found by
+problem id, else by exact problem hash); ``nearest`` (TF-IDF) or ``bm25`` also adds (c) and its (d),
+selected by that similarity among the other entries. Selection scores are recorded.
+
+`run_query` is a pure function of (model, library, task, settings) → a result dict; `aggregate`
+turns those into accuracy with Wilson intervals, paired exact McNemar tests (mid-p and a paired
+bootstrap as secondary figures), the clean/contaminated split, the token/energy ledger and the
+context accounting. `audit` does both in order, one process.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvgraft import __version__, answers, stats
+from kvgraft.capture import Schedule, new_cache, prefill
+from kvgraft.energy import measure
+from kvgraft.errors import InputError
+from kvgraft.graft import check_model, restore
+from kvgraft.leakage import NGRAM, leakage_for
+from kvgraft.library import decode, eos_ids, library_entries, load_problems, prompt_text, sample_seed
+from kvgraft.models import LoadedModel
+from kvgraft.problems import Problem, problem_hash, split, synthetic
+from kvgraft.release import Release, now_utc
+from kvgraft.selection import POLICIES, Index
+
+if TYPE_CHECKING:
+    from kvgraft.executor import Executor
+
+RESULT_KIND = "kvgraft-generalization-result"
+FORMAT_VERSION = 1
+SCHEMA = "generalization-result.v1.json"
+
+CONDITIONS = ("none", "own", "other", "own_text", "other_text")
+GRAFTED = ("own", "other")
+AS_TEXT = {"own": "own_text", "other": "other_text"}
+LABELS = {
+    "none": "a: no graft",
+    "own": "b: own solution (replay)",
+    "other": "c: nearest other entry",
+    "own_text": "d(b): own solution as text",
+    "other_text": "d(c): nearest other as text",
+}
+SHORT = {"none": "a", "own": "b", "other": "c", "own_text": "d(b)", "other_text": "d(c)"}
+GROUPS = ("library", "held_out", "synthetic")
+ONE_SHOT = Schedule()
+MEMORY_METHOD = "VmHWM of /proc/self/status after writing '5' to /proc/self/clear_refs (whole process, weights included)"
+
+
+def query_text(problem: str) -> str:
+    """The prompt fed after the grafted prefix (or alone): '\\nProblem: …\\nSolution:'."""
+    return "\n" + prompt_text(problem)
+
+
+# ---------------------------------------------------------------- settings, queries, tasks
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_new_tokens: int = 64
+    samples: int = 1
+    temperature: float = 0.0
+    seed: int = 0
+    policy: str = "nearest"
+    stop_at_answer: bool = True
+    force: bool = False
+    budget: int | None = None  # decode-token budget per query; None: condition (a)'s decode tokens on that query
+    track_memory: bool = True
+    n_boot: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.samples < 1:
+            raise InputError(f"--samples must be >= 1, got {self.samples}")
+        if self.samples > 1 and self.temperature <= 0:
+            raise InputError("--samples > 1 needs --temperature > 0 (greedy samples would all be the same)")
+        if self.temperature < 0:
+            raise InputError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.policy not in POLICIES:
+            raise InputError(f"--policy {self.policy}: expected one of {', '.join(POLICIES)}")
+        if self.budget is not None and self.budget < 1:
+            raise InputError(f"--budget must be >= 1, got {self.budget}")
+
+    @property
+    def decoding(self) -> str:
+        return "greedy" if self.temperature <= 0 else f"sampled, temperature {self.temperature:g}"
+
+    def conditions(self) -> tuple[str, ...]:
+        if self.policy == "none":
+            return ("none",)
+        if self.policy == "exact":
+            return ("none", "own", "own_text")
+        return CONDITIONS
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "decoding": self.decoding, "conditions": list(self.conditions())}
+
+
+@dataclass(frozen=True)
+class Query:
+    problem: Problem
+    group: str  # "library" | "held_out" | "synthetic"
+
+
+@dataclass(frozen=True)
+class Task:
+    query: Query
+    condition: str
+    entry_id: str | None
+    selection: dict[str, Any] | None
+
+
+class Library:
+    """A library release's entries indexed by problem id, problem hash and text similarity."""
+
+    def __init__(self, release: Release) -> None:
+        self.release = release
+        self.entries = library_entries(release.entries, str(release.root))
+        self.index = Index((e["id"], e["meta"]["problem"]) for e in self.entries)
+        self.by_id = {e["id"]: e for e in self.entries}
+
+    def own_ids(self, problem: Problem) -> list[str]:
+        """Entries of this problem: same problem id, same problem hash, or entry id equal to the problem id."""
+        h = problem_hash(problem.problem)
+        return [e["id"] for e in self.entries
+                if e["meta"]["problem_id"] == problem.id or e["meta"]["problem_hash"] == h or e["id"] == problem.id]
+
+    def own(self, problem: Problem) -> dict[str, Any] | None:
+        """The selection of the query's own entry: by problem id, else by exact problem hash (selection.py)."""
+        for e in self.entries:
+            if e["meta"]["problem_id"] == problem.id:
+                return {"policy": "own", "id": e["id"], "score": 1.0, "matched_by": "problem_id"}
+        sel = self.index.select(problem.problem, "exact")
+        if sel.id is None:
+            return None
+        return {**sel.as_dict(), "policy": "own", "matched_by": "problem_hash"}
+
+    def other(self, problem: Problem, policy: str) -> dict[str, Any]:
+        """The nearest entry that is NOT the query's own problem (excluded by id and by hash)."""
+        sel = self.index.select(problem.problem, policy, exclude=self.own_ids(problem))
+        return sel.as_dict()
+
+
+def plan(library: Library, queries: Sequence[Query], settings: Settings) -> list[Task]:
+    """Every (query, condition) run, with the entry to graft and how it was selected."""
+    wanted = settings.conditions()
+    tasks: list[Task] = []
+    for q in queries:
+        tasks.append(Task(q, "none", None, None))
+        if "own" in wanted and (own := library.own(q.problem)) is not None:
+            tasks += [Task(q, "own", own["id"], own), Task(q, "own_text", own["id"], own)]
+        if "other" in wanted:
+            other = library.other(q.problem, settings.policy)
+            if other["id"] is not None:
+                tasks += [Task(q, "other", other["id"], other), Task(q, "other_text", other["id"], other)]
+    return tasks
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reset_peak_rss() -> str | None:
+    """Reset VmHWM to the current RSS; None on success, else why it could not be reset."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError as exc:
+        return f"cannot reset the peak: {exc.strerror or exc}"
+    return None
+
+
+# ---------------------------------------------------------------- one run
+
+
+def run_query(lm: LoadedModel, release: Release, task: Task, settings: Settings) -> dict[str, Any]:
+    """One (query, condition) run → its result. A pure function of (model, library, task, settings).
+
+    Samples use generators seeded from (settings.seed, query id, sample index), the same for every
+    condition of a query, so (b) and (d) see the same random numbers.
+    """
+    q = task.query.problem
+    cond = task.condition
+    if cond not in CONDITIONS:
+        raise InputError(f"unknown condition {cond!r}")
+    entry = release.entry(task.entry_id) if task.entry_id is not None else None
+    if cond != "none" and entry is None:
+        raise InputError(f"condition {cond} needs a library entry for query {q.id!r}")
+    prompt_ids = [int(t) for t in lm.tokenizer(query_text(q.problem), add_special_tokens=False)["input_ids"]]
+    memory_note = reset_peak_rss() if settings.track_memory else "not tracked"
+    rss_before = _status_bytes("VmRSS") if settings.track_memory else None
+    restored_tokens = kv_bytes = entry_prefill = 0
+    restore_s = prefill_s = 0.0
+    t0 = time.perf_counter()
+    with measure() as meter:
+        if cond in GRAFTED:
+            assert entry is not None
+            r = restore(release, entry["id"], lm, force=settings.force)
+            cache, kv_bytes, restored_tokens = r.cache, r.kv_bytes, int(entry["num_tokens"])
+            restore_s = time.perf_counter() - t0
+        elif cond in AS_TEXT.values():
+            assert entry is not None
+            cache, _ = prefill(lm, [int(t) for t in entry["token_ids"]], Schedule.from_dict(release.manifest["schedule"]))
+            entry_prefill = int(entry["num_tokens"])
+            prefill_s = time.perf_counter() - t0
+        else:
+            cache = new_cache(lm)
+        tp = time.perf_counter()
+        cache, logits = prefill(lm, prompt_ids, ONE_SHOT, cache)  # one pass over the prompt, last logits only
+        prefill_s += time.perf_counter() - tp
+        samples: list[dict[str, Any]] = []
+        eos = eos_ids(lm)
+        for i in range(settings.samples):
+            c = cache if i == settings.samples - 1 else copy.deepcopy(cache)
+            gen = None
+            if settings.temperature > 0:
+                gen = torch.Generator(device="cpu").manual_seed(sample_seed(settings.seed, "query", q.id, i))
+            d = decode(lm, c, logits, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                       generator=gen, eos=eos, stop_at_answer=settings.stop_at_answer)
+            samples.append({"token_ids": d.token_ids, "text": d.text, "extracted": answers.extract_answer(d.text),
+                            "correct": bool(answers.check(d.text, q.answer)), "stop": d.stop,
+                            "decode_tokens": len(d.token_ids), "seconds": d.seconds})
+    total_s = time.perf_counter() - t0
+    assert meter.result is not None
+    peak = _status_bytes("VmHWM") if settings.track_memory and memory_note is None else None
+    decode_tokens = sum(s["decode_tokens"] for s in samples)
+    prefix = restored_tokens + entry_prefill
+    upstream = entry["meta"].get("upstream", {}) if entry is not None else {}
+    return {
+        "query_id": q.id,
+        "group": task.query.group,
+        "condition": cond,
+        "entry_id": entry["id"] if entry is not None else None,
+        "entry_problem_id": entry["meta"]["problem_id"] if entry is not None else None,
+        "selection": task.selection,
+        "gold": q.answer,
+        "samples": samples,
+        "correct": samples[0]["correct"],
+        "n_correct": sum(1 for s in samples if s["correct"]),
+        "n_samples": len(samples),
+        "tokens": {"decode": decode_tokens, "prompt": len(prompt_ids), "prefill": entry_prefill + len(prompt_ids),
+                   "restored": restored_tokens, "prefix": prefix,
+                   "attended_max": prefix + len(prompt_ids) + max(s["decode_tokens"] for s in samples)},
+        "kv_bytes_restored": kv_bytes,
+        "upstream_tokens": int(upstream.get("tokens", 0)),
+        "upstream_tokens_all": int(upstream.get("tokens_all", 0)),
+        "seconds": {"restore": restore_s, "prefill": prefill_s, "decode": sum(s["seconds"] for s in samples),
+                    "total": total_s},
+        "energy": {"joules": meter.result.joules, "method": meter.result.method, "is_estimate": meter.result.is_estimate},
+        "memory": {"peak_rss_bytes": peak, "rss_before_bytes": rss_before, "note": memory_note},
+        "leakage": leakage_for(entry["source"].get("text", ""), q).as_dict() if entry is not None else None,
+    }
+
+
+# ---------------------------------------------------------------- preparing the queries
+
+
+def prepare(release: Release, *, source: str | None = None, limit: int | None = None, library_fraction: float | None = None,
+            salt: str | None = None, synthetic_n: int = 0, synthetic_seed: int = 1) -> tuple[list[Query], dict[str, Any]]:
+    """The queries: the library and held-out halves of the source split, then `synthetic_n` fresh problems.
+
+    Source, fraction and salt default to what the library's entries recorded at build time, and so does
+    the limit when the source is the library's.
+    Returns (queries, plan record) where the record lists library problems with no verified entry.
+    """
+    lib = Library(release)
+    recorded = lib.entries[0]["meta"].get("split", {}) if lib.entries else {}
+    rec_source = recorded.get("source", {}) if isinstance(recorded.get("source"), dict) else {}
+    notes: list[str] = []
+    if source is None:
+        source = rec_source.get("source")
+        if source is None:
+            raise InputError(f"{release.root}: the library does not record its source; pass --source")
+    if limit is None and source == rec_source.get("source"):
+        limit = rec_source.get("limit")
+    fraction = library_fraction if library_fraction is not None else recorded.get("library_fraction", 0.5)
+    salt = salt if salt is not None else recorded.get("salt", "kvgraft")
+    rec_seed = rec_source.get("synthetic_seed", 0)
+    problems_all, source_rec = load_problems(source, limit, synthetic_seed=rec_seed if source == "synthetic" else 0)
+    library, held_out, split_rec = split(problems_all, float(fraction), str(salt))
+    if recorded:
+        for key, want in (("salt", salt), ("library_fraction", fraction)):
+            if recorded.get(key) != want:
+                notes.append(f"the library was split with {key} {recorded.get(key)!r}, this audit uses {want!r}")
+        if recorded.get("problems_digest") != split_rec["problems_digest"]:
+            notes.append("the library was built from a different problem set (source or limit differ); library "
+                         "problems missing from it are listed")
+    have = {e["meta"]["problem_id"] for e in lib.entries}
+    missing = [p.id for p in library if p.id not in have]
+    if missing:
+        notes.append(f"{len(missing)} library problem(s) have no verified trace in the library and get no replay "
+                     f"condition: {', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
+    queries = [Query(p, "library") for p in library] + [Query(p, "held_out") for p in held_out]
+    synth: list[Problem] = []
+    if synthetic_n > 0:
+        synth = synthetic(synthetic_n, synthetic_seed)
+        queries += [Query(p, "synthetic") for p in synth]
+    seen: set[str] = set()
+    for qq in queries:
+        if qq.problem.id in seen:
+            raise InputError(f"query id {qq.problem.id!r} occurs twice (is the library source also synthetic with "
+                             f"seed {synthetic_seed}? pass another --synthetic-seed)")
+        seen.add(qq.problem.id)
+    record = {"source": source_rec, "split": split_rec,
+              "synthetic": {"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
+              "queries": {g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
+              "library_missing": missing, "notes": notes}
+    return queries, record
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def _acc(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rows)
+    k = sum(1 for r in rows if r["correct"])
+    lo, hi = stats.wilson(k, n)
+    return {"k": k, "n": n, "accuracy": k / n if n else None, "interval": [lo, hi]}
+
+
+def _pass(rows: Sequence[dict[str, Any]], samples: int) -> dict[str, Any]:
+    if not rows:
+        return {"pass_at_1_mean": None, "pass_at_k": {}}
+    p1 = sum(r["n_correct"] / r["n_samples"] for r in rows) / len(rows)
+    pk = {str(k): sum(stats.pass_at_k(r["n_samples"], r["n_correct"], k) for r in rows) / len(rows)
+          for k in range(1, samples + 1)}
+    return {"pass_at_1_mean": p1, "pass_at_k": pk}
+
+
+def _compare(by: dict[tuple[str, str], dict[str, Any]], qids: Sequence[str], cond: str, name: str, scope: str,
+             settings: Settings) -> dict[str, Any]:
+    ids = [q for q in qids if (q, "none") in by and (q, cond) in by]
+    a = [bool(by[(q, "none")]["correct"]) for q in ids]
+    b = [bool(by[(q, cond)]["correct"]) for q in ids]
+    m = stats.mcnemar(a, b, labels=(SHORT["none"], SHORT[cond]))
+    boot = None
+    if ids:
+        fa = [by[(q, "none")]["n_correct"] / by[(q, "none")]["n_samples"] for q in ids]
+        fb = [by[(q, cond)]["n_correct"] / by[(q, cond)]["n_samples"] for q in ids]
+        boot = stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict()
+    verdict = m.verdict if ids else f"no queries to compare a and {SHORT[cond]} ({scope})"
+    return {"name": name, "a": "none", "b": cond, "scope": scope, "query_ids": ids, "n": len(ids),
+            "mcnemar": m.as_dict(), "bootstrap": boot, "significant": m.significant if ids else False,
+            "verdict": f"{name}: {verdict}"}
+
+
+def _split_rows(rows: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part, want in (("clean", False), ("contaminated", True)):
+        sel = [r for r in rows if r["leakage"] is not None and bool(r["leakage"]["contaminated"]) == want]
+        base = [by[(r["query_id"], "none")] for r in sel if (r["query_id"], "none") in by]
+        out[part] = {**_acc(sel), "baseline": _acc(base), "query_ids": [r["query_id"] for r in sel]}
+    flags = ("answer_in_entry", "problem_in_entry", "solution_in_entry")
+    out["flags"] = {f: sum(1 for r in rows if r["leakage"] and r["leakage"][f]) for f in flags}
+    return out
+
+
+def _sum(rows: Sequence[dict[str, Any]], f: Callable[[dict[str, Any]], float]) -> float:
+    return float(sum(f(r) for r in rows))
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query], results: Sequence[dict[str, Any]],
+              settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+              context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+    """Per-run results → the audit result (valid against schemas/generalization-result.v1.json)."""
+    prepared = prepared or {}
+    lib = Library(release)
+    by = {(r["query_id"], r["condition"]): r for r in results}
+    qids = [q.problem.id for q in queries]
+    conds = [c for c in CONDITIONS if any(r["condition"] == c for r in results)]
+
+    # accuracy per condition, overall and per group
+    conditions: list[dict[str, Any]] = []
+    for c in conds:
+        rows = [r for r in results if r["condition"] == c]
+        groups = {g: _acc([r for r in rows if r["group"] == g]) for g in GROUPS if any(r["group"] == g for r in rows)}
+        conditions.append({"condition": c, "label": LABELS[c], **_acc(rows), **_pass(rows, settings.samples),
+                           "groups": groups})
+
+    # paired comparisons
+    own_ids = [q for q in qids if (q, "own") in by]
+    in_group = {g: [q.problem.id for q in queries if q.group == g] for g in GROUPS}
+    comparisons: list[dict[str, Any]] = []
+    if "own" in conds:
+        comparisons.append(_compare(by, own_ids, "own", "replay (a vs b)", "queries with their own entry", settings))
+    if "other" in conds:
+        comparisons.append(_compare(by, in_group["held_out"], "other", "held-out generalization (a vs c)", "held_out", settings))
+        comparisons.append(_compare(by, in_group["synthetic"], "other", "synthetic generalization (a vs c)", "synthetic",
+                                    settings))
+        comparisons.append(_compare(by, in_group["library"], "other", "library queries, other entry (a vs c)", "library",
+                                    settings))
+
+    # (d) equals (b) / (c) token for token
+    equality: dict[str, Any] = {}
+    for g, t in AS_TEXT.items():
+        pairs = [q for q in qids if (q, g) in by and (q, t) in by]
+        mismatches = []
+        for q in pairs:
+            ga, ta = by[(q, g)]["samples"], by[(q, t)]["samples"]
+            for i, (x, y) in enumerate(zip(ga, ta, strict=True)):
+                if x["token_ids"] != y["token_ids"]:
+                    at = next((j for j, (u, v) in enumerate(zip(x["token_ids"], y["token_ids"], strict=False)) if u != v),
+                              min(len(x["token_ids"]), len(y["token_ids"])))
+                    mismatches.append({"query_id": q, "sample": i, "first_difference": at})
+                    break
+        if pairs or g in conds:
+            equality[g] = {"graft": g, "text": t, "n": len(pairs), "equal": len(pairs) - len(mismatches),
+                           "mismatches": mismatches}
+
+    # leakage: clean / contaminated split per grafted condition, with (a) on the same queries
+    leakage: dict[str, Any] = {"method": f"lm-evaluation-harness janitor {NGRAM}-grams of problem and solution, and the "
+                                         "gold answer as a standalone token (kvgraft.leakage)", "by_condition": {}}
+    for c in conds:
+        if c == "none":
+            continue
+        leakage["by_condition"][c] = _split_rows([r for r in results if r["condition"] == c], by)
+
+    # ledger
+    up_entries = [e["meta"].get("upstream", {}) for e in lib.entries]
+    served = sorted({r["query_id"] for r in results if r["condition"] != "none"})
+    lib_up = int(sum(u.get("tokens", 0) for u in up_entries))
+    lib_up_all = int(sum(u.get("tokens_all", 0) for u in up_entries))
+    amortized = lib_up / len(served) if served else None
+    budget_of: dict[str, float] = {}
+    for q in qids:
+        if settings.budget is not None:
+            budget_of[q] = float(settings.budget * settings.samples)
+        elif (q, "none") in by:
+            budget_of[q] = float(by[(q, "none")]["tokens"]["decode"])
+    per_condition: dict[str, Any] = {}
+    for c in conds:
+        rows = [r for r in results if r["condition"] == c]
+        n = len(rows)
+        dec = _sum(rows, lambda r: r["tokens"]["decode"])
+        up_attr = _sum(rows, lambda r: r["upstream_tokens"])
+        bud = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: budget_of[r["query_id"]])
+        dec_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["tokens"]["decode"])
+        up_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["upstream_tokens"])
+        n_b = sum(1 for r in rows if r["query_id"] in budget_of)
+        totals = {
+            "queries": n,
+            "decode_tokens": int(dec),
+            "prefill_tokens": int(_sum(rows, lambda r: r["tokens"]["prefill"])),
+            "restored_tokens": int(_sum(rows, lambda r: r["tokens"]["restored"])),
+            "kv_bytes_restored": int(_sum(rows, lambda r: r["kv_bytes_restored"])),
+            "upstream_tokens_attributed": int(up_attr),
+            "seconds": _sum(rows, lambda r: r["seconds"]["total"]),
+            "restore_seconds": _sum(rows, lambda r: r["seconds"]["restore"]),
+            "prefill_seconds": _sum(rows, lambda r: r["seconds"]["prefill"]),
+            "decode_seconds": _sum(rows, lambda r: r["seconds"]["decode"]),
+            "energy_joules": _sum(rows, lambda r: r["energy"]["joules"]),
+        }
+        per_query = {k: (v / n if n else None) for k, v in totals.items() if k != "queries"}
+        uses_library = c != "none"
+        budget = {
+            "budget_tokens": int(bud),
+            "decode_vs_budget": _ratio(dec_b, bud),
+            "with_upstream_attributed": _ratio(dec_b + (up_b if uses_library else 0.0), bud),
+            "with_upstream_amortized": _ratio(dec_b + ((amortized or 0.0) * n_b if uses_library else 0.0), bud),
+        }
+        per_condition[c] = {**totals, "per_query": per_query, **budget}
+    ledger = {
+        "per_condition": per_condition,
+        "library": {
+            "entries": len(lib.entries),
+            "entry_tokens": sum(int(e["num_tokens"]) for e in lib.entries),
+            "upstream_tokens": lib_up,
+            "upstream_tokens_all": lib_up_all,
+            "generated_tokens": int(sum(u.get("generated_tokens", 0) for u in up_entries)),
+            "failed_attempts": int(sum(u.get("failed_attempts", 0) for u in up_entries)),
+            "reference_traces": sum(1 for e in lib.entries if e["meta"].get("trace") == "reference"),
+            "model_traces": sum(1 for e in lib.entries if e["meta"].get("trace") == "model"),
+            "upstream_seconds": float(sum(u.get("seconds", 0.0) for u in up_entries)),
+            "upstream_energy_joules": float(sum((u.get("energy") or {}).get("joules", 0.0) for u in up_entries)),
+            "queries_served": len(served),
+            "amortized_upstream_tokens_per_query": amortized,
+        },
+        "budget": {"source": (f"--budget {settings.budget} decode tokens per query and sample" if settings.budget is not None
+                              else "decode tokens of condition a (no graft) on the same query"),
+                   "per_query": settings.budget},
+        "definitions": {
+            "upstream_tokens": "tokens generated to obtain the verified trace (failed attempts included) + prefill "
+                               "tokens of its capture",
+            "upstream_tokens_all": "upstream_tokens + prompt tokens prefilled for generation attempts + capture probe tokens",
+            "upstream_tokens_attributed": "sum over runs of the grafted entry's upstream_tokens (an entry used twice "
+                                          "counts twice)",
+            "decode_vs_budget": "decode tokens / budget tokens over the condition's queries that have a budget",
+            "with_upstream_attributed": "(decode + upstream_tokens_attributed) / budget",
+            "with_upstream_amortized": "(decode + library upstream_tokens / queries_served per query) / budget",
+        },
+    }
+
+    # context accounting
+    graft_rows = [r for r in results if r["condition"] != "none"]
+    peaks = [r["memory"]["peak_rss_bytes"] for r in results if r["condition"] in GRAFTED and r["memory"]["peak_rss_bytes"]]
+    before = [r["memory"]["rss_before_bytes"] for r in results if r["memory"]["rss_before_bytes"]]
+    notes_mem = sorted({str(r["memory"]["note"]) for r in results if r["memory"]["note"]})
+    library_tokens = sum(int(e["num_tokens"]) for e in lib.entries)
+    attended = max((r["tokens"]["attended_max"] for r in graft_rows), default=0)
+    context = {
+        "library_tokens": library_tokens,
+        "largest_prefix_tokens": max((r["tokens"]["prefix"] for r in graft_rows), default=0),
+        "attended_at_once_max": attended,
+        "attended_at_once_max_all": max((r["tokens"]["attended_max"] for r in results), default=0),
+        "model_context_tokens": context_length,
+        "attended_fits_context": None if context_length is None else attended <= context_length,
+        "library_fits_context": None if context_length is None else library_tokens <= context_length,
+        "peak_rss_bytes_grafted": max(peaks) if peaks else None,
+        "rss_before_bytes_min": min(before) if before else None,
+        "memory_method": MEMORY_METHOD if not notes_mem else f"{MEMORY_METHOD}; {'; '.join(notes_mem)}",
+    }
+
+    # statements
+    statements: list[str] = list(prepared.get("notes", []))
+    for comp in comparisons:
+        statements.append(comp["verdict"])
+    for g, eq in equality.items():
+        if eq["n"] == 0:
+            continue
+        label = f"condition {SHORT[AS_TEXT[g]]} (the same tokens as prompt text) vs {SHORT[g]} (grafted)"
+        if eq["equal"] == eq["n"]:
+            statements.append(f"{label}: identical output tokens on {eq['equal']}/{eq['n']} queries")
+        else:
+            ids = ", ".join(m["query_id"] for m in eq["mismatches"][:10])
+            statements.append(f"{label}: outputs DIFFER on {eq['n'] - eq['equal']}/{eq['n']} queries ({ids}); the graft "
+                              "is not equivalent to the prompt text here")
+    for c, sp in leakage["by_condition"].items():
+        if c in GRAFTED and sp["contaminated"]["n"]:
+            statements.append(f"{SHORT[c]}: {sp['contaminated']['n']} of {sp['clean']['n'] + sp['contaminated']['n']} "
+                              f"grafted entries leak the query's answer or text (accuracy there "
+                              f"{sp['contaminated']['k']}/{sp['contaminated']['n']}, clean "
+                              f"{sp['clean']['k']}/{sp['clean']['n']})")
+    foreign = sorted({r["query_id"] for r in results if r["condition"] == "own" and r["group"] != "library"})
+    if foreign:
+        statements.append(f"{len(foreign)} query(ies) outside the library split have their own entry in the library: "
+                          f"{', '.join(foreign[:10])}")
+    if energy and energy.get("is_estimate"):
+        statements.append(f"energy figures are an ESTIMATE, not a measurement: {energy.get('note', '')}")
+    if settings.samples > 1:
+        statements.append(f"{settings.samples} samples per query ({settings.decoding}); k/n, Wilson intervals and McNemar "
+                          "use the first sample of each query, pass@1 averages all samples")
+
+    return {
+        "kind": RESULT_KIND,
+        "format_version": FORMAT_VERSION,
+        "kvgraft_version": __version__,
+        "created": now_utc(),
+        "model": lm_info,
+        "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
+                    "entries": len(lib.entries), "entry_tokens": library_tokens,
+                    "missing": list(prepared.get("library_missing", []))},
+        "plan": {"source": prepared.get("source"), "split": prepared.get("split"), "synthetic": prepared.get("synthetic"),
+                 "queries": {g: sum(1 for q in queries if q.group == g) for g in GROUPS}, "conditions": conds,
+                 "runs": len(results)},
+        "settings": settings.as_dict(),
+        "schedule": release.manifest["schedule"],
+        "conditions": conditions,
+        "comparisons": comparisons,
+        "equality": equality,
+        "leakage": leakage,
+        "ledger": ledger,
+        "context": context,
+        "energy": energy,
+        "seconds": seconds,
+        "queries": [{"id": q.problem.id, "group": q.group, "source": q.problem.source,
+                     "problem_hash": problem_hash(q.problem.problem), "gold": q.problem.answer} for q in queries],
+        "runs": list(results),
+        "statements": statements,
+    }
+
+
+# ---------------------------------------------------------------- the whole audit
+
+
+def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Query], settings: Settings = Settings(), *,
+          prepared: dict[str, Any] | None = None,
+          progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+    """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
+    from kvgraft.executor import LocalExecutor
+
+    ex = executor or LocalExecutor()
+    rel = release if isinstance(release, Release) else Release.open(release)
+    forced = check_model(rel, lm, force=settings.force)
+    library = Library(rel)
+    tasks = plan(library, queries, settings)
+    t0 = time.perf_counter()
+    with measure() as meter:
+        results = ex.map(functools.partial(run_query, settings=settings), rel, tasks, lm=lm, progress=progress,
+                         labels=[f"{t.query.problem.id} {SHORT[t.condition]}" for t in tasks])
+        if progress:
+            progress(len(tasks), len(tasks), "aggregating")
+    assert meter.result is not None
+    cfg = lm.model.config.get_text_config()
+    ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
+               "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe()}
+    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
+                     context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
+
+
+def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
+    """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json)."""
+
+    def acc(name: str, a: dict[str, Any]) -> dict[str, Any] | None:
+        if not a["n"]:
+            return None
+        return {"name": name, "k": a["k"], "n": a["n"], "interval": a["interval"], "confidence": 0.95}
+
+    conditions = [x for c in result["conditions"] if (x := acc(c["label"], c)) is not None]
+    mcnemar = [{"a": LABELS[c["a"]], "b": f"{LABELS[c['b']]} [{c['scope']}]", "a_only": c["mcnemar"]["b"],
+                "b_only": c["mcnemar"]["c"], "p_value": c["mcnemar"]["p_exact"], "method": "exact McNemar (two-sided)"}
+               for c in result["comparisons"] if c["n"]]
+    split_data: dict[str, list[dict[str, Any]]] = {"clean": [], "contaminated": []}
+    for cond, sp in result["leakage"]["by_condition"].items():
+        for part in ("clean", "contaminated"):
+            for row in (acc(LABELS[cond], sp[part]), acc(f"a: no graft, same queries as {SHORT[cond]}", sp[part]["baseline"])):
+                if row is not None:
+                    split_data[part].append(row)
+    lg = result["ledger"]
+    ledger = {f"{SHORT[c]} decode tokens": v["decode_tokens"] for c, v in lg["per_condition"].items()}
+    ledger["library upstream tokens"] = lg["library"]["upstream_tokens"]
+    n = sum(result["plan"]["queries"].values())
+    data: dict[str, Any] = {"conditions": conditions, "mcnemar": mcnemar, "split": split_data, "ledger": ledger}
+    source = (result["plan"].get("source") or {}).get("source")
+    data["benchmark"] = {"name": str(source)} | ({"size": n} if n else {})
+    return data
+
+
+__all__ = [
+    "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
+    "prepare", "query_text", "report_check_data", "run_query",
+]

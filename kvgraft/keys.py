@@ -1,0 +1,177 @@
+"""Signing keys for offline release attestations: generate, store as PEM, load, sign, verify.
+
+Two algorithms: ECDSA P-256 with SHA-256 (the default; the same curve Sigstore uses, so Sigstore
+tooling can check a key-signed bundle) and Ed25519. Private keys are PKCS#8 PEM, encrypted with the
+passphrase when one is given (the best available PEM encryption of `cryptography`); public keys are
+SubjectPublicKeyInfo PEM. ECDSA signatures are DER encoded, Ed25519 signatures are the raw 64 bytes.
+
+A key's id (the "hint" in a bundle) is the lowercase hex SHA-256 of its DER SubjectPublicKeyInfo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from kvgraft._internal import jsonio
+from kvgraft.errors import ExistsError, InputError
+
+ALGORITHMS = ("ecdsa-p256", "ed25519")
+DEFAULT_ALGORITHM = "ecdsa-p256"
+MAX_KEY_BYTES = 64 * 1024
+
+PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+PublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+
+
+class EncryptedKeyError(InputError):
+    """A private key is encrypted and no passphrase was given."""
+
+
+def generate(algorithm: str = DEFAULT_ALGORITHM) -> PrivateKey:
+    """A new private key: "ecdsa-p256" (default) or "ed25519"."""
+    if algorithm == "ecdsa-p256":
+        return ec.generate_private_key(ec.SECP256R1())
+    if algorithm == "ed25519":
+        return ed25519.Ed25519PrivateKey.generate()
+    raise InputError(f"--algorithm {algorithm!r}: not supported; choose one of {', '.join(ALGORITHMS)}")
+
+
+def algorithm_of(key: PrivateKey | PublicKey) -> str:
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
+        return "ed25519"
+    return "ecdsa-p256"
+
+
+def private_pem(key: PrivateKey, passphrase: bytes | None = None) -> bytes:
+    """PKCS#8 PEM; encrypted with `passphrase` when it is given and not empty."""
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+
+
+def public_pem(key: PrivateKey | PublicKey) -> bytes:
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
+    return pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def key_id(key: PrivateKey | PublicKey) -> str:
+    """Lowercase hex SHA-256 of the DER SubjectPublicKeyInfo: the bundle's public-key hint."""
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
+    der = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,
+                  overwrite: bool = False) -> tuple[Path, Path]:
+    """Write PREFIX.key.pem (mode 0600) and PREFIX.pub.pem atomically; return both paths."""
+    prefix = Path(prefix)
+    private_path = prefix.with_name(prefix.name + ".key.pem")
+    public_path = prefix.with_name(prefix.name + ".pub.pem")
+    for path in (private_path, public_path):
+        if path.exists() and not overwrite:
+            raise ExistsError(f"{path}: already exists; pass --overwrite to replace it")
+    key = generate(algorithm)
+    _write_secret(private_path, private_pem(key, passphrase))
+    jsonio.write_atomic(public_path, public_pem(key))
+    os.chmod(public_path, 0o644)
+    return private_path, public_path
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    """Atomic write of a file that is 0600 from its creation on (never readable by others)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    jsonio.fsync_dir(path.parent)
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_KEY_BYTES:
+            raise InputError(f"{path}: {size} bytes is too large for a {what}")
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+
+
+def is_encrypted(path: Path) -> bool:
+    return b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in _read_pem(path, "private key")
+
+
+def load_private_key(path: Path, passphrase: bytes | None = None) -> PrivateKey:
+    """Load a PEM private key (ECDSA P-256 or Ed25519), decrypting it with `passphrase`."""
+    data = _read_pem(path, "private key")
+    try:
+        key = serialization.load_pem_private_key(data, password=passphrase or None)
+    except TypeError:
+        if passphrase:
+            raise InputError(f"{path}: the key is not encrypted but a passphrase was given") from None
+        raise EncryptedKeyError(f"{path}: the private key is encrypted; give its passphrase") from None
+    except ValueError as exc:
+        if b"ENCRYPTED" in data and passphrase:
+            raise InputError(f"{path}: cannot decrypt the private key (wrong passphrase?)") from None
+        raise InputError(f"{path}: not a PEM private key ({' '.join(str(exc).split())})") from None
+    except UnsupportedAlgorithm as exc:
+        raise InputError(f"{path}: unsupported key: {exc}") from None
+    return _supported_private(key, path)
+
+
+def load_public_key(path: Path) -> PublicKey:
+    """Load a PEM public key (SubjectPublicKeyInfo): ECDSA P-256 or Ed25519."""
+    data = _read_pem(path, "public key")
+    if b"PRIVATE KEY" in data:
+        raise InputError(f"{path}: is a private key; verify with the public key (.pub.pem)")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise InputError(f"{path}: not a PEM public key ({' '.join(str(exc).split())})") from None
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        return key
+    raise InputError(f"{path}: unsupported public key type; kvgraft uses ECDSA P-256 or Ed25519")
+
+
+def _supported_private(key: object, path: Path) -> PrivateKey:
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key
+    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
+        return key
+    raise InputError(f"{path}: unsupported private key type; kvgraft signs with ECDSA P-256 or Ed25519")
+
+
+def sign(key: PrivateKey, data: bytes) -> bytes:
+    """ECDSA P-256/SHA-256 (DER) or Ed25519 signature over `data`."""
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key.sign(data)
+    return key.sign(data, ec.ECDSA(hashes.SHA256()))
+
+
+def verify(key: PublicKey, signature: bytes, data: bytes) -> bool:
+    """True when `signature` over `data` verifies with `key`."""
+    try:
+        if isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(signature, data)
+        else:
+            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return False
+    return True

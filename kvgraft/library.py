@@ -1,0 +1,392 @@
+"""The verified-solution library: one solution trace per library problem, checked against its answer, captured.
+
+For each problem of the library split (`problems.split`) a trace is obtained and accepted only when
+`answers.check` on it agrees with the gold answer:
+
+1. the reference solution when the source has one, as "Problem: …\\nSolution: …\\nAnswer: …";
+2. otherwise (or when the reference fails the check) the model's own generation after
+   "Problem: …\\nSolution:": greedy first, then up to `attempts` sampled continuations from a
+   seeded `torch.Generator`.
+
+Every accepted trace is captured with `capture.capture` (answer = gold). Each entry's `meta` records
+the problem (id, hash, text, source), whether the trace is the reference or model-generated, the
+split it came from and its upstream cost: tokens generated to obtain the trace (failed attempts
+included), the prompt tokens prefilled for those attempts, and the prefill tokens of the capture.
+Problems without a verified trace are returned in the build result, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft import answers, problems
+from kvgraft.capture import Schedule, forward, prefill
+from kvgraft.capture import capture as capture_release
+from kvgraft.capture import tokenize as capture_tokenize
+from kvgraft.energy import measure
+from kvgraft.errors import InputError
+from kvgraft.models import LoadedModel
+from kvgraft.problems import Problem
+
+ENTRY_KIND = "kvgraft-library-entry"
+BUILD_KIND = "kvgraft-library-build"
+SOURCES = ("gsm8k", "synthetic", "aime2025", "champ")
+TRACE_REFERENCE = "reference"
+TRACE_MODEL = "model"
+
+Checker = Callable[[str, str], bool]
+
+# An "Answer: …" line followed by a newline: the line is complete and decoding may stop.
+_ANSWER_DONE = re.compile(r"(?im)^[^\n]*?\b(?:final[ \t]+answer|answer)[ \t]*(?:is)?[ \t]*[:：][ \t]*\S[^\n]*\n")
+
+
+# ---------------------------------------------------------------- problem sources
+
+
+def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int = 0) -> tuple[list[Problem], dict[str, Any]]:
+    """Problems of a named source (gsm8k, synthetic, aime2025, champ) or a JSONL file; the first `limit`.
+
+    Returns (problems, a record of the source spec). `synthetic` needs `limit` (how many to draw).
+    """
+    if limit is not None and limit < 0:
+        raise InputError(f"--limit must be >= 0, got {limit}")
+    record: dict[str, Any] = {"source": source, "limit": limit}
+    if source == "gsm8k":
+        found = problems.gsm8k(limit)
+    elif source == "synthetic":
+        if limit is None:
+            raise InputError("--source synthetic needs --limit N (how many problems to draw)")
+        found = problems.synthetic(limit, synthetic_seed)
+        record["synthetic_seed"] = synthetic_seed
+        record["synthetic_version"] = problems.SYNTHETIC_VERSION
+    elif source == "aime2025":
+        found = problems.aime2025()
+    elif source == "champ":
+        found = problems.champ()
+    elif source.endswith(".jsonl") or Path(source).is_file():
+        found = problems.from_jsonl(source)
+    else:
+        raise InputError(f"--source {source}: expected one of {', '.join(SOURCES)} or a .jsonl file")
+    if limit is not None:
+        found = found[:limit]
+    if not found:
+        raise InputError(f"--source {source}: no problems")
+    return found, record
+
+
+# ---------------------------------------------------------------- trace text
+
+
+def prompt_text(problem: str) -> str:
+    """What a solution continues from: 'Problem: …\\nSolution:'."""
+    return f"Problem: {problem.strip()}\nSolution:"
+
+
+def reference_trace(problem: Problem) -> str:
+    """The reference solution as a trace: 'Problem: …\\nSolution: …\\nAnswer: …'."""
+    if not problem.solution:
+        raise InputError(f"{problem.id}: no reference solution")
+    return f"{prompt_text(problem.problem)} {problem.solution.strip()}\nAnswer: {problem.answer.strip()}"
+
+
+def answer_line_complete(text: str) -> bool:
+    """True once the text holds an 'Answer: …' line followed by a newline."""
+    return _ANSWER_DONE.search(text) is not None
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def sample_seed(seed: int, *parts: str | int) -> int:
+    """A 63-bit generator seed derived from a base seed and labels (query id, sample index, …)."""
+    h = hashlib.sha256("\x00".join(str(p) for p in (seed, *parts)).encode()).digest()
+    return int.from_bytes(h[:8], "big") & ((1 << 63) - 1)
+
+
+@dataclass
+class Decoded:
+    token_ids: list[int]
+    text: str
+    stop: str  # "eos" | "answer" | "max_new_tokens"
+    seconds: float
+
+
+def eos_ids(lm: LoadedModel) -> list[int]:
+    eos = lm.tokenizer.eos_token_id
+    if isinstance(eos, int):
+        return [eos]
+    if isinstance(eos, (list, tuple)):
+        return [int(e) for e in eos]
+    return []
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+@torch.inference_mode()
+def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+           generator: torch.Generator | None = None, eos: Iterable[int] = (), stop_at_answer: bool = True) -> Decoded:
+    """Decode from `first_logits`, extending `cache`: greedy (temperature 0) or sampled from `generator`.
+
+    Stops at an EOS token, at `max_new_tokens`, or (with `stop_at_answer`) once an 'Answer: …' line is
+    complete. The same logits, settings and generator state always give the same tokens.
+    """
+    t0 = time.perf_counter()
+    stop_ids = set(eos)
+    out: list[int] = []
+    logits = first_logits
+    stop = "max_new_tokens"
+    while len(out) < max_new_tokens:
+        tok = _pick(logits, temperature, generator)
+        out.append(tok)
+        if tok in stop_ids:
+            stop = "eos"
+            break
+        if stop_at_answer and answer_line_complete(str(lm.tokenizer.decode(out, skip_special_tokens=True))):
+            stop = "answer"
+            break
+        if len(out) == max_new_tokens:
+            break
+        logits = forward(lm, cache, [tok])[-1]
+    text = str(lm.tokenizer.decode(out, skip_special_tokens=True))
+    return Decoded(out, text, stop, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- solving one problem
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How traces are obtained. `attempts` sampled continuations follow the greedy one."""
+
+    attempts: int = 3
+    temperature: float = 0.7
+    seed: int = 0
+    max_new_tokens: int = 256
+    use_reference: bool = True
+    generate: bool = True  # False: reference traces only
+    stop_at_answer: bool = True
+
+    def __post_init__(self) -> None:
+        if self.attempts < 0:
+            raise InputError(f"--attempts must be >= 0, got {self.attempts}")
+        if self.attempts > 0 and self.temperature <= 0:
+            raise InputError(f"sampled attempts need a temperature > 0, got {self.temperature}")
+        if self.max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Solved:
+    """The outcome of `solve` for one problem."""
+
+    problem: Problem
+    verified: bool
+    trace: str | None
+    trace_kind: str | None  # "reference" | "model" | None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    generated_tokens: int = 0  # every attempt, failed ones included
+    generation_prefill_tokens: int = 0  # the prompt, prefilled once per model attempt
+    seconds: float = 0.0
+    energy: dict[str, Any] | None = None
+
+    @property
+    def failed_attempts(self) -> int:
+        return sum(1 for a in self.attempts if not a["correct"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"problem_id": self.problem.id, "problem_hash": problems.problem_hash(self.problem.problem),
+                "source": self.problem.source, "verified": self.verified, "trace_kind": self.trace_kind,
+                "attempts": self.attempts, "failed_attempts": self.failed_attempts,
+                "generated_tokens": self.generated_tokens, "generation_prefill_tokens": self.generation_prefill_tokens,
+                "seconds": self.seconds, "energy": self.energy}
+
+
+def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSettings(), *,
+          schedule: Schedule | None = None, check: Checker = answers.check) -> Solved:
+    """A verified trace for one problem, or none; every attempt and every generated token is recorded.
+
+    A pure function of (problem, model, settings): sampled attempts use generators seeded from
+    (settings.seed, problem id, attempt number).
+    """
+    schedule = schedule or Schedule()
+    t0 = time.perf_counter()
+    attempts: list[dict[str, Any]] = []
+    result = Solved(problem, False, None, None, attempts)
+    with measure() as meter:
+        if settings.use_reference and problem.solution:
+            trace = reference_trace(problem)
+            ok = bool(check(trace, problem.answer))
+            attempts.append({"kind": TRACE_REFERENCE, "index": 0, "seed": None, "generated_tokens": 0,
+                             "prefill_tokens": 0, "extracted": answers.extract_answer(trace), "correct": ok,
+                             "stop": None})
+            if ok:
+                result.verified, result.trace, result.trace_kind = True, trace, TRACE_REFERENCE
+        if not result.verified and settings.generate:
+            prompt = prompt_text(problem.problem)
+            ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=schedule.add_special_tokens)["input_ids"]]
+            eos = eos_ids(lm)
+            for index in range(1 + settings.attempts):
+                sampled = index > 0
+                seed = sample_seed(settings.seed, "library", problem.id, index) if sampled else None
+                gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
+                cache, logits = prefill(lm, ids, schedule)
+                out = decode(lm, cache, logits, max_new_tokens=settings.max_new_tokens,
+                             temperature=settings.temperature if sampled else 0.0, generator=gen, eos=eos,
+                             stop_at_answer=settings.stop_at_answer)
+                ok = bool(check(out.text, problem.answer))
+                result.generated_tokens += len(out.token_ids)
+                result.generation_prefill_tokens += len(ids)
+                attempts.append({"kind": "sample" if sampled else "greedy", "index": index, "seed": seed,
+                                 "generated_tokens": len(out.token_ids), "prefill_tokens": len(ids),
+                                 "extracted": answers.extract_answer(out.text), "correct": ok, "stop": out.stop})
+                if ok:
+                    result.verified, result.trace, result.trace_kind = True, prompt + out.text, TRACE_MODEL
+                    break
+    result.seconds = time.perf_counter() - t0
+    assert meter.result is not None
+    result.energy = _energy_brief(meter.result.as_dict())
+    return result
+
+
+def _energy_brief(e: dict[str, Any]) -> dict[str, Any]:
+    return {"joules": e["joules"], "method": e["method"], "is_estimate": e["is_estimate"]}
+
+
+# ---------------------------------------------------------------- entries and the build
+
+
+def entry_meta(solved: Solved, capture_prefill_tokens: int, probe_tokens: int, split: dict[str, Any]) -> dict[str, Any]:
+    """The `meta` of a library entry: the problem, the trace kind, the split and the upstream cost."""
+    p = solved.problem
+    upstream = {
+        "generated_tokens": solved.generated_tokens,
+        "generation_prefill_tokens": solved.generation_prefill_tokens,
+        "capture_prefill_tokens": capture_prefill_tokens,
+        "capture_probe_tokens": probe_tokens,
+        "attempts": len(solved.attempts),
+        "failed_attempts": solved.failed_attempts,
+        # the issue's definition: tokens generated to obtain the trace plus the prefill tokens of capture
+        "tokens": solved.generated_tokens + capture_prefill_tokens,
+        # every token the model processed for this entry
+        "tokens_all": solved.generated_tokens + solved.generation_prefill_tokens + capture_prefill_tokens + probe_tokens,
+        "seconds": solved.seconds,
+        "energy": solved.energy,
+    }
+    return {"kind": ENTRY_KIND, "problem_id": p.id, "problem_hash": problems.problem_hash(p.problem),
+            "problem": p.problem, "source": p.source, "trace": solved.trace_kind, "upstream": upstream,
+            "split": split}
+
+
+def split_summary(record: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+    """What each entry carries about the split (the id lists stay in the build result)."""
+    return {"salt": record["salt"], "library_fraction": record["library_fraction"], "n": record["n"],
+            "problems_digest": record["problems_digest"], "method": record["method"], "source": source}
+
+
+def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, library_fraction: float = 0.5,
+          salt: str = "kvgraft", source: dict[str, Any] | None = None, settings: BuildSettings = BuildSettings(),
+          schedule: Schedule | None = None, probe_tokens: int = 0, overwrite: bool = False,
+          check: Checker = answers.check, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Split, solve each library problem, capture the verified traces into a release at `out`.
+
+    Returns the build result: the split, the verified entries with their upstream cost, the
+    unverified problems with every attempt made, totals, and the release's root digest.
+    """
+    schedule = schedule or Schedule()
+    library, held_out, record = problems.split(all_problems, library_fraction, salt)
+    if not library:
+        raise InputError(f"the library split is empty ({len(all_problems)} problems, fraction {library_fraction})")
+    source = source or {"source": "problems", "limit": None}
+    split_info = split_summary(record, source)
+    t0 = time.perf_counter()
+    solved: list[Solved] = []
+    total = len(library) + 1  # the capture is the last step
+    with measure() as meter:
+        for i, p in enumerate(library):
+            solved.append(solve(lm, p, settings, schedule=schedule, check=check))
+            if progress:
+                progress(i + 1, total)
+        records: list[tuple[str, dict[str, Any]]] = []
+        for s in solved:
+            if not s.verified or s.trace is None:
+                continue
+            where = f"library:{s.problem.id}"
+            ids, _ = capture_tokenize(lm, {"text": s.trace}, schedule, where)
+            rec = {"id": s.problem.id, "text": s.trace, "answer": s.problem.answer,
+                   "meta": entry_meta(s, len(ids), probe_tokens, split_info)}
+            records.append((where, rec))
+        if not records:
+            names = ", ".join(s.problem.id for s in solved[:10])
+            raise InputError(f"no library problem has a verified trace ({names}); nothing to capture")
+        manifest = capture_release(lm, records, out, schedule=schedule, probe_tokens=probe_tokens, overwrite=overwrite)
+    if progress:
+        progress(total, total)
+    assert meter.result is not None
+    entries = manifest["entries"]
+    up = [e["meta"]["upstream"] for e in entries]
+    verified = [{"problem_id": e["meta"]["problem_id"], "entry_id": e["id"], "trace": e["meta"]["trace"],
+                 "num_tokens": e["num_tokens"], "upstream": e["meta"]["upstream"]} for e in entries]
+    unverified = [s.as_dict() for s in solved if not s.verified]
+    return {
+        "kind": BUILD_KIND,
+        "release": {"path": str(out), "root_digest": manifest["root_digest"]},
+        "model": {"spec": lm.spec, "identity": lm.identity.sha256},
+        "source": source,
+        "split": record,
+        "settings": settings.as_dict(),
+        "schedule": schedule.as_dict(),
+        "library": len(library),
+        "held_out": len(held_out),
+        "verified": verified,
+        "unverified": unverified,
+        "counts": {"reference": sum(1 for v in verified if v["trace"] == TRACE_REFERENCE),
+                   "model": sum(1 for v in verified if v["trace"] == TRACE_MODEL), "unverified": len(unverified)},
+        "totals": {
+            "entry_tokens": sum(e["num_tokens"] for e in entries),
+            "upstream_tokens": sum(u["tokens"] for u in up),
+            "upstream_tokens_all": sum(u["tokens_all"] for u in up),
+            "generated_tokens": sum(s.generated_tokens for s in solved),  # unverified problems' attempts included
+            "generated_tokens_verified": sum(u["generated_tokens"] for u in up),
+            "failed_attempts": sum(s.failed_attempts for s in solved),
+            "seconds": time.perf_counter() - t0,
+        },
+        "energy": meter.result.as_dict(),
+    }
+
+
+# ---------------------------------------------------------------- reading a library back
+
+
+def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The release's entries, refusing any without library metadata (problem id and hash)."""
+    out: list[dict[str, Any]] = []
+    for e in entries:
+        meta = e.get("meta")
+        if not isinstance(meta, dict) or meta.get("kind") != ENTRY_KIND or not isinstance(meta.get("problem_id"), str) \
+                or not isinstance(meta.get("problem_hash"), str) or not isinstance(meta.get("problem"), str):
+            raise InputError(f"{where}: entry {e.get('id')!r} carries no library metadata; build the release with "
+                             "`kvgraft library build`")
+        out.append(e)
+    return out
+
+
+__all__ = [
+    "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildSettings", "Decoded", "Solved", "answer_line_complete", "build", "decode",
+    "entry_meta", "eos_ids", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
+]

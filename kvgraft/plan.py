@@ -1,0 +1,59 @@
+"""Audit plans: TOML files that say what `kvgraft audit run` checks, validated against their schema."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft.errors import InputError
+from kvgraft.hashing import digest_json
+from kvgraft.schema import validate
+
+PLAN_SCHEMA = "audit-plan.v1.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: Path
+    doc: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.doc["name"])
+
+    @property
+    def sha256(self) -> str:
+        return digest_json(self.doc)
+
+    def check(self, name: str) -> dict[str, Any] | None:
+        """The settings of a check, or None when the plan leaves it out or disables it."""
+        c = self.doc["checks"].get(name)
+        if c is None or not c.get("enabled", True):
+            return None
+        return dict(c)
+
+    def resolve(self, rel: str) -> Path:
+        """A path named in the plan, relative to the plan's folder unless absolute."""
+        p = Path(rel)
+        return p if p.is_absolute() else (self.path.parent / p)
+
+    def out_dir(self, override: Path | None = None) -> Path:
+        return override or Path(self.doc.get("out", f"out/{self.name}"))
+
+
+def load(path: Path | str) -> Plan:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: invalid TOML: {exc}") from None
+    if doc.get("format") != "kvgraft-audit-plan":
+        raise InputError(f"{path}: not a kvgraft audit plan (format {doc.get('format')!r})")
+    validate(doc, PLAN_SCHEMA, str(path))
+    return Plan(path, doc)

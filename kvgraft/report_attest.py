@@ -1,0 +1,129 @@
+"""Signed audit reports: an in-toto statement over report.json and the release attestation it audited.
+
+The statement's subjects are the report file (its name and SHA-256) and the release's
+`release.sigstore.json` (so the report is bound to exactly what it audited); its predicate
+(`REPORT_PREDICATE_TYPE`) repeats the report digest, the verdict, the release root digest and the
+plan digest. Signed like releases: DSSE in a Sigstore bundle v0.3, offline key or Sigstore keyless.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__, attest
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, VerificationError
+from kvgraft.hashing import hash_file
+from kvgraft.keys import PrivateKey, key_id, load_public_key
+from kvgraft.keys import sign as key_sign
+
+REPORT_PREDICATE_TYPE = "https://kvgraft.dev/attestation/audit-report/v1"
+RELEASE_ATTESTATION = "release.sigstore.json"
+
+
+def bundle_path(report: Path) -> Path:
+    return report.with_name(report.name.removesuffix(".json") + ".sigstore.json")
+
+
+def report_statement(report_path: Path, report: dict[str, Any]) -> dict[str, Any]:
+    sha, size = hash_file(report_path)
+    binding = report["binding"]
+    subjects = [{"name": report_path.name, "digest": {"sha256": sha}}]
+    if binding.get("release_attestation_digest"):
+        subjects.append({"name": RELEASE_ATTESTATION, "digest": {"sha256": binding["release_attestation_digest"]}})
+    predicate = {"report": {"name": report_path.name, "sha256": sha, "size": size},
+                 "verdict": report["verdict"]["status"], "release_root_digest": binding.get("release_root_digest"),
+                 "release_attestation_digest": binding.get("release_attestation_digest"),
+                 "plan": {"name": report["plan"]["name"], "sha256": report["plan"].get("sha256")},
+                 "kvgraft_version": __version__}
+    return {"_type": attest.STATEMENT_TYPE, "subject": subjects, "predicateType": REPORT_PREDICATE_TYPE,
+            "predicate": predicate}
+
+
+def sign_report(report_path: Path, key: PrivateKey) -> Path:
+    """Sign a written report offline; write REPORT.sigstore.json beside it."""
+    from kvgraft.report import load_report
+
+    report = load_report(report_path)
+    payload = attest.statement_bytes(report_statement(report_path, report))
+    signature = key_sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    out = bundle_path(report_path)
+    bundle = attest.key_bundle(payload, signature, key_id(key))
+    jsonio.write_atomic(out, (json.dumps(bundle, indent=2) + "\n").encode())
+    return out
+
+
+@dataclass(frozen=True)
+class ReportVerified:
+    report: dict[str, Any]
+    signer: str
+    report_sha256: str
+    release_checked: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": True, "signer": self.signer, "report_sha256": self.report_sha256,
+                "verdict": self.report["verdict"]["status"], "release_checked": self.release_checked,
+                "binding": self.report["binding"]}
+
+
+def verify_report(report_path: Path, *, key: Path | None = None, identity: str | None = None,
+                  issuer: str | None = None, trust: Any = None, release: Path | None = None) -> ReportVerified:
+    """Check the report's signature, that the signed digest is the report's, and its binding.
+
+    With `release`, also check that the release's attestation and root digest are those the report
+    names. Raises VerificationError (exit 1) on any mismatch, InputError (exit 2) on unusable input.
+    """
+    from kvgraft.report import load_report
+
+    report_path = Path(report_path)
+    bpath = bundle_path(report_path)
+    if not bpath.is_file():
+        raise VerificationError(f"{report_path}: report is unsigned (no {bpath.name})")
+    if key is None and identity is None:
+        raise InputError("report verify needs --key PUB.pem or --certificate-identity/--certificate-oidc-issuer")
+    bundle = attest.read_bundle(bpath)
+    if key is not None:
+        signer = attest.verify_with_key(bundle, load_public_key(key))
+        payload = bundle.payload
+    else:
+        from kvgraft.verify import verify_sigstore_bundle
+
+        if issuer is None:
+            raise InputError("--certificate-identity needs --certificate-oidc-issuer")
+        checked = verify_sigstore_bundle(None, bundle.raw, identity=identity or "", issuer=issuer, trust=trust,
+                                         where=str(bpath))
+        signer, payload = identity or "", checked.payload or b""
+    stmt = jsonio.loads_strict(payload, f"{bpath} (statement)")
+    if not isinstance(stmt, dict) or stmt.get("predicateType") != REPORT_PREDICATE_TYPE:
+        raise VerificationError(f"{bpath}: not an audit-report attestation (predicateType "
+                                f"{stmt.get('predicateType') if isinstance(stmt, dict) else None!r})")
+    subjects = {s.get("name"): s.get("digest", {}).get("sha256") for s in stmt.get("subject", []) if isinstance(s, dict)}
+    sha, _ = hash_file(report_path)
+    signed = subjects.get(report_path.name)
+    if signed != sha:
+        raise VerificationError(f"{report_path}: sha256 {sha} differs from the signed {signed}: the report was edited "
+                                "after signing (or is not the signed file)")
+    report = load_report(report_path)
+    binding = report["binding"]
+    if subjects.get(RELEASE_ATTESTATION) != binding.get("release_attestation_digest"):
+        raise VerificationError(f"{report_path}: binding.release_attestation_digest {binding.get('release_attestation_digest')} "
+                                f"is not the signed {subjects.get(RELEASE_ATTESTATION)}")
+    if release is not None:
+        from kvgraft.release import load_manifest
+
+        rb = Path(release) / RELEASE_ATTESTATION
+        if not rb.is_file():
+            raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
+        rsha, _ = hash_file(rb)
+        if rsha != binding.get("release_attestation_digest"):
+            raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited "
+                                    f"({binding.get('release_attestation_digest')})")
+        root = load_manifest(Path(release))["root_digest"]
+        if root != binding.get("release_root_digest"):
+            raise VerificationError(f"{release}: root digest {root} is not the audited {binding.get('release_root_digest')}")
+    return ReportVerified(report, signer, sha, release is not None)
+

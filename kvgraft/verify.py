@@ -1,0 +1,498 @@
+"""Verify a cache release: files against the statement and manifest, commitments, signature, identity.
+
+What `verify_release` checks, in order (the first failure raises, naming what and where):
+
+1. the bundle RELEASE/release.sigstore.json, when present: strict JSON, bounded size; its DSSE
+   signature with `key`, or with Sigstore (certificate chain to the trusted root, identity policy,
+   transparency-log inclusion, signed time) when `identity`/`issuer` are given. With neither, the
+   statement is still read and compared, and the signature is reported as not checked. A key or an
+   identity given for a release without a bundle is a failure: the release is unsigned.
+2. manifest.json's SHA-256 against its statement subject, before the manifest is parsed;
+3. the manifest: bounded, strict JSON, schema, entry/root digests (`release.check_commitments`),
+   and the statement's subjects and predicate against it;
+4. the folder: no file missing, none extra, no symlinks or unsafe names, every size;
+5. every file's SHA-256, hashed once, in parallel across files; a mismatch is located to the
+   first tensor (entry, byte range, digests) or to the safetensors header;
+6. each safetensors header against the manifest's tensor table (dtype, shape, byte range);
+7. with `deep`, every tensor byte range against its sha256 in the manifest.
+
+Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
+re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
+
+Imports no torch; sigstore is imported only for Sigstore checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvgraft import __version__, attest, keys
+from kvgraft import release as release_format
+from kvgraft._internal import jsonio, stfile
+from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.hashing import hash_file, hash_ranges, pool
+from kvgraft.release import MANIFEST, Release, check_commitments, load_manifest, safe_path
+
+if TYPE_CHECKING:
+    from sigstore.verify import Verifier
+
+RESULT_FORMAT = "kvgraft-verify-result"
+RESULT_VERSION = 1
+MAX_TRUST_BYTES = 16 * 1024 * 1024
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------------ sigstore
+
+
+@dataclass(frozen=True)
+class SigstoreTrust:
+    """Which Sigstore root of trust: production (default), staging, or a trusted-root file.
+
+    `offline` uses the trusted root embedded in sigstore-python (or its local TUF cache) instead of
+    refreshing it over the network. `trusted_root` is a TrustedRoot or ClientTrustConfig JSON file.
+    """
+
+    staging: bool = False
+    offline: bool = False
+    trusted_root: Path | None = None
+
+
+@dataclass(frozen=True)
+class SigstoreVerified:
+    """A bundle that passed Sigstore verification under an identity policy."""
+
+    identity: str
+    issuer: str
+    payload_type: str | None  # DSSE bundles: the verified envelope's payload
+    payload: bytes | None
+
+
+def sigstore_verifier(trust: SigstoreTrust) -> Verifier:
+    """A sigstore `Verifier` for `trust`; a trust root that cannot be loaded is unusable input."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig, TrustedRoot
+    from sigstore.verify import Verifier
+
+    try:
+        if trust.trusted_root is not None:
+            if trust.staging:
+                raise InputError("give --trusted-root or --staging, not both")
+            path = Path(trust.trusted_root)
+            doc = jsonio.load_file(path, MAX_TRUST_BYTES)
+            media_type = doc.get("mediaType", "") if isinstance(doc, dict) else ""
+            if media_type.startswith("application/vnd.dev.sigstore.clienttrustconfig"):
+                root = ClientTrustConfig.from_json(path.read_text()).trusted_root
+            elif media_type.startswith("application/vnd.dev.sigstore.trustedroot"):
+                root = TrustedRoot.from_file(str(path))
+            else:
+                raise InputError(f"{path}: not a Sigstore trusted root or client trust config (mediaType {media_type!r})")
+            return Verifier(trusted_root=root)
+        if trust.staging:
+            return Verifier.staging(offline=trust.offline)
+        return Verifier.production(offline=trust.offline)
+    except SigstoreError as exc:
+        hint = "" if trust.offline or trust.trusted_root else " (pass --offline to use the embedded trusted root)"
+        raise InputError(f"cannot load the Sigstore trusted root: {_one_line(exc.diagnostics())}{hint}") from None
+    except ValueError as exc:  # pydantic validation of a trust file
+        raise InputError(f"{trust.trusted_root}: not a valid Sigstore trust root: {_one_line(str(exc))[:300]}") from None
+
+
+def verify_sigstore_bundle(artifact: bytes | Path | None, bundle: bytes, *, identity: str, issuer: str,
+                           trust: SigstoreTrust | None = None, where: str = "bundle") -> SigstoreVerified:
+    """Verify a Sigstore bundle (and its artifact) under the policy "signed by `identity` via `issuer`".
+
+    Checks the certificate chain to the trusted root, the identity policy, the transparency-log
+    inclusion proof/promise and signed time, and the signature: over `artifact` for a message-
+    signature bundle (`artifact` required), or over the DSSE envelope for a DSSE bundle, whose
+    verified payload is returned (and, when `artifact` is given, must list its SHA-256 as a subject).
+    Raises InputError for an unusable bundle or trust root, VerificationError when a check fails.
+    """
+    if len(bundle) > attest.MAX_BUNDLE_BYTES:
+        raise InputError(f"{where}: {len(bundle)} bytes exceeds the {attest.MAX_BUNDLE_BYTES}-byte limit for a bundle")
+    doc = jsonio.loads_strict(bundle, where)  # refuses duplicate keys before sigstore parses it
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: not a Sigstore bundle (not a JSON object)")
+
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.hashes import Hashed
+    from sigstore.models import Bundle, InvalidBundle
+    from sigstore.verify import policy
+    from sigstore_models.common.v1 import HashAlgorithm
+
+    try:
+        parsed = Bundle.from_json(bundle)
+    except InvalidBundle as exc:
+        raise InputError(f"{where}: not a valid Sigstore bundle: {_one_line(str(exc))[:300]}") from None
+    except ValueError as exc:
+        raise InputError(f"{where}: not a valid Sigstore bundle: {_one_line(str(exc))[:300]}") from None
+    verifier = sigstore_verifier(trust or SigstoreTrust())
+    rule = policy.Identity(identity=identity, issuer=issuer)
+    payload_type: str | None = None
+    payload: bytes | None = None
+    try:
+        if "dsseEnvelope" in doc:
+            payload_type, payload = verifier.verify_dsse(parsed, rule)
+        else:
+            if artifact is None:
+                raise InputError(f"{where}: a message-signature bundle is verified against its artifact; none given")
+            if isinstance(artifact, Path):
+                digest, _ = hash_file(artifact)
+                hashed = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=bytes.fromhex(digest))
+                verifier.verify_artifact(hashed, parsed, rule)
+            else:
+                verifier.verify_artifact(artifact, parsed, rule)
+    except SigstoreError as exc:
+        raise VerificationError(f"{where}: Sigstore verification failed: {_one_line(str(exc))}") from None
+    if payload is not None and artifact is not None:
+        sha = hash_file(artifact)[0] if isinstance(artifact, Path) else hashlib.sha256(artifact).hexdigest()
+        stmt = jsonio.loads_strict(payload, f"{where}: statement")
+        listed = stmt.get("subject", []) if isinstance(stmt, dict) else []
+        if not any(isinstance(s, dict) and isinstance(s.get("digest"), dict) and s["digest"].get("sha256") == sha
+                   for s in listed):
+            raise VerificationError(f"{where}: the artifact's sha256 {sha} is not a subject of the signed statement")
+    return SigstoreVerified(identity, issuer, payload_type, payload)
+
+
+# ------------------------------------------------------------------------------------------- release
+
+
+@dataclass
+class CheckedRelease:
+    """A release whose files, sizes, digests and safetensors headers matched its manifest."""
+
+    root: Path
+    manifest: dict[str, Any]
+    manifest_sha256: str
+    manifest_size: int
+    files: dict[str, str]  # name -> sha256 of every file, manifest.json included
+    bytes_hashed: int
+    tensors: int
+    tensors_rehashed: int
+
+
+@dataclass
+class SignatureStatus:
+    status: str  # "verified" or "not checked"
+    method: str | None = None  # "key" or "sigstore"
+    bundle: str | None = None  # path of the bundle, None when the release has none
+    key_id: str | None = None
+    identity: str | None = None
+    issuer: str | None = None
+
+    def describe(self) -> str:
+        if self.status == "verified":
+            who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
+            return f"verified: {who}"
+        if self.bundle is None:
+            return "not checked: the release is unsigned (no release.sigstore.json)"
+        return "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
+
+
+@dataclass
+class VerifyResult:
+    """A release that passed every check asked for."""
+
+    release: Path
+    root_digest: str
+    manifest_sha256: str
+    entries: int
+    files: int
+    tensors: int
+    bytes_hashed: int
+    seconds: float
+    deep: bool
+    signature: SignatureStatus
+    statement: bool  # a statement was read and compared (signed or not)
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Bytes hashed per second."""
+        return self.bytes_hashed / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `verify --json` document (schemas/verify-result.v1.json)."""
+        return {
+            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "ok": True, "exit_code": 0, "error": None, "release": str(self.release),
+            "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
+            "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
+            "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
+            "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
+            "statement": self.statement, "signature": asdict(self.signature),
+        }
+
+
+def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
+    """The `verify --json` document of a failed verification."""
+    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
+
+
+def _hash_manifest(root: Path) -> tuple[str, int]:
+    path = safe_path(root, MANIFEST, "manifest")
+    size = path.stat().st_size
+    limit = release_format.MAX_MANIFEST_BYTES
+    if size > limit:
+        raise InputError(f"{path}: {size} bytes exceeds the {limit}-byte limit for a manifest")
+    return hash_file(path)
+
+
+def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str]) -> str:
+    """One line naming where a file whose sha256 mismatches differs: which tensor, or its header."""
+    path = rel.root / name
+    base = f"{path}: sha256 {actual} does not match the {source} ({expected})"
+    other = by_sha.get(actual)
+    if other is not None and other != name:
+        return f"{base}: it has the content of {other} (files swapped or copied)"
+    entries = [e for e in rel.manifest["entries"] if e["file"] == name]
+    if not entries:
+        return base
+    try:
+        header, _ = stfile.read_header(path)
+    except InputError as exc:
+        return f"{base}: entry {entries[0]['id']!r}: the safetensors header is damaged ({exc})"
+    data_start = min((t.start for t in header.values()), default=path.stat().st_size)
+    for entry in entries:
+        tensors = entry["tensors"]
+        layout_ok = set(header) == set(tensors) and all(
+            (header[n].dtype, list(header[n].shape), [header[n].start, header[n].end])
+            == (t["dtype"], t["shape"], t["byte_range"]) for n, t in tensors.items())
+        if not layout_ok:
+            return (f"{base}: entry {entry['id']!r}: the safetensors header region [0, {data_start}) differs "
+                    f"(its tensor table no longer matches the manifest)")
+        order = sorted(tensors, key=lambda n: tensors[n]["byte_range"][0])
+        digests = hash_ranges(path, [(tensors[n]["byte_range"][0], tensors[n]["byte_range"][1]) for n in order])
+        for n, got in zip(order, digests, strict=True):
+            t = tensors[n]
+            if got != t["sha256"]:
+                a, b = t["byte_range"]
+                return (f"{path}: entry {entry['id']!r} tensor {n!r} bytes [{a}, {b}): sha256 {got}, "
+                        f"expected {t['sha256']} (file sha256 {actual}, {source} says {expected})")
+    return (f"{base}: entry {entries[0]['id']!r}: every tensor matches; the safetensors header region "
+            f"[0, {data_start}) differs")
+
+
+def check_release(root: Path, *, statement: dict[str, Any] | None = None, source: str = "manifest",
+                  deep: bool = False) -> CheckedRelease:
+    """Steps 2-7 of the module docstring: the release's bytes against `statement` (if any) and the manifest.
+
+    `source` names the statement in messages ("signed statement", ...). Raises IntegrityError when
+    bytes differ, VerificationError when the statement and the manifest disagree, InputError for
+    unusable input.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a folder")
+    present = attest.release_folder_files(root)
+    # Start hashing the release's files now, on the pool, while this thread parses and validates the
+    # manifest: the files to hash are known from the statement (or a quick parse of the manifest), and
+    # only regular files found inside the folder are read. Results are used after every check passed.
+    prefetch = {name: pool().submit(hash_file, root / name) for name in _files_to_prefetch(root, present, statement)}
+    try:
+        return _check(root, present, prefetch, statement, source, deep)
+    finally:
+        for future in prefetch.values():
+            future.cancel()
+
+
+def _files_to_prefetch(root: Path, present: set[str], statement: dict[str, Any] | None) -> list[str]:
+    if statement is not None:
+        names = set(attest.subjects(statement))
+    elif MANIFEST in present:
+        try:
+            doc = jsonio.load_file(root / MANIFEST, release_format.MAX_MANIFEST_BYTES)
+        except InputError:
+            return []  # load_manifest says why
+        files = doc.get("files") if isinstance(doc, dict) else None
+        names = set(files) if isinstance(files, dict) else set()
+    else:
+        return []
+    sizes: dict[str, int] = {}
+    for n in names:
+        if n in present and n != MANIFEST:
+            try:
+                sizes[n] = (root / n).stat().st_size
+            except OSError:
+                continue  # gone already: reported as missing by the checks
+    return sorted(sizes, key=lambda n: -sizes[n])
+
+
+def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
+    try:
+        return future.result()
+    except EOFError:
+        raise IntegrityError(f"{path}: the file shrank while it was being verified") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], statement: dict[str, Any] | None,
+           source: str, deep: bool) -> CheckedRelease:
+    stmt_subjects = attest.subjects(statement) if statement is not None else None
+    manifest_path = root / MANIFEST
+
+    # 2. the manifest file against the statement, before it is parsed
+    if stmt_subjects is not None:
+        if MANIFEST not in stmt_subjects:
+            raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
+        if MANIFEST not in present:
+            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
+    msha, msize = _hash_manifest(root) if MANIFEST in present else ("", 0)
+    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
+        assert statement is not None
+        theirs = statement["predicate"]["root_digest"]
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]}); "
+                             f"the statement attests the release with root digest {theirs}")
+
+    # 3. manifest content, commitments, statement vs manifest
+    manifest = load_manifest(root)
+    check_commitments(root, manifest)
+    rel = Release(root, manifest)
+    expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
+    if statement is not None and stmt_subjects is not None:
+        pred = statement["predicate"]
+        checks = [
+            ("root_digest", pred["root_digest"], manifest["root_digest"]),
+            ("manifest sha256", pred["manifest"]["sha256"], msha),
+            ("manifest size", pred["manifest"]["size"], msize),
+            ("model identity", pred["model"]["identity"], manifest["model"]["identity"]),
+            ("model spec", pred["model"]["spec"], manifest["model"]["spec"]),
+        ]
+        for what, claimed, actual in checks:
+            if claimed != actual:
+                raise VerificationError(f"{manifest_path}: the {source} predicate's {what} {claimed} "
+                                        f"does not match the manifest ({actual})")
+        for name in sorted(set(stmt_subjects) | set(expected)):
+            if stmt_subjects.get(name) != expected.get(name):
+                raise VerificationError(
+                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
+                    f"{expected.get(name)}")
+
+    # 4. the folder: names, missing, extra, sizes
+    for name in manifest["files"]:
+        safe_path(root, name, "manifest file")
+    missing = sorted(set(expected) - present)
+    extra = sorted(present - set(expected))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}" + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+        if extra:
+            parts.append(f"not part of the release: {', '.join(extra[:5])}"
+                         + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
+        raise IntegrityError(f"{root}: files differ from the {source}: {'; '.join(parts)}")
+    names = sorted(manifest["files"])
+    paths = [root / n for n in names]
+    for name, path in zip(names, paths, strict=True):
+        want, got = manifest["files"][name]["size"], path.stat().st_size
+        if got != want:
+            how = "truncated" if got < want else "grown"
+            raise IntegrityError(f"{path}: {got} bytes, the manifest says {want} ({how})")
+
+    # 5. every byte, once, across cores (most of it already hashed by the prefetch)
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n) for n in names}
+    results = [_result(pending[n], root / n) for n in names]
+    by_sha = {sha: n for n, sha in expected.items()}
+    bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
+    if bad:
+        name, actual = bad[0]
+        message = _locate(rel, name, actual, expected[name], source, by_sha)
+        if len(bad) > 1:
+            message += f" (and {len(bad) - 1} more files differ: {', '.join(n for n, _ in bad[1:4])})"
+        raise IntegrityError(message)
+
+    # 6. safetensors headers against the manifest's tensor tables
+    tensors = 0
+    for entry in manifest["entries"]:
+        rel.tensor_layout(entry)
+        tensors += len(entry["tensors"])
+
+    # 7. optionally every tensor byte range against its own digest
+    rehashed = 0
+    if deep:
+        for entry in manifest["entries"]:
+            table = entry["tensors"]
+            order = sorted(table, key=lambda n: table[n]["byte_range"][0])
+            path = root / entry["file"]
+            got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
+            for n, sha in zip(order, got, strict=True):
+                if sha != table[n]["sha256"]:
+                    a, b = table[n]["byte_range"]
+                    raise IntegrityError(f"{path}: entry {entry['id']!r} tensor {n!r} bytes [{a}, {b}): sha256 {sha}, "
+                                         f"the manifest says {table[n]['sha256']}")
+            rehashed += len(order)
+
+    hashed = msize + sum(size for _, size in results)
+    if deep:
+        hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
+    files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
+    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed)
+
+
+def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
+                   issuer: str | None = None, trust: SigstoreTrust | None = None,
+                   deep: bool = False) -> VerifyResult:
+    """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
+
+    `key`: a PEM public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore
+    certificate identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
+    """
+    started = time.perf_counter()
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a folder (expected a cache release)")
+    if (identity is None) != (issuer is None):
+        raise InputError("--certificate-identity and --certificate-oidc-issuer must be given together")
+    if key is not None and identity is not None:
+        raise InputError("give --key or --certificate-identity/--certificate-oidc-issuer, not both")
+    public_key = keys.load_public_key(key) if key is not None else None
+
+    bundle_path = root / attest.BUNDLE_NAME
+    signature = SignatureStatus("not checked")
+    statement: dict[str, Any] | None = None
+    source = "manifest"
+    if bundle_path.is_symlink():
+        raise InputError(f"{bundle_path}: is a symlink; releases may not contain links")
+    if bundle_path.exists():
+        bundle = attest.read_bundle(bundle_path)
+        signature.bundle = str(bundle_path)
+        payload_type, payload = bundle.payload_type, bundle.payload
+        if public_key is not None:
+            signature.key_id = attest.verify_with_key(bundle, public_key)
+            signature.status, signature.method = "verified", "key"
+        elif identity is not None and issuer is not None:
+            if not bundle.has_certificate:
+                raise VerificationError(f"{bundle_path}: the release is signed with key {bundle.key_hint}, not a Sigstore "
+                                        f"certificate; verify it with --key")
+            verified = verify_sigstore_bundle(None, bundle.raw, identity=identity, issuer=issuer, trust=trust,
+                                              where=str(bundle_path))
+            assert verified.payload_type is not None and verified.payload is not None
+            payload_type, payload = verified.payload_type, verified.payload
+            signature.status, signature.method = "verified", "sigstore"
+            signature.identity, signature.issuer = identity, issuer
+        statement = attest.parse_statement(payload_type, payload, str(bundle_path))
+        source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
+    elif public_key is not None or identity is not None:
+        wanted = "--key" if public_key is not None else "--certificate-identity"
+        raise VerificationError(f"{root}: the release is unsigned (no {attest.BUNDLE_NAME}) but {wanted} "
+                                f"requires a signature")
+
+    checked = check_release(root, statement=statement, source=source, deep=deep)
+    m = checked.manifest
+    return VerifyResult(
+        release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
+        entries=len(m["entries"]), files=len(checked.files), tensors=checked.tensors,
+        bytes_hashed=checked.bytes_hashed, seconds=time.perf_counter() - started, deep=deep,
+        signature=signature, statement=statement is not None,
+        model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
+    )

@@ -1,0 +1,74 @@
+"""Small synthetic cache releases for tests and benchmarks: random tensors, fixed seed, a fake header.
+
+No model is loaded: the header is schema-valid but names a made-up model; the entries have the same
+shape as real captures (per-layer keys/values tensors in one safetensors file per entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft.hashing import digest_json
+from kvgraft.release import ReleaseWriter, token_ids_digest
+
+
+def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "synthetic/tiny-test-model") -> dict[str, Any]:
+    """model/schedule/environment members shaped like kvgraft.capture.header()."""
+
+    def h(label: str) -> str:
+        return hashlib.sha256(f"{spec}:{label}".encode()).hexdigest()
+
+    return {
+        "model": {
+            "spec": spec, "architecture": "LlamaForCausalLM", "model_type": "llama", "num_hidden_layers": num_layers,
+            "identity": {"sha256": h("identity"), "weights_sha256": h("weights"), "tokenizer_sha256": h("tokenizer"),
+                         "config_sha256": h("config"), "num_tensors": 3 * num_layers, "num_parameters": 1000 * num_layers},
+        },
+        "schedule": {"mode": "one-shot", "chunk_tokens": None, "batch_size": 1, "add_special_tokens": True,
+                     "add_generation_prompt": False},
+        "environment": {
+            "python": "3.11.7", "torch": torch.__version__, "transformers": "0.0.0-synthetic", "kvgraft": "0.1.0",
+            "platform": "linux-x86_64", "device": "cpu", "device_name": "synthetic", "dtype": dtype,
+            "attn_implementation": "sdpa", "threads": 1, "deterministic_algorithms": True,
+        },
+    }
+
+
+def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2, tokens: int = 6, head_dim: int = 8,
+                 seed: int = 0, spec: str = "synthetic/tiny-test-model", overwrite: bool = False,
+                 progress: Any = None) -> dict[str, Any]:
+    """Write a release of `entries` entries, each with keys/values of shape [1, heads, tokens, head_dim] per layer.
+
+    Each entry file holds 2 * layers float32 tensors of heads * tokens * head_dim * 4 bytes. Returns the manifest.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    writer = ReleaseWriter(Path(out), overwrite=overwrite)
+    try:
+        for i in range(entries):
+            ids = [int(t) for t in torch.randint(1, 50_000, (tokens,), generator=gen)]
+            text = f"synthetic record {i} (seed {seed})"
+            layer_meta: list[dict[str, Any]] = []
+            tensors: dict[str, torch.Tensor] = {}
+            for li in range(layers):
+                k, v = f"layer.{li}.keys", f"layer.{li}.values"
+                tensors[k] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+                tensors[v] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+                layer_meta.append({"index": li, "kind": "full", "keys": k, "values": v, "positions": [0, tokens]})
+            logits = torch.randn(64, generator=gen)
+            entry = {
+                "id": f"rec-{i:03d}", "num_tokens": tokens, "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
+                "source": {"kind": "text", "sha256": digest_json(text), "text": text}, "layers": layer_meta,
+                "next_token": {"logits_sha256": hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
+                               "argmax": int(torch.argmax(logits)), "dtype": "float32"},
+            }
+            writer.add_entry(entry, tensors)
+            if progress is not None:
+                progress(i + 1, entries)
+        return writer.finish(fake_header(num_layers=layers, spec=spec))
+    except BaseException:
+        writer.abort()
+        raise

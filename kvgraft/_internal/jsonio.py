@@ -49,8 +49,40 @@ def load_file(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
         return loads_strict(fh.read(max_bytes + 1), str(path))
 
 
+_SAFE_INT = 2**53 - 1  # RFC 8785 (I-JSON) integers; rfc8785 refuses larger ones, and so must we
+
+
+def _plain_scalar(v: Any) -> bool:
+    return not isinstance(v, float) and not (isinstance(v, int) and not -_SAFE_INT <= v <= _SAFE_INT)
+
+
+def _plain(obj: Any) -> bool:
+    """True when `json.dumps` already yields RFC 8785 output: no floats, no integer beyond 2^53, and no
+    key with a character beyond the BMP (RFC 8785 sorts keys by UTF-16 code units, Python by code points)."""
+    if not isinstance(obj, (dict, list)):
+        return _plain_scalar(obj)
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        values = x.values() if isinstance(x, dict) else x
+        if isinstance(x, dict) and any(not isinstance(k, str) or any(ord(c) > 0xFFFF for c in k) for k in x):
+            return False
+        for v in values:
+            if isinstance(v, (dict, list)):
+                stack.append(v)
+            elif not _plain_scalar(v):
+                return False
+    return True
+
+
 def canonical(obj: Any) -> bytes:
-    """RFC 8785 canonical JSON bytes."""
+    """RFC 8785 canonical JSON bytes.
+
+    Without floats, RFC 8785 is exactly sorted, compact, non-ASCII-escaping JSON (same string
+    escapes), so the C encoder is used; anything with a float goes through the rfc8785 package.
+    """
+    if _plain(obj):
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     return rfc8785.dumps(obj)
 
 

@@ -26,8 +26,8 @@ def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "torch": str(torch.__version__),  # TorchVersion is a str subclass canonical JSON refuses
+        "transformers": str(transformers.__version__),
         "kvgraft": __version__,
         "platform": f"{sys.platform}-{platform.machine()}",
         "device": device,

@@ -45,8 +45,11 @@ def validate(doc: Any, name: str, where: str) -> None:
     from jsonschema.exceptions import best_match
 
     fast = _fast(name)
-    if fast is not None and fast.is_valid(doc):
-        return
+    try:
+        if fast is not None and fast.is_valid(doc):
+            return
+    except ValueError:
+        pass  # a Python type the compiled validator cannot read (e.g. a str subclass): use the reference one
     # Invalid (or no fast validator): the reference implementation picks the error and its path.
     error = best_match(_validator(name).iter_errors(doc))
     if error is not None:

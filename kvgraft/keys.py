@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -85,20 +84,8 @@ def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphras
 
 
 def _write_secret(path: Path, data: bytes) -> None:
-    """Atomic write of a file that is 0600 from its creation on (never readable by others)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    jsonio.fsync_dir(path.parent)
+    """Atomic write of a file that is 0600 from its creation on (mkstemp creates it 0600)."""
+    jsonio.write_atomic(path, data, mode=0o600)
 
 
 def _read_pem(path: Path, what: str) -> bytes:

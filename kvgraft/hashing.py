@@ -90,30 +90,43 @@ def _read_hash_into(fd: int, start: int, dest: memoryview) -> str:
     return h.hexdigest()
 
 
+def _read_hash_group(fd: int, jobs: list[tuple[int, int, memoryview]]) -> list[str]:
+    return [_read_hash_into(fd, start, dest) for _, start, dest in jobs]
+
+
 def read_and_hash(path: Path, ranges: Sequence[tuple[int, int]], dest: memoryview) -> list[str]:
     """Read each [start, end) range of `path` into consecutive slices of `dest` and hash it.
 
-    One pass over the bytes: the block just read is hashed while still in cache. Ranges are
-    spread over the thread pool, largest first.
+    One pass over the bytes: each block is hashed right after it is read, while still in cache.
+    The ranges are cut into one group per core (balanced by bytes, in file order), so each
+    thread reads and hashes a run of neighbouring tensors with no per-tensor scheduling cost.
     """
-    slots: list[tuple[int, int, int]] = []
+    jobs: list[tuple[int, int, memoryview]] = []
     at = 0
-    for a, b in ranges:
-        slots.append((a, at, b - a))
+    for i, (a, b) in enumerate(ranges):
+        if at + (b - a) > len(dest):
+            raise ValueError("destination buffer too small")
+        jobs.append((i, a, dest[at : at + (b - a)]))
         at += b - a
-    if at > len(dest):
-        raise ValueError("destination buffer too small")
-    order = sorted(range(len(slots)), key=lambda i: -slots[i][2])
+    groups: list[list[tuple[int, int, memoryview]]] = [[] for _ in range(min(cores(), max(len(jobs), 1)))]
+    share = at / len(groups) if groups else 0
+    done = 0
+    for job in jobs:
+        g = min(int(done / share), len(groups) - 1) if share else 0
+        groups[g].append(job)
+        done += len(job[2])
+    groups = [g for g in groups if g]
     fd = os.open(path, os.O_RDONLY)
     try:
-        futures = {
-            i: pool().submit(_read_hash_into, fd, slots[i][0], dest[slots[i][1] : slots[i][1] + slots[i][2]])
-            for i in order
-        }
-        wait(futures.values())  # every reader is done with fd before it is closed
+        futures = [pool().submit(_read_hash_group, fd, g) for g in groups]
+        wait(futures)  # every reader is done with fd before it is closed
     finally:
         os.close(fd)
-    return [futures[i].result() for i in range(len(slots))]
+    digests: list[str] = [""] * len(jobs)
+    for group, future in zip(groups, futures, strict=True):
+        for job, digest in zip(group, future.result(), strict=True):
+            digests[job[0]] = digest
+    return digests
 
 
 def _size(path: Path) -> int:

@@ -6,7 +6,6 @@ Reading imports no torch: `kvgraft verify` runs on CI machines without it.
 from __future__ import annotations
 
 import datetime
-import mmap
 import os
 import shutil
 import tempfile
@@ -156,14 +155,6 @@ class Release:
                     f"{path}: entry {entry['id']!r} tensor {name!r}: header says {info.dtype} {list(info.shape)} "
                     f"bytes [{info.start}, {info.end}), manifest says {t['dtype']} {t['shape']} bytes {t['byte_range']}")
         return header
-
-
-    def map_entry(self, entry: dict[str, Any]) -> tuple[mmap.mmap, dict[str, stfile.TensorInfo]]:
-        """Memory-map an entry's file read-only (checked header); slices are read lazily by the OS."""
-        layout = self.tensor_layout(entry)
-        with self.entry_file(entry).open("rb") as fh:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        return mapped, layout
 
 
 def now_utc() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "mkldnn": bool(torch.backends.mkldnn.is_available()),  # type: ignore[no-untyped-call]
     }
     if device == "cuda":

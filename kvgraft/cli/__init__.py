@@ -15,6 +15,9 @@ def entrypoint() -> None:
     # transformers' own progress bars and advisory logs would interleave with ours.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # OpenMP threads that spin while waiting slow every step many-fold when other processes share
+    # the cores; sleeping waits change no result (same threads, same work split). Set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     app()
 
 

@@ -1,0 +1,102 @@
+"""`audit run`: one signed report bound to its release; `report verify` passes, then fails after edits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgraft import errors
+from kvgraft.cli import app
+
+runner = CliRunner()
+CLAIMS = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"
+
+
+@pytest.fixture(scope="module")
+def signed_run(tiny_dir: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    records = out / "records.jsonl"
+    records.write_text("\n".join(json.dumps({"id": f"r{i}", "text": f"Problem {i}: Mia has {i + 3} apples. Answer: {i + 3}"})
+                                  for i in range(3)) + "\n")
+    plan = out / "plan.toml"
+    plan.write_text(f"""
+format = "kvgraft-audit-plan"
+format_version = 1
+name = "tiny"
+out = "{out / 'out'}"
+[model]
+spec = "{tiny_dir('gemma3')}"
+[release]
+records = "{records}"
+probe_tokens = 3
+[checks.verify]
+[checks.recompute]
+[checks.claims]
+file = "{CLAIMS}"
+[signing]
+key = "ephemeral"
+""")
+    res = runner.invoke(app, ["audit", "run", str(plan), "--quiet"])
+    # The preprint's claims are internally inconsistent, so the verdict is FAILED (exit 4), report still signed.
+    assert res.exit_code == errors.EXIT_NOT_EXACT, res.output
+    return out / "out"
+
+
+def _verify(out: Path, *extra: str) -> object:
+    return runner.invoke(app, ["report", "verify", str(out / "report.json"), "--key",
+                               str(out / "keys" / "ephemeral.pub.pem"), "--release", str(out / "release"), *extra])
+
+
+def test_report_is_signed_bound_and_verifies(signed_run: Path) -> None:
+    report = json.loads((signed_run / "report.json").read_text())
+    assert {c["name"]: c["status"] for c in report["checks"]} == {"verify": "passed", "recompute": "passed",
+                                                                 "claims": "failed"}
+    assert report["binding"]["release_attestation_digest"] and report["binding"]["release_root_digest"]
+    assert any(c["id"] == "restore-exact" and c["verdict"] == "supported" for c in report["claims"])
+    assert (signed_run / "report.sigstore.json").is_file() and (signed_run / "report.html").is_file()
+    res = _verify(signed_run)
+    assert res.exit_code == 0, res.output
+    assert "verified" in res.stdout
+
+
+def test_any_edit_of_the_report_fails_verification(signed_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(signed_run, copy)
+    path = copy / "report.json"
+    original = path.read_bytes()
+    for edit in (original.replace(b'"passed"', b'"failed"', 1), original + b" ", original.replace(b"\"headline\": \"", b"\"headline\": \"(edited) ", 1)):
+        assert edit != original
+        path.write_bytes(edit)
+        res = _verify(copy)
+        assert res.exit_code == errors.EXIT_FAILED, res.output
+        assert "edited after signing" in res.stderr
+    path.write_bytes(original)
+    assert _verify(copy).exit_code == 0
+
+
+def test_report_bound_to_its_release(signed_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(signed_run, copy)
+    bundle = copy / "release" / "release.sigstore.json"
+    bundle.write_bytes(bundle.read_bytes().replace(b'"hint"', b'"hint" ', 1))  # another attestation
+    res = _verify(copy)
+    assert res.exit_code == errors.EXIT_FAILED
+    assert "not the attestation the report audited" in res.stderr
+
+
+def test_unsigned_report_refused(signed_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(signed_run, copy)
+    (copy / "report.sigstore.json").unlink()
+    res = _verify(copy)
+    assert res.exit_code == errors.EXIT_FAILED and "unsigned" in res.stderr

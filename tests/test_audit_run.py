@@ -70,7 +70,9 @@ def test_any_edit_of_the_report_fails_verification(signed_run: Path, tmp_path: P
     shutil.copytree(signed_run, copy)
     path = copy / "report.json"
     original = path.read_bytes()
-    for edit in (original.replace(b'"passed"', b'"failed"', 1), original + b" ", original.replace(b"\"headline\": \"", b"\"headline\": \"(edited) ", 1)):
+    edits = (original.replace(b'"passed"', b'"failed"', 1), original + b" ",
+             original.replace(b'"headline": "', b'"headline": "(edited) ', 1))
+    for edit in edits:
         assert edit != original
         path.write_bytes(edit)
         res = _verify(copy)

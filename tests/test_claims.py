@@ -114,7 +114,7 @@ def test_context_and_energy_need_measurement(preprint: dict[str, Any]) -> None:
     assert ctx["findings"][0]["data"]["factor"] == pytest.approx(87.12, abs=0.01)
     assert "attended" in ctx["reason"]
     energy = by_id(preprint, "energy-ratio")
-    assert energy["verdict"] == "not-testable" and "measures no energy" in energy["reason"]
+    assert energy["verdict"] == "not-testable" and "no joule or power figures" in energy["reason"]
     assert by_id(preprint, "restore-exact")["verdict"] == "not-testable"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvgraft import models
 from kvgraft.errors import InputError
+from kvgraft.executor import Executor
 from kvgraft.hashing import hash_file
 from kvgraft.plan import Plan
 from kvgraft.report import make_check
@@ -75,8 +76,24 @@ def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
 
 
 def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
-        say: Progress = lambda _m: None) -> Outcome:
-    """Run every enabled check of `plan`; write, sign and render the report under the output folder."""
+        say: Progress = lambda _m: None, executor: dict[str, Any] | None = None) -> Outcome:
+    """Run every enabled check of `plan`; write, sign and render the report under the output folder.
+
+    Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
+    address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
+    """
+    from kvgraft.executor import ModelSpec, from_options, plan_options
+
+    o = plan_options(plan.doc.get("executor"), executor)
+    m = plan.doc["model"]
+    spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
+                     o.get("threads"))
+    with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
+                      max_retries=o.get("max_retries", 2)) as ex:
+        return _run(plan, out_dir=out_dir, device=device, say=say, ex=ex)
+
+
+def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
     from kvgraft import attest, recompute
     from kvgraft.environment import record as environment
     from kvgraft.render_report import to_html
@@ -119,10 +136,10 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     rc = plan.check("recompute")
     if rc is not None:
         say("recomputing fresh KV states and comparing")
-        result = recompute.audit(release, lm, entries=rc.get("entries") or None)
+        result = recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex)
         exact = sum(e["byte_exact"] for e in result["entries"])
         checks.append(make_check("recompute", "recompute", "passed" if result["all_byte_exact"] else "failed",
-                                 " ".join(result["statements"]), result))
+                                 "\n".join(result["statements"]), result))
         from kvgraft.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
@@ -134,7 +151,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         from kvgraft import determinism
 
         d = determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True)
-        checks.append(make_check("determinism", "determinism", "passed", " ".join(d["notes"]), d))
+        checks.append(make_check("determinism", "determinism", "passed", "\n".join(d["notes"]), d))
     gc = plan.check("generalization")
     if gc is not None:
         say("generalization audit: conditions a-d on library, held-out and synthetic problems")
@@ -145,9 +162,9 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
         settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
                                 samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
-        g = gen.audit(lm, rel, queries, settings, prepared=prepared)
+        g = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex)
         data = gen.report_check_data(g)
-        checks.append(make_check("generalization", "generalization", "passed", " ".join(g.get("statements", [])),
+        checks.append(make_check("generalization", "generalization", "passed", "\n".join(g.get("statements", [])),
                                  {**data, "result": g}))
         ledger.update(_generalization_ledger(g))
     claims_list: list[dict[str, Any]] = []

@@ -28,6 +28,7 @@ timing-derived: measured or estimated over wall time); everything else must be e
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -192,7 +193,8 @@ class LocalExecutor(Executor):
                 if progress:
                     progress(i, n, names[i])
                 result = fn(lm, release, unit)
-                result["placement"] = {**where, "environment_differences": diffs, "attempt": 1}
+                result["placement"] = {**where, "release_root": str(release.root), "environment_differences": diffs,
+                                       "attempt": 1}
                 out.append(result)
             if progress and n:
                 progress(n, n, names[-1])
@@ -328,10 +330,8 @@ class RayExecutor(Executor):
             return
         ray = self.ray()
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already dead
                 ray.kill(a, no_restart=True)
-            except Exception:  # already dead
-                pass
         self.actors = []
         self._shipped.clear()
         self._lm = None
@@ -426,10 +426,8 @@ class RayExecutor(Executor):
     def _lost(self, w: int, label: str, exc: BaseException) -> None:
         if self.alive[w]:
             self.alive[w] = False
-            try:  # an unavailable actor must not come back and compute twice
+            with contextlib.suppress(Exception):  # an unavailable actor must not come back and compute twice
                 self.ray().kill(self.actors[w], no_restart=True)
-            except Exception:
-                pass
         where = self.infos[w]["placement"] if w < len(self.infos) else {}
         self.failures.append({"worker": w, "node_id": where.get("node_id"), "hostname": where.get("hostname"),
                               "unit": label, "error": f"{type(exc).__name__}: {_first_line(exc)}"})

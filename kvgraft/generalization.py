@@ -22,13 +22,15 @@ selected by that similarity among the other entries. Selection scores are record
 `run_query` is a pure function of (model, library, task, settings) → a result dict; `aggregate`
 turns those into accuracy with Wilson intervals, paired exact McNemar tests (mid-p and a paired
 bootstrap as secondary figures), the clean/contaminated split, the token/energy ledger and the
-context accounting. `audit` does both in order, one process.
+context accounting. `audit` plans the runs, maps `run_query` over them through an executor (in this
+process, in order, by default) and aggregates.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -631,7 +633,8 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
     cfg = lm.model.config.get_text_config()
     ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
-               "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe()}
+               "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
+               "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
                      context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
 

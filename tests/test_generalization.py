@@ -4,6 +4,7 @@ the clean/contaminated split, the ledger, the JSON schema, the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -381,19 +382,26 @@ def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_acceptance_plan_on_smollm2_within_ten_minutes(tmp_path: Path) -> None:
-    """12 library + 12 held-out GSM8K problems and 12 synthetic ones, library build + audit, on CPU."""
-    from kvgraft.cli import app
+    """12 library + 12 held-out GSM8K problems and 12 synthetic ones, library build + audit, on CPU, as a user runs it."""
+    import subprocess
+    import sys
 
-    runner = CliRunner()
+    kvgraft = Path(sys.executable).parent / "kvgraft"
     t0 = time.perf_counter()
-    r = runner.invoke(app, ["library", "build", "--source", "gsm8k", "--limit", "24", "--library-fraction", "0.5",
-                            "--out", str(tmp_path / "lib"), "--device", "cpu"])
-    assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["audit", "generalization", "--library", str(tmp_path / "lib"), "--source", "gsm8k", "--limit",
-                            "24", "--synthetic", "12", "--device", "cpu", "--json", str(tmp_path / "g.json")])
+    build = subprocess.run([str(kvgraft), "library", "build", "--source", "gsm8k", "--limit", "24", "--library-fraction",
+                            "0.5", "--out", str(tmp_path / "lib"), "--device", "cpu"], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(kvgraft), "audit", "generalization", "--library", str(tmp_path / "lib"), "--source", "gsm8k",
+                          "--limit", "24", "--synthetic", "12", "--device", "cpu", "--json", str(tmp_path / "g.json")],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     elapsed = time.perf_counter() - t0
-    assert r.exit_code == 0, r.output
+    assert run.returncode == 0, run.stderr
     doc = json.loads((tmp_path / "g.json").read_text())
+    validate(doc, gen.SCHEMA, "acceptance result")
     assert doc["plan"]["queries"] == {"library": 12, "held_out": 12, "synthetic": 12}
     assert all(eq["equal"] == eq["n"] for eq in doc["equality"].values())
+    for label in gen.LABELS.values():
+        assert label in run.stdout
+    for needle in ("McNemar", "clean", "contaminated", "ledger", "context accounting"):
+        assert needle in run.stdout
     assert elapsed < 600, elapsed

@@ -110,8 +110,9 @@ class Worker:
 
     def release(self, handle: dict[str, Any]) -> Release:
         key = str(handle["root_digest"])
-        if key in self.releases:
-            return self.releases[key]
+        slot = f"{key}:shipped" if handle.get("shipped") is not None else f"{key}:{handle['root']}"
+        if slot in self.releases:
+            return self.releases[slot]
         if handle.get("shipped") is not None:
             root = self._materialize(key, handle["shipped"])
         else:
@@ -123,7 +124,7 @@ class Worker:
         if rel.manifest["root_digest"] != key:
             raise IntegrityError(f"{root} on node {socket.gethostname()}: root digest {rel.manifest['root_digest']} is not "
                                  f"the driver's {key}: the nodes see different releases at this path")
-        self.releases[key] = rel
+        self.releases[slot] = rel
         return rel
 
     def _materialize(self, key: str, ref: Any) -> Path:
@@ -159,7 +160,8 @@ class Worker:
         rel = self.release(handle)
         result = fn(self.lm, rel, unit)
         diffs = differences(rel.manifest.get("environment", {}), self.environment)
-        result["placement"] = {**self.where, "environment_differences": {k: list(v) for k, v in diffs.items()}}
+        result["placement"] = {**self.where, "release_root": str(rel.root),
+                               "environment_differences": {k: list(v) for k, v in diffs.items()}}
         return result
 
     def ping(self) -> int:

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, audit_app, err, handled, load_model, out
 from kvgraft.errors import EXIT_NOT_EXACT
+
+if TYPE_CHECKING:
+    from kvgraft.executor import Executor
+
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
+                                                             "model (a local Ray instance, or the cluster of --ray-address).")]
+RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else "
+                                                                         "start a local Ray instance).")]
+ShipOpt = Annotated[bool, typer.Option("--ship", help="Ship the release to the Ray workers through the object store "
+                                                      "(default: they read it from the same path).")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", help="Ray workers (default: one per GPU, else one per CPU).")]
+
+
+def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, address: str | None, workers: int | None,
+                  ship: bool, threads: int | None = None) -> Executor:
+    from kvgraft.executor import ModelSpec, from_options
+
+    return from_options(kind, ModelSpec(model, device, dtype, attn, threads), address=address, workers=workers, ship=ship)
 
 
 def _write(result: dict[str, object], path: Path, schema: str) -> None:
@@ -37,11 +55,16 @@ def recompute_cmd(
     = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    ship: ShipOpt = False,
+    workers: WorkersOpt = None,
 ) -> None:
     """Recompute fresh KV states and compare them with the release, bit for bit and by KL.
 
     Exit 0 when every entry is byte-exact, 4 when any is not, 3 for a model of another identity,
-    2 when the release cannot be read, 1 when stored bytes do not match their commitments.
+    2 when the release cannot be read (or, with --executor ray, when entries could not be run), 1 when
+    stored bytes do not match their commitments.
     """
     from rich.progress import Progress
 
@@ -56,12 +79,13 @@ def recompute_cmd(
     override = None
     if chunk is not None or one_shot:
         override = Schedule.from_dict({**rel.manifest["schedule"], "chunk_tokens": chunk})
-    lm = load_model(model, device, dtype, attn)
-    with Progress(console=err, transient=True, disable=quiet) as bar:
-        n = len(entry) if entry else len(rel.entries)
-        task = bar.add_task("recomputing", total=n)
-        result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
-                                 progress=lambda i, _n: bar.update(task, completed=i))
+    with make_executor(executor, model, device, dtype, attn, address=ray_address, workers=workers, ship=ship) as ex:
+        lm = ex.model(lambda: load_model(model, device, dtype, attn))
+        with Progress(console=err, transient=True, disable=quiet) as bar:
+            n = len(entry) if entry else len(rel.entries)
+            task = bar.add_task("recomputing", total=n)
+            result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
+                                     progress=lambda i, _n: bar.update(task, completed=i), executor=ex)
     if json_out:
         _write(result, json_out, "recompute-result.v1.json")
     if not quiet:

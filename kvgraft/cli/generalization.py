@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, audit_app, err, handled, load_model, out
+from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt, make_executor
 from kvgraft.errors import EXIT_NOT_EXACT
 
 if TYPE_CHECKING:
@@ -16,12 +17,23 @@ if TYPE_CHECKING:
 library_app = typer.Typer(no_args_is_help=True, help="Build verified-solution libraries (cache releases of checked traces).")
 app.add_typer(library_app, name="library")
 
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice; 1 is far "
-                                                                  "faster on a CPU shared with other busy processes).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]
 SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
 
 
 def _threads(threads: int | None) -> None:
+    """Thread settings for long CPU runs, applied before torch is imported where possible.
+
+    OpenMP's default of spinning while waiting makes every decode step many times slower when other
+    processes compete for the cores; sleeping waits (OMP_WAIT_POLICY=PASSIVE, unless the environment
+    says otherwise) cost little on an idle machine and change no result: the threads and the work
+    split stay the same.
+    """
+    import os
+    import sys
+
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads is not None:
         import torch
 
@@ -124,11 +136,16 @@ def generalization_cmd(
     threads: ThreadsOpt = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    ship: ShipOpt = False,
+    workers: WorkersOpt = None,
 ) -> None:
     """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
 
     Exit 0 when the audit ran, 4 when the prompt-text condition did not reproduce the graft's tokens,
-    3 for a model of another identity, 2 for unusable input.
+    3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
+    With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
     """
     from kvgraft import generalization as gen
     from kvgraft.release import Release
@@ -140,14 +157,16 @@ def generalization_cmd(
     queries, prepared = gen.prepare(rel, source=source, limit=limit, library_fraction=library_fraction, salt=salt,
                                     synthetic_n=synthetic_n, synthetic_seed=synthetic_seed)
     _threads(threads)
-    lm = load_model(model, device, dtype, attn)
-    with _progress(quiet) as bar:
-        task = bar.add_task("auditing", total=None)
+    with make_executor(executor, model, device, dtype, attn, address=ray_address, workers=workers, ship=ship,
+                       threads=threads) as ex:
+        lm = ex.model(lambda: load_model(model, device, dtype, attn))
+        with _progress(quiet) as bar:
+            task = bar.add_task("auditing", total=None)
 
-        def tick(i: int, n: int, label: str) -> None:
-            bar.update(task, completed=i, total=n, description=f"auditing {label}")
+            def tick(i: int, n: int, label: str) -> None:
+                bar.update(task, completed=i, total=n, description=f"auditing {label}")
 
-        result = gen.audit(lm, rel, queries, settings, prepared=prepared, progress=tick)
+            result = gen.audit(lm, rel, queries, settings, prepared=prepared, progress=tick, executor=ex)
     if json_out:
         from kvgraft._internal.jsonio import write_json
         from kvgraft.schema import validate

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from kvgraft.cli._base import DeviceOpt, audit_app, err, handled, out, report_app
+from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 from kvgraft.errors import EXIT_NOT_EXACT
 
 
@@ -20,6 +21,11 @@ def run_cmd(
     device: DeviceOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no report rendering.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON instead of rendering it.")] = False,
+    executor: Annotated[str | None, typer.Option("--executor", help="local or ray (default: the plan's [executor] "
+                                                                    "table, else local).")] = None,
+    ray_address: RayAddressOpt = None,
+    ship: ShipOpt = False,
+    workers: WorkersOpt = None,
 ) -> None:
     """Run every check a plan names; write, sign and show one audit report.
 
@@ -38,7 +44,8 @@ def run_cmd(
         if not quiet and not as_json:
             err.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {message}")
 
-    outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say)
+    outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say,
+                           executor={"kind": executor, "address": ray_address, "workers": workers, "ship": ship or None})
     if as_json:
         typer.echo(json.dumps(outcome.report, indent=2, ensure_ascii=False))
     elif not quiet:

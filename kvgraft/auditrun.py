@@ -118,6 +118,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     checks: list[dict[str, Any]] = []
     measured: dict[str, Any] = {}
+    natural_kl: float | None = None
     ledger: dict[str, Any] = {}
     build = release_info.get("build")
     if build:
@@ -143,6 +144,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         from kvgraft.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
+        natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
         ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, "
                                f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
     dc = plan.check("determinism")
@@ -176,6 +178,13 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         cf = claims.load(plan.resolve(cc["file"]))
         checked = claims.check(cf, measured or None, measured_where="this audit's recompute check")
         claims_list = claim_verdicts(checked)
+        if natural_kl is not None:
+            # Say for which comparison exactness was measured, next to the verdict itself.
+            for c in claims_list:
+                if c.get("kind") == "exactness":
+                    contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
+                    c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
+                                    f"prefix + probe without any cache, max KL = {contrast})")
         checks.append(make_check("claims", "claims", "failed" if checked["failed"] else "passed",
                                  f"{len(claims_list)} claims checked against internal consistency"
                                  + (" and this audit's measurements" if measured else ""), checked))

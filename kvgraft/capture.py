@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,20 +74,48 @@ def forward(lm: LoadedModel, cache: Any, ids: list[int]) -> torch.Tensor:
     return logits
 
 
+@dataclass
+class Decoded:
+    token_ids: list[int]
+    text: str
+    stop: str  # "eos" | "stop" (the caller's rule) | "max_new_tokens"
+    seconds: float
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
 @torch.inference_mode()
-def greedy(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, n: int,
-           eos: Iterable[int] = ()) -> list[int]:
-    """Greedy decode `n` tokens starting from `first_logits`, extending `cache`."""
-    stop = set(eos)
+def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+           generator: torch.Generator | None = None, eos: Iterable[int] = (),
+           stop: Callable[[str], bool] | None = None) -> Decoded:
+    """Decode from `first_logits`, extending `cache`: greedy (temperature 0) or sampled from `generator`.
+
+    Stops at an EOS token, at `max_new_tokens`, or once `stop(text so far)` is true. The last token is
+    not fed back. The same logits, settings and generator state always give the same tokens.
+    """
+    t0 = time.perf_counter()
+    stop_ids = set(eos)
     out: list[int] = []
     logits = first_logits
-    for _ in range(n):
-        tok = int(torch.argmax(logits).item())
+    why = "max_new_tokens"
+    while len(out) < max_new_tokens:
+        tok = _pick(logits, temperature, generator)
         out.append(tok)
-        if tok in stop or len(out) == n:
+        if tok in stop_ids:
+            why = "eos"
+            break
+        if stop is not None and stop(str(lm.tokenizer.decode(out, skip_special_tokens=True))):
+            why = "stop"
+            break
+        if len(out) == max_new_tokens:
             break
         logits = forward(lm, cache, [tok])[-1]
-    return out
+    return Decoded(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), why, time.perf_counter() - t0)
 
 
 def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
@@ -169,7 +198,7 @@ def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, prob
         entry["meta"] = rec["meta"]
     if probe_tokens > 0:
         # Decoding extends the cache by concatenation; the tensors collected above are not modified.
-        entry["probe"] = {"token_ids": greedy(lm, cache, logits, probe_tokens)}
+        entry["probe"] = {"token_ids": decode(lm, cache, logits, max_new_tokens=probe_tokens).token_ids}
     return entry, tensors
 
 

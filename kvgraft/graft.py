@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from kvgraft.capture import forward, greedy, new_cache
+from kvgraft.capture import decode, forward, new_cache
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError, ModelMismatchError
@@ -135,7 +135,8 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         logits[restored.entry["next_token"]["argmax"]] = 1.0
     t1 = time.perf_counter()
     eos = lm.tokenizer.eos_token_id
-    out = greedy(lm, restored.cache, logits, max_new_tokens, eos=[eos] if isinstance(eos, int) else [])
+    out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens,
+                 eos=[eos] if isinstance(eos, int) else []).token_ids
     t2 = time.perf_counter()
     ledger = {
         "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from kvgraft import answers, problems
-from kvgraft.capture import Schedule, forward, prefill
+from kvgraft.capture import Decoded, Schedule, prefill
 from kvgraft.capture import capture as capture_release
+from kvgraft.capture import decode as capture_decode
 from kvgraft.capture import tokenize as capture_tokenize
 from kvgraft.energy import measure
 from kvgraft.errors import InputError
@@ -111,14 +112,6 @@ def sample_seed(seed: int, *parts: str | int) -> int:
     return int.from_bytes(h[:8], "big") & ((1 << 63) - 1)
 
 
-@dataclass
-class Decoded:
-    token_ids: list[int]
-    text: str
-    stop: str  # "eos" | "answer" | "max_new_tokens"
-    seconds: float
-
-
 def eos_ids(lm: LoadedModel) -> list[int]:
     eos = lm.tokenizer.eos_token_id
     if isinstance(eos, int):
@@ -128,40 +121,14 @@ def eos_ids(lm: LoadedModel) -> list[int]:
     return []
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    if temperature <= 0.0:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-@torch.inference_mode()
 def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
            generator: torch.Generator | None = None, eos: Iterable[int] = (), stop_at_answer: bool = True) -> Decoded:
-    """Decode from `first_logits`, extending `cache`: greedy (temperature 0) or sampled from `generator`.
-
-    Stops at an EOS token, at `max_new_tokens`, or (with `stop_at_answer`) once an 'Answer: …' line is
-    complete. The same logits, settings and generator state always give the same tokens.
-    """
-    t0 = time.perf_counter()
-    stop_ids = set(eos)
-    out: list[int] = []
-    logits = first_logits
-    stop = "max_new_tokens"
-    while len(out) < max_new_tokens:
-        tok = _pick(logits, temperature, generator)
-        out.append(tok)
-        if tok in stop_ids:
-            stop = "eos"
-            break
-        if stop_at_answer and answer_line_complete(str(lm.tokenizer.decode(out, skip_special_tokens=True))):
-            stop = "answer"
-            break
-        if len(out) == max_new_tokens:
-            break
-        logits = forward(lm, cache, [tok])[-1]
-    text = str(lm.tokenizer.decode(out, skip_special_tokens=True))
-    return Decoded(out, text, stop, time.perf_counter() - t0)
+    """capture.decode with this module's stop rule: an 'Answer: …' line is complete (stop "answer")."""
+    d = capture_decode(lm, cache, first_logits, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                       eos=eos, stop=answer_line_complete if stop_at_answer else None)
+    if d.stop == "stop":
+        d.stop = "answer"
+    return d
 
 
 # ---------------------------------------------------------------- solving one problem

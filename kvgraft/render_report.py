@@ -450,6 +450,13 @@ _KNOWN_DATA = {"recompute": ("entries", "reference", "all_byte_exact", "statemen
                           "signature", "format", "format_version", "kvgraft_version", "exit_code", "release")}
 
 
+def check_renderables(kind: str, data: dict[str, Any]) -> list[RenderableType]:
+    """The terminal rendering of one check's result: the same view `audit recompute` and
+    `audit determinism` print on their own and a report shows inside its check panel."""
+    renderer = _CHECK_RENDERERS.get(kind)
+    return renderer({"kind": kind, "data": data}) if renderer is not None else []
+
+
 def renderables(report: dict[str, Any]) -> list[RenderableType]:
     out: list[RenderableType] = [verdict_panel(report), identity_table(report), checks_table(report)]
     for c in report["checks"]:

@@ -89,11 +89,10 @@ def recompute_cmd(
     if json_out:
         _write(result, json_out, "recompute-result.v1.json")
     if not quiet:
-        from kvgraft.render import recompute_table
+        from kvgraft.render_report import check_renderables
 
-        out.print(recompute_table(result))
-        for line in result["statements"]:
-            out.print(f"• {line}")
+        for r in check_renderables("recompute", result):
+            out.print(r)
     if not result["all_byte_exact"]:
         raise typer.Exit(EXIT_NOT_EXACT)
 
@@ -110,7 +109,7 @@ def determinism_cmd(
     from rich.progress import Progress
 
     from kvgraft import determinism
-    from kvgraft.render import determinism_table
+    from kvgraft.render_report import check_renderables
 
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)
@@ -118,6 +117,5 @@ def determinism_cmd(
                                     progress=lambda i, n: bar.update(task, completed=i, total=n))
     if json_out:
         _write(result, json_out, "determinism-result.v1.json")
-    out.print(determinism_table(result))
-    for line in result["notes"]:
-        out.print(f"• {line}")
+    for r in check_renderables("determinism", result):
+        out.print(r)

@@ -73,37 +73,3 @@ def run_cmd(
 
     out.print(result.text, markup=False)
     out.print(ledger_table(result.ledger))
-
-
-
-
-@app.command()
-@handled
-def demo(
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Where to write the demo release.")] = None,
-    model: ModelOpt = "smollm2-135m",
-    device: DeviceOpt = "auto",
-) -> None:
-    """Capture the bundled example, recompute-audit it, and graft one entry into a new run."""
-    from kvgraft import graft, models, recompute
-    from kvgraft.capture import capture as do_capture
-    from kvgraft.capture import read_records
-    from kvgraft.determinism import EXAMPLE
-    from kvgraft.render import ledger_table, recompute_table
-
-    target = out_dir or models.home() / "demo" / "release"
-    lm = load_model(model, device, "float32", "sdpa")
-    manifest = do_capture(lm, read_records(EXAMPLE), target, overwrite=True)
-    out.print(f"[bold]1. captured[/] {len(manifest['entries'])} entries → {target}  (root {manifest['root_digest'][:16]}…)")
-    result = recompute.audit(target, lm)
-    out.print("[bold]2. recomputed[/] fresh KV states and compared them with the release")
-    out.print(recompute_table(result))
-    for line in result["statements"]:
-        out.print(f"• {line}")
-    prompt = "\nProblem: Tom has 3 boxes of 4 eggs and eats 2. How many eggs are left?\nSolution:"
-    cont = graft.run(target, "apples", lm, prompt, max_new_tokens=40)
-    out.print("[bold]3. grafted[/] entry 'apples' and continued greedily after the prompt:")
-    out.print(prompt + cont.text, markup=False)
-    out.print(ledger_table(cont.ledger))
-    if not result["all_byte_exact"]:
-        raise typer.Exit(4)

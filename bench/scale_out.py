@@ -30,21 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import busy_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tests' tokenizer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
-def busy_seconds() -> float:
-    """CPU seconds all processes have used, from /proc/stat."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def pid_seconds(pids: list[int]) -> float:

@@ -31,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from machine import busy_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 8 * 1024 * 1024
 GiB = float(2**30)
@@ -80,21 +82,11 @@ class CpuWatch:
     """CPU seconds used by other processes (all CPUs) while a block runs, from /proc/stat."""
 
     def __enter__(self) -> CpuWatch:
-        self.own, self.busy = time.process_time(), _busy_seconds()
+        self.own, self.busy = time.process_time(), busy_seconds()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.others = max(0.0, (_busy_seconds() - self.busy) - (time.process_time() - self.own))
-
-
-def _busy_seconds() -> float:
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        self.others = max(0.0, (busy_seconds() - self.busy) - (time.process_time() - self.own))
 
 
 def main() -> None:

@@ -14,15 +14,9 @@ from kvgraft.errors import InputError
 from kvgraft.problems import Problem, problem_hash
 from kvgraft.release import Release
 
-PROBLEMS = [
-    Problem("p-apples", "Mia has 12 apples. She gives 5 to Sam. How many apples does she have left?", "7",
-            "She has 12 - 5 = 7 apples.", "test"),
-    Problem("p-pens", "A box holds 8 pens. How many pens are in 7 boxes?", "56", "7 boxes hold 7 * 8 = 56 pens.", "test"),
-    Problem("p-pages", "Tom reads 9 pages a day for 4 days. How many pages does he read?", "36", "He reads 9 * 4 = 36 pages.",
-            "test"),
-    Problem("p-train", "A train travels 60 km per hour for 3 hours. How far does it go?", "180", "It goes 60 * 3 = 180 km.",
-            "test"),
-]
+from sample_problems import PROBLEMS as ALL_PROBLEMS
+
+PROBLEMS = ALL_PROBLEMS[:4]
 NO_SOLUTION = Problem("p-open", "Ann has 30 stamps and buys 12 more. How many stamps does she have?", "42", None, "test")
 
 

@@ -267,8 +267,7 @@ def write_bundle(root: Path, data: bytes) -> Path:
     path = Path(root) / BUNDLE_NAME
     if path.is_symlink():
         raise InputError(f"{path}: is a symlink; releases may not contain links")
-    jsonio.write_atomic(path, data)
-    os.chmod(path, 0o644)  # published with the release
+    jsonio.write_atomic(path, data)  # 0644: published with the release
     return path
 
 

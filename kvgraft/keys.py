@@ -11,7 +11,6 @@ A key's id (the "hint" in a bundle) is the lowercase hex SHA-256 of its DER Subj
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -19,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
-from kvgraft.errors import ExistsError, InputError
+from kvgraft.errors import InputError
 
 ALGORITHMS = ("ecdsa-p256", "ed25519")
 DEFAULT_ALGORITHM = "ecdsa-p256"
@@ -74,12 +73,10 @@ def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphras
     private_path = prefix.with_name(prefix.name + ".key.pem")
     public_path = prefix.with_name(prefix.name + ".pub.pem")
     for path in (private_path, public_path):
-        if path.exists() and not overwrite:
-            raise ExistsError(f"{path}: already exists; pass --overwrite to replace it")
+        jsonio.refuse_existing(path, overwrite)
     key = generate(algorithm)
     _write_secret(private_path, private_pem(key, passphrase))
     jsonio.write_atomic(public_path, public_pem(key))
-    os.chmod(public_path, 0o644)
     return private_path, public_path
 
 

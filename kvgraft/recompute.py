@@ -130,6 +130,8 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     # Distributions after each probe token: positions n .. n+k-1 of the full sequence.
     fresh_logits = forward(lm, fresh_cache, probe)
     del fresh_cache
+    # The graft goes through the real restore path (and re-hashes what it reads) on purpose: the
+    # distribution check audits what a user's graft does, not a cache assembled by the comparison.
     grafted = restore(rel, entry["id"], lm, force=force)
     grafted_logits = forward(lm, grafted.cache, probe)
     del grafted

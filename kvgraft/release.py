@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio, stfile
-from kvgraft.errors import ExistsError, FormatVersionError, InputError, IntegrityError
+from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.hashing import digest_json, hash_file
 from kvgraft.schema import CACHE_MANIFEST, validate
 
@@ -169,8 +169,7 @@ class ReleaseWriter:
 
     def __init__(self, out: Path, *, overwrite: bool = False) -> None:
         self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise ExistsError(f"{self.out}: already exists; pass --overwrite to replace it")
+        jsonio.refuse_existing(self.out, overwrite)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
         self.tmp.chmod(0o755)

@@ -102,6 +102,14 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, obj
 
 
+def refuse_existing(path: Path, overwrite: bool) -> None:
+    """The one refusal to replace an output that exists (exit 5) unless overwriting was asked for."""
+    from kvgraft.errors import ExistsError
+
+    if not overwrite and Path(path).exists():
+        raise ExistsError(f"{path}: already exists; pass --overwrite to replace it")
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -22,18 +22,7 @@ SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime
 
 
 def _threads(threads: int | None) -> None:
-    """Thread settings for long CPU runs, applied before torch is imported where possible.
-
-    OpenMP's default of spinning while waiting makes every decode step many times slower when other
-    processes compete for the cores; sleeping waits (OMP_WAIT_POLICY=PASSIVE, unless the environment
-    says otherwise) cost little on an idle machine and change no result: the threads and the work
-    split stay the same.
-    """
-    import os
-    import sys
-
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Apply --threads (the OpenMP wait policy is set once for every command by the entrypoint)."""
     if threads is not None:
         import torch
 
@@ -82,14 +71,14 @@ def build_cmd(
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
     from kvgraft import library
+    from kvgraft._internal.jsonio import refuse_existing
     from kvgraft.capture import Schedule
-    from kvgraft.errors import ExistsError, InputError
+    from kvgraft.errors import InputError
     from kvgraft.render_generalization import build_renderables
 
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
-    if out_dir.exists() and not overwrite:
-        raise ExistsError(f"{out_dir}: already exists; pass --overwrite to replace it")
+    refuse_existing(out_dir, overwrite)  # before the model loads, not after
     problems, source_rec = library.load_problems(source, limit, synthetic_seed=synthetic_seed)
     settings = library.BuildSettings(attempts=attempts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                      use_reference=not no_reference, generate=not no_generate)

@@ -27,13 +27,12 @@ def capture(
     """Capture KV states of each record into a cache release."""
     from rich.progress import Progress
 
+    from kvgraft._internal.jsonio import refuse_existing
     from kvgraft.capture import Schedule, read_records
     from kvgraft.capture import capture as do_capture
-    from kvgraft.errors import ExistsError
 
     records = read_records(source)
-    if out_dir.exists() and not overwrite:
-        raise ExistsError(f"{out_dir}: already exists; pass --overwrite to replace it")
+    refuse_existing(out_dir, overwrite)  # before the model loads, not after
     lm = load_model(model, device, dtype, attn)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("capturing", total=len(records))

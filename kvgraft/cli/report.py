@@ -57,11 +57,9 @@ def show_cmd(
 
         print_report(doc, out)
         return
-    from kvgraft._internal.jsonio import write_atomic
-    from kvgraft.errors import ExistsError
+    from kvgraft._internal.jsonio import refuse_existing, write_atomic
     from kvgraft.render_report import to_html
 
-    if html_out.exists() and not overwrite:
-        raise ExistsError(f"{html_out}: already exists; pass --overwrite to replace it")
+    refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())
     out.print(f"wrote {html_out} ({doc['verdict']['status']})")

@@ -52,14 +52,17 @@ def _hash_range(path: Path, start: int, end: int) -> str:
         size = os.fstat(fd).st_size
         if end > size:
             raise EOFError(f"{path}: file ends at byte {size}, expected data up to {end}")
+        # Map only the range (from the aligned page before it): one tensor of a large file must not
+        # map and populate everything in front of it.
+        base = start - start % mmap.ALLOCATIONGRANULARITY
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(fd, end, flags=flags, prot=mmap.PROT_READ)
+        mapped = mmap.mmap(fd, end - base, flags=flags, prot=mmap.PROT_READ, offset=base)
     finally:
         os.close(fd)
     try:
         view = memoryview(mapped)
-        for at in range(start, end, BLOCK):
-            h.update(view[at : min(at + BLOCK, end)])
+        for at in range(start - base, end - base, BLOCK):
+            h.update(view[at : min(at + BLOCK, end - base)])
         view.release()
     finally:
         mapped.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ DTYPES: dict[str, tuple[str, int]] = {
     "BOOL": ("bool", 1),
 }
 ITEMSIZE = {name: size for name, size in DTYPES.values()}
+CODES = {name: code for code, (name, _) in DTYPES.items()}
+_FIELDS = {"dtype", "shape", "data_offsets"}
 
 
 @dataclass(frozen=True)
@@ -42,21 +44,36 @@ class TensorInfo:
     end: int
 
 
-def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Parse and bound-check the header; return tensors (by name) and metadata."""
+def read_raw_header(path: Path, fd: int | None = None) -> tuple[int, int, bytes]:
+    """(file size, header length, header bytes), bounds-checked against the file size; `fd` as in read_header."""
     try:
-        with path.open("rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(0)
-            head = fh.read(8)
+        handle = os.open(path, os.O_RDONLY) if fd is None else fd
+        try:
+            size = os.fstat(handle).st_size
+            head = os.pread(handle, 8, 0)
             if len(head) < 8:
                 raise InputError(f"{path}: not a safetensors file (shorter than 8 bytes)")
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise InputError(f"{path}: safetensors header length {n} is out of bounds (file is {size} bytes)")
-            raw = fh.read(n)
+            raw = os.pread(handle, n, 8)
+            if len(raw) < n:
+                raise InputError(f"{path}: safetensors header is truncated ({len(raw)} of {n} bytes)")
+        finally:
+            if fd is None:
+                os.close(handle)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    return size, n, raw
+
+
+def read_header(path: Path, fd: int | None = None) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and bound-check the header; return tensors (by name) and metadata.
+
+    With `fd`, the header is read from that open file (the one the caller goes on to read tensors
+    from), and `path` only names it in messages.
+    """
+    size, n, raw = read_raw_header(path, fd)
     header: Any = loads_strict(raw, f"{path} (safetensors header)")
     if not isinstance(header, dict):
         raise InputError(f"{path}: safetensors header is not an object")
@@ -66,25 +83,29 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     base = 8 + n
     tensors: dict[str, TensorInfo] = {}
     spans: list[tuple[int, int, str]] = []
+    # `type(x) is int`: JSON booleans are not sizes.
     for name, info in header.items():
-        where = f"{path}: tensor {name!r}"
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise InputError(f"{where}: malformed header entry")
+        if type(info) is not dict or info.keys() != _FIELDS:
+            raise InputError(f"{path}: tensor {name!r}: malformed header entry")
         code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if code not in DTYPES:
-            raise InputError(f"{where}: unsupported dtype {code!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise InputError(f"{where}: shape must be a list of non-negative integers")
-        count = math.prod(shape)
+            raise InputError(f"{path}: tensor {name!r}: unsupported dtype {code!r}")
+        if type(shape) is not list:
+            raise InputError(f"{path}: tensor {name!r}: shape must be a list of non-negative integers")
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise InputError(f"{path}: tensor {name!r}: shape must be a list of non-negative integers")
+            count *= d
         if count > MAX_ELEMENTS:
-            raise InputError(f"{where}: {count} elements exceeds the bound")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            raise InputError(f"{where}: data_offsets must be two integers")
+            raise InputError(f"{path}: tensor {name!r}: {count} elements exceeds the bound")
+        if type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int or type(offsets[1]) is not int:
+            raise InputError(f"{path}: tensor {name!r}: data_offsets must be two integers")
         a, b = offsets
         dtype, itemsize = DTYPES[code]
         if not 0 <= a <= b or b - a != count * itemsize or base + b > size:
-            raise InputError(
-                f"{where}: byte range [{base + a}, {base + b}) does not fit shape {shape} {dtype} in a {size}-byte file")
+            raise InputError(f"{path}: tensor {name!r}: byte range [{base + a}, {base + b}) does not fit shape "
+                             f"{shape} {dtype} in a {size}-byte file")
         tensors[name] = TensorInfo(name, dtype, tuple(shape), base + a, base + b)
         spans.append((a, b, name))
     spans.sort()

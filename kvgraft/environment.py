@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
 
 
+@lru_cache(maxsize=1)
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

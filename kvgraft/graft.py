@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import torch
 
+from kvgraft._internal import buffers
 from kvgraft.capture import decode, forward, new_cache
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
@@ -16,7 +18,7 @@ from kvgraft.errors import IntegrityError, ModelMismatchError
 from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel, describe_identity_diff
 from kvgraft.release import Release
-from kvgraft.tensors import from_buffer
+from kvgraft.tensors import split_views
 
 
 @dataclass
@@ -43,26 +45,33 @@ def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bo
 
 
 def read_entry_tensors(release: Release, entry: dict[str, Any]) -> tuple[dict[str, torch.Tensor], int]:
-    """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass."""
-    layout = release.tensor_layout(entry)
-    names = sorted(layout, key=lambda n: layout[n].start)
-    total = sum(layout[n].end - layout[n].start for n in names)
-    buf = torch.empty(total, dtype=torch.uint8)
+    """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass.
+
+    The header check and the tensor reads use one open file, so the layout checked is the layout read.
+    """
     path = release.entry_file(entry)
-    digests = read_and_hash(path, [(layout[n].start, layout[n].end) for n in names], buf.numpy().data)
-    tensors: dict[str, torch.Tensor] = {}
-    at = 0
-    for name, actual in zip(names, digests, strict=True):
-        info = layout[name]
-        size = info.end - info.start
-        expected = entry["tensors"][name]["sha256"]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise IntegrityError(f"{path}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
+    try:
+        layout = release.tensor_layout(entry, fd)
+        infos = sorted(layout.values(), key=lambda info: info.start)
+        total = sum(info.end - info.start for info in infos)
+        buf = buffers.take(total)
+        digests = read_and_hash(fd, [(info.start, info.end) for info in infos], buf.numpy().data)
+    except EOFError as exc:  # the file shrank after its size was checked
+        raise IntegrityError(f"{path}: entry {entry['id']!r}: {exc}") from None
+    finally:
+        os.close(fd)
+    for info, actual in zip(infos, digests, strict=True):
+        expected = entry["tensors"][info.name]["sha256"]
         if actual != expected:
             raise IntegrityError(
-                f"{path}: entry {entry['id']!r} tensor {name!r} bytes [{info.start}, {info.end}): "
+                f"{path}: entry {entry['id']!r} tensor {info.name!r} bytes [{info.start}, {info.end}): "
                 f"sha256 {actual} != expected {expected}")
-        tensors[name] = from_buffer(buf, at, at + size, info.dtype, info.shape)
-        at += size
-    return tensors, total
+    views = split_views(buf, [(info.dtype, info.shape) for info in infos])
+    return {info.name: view for info, view in zip(infos, views, strict=True)}, total
 
 
 def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
@@ -85,9 +94,11 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
             continue
         k = tensors[meta["keys"]].to(device)
         v = tensors[meta["values"]].to(device)
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
+        # What `lazy_initialization` sets, without the two empty placeholder tensors it builds
+        # (10 us a layer); tests/test_cache_plan.py checks the layer state against a prefilled one.
+        layer.device, layer.keys, layer.values, layer.is_initialized = k.device, k, v, True
         if kind == "sliding":
+            layer._sliding_window_tensor = layer._sliding_window_tensor.to(k.device)
             if int(layer.sliding_window) != meta["sliding_window"]:
                 raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: sliding window "
                                      f"{meta['sliding_window']}, the model's is {layer.sliding_window}")

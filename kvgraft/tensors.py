@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import math
+from collections.abc import Sequence
 
 import torch
 
@@ -35,3 +37,29 @@ def tensor_sha256(t: torch.Tensor) -> str:
 def from_buffer(buf: torch.Tensor, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """A view of bytes [start, end) of a uint8 buffer as a tensor; no copy."""
     return buf[start:end].view(TORCH_DTYPES[dtype]).view(shape)
+
+
+def split_views(buf: torch.Tensor, parts: Sequence[tuple[str, tuple[int, ...]]]) -> list[torch.Tensor]:
+    """Views of tensors laid end to end in a uint8 buffer, given (dtype, shape) in order; no copy.
+
+    One dtype (the usual case) is cut with a single `unbind` or `split`: per-tensor slicing cost a
+    third of a millisecond per graft at 60 tensors.
+    """
+    kinds = set(parts)
+    if len(kinds) == 1:  # one dtype and shape (keys and values of every layer, usually): one call
+        dtype, shape = parts[0]
+        dt = TORCH_DTYPES[dtype]
+        if len(parts) * math.prod(shape) * dt.itemsize == buf.numel():
+            return list(buf.view(dt).view(len(parts), *shape).unbind(0))
+    if len({dtype for dtype, _ in parts}) == 1:
+        dt = TORCH_DTYPES[parts[0][0]]
+        counts = [math.prod(shape) for _, shape in parts]
+        if sum(counts) * dt.itemsize == buf.numel():
+            pieces = torch.split(buf.view(dt), counts)
+            return [piece.view(shape) for piece, (_, shape) in zip(pieces, parts, strict=True)]
+    out, at = [], 0
+    for dtype, shape in parts:
+        size = math.prod(shape) * TORCH_DTYPES[dtype].itemsize
+        out.append(from_buffer(buf, at, at + size, dtype, shape))
+        at += size
+    return out

@@ -1,81 +1,108 @@
 """Verified graft restore from disk vs fresh prefill, vs torch.save/torch.load, vs the hashing limit.
 
-Run: .venv/bin/python bench/graft_vs_recompute.py [--lengths 128 512 2048] [--reps 7]
-All figures are measured side by side in this one run on this machine; the page cache is warm for
-both disk paths (the release and the torch.save file were just written), which is stated in the output.
+Run: .venv/bin/python bench/graft_vs_recompute.py [--lengths 128 512 2048] [--rounds 11]
+
+All figures are measured side by side in this one run. This machine's speed drifts by up to 30%
+from second to second (a shared VM: single-core hashlib varies 0.8-1.4 GB/s between samples), so
+each round measures every quantity back to back and ratios are the median of per-round ratios.
+The hashing limit of a round is the time one core takes to hash bytes / cores with hashlib (in
+memory), i.e. bytes / (cores x single-core hashlib rate). The page cache is warm for both disk
+paths (the release and the torch.save file were just written); this is stated in the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvgraft CLI runs
+
 import torch
 
-from kvgraft import capture, graft, models
+from kvgraft import capture, graft, hashing, models
 from kvgraft.determinism import prefix_ids
-from kvgraft.hashing import cores
 from kvgraft.release import Release
 
 
-def median_seconds(fn: Any, reps: int) -> float:
-    times = []
-    for _ in range(reps):
+def seconds(fn: Callable[[], Any]) -> float:
+    """Wall time of one call, with the cyclic GC collected before and paused during it (as timeit
+    does): a full collection over the loaded model's objects takes ~170 ms and lands at random."""
+    gc.collect()
+    gc.disable()
+    try:
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
 
 
-def sha256_single_core_rate(nbytes: int = 256 * 1024 * 1024) -> float:
-    buf = os.urandom(16 * 1024 * 1024) * (nbytes // (16 * 1024 * 1024))
-    t = median_seconds(lambda: hashlib.sha256(buf).digest(), 3)
-    return len(buf) / t
+def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
+    ids = prefix_ids(lm, n)
+    capture.capture(lm, [("bench", {"id": "p", "text": lm.tokenizer.decode(ids)})], folder,
+                    schedule=capture.Schedule(add_special_tokens=False), probe_tokens=0)
+    return Release.open(folder)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=11)
     args = ap.parse_args()
     lm = models.load(models.DEFAULT_MODEL, device="cpu")
-    rate = sha256_single_core_rate()
-    n_cores = cores()
-    print(f"model smollm2-135m fp32 sdpa on cpu, torch threads {torch.get_num_threads()}, cores {n_cores}")
-    print(f"single-core hashlib.sha256: {rate / 1e9:.2f} GB/s; hashing limit uses {n_cores} cores")
+    cores = hashing.cores()
+    print(f"model smollm2-135m fp32 sdpa on cpu, torch threads {torch.get_num_threads()}, cores {cores}, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    print(f"{args.rounds} rounds per length; each round times every column back to back; medians shown")
     print("disk reads come from a warm page cache (files written in this run)")
-    hdr = (f"{'tokens':>6} {'KV MB':>7} {'prefill ms':>10} {'restore ms':>10} {'x faster':>8} "
-           f"{'torch.load ms':>13} {'hash-limit ms':>13} {'restore/limit':>13}")
-    print(hdr)
+    cols = ["tokens", "KV MB", "prefill ms", "restore ms", "x faster", "hash-limit ms", "restore/limit",
+            "first ms", "torch.load ms"]
+    print(" ".join(f"{c:>{max(len(c), 7)}}" for c in cols))
     with tempfile.TemporaryDirectory() as tmp:
+        make_release(lm, 16, Path(tmp) / "warm")  # imports, thread pool: not part of any timing
+        graft.restore(Release.open(Path(tmp) / "warm"), "p", lm)
         for n in args.lengths:
-            ids = prefix_ids(lm, n)
-            rel_dir = Path(tmp) / f"rel{n}"
-            text = lm.tokenizer.decode(ids)
-            capture.capture(lm, [("bench", {"id": "p", "text": text})], rel_dir,
-                            schedule=capture.Schedule(add_special_tokens=False), probe_tokens=0)
-            rel = Release.open(rel_dir)
+            rel = make_release(lm, n, Path(tmp) / f"rel{n}")
             entry = rel.entry("p")
-            token_ids = entry["token_ids"]
-            t_prefill = median_seconds(lambda: capture.prefill(lm, token_ids, capture.Schedule()), args.reps)  # noqa: B023
+            first = seconds(lambda: graft.restore(rel, "p", lm))  # noqa: B023
             restored = graft.restore(rel, "p", lm)
-            t_restore = median_seconds(lambda: graft.restore(rel, "p", lm), args.reps)  # noqa: B023
-            tensors = [(layer.keys, layer.values) for layer in restored.cache.layers]
             pt = Path(tmp) / f"cache{n}.pt"
-            torch.save(tensors, pt)
-            t_load = median_seconds(lambda: torch.load(pt, weights_only=True), args.reps)  # noqa: B023
-            limit = restored.kv_bytes / (n_cores * rate)
-            print(f"{entry['num_tokens']:>6} {restored.kv_bytes / 1e6:>7.1f} {t_prefill * 1e3:>10.1f} "
-                  f"{t_restore * 1e3:>10.2f} {t_prefill / t_restore:>8.0f} {t_load * 1e3:>13.2f} "
-                  f"{limit * 1e3:>13.2f} {t_restore / limit:>13.2f}")
+            torch.save([(layer.keys, layer.values) for layer in restored.cache.layers], pt)
+            del restored
+            share = os.urandom(entry_bytes(rel, entry) // cores)
+            rows: list[dict[str, float]] = []
+            for _ in range(args.rounds):
+                r = {"prefill": seconds(lambda: capture.prefill(lm, entry["token_ids"], capture.Schedule())),  # noqa: B023
+                     "restore": seconds(lambda: graft.restore(rel, "p", lm)),  # noqa: B023
+                     "limit": seconds(lambda: hashlib.sha256(share).digest()),  # noqa: B023
+                     "load": seconds(lambda: torch.load(pt, weights_only=True))}  # noqa: B023
+                r["x"] = r["prefill"] / r["restore"]
+                r["ratio"] = r["restore"] / r["limit"]
+                rows.append(r)
+
+            def med(key: str) -> float:
+                return statistics.median(row[key] for row in rows)  # noqa: B023
+
+            vals = [f"{entry['num_tokens']}", f"{entry_bytes(rel, entry) / 1e6:.1f}", f"{med('prefill') * 1e3:.1f}",
+                    f"{med('restore') * 1e3:.2f}", f"{med('x'):.0f}", f"{med('limit') * 1e3:.2f}", f"{med('ratio'):.2f}",
+                    f"{first * 1e3:.2f}", f"{med('load') * 1e3:.2f}"]
+            print(" ".join(f"{v:>{max(len(c), 7)}}" for c, v in zip(cols, vals, strict=True)))
+    print("x faster = median of per-round prefill/restore; restore/limit = median of per-round ratios")
+    print("first: the first restore of that release in this process (fresh memory: page faults included)")
     print("targets: restore at 512 tokens >= 60x faster than prefill; restore within 1.25x of the hashing limit")
     print("torch.load verifies nothing; the graft restore checks SHA-256 of every byte it restores")
+
+
+def entry_bytes(rel: Release, entry: dict[str, Any]) -> int:
+    return sum(t["byte_range"][1] - t["byte_range"][0] for t in entry["tensors"].values())
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,14 @@ def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bo
         f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
 
 
-def read_entry_tensors(release: Release, entry: dict[str, Any]) -> tuple[dict[str, torch.Tensor], int]:
+def read_entry_tensors(release: Release, entry: dict[str, Any],
+                       meanwhile: Callable[[dict[str, torch.Tensor]], object] | None = None,
+                       ) -> tuple[dict[str, torch.Tensor], int]:
     """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass.
 
     The header check and the tensor reads use one open file, so the layout checked is the layout read.
+    `meanwhile(tensors)` runs on this thread while other threads read and hash (the tensors are views
+    of a buffer still being filled); whatever it builds must not be used unless this returns.
     """
     path = release.entry_file(entry)
     try:
@@ -59,7 +64,15 @@ def read_entry_tensors(release: Release, entry: dict[str, Any]) -> tuple[dict[st
         infos = sorted(layout.values(), key=lambda info: info.start)
         total = sum(info.end - info.start for info in infos)
         buf = buffers.take(total)
-        digests = read_and_hash(fd, [(info.start, info.end) for info in infos], buf.numpy().data)
+        tensors: dict[str, torch.Tensor] = {}
+
+        def during() -> None:  # views need only shapes, not bytes: made while the bytes arrive
+            views = split_views(buf, [(info.dtype, info.shape) for info in infos])
+            tensors.update((info.name, view) for info, view in zip(infos, views, strict=True))
+            if meanwhile is not None:
+                meanwhile(tensors)
+
+        digests = read_and_hash(fd, [(info.start, info.end) for info in infos], buf.numpy().data, during)
     except EOFError as exc:  # the file shrank after its size was checked
         raise IntegrityError(f"{path}: entry {entry['id']!r}: {exc}") from None
     finally:
@@ -70,8 +83,7 @@ def read_entry_tensors(release: Release, entry: dict[str, Any]) -> tuple[dict[st
             raise IntegrityError(
                 f"{path}: entry {entry['id']!r} tensor {info.name!r} bytes [{info.start}, {info.end}): "
                 f"sha256 {actual} != expected {expected}")
-    views = split_views(buf, [(info.dtype, info.shape) for info in infos])
-    return {info.name: view for info, view in zip(infos, views, strict=True)}, total
+    return tensors, total
 
 
 def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
@@ -83,6 +95,7 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
         raise IntegrityError(f"{where}: entry {entry['id']!r} has {len(entry['layers'])} layers, "
                              f"the model's cache has {len(cache.layers)}")
     device = lm.torch_device
+    move = device.type != "cpu"  # stored tensors are read into CPU memory; .to() costs 4 us even as a no-op
     layers: list[Any] = list(cache.layers)
     for meta, layer in zip(entry["layers"], layers, strict=True):
         i, kind = meta["index"], meta["kind"]
@@ -92,13 +105,15 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
                                  f"the model expects {type(layer).__name__}")
         if kind == "shared":
             continue
-        k = tensors[meta["keys"]].to(device)
-        v = tensors[meta["values"]].to(device)
+        k, v = tensors[meta["keys"]], tensors[meta["values"]]
+        if move:
+            k, v = k.to(device), v.to(device)
         # What `lazy_initialization` sets, without the two empty placeholder tensors it builds
         # (10 us a layer); tests/test_cache_plan.py checks the layer state against a prefilled one.
         layer.device, layer.keys, layer.values, layer.is_initialized = k.device, k, v, True
         if kind == "sliding":
-            layer._sliding_window_tensor = layer._sliding_window_tensor.to(k.device)
+            if move:
+                layer._sliding_window_tensor = layer._sliding_window_tensor.to(k.device)
             if int(layer.sliding_window) != meta["sliding_window"]:
                 raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: sliding window "
                                      f"{meta['sliding_window']}, the model's is {layer.sliding_window}")
@@ -113,10 +128,21 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
     forced = check_model(rel, lm, force=force)
     entry = rel.entry(entry_id)
     t0 = time.perf_counter()
-    tensors, nbytes = read_entry_tensors(rel, entry)
-    cache = build_cache(lm, entry, tensors, str(rel.root))
+    built: list[Any] = []
+
+    def build(tensors: dict[str, torch.Tensor]) -> None:
+        built.append(build_cache(lm, entry, tensors, str(rel.root)))
+        built.append(differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn)))
+
+    # On the CPU the cache holds views of the buffer, so it is built while the bytes are still being
+    # read and hashed, and returned only once every digest has matched. On another device building
+    # it copies the bytes, which must wait until they are verified.
+    on_cpu = lm.torch_device.type == "cpu"
+    tensors, nbytes = read_entry_tensors(rel, entry, build if on_cpu else None)
+    if not on_cpu:
+        build(tensors)
+    cache, conditions = built
     seconds = time.perf_counter() - t0
-    conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
     return Restored(cache, entry, nbytes, seconds, forced, conditions)
 
 

@@ -146,6 +146,11 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
     return Restored(cache, entry, nbytes, seconds, forced, conditions)
 
 
+def free_buffers() -> None:
+    """Let go of the memory kept from dropped caches for reuse by later restores."""
+    buffers.clear()
+
+
 def load_cache(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Any:
     """A transformers Cache holding the entry's verified states, ready for generation."""
     return restore(release, entry_id, lm, force=force).cache

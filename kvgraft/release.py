@@ -107,10 +107,9 @@ class Release:
 
     root: Path
     manifest: dict[str, Any]
-    # entry id -> (the tensor table it was derived from, expected header); see _expected_header
-    _expected: dict[str, tuple[Any, _Expected | None]] = field(default_factory=dict, repr=False, compare=False)
-    # entry id -> (tensor table, header bytes that matched it)
-    _seen_headers: dict[str, tuple[Any, bytes]] = field(default_factory=dict, repr=False, compare=False)
+    # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
+    _checked_headers: dict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def open(cls, root: Path | str) -> Release:
@@ -142,29 +141,19 @@ class Release:
         """The file's safetensors header, checked against the manifest's tensor table.
 
         With `fd`, the header is read from that open file, the one the caller then reads tensors from.
+        Header bytes identical to ones that already passed this check (for this entry, in this opened
+        release) are not parsed again: the check is a function of those bytes and the manifest.
         """
         path = self.entry_file(entry)
         expected_size = self.manifest["files"][entry["file"]]["size"]
         size, n, raw = stfile.read_raw_header(path, fd)
         if size != expected_size:
             raise IntegrityError(f"{path}: entry {entry['id']!r}: {size} bytes, manifest says {expected_size}")
-        expected = self._expected_header(entry)
-        if expected is not None and expected[0] == 8 + n:
-            # Fast path (every graft): the header parses to exactly the table the manifest implies,
-            # which was bound-checked once when first derived. Header bytes identical to ones that
-            # already passed this check need no second parse.
-            seen = self._seen_headers.get(entry["id"])
-            if seen is not None and seen[0] is entry["tensors"] and seen[1] == raw:
-                return expected[2]
-            header = jsonio.loads_strict(raw, f"{path} (safetensors header)")
-            if isinstance(header, dict):
-                header.pop("__metadata__", None)
-                if header == expected[1]:
-                    self._seen_headers[entry["id"]] = (entry["tensors"], raw)
-                    return expected[2]
-        # Anything else: full validation of the header, to say exactly what is wrong.
-        parsed, _ = stfile.read_header(path, fd)
         tensors = entry["tensors"]
+        seen = self._checked_headers.get(entry["id"])
+        if seen is not None and seen[0] is tensors and seen[1] == raw:
+            return seen[2]
+        parsed, _ = stfile.parse_header(path, size, n, raw)
         if set(parsed) != set(tensors):
             extra = sorted(set(parsed) - set(tensors))
             missing = sorted(set(tensors) - set(parsed))
@@ -176,39 +165,8 @@ class Release:
                 raise IntegrityError(
                     f"{path}: entry {entry['id']!r} tensor {name!r}: header says {info.dtype} {list(info.shape)} "
                     f"bytes [{info.start}, {info.end}), manifest says {t['dtype']} {t['shape']} bytes {t['byte_range']}")
+        self._checked_headers[entry["id"]] = (tensors, raw, parsed)
         return parsed
-
-    def _expected_header(self, entry: dict[str, Any]) -> _Expected | None:
-        """(data start, parsed header, layout) implied by the manifest's tensor table, derived once per
-        entry; None when the table itself is not a valid layout (the full check then says why)."""
-        tensors = entry["tensors"]
-        cached = self._expected.get(entry["id"])
-        if cached is not None and cached[0] is tensors:
-            return cached[1]
-        spans = sorted((t["byte_range"][0], t["byte_range"][1], name) for name, t in tensors.items())
-        base = spans[0][0] if spans else 0
-        header: dict[str, Any] = {}
-        layout: dict[str, stfile.TensorInfo] = {}
-        prev_end = base
-        result: _Expected | None = None
-        for a, b, name in spans:
-            t = tensors[name]
-            count = 1
-            for d in t["shape"]:
-                count *= d
-            if t["dtype"] not in stfile.CODES or a < prev_end or b - a != count * stfile.ITEMSIZE[t["dtype"]]:
-                break
-            prev_end = b
-            header[name] = {"dtype": stfile.CODES[t["dtype"]], "shape": t["shape"], "data_offsets": [a - base, b - base]}
-            layout[name] = stfile.TensorInfo(name, t["dtype"], tuple(t["shape"]), a, b)
-        else:
-            if prev_end <= self.manifest["files"][entry["file"]]["size"]:
-                result = (base, header, layout)
-        self._expected[entry["id"]] = (tensors, result)
-        return result
-
-
-_Expected = tuple[int, dict[str, Any], dict[str, stfile.TensorInfo]]
 
 
 def now_utc() -> str:

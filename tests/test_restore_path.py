@@ -138,3 +138,16 @@ def test_read_and_hash_many_ranges_from_an_open_file(tmp_path: Path) -> None:
         os.close(fd)
     assert digests == [hashlib.sha256(data[a:b]).hexdigest() for a, b in ranges]
     assert bytes(dest) == data
+
+
+@pytest.mark.parametrize("shape", ["[true, 2]", "[1.0, 2]", "[-1, 2]", "2"])
+def test_header_shapes_must_be_plain_integers(shape: str) -> None:
+    from kvgraft._internal import stfile
+    from kvgraft.errors import InputError
+
+    raw = f'{{"t": {{"dtype": "F32", "shape": {shape}, "data_offsets": [0, 8]}}}}'.encode()
+    with pytest.raises(InputError, match="shape must be a list of non-negative integers"):
+        stfile.parse_header(Path("x.safetensors"), 8 + len(raw) + 8, len(raw), raw)
+    good = raw.replace(f"\"shape\": {shape}".encode(), b"\"shape\": [1, 2]")
+    tensors, _ = stfile.parse_header(Path("x.safetensors"), 8 + len(good) + 8, len(good), good)
+    assert tensors["t"].shape == (1, 2) and tensors["t"].end - tensors["t"].start == 8

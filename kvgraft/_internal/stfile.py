@@ -31,7 +31,6 @@ DTYPES: dict[str, tuple[str, int]] = {
     "BOOL": ("bool", 1),
 }
 ITEMSIZE = {name: size for name, size in DTYPES.values()}
-CODES = {name: code for code, (name, _) in DTYPES.items()}
 _FIELDS = {"dtype", "shape", "data_offsets"}
 
 
@@ -74,6 +73,11 @@ def read_header(path: Path, fd: int | None = None) -> tuple[dict[str, TensorInfo
     from), and `path` only names it in messages.
     """
     size, n, raw = read_raw_header(path, fd)
+    return parse_header(path, size, n, raw)
+
+
+def parse_header(path: Path, size: int, n: int, raw: bytes) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Validate header bytes read by read_raw_header from a `size`-byte file (header length `n`)."""
     header: Any = loads_strict(raw, f"{path} (safetensors header)")
     if not isinstance(header, dict):
         raise InputError(f"{path}: safetensors header is not an object")

@@ -41,5 +41,8 @@ test: lint browser
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
+# The scale-out benchmark (bench/scale_out.py) waits for a quiet machine and takes longer: run it by hand.
 bench: $(STAMP)
 	$(BIN)/python bench/graft_vs_recompute.py
+	$(BIN)/python bench/recompute_overhead.py
+	$(BIN)/python bench/verify.py

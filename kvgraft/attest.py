@@ -236,17 +236,9 @@ def parse_bundle(raw: bytes, where: str) -> Bundle:
 
 def read_bundle(path: Path) -> Bundle:
     """Read RELEASE/release.sigstore.json with its size bounded before reading."""
-    try:
-        st = path.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            raise InputError(f"{path}: is a symlink; releases may not contain links")
-        if st.st_size > MAX_BUNDLE_BYTES:
-            raise InputError(f"{path}: {st.st_size} bytes exceeds the {MAX_BUNDLE_BYTES}-byte limit for a bundle")
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BUNDLE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_bundle(raw, str(path))
+    if path.is_symlink():
+        raise InputError(f"{path}: is a symlink; releases may not contain links")
+    return parse_bundle(jsonio.read_bounded(path, MAX_BUNDLE_BYTES, "a bundle"), str(path))
 
 
 def key_bundle(payload: bytes, signature: bytes, hint: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
-from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict
+from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.errors import InputError
 from kvgraft.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
 from kvgraft.schema import validate
@@ -146,13 +146,7 @@ def _decimals(claim: dict[str, Any], key: str) -> int:
 
 def load(path: Path) -> ClaimsFile:
     """Parse and validate a claims TOML file; errors name the file (and the line for TOML syntax)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_CLAIMS_BYTES:
-            raise InputError(f"{path}: {size} bytes exceeds the {MAX_CLAIMS_BYTES}-byte limit for a claims file")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    data = read_bounded(path, MAX_CLAIMS_BYTES, "a claims file")
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -207,13 +201,7 @@ def parse(doc: dict[str, Any], where: str, sha256: str | None = None) -> ClaimsF
 
 def load_measured(path: Path) -> tuple[dict[str, Any], str]:
     """A measured-results JSON object and the SHA-256 of its bytes."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise InputError(f"{path}: {size} bytes exceeds the {MAX_JSON_BYTES}-byte limit for JSON")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    data = read_bounded(path, MAX_JSON_BYTES, "JSON")
     doc = loads_strict(data, str(path))
     if not isinstance(doc, dict):
         raise InputError(f"{path}: measured results must be a JSON object of measurement keys")

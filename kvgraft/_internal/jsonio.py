@@ -37,16 +37,25 @@ def loads_strict(data: bytes | str, where: str) -> Any:
         raise InputError(f"{where}: invalid JSON: {exc}") from None
 
 
-def load_file(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Read and strictly parse a JSON file whose size is bounded before reading."""
+def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
+    """A file's bytes, refused (naming `what` it should be) when larger than `max_bytes`; the size is
+    checked before reading and again on what was read, in case the file grew in between."""
     try:
         size = path.stat().st_size
+        if size <= max_bytes:
+            with path.open("rb") as fh:
+                data = fh.read(max_bytes + 1)
+            size = len(data)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     if size > max_bytes:
-        raise InputError(f"{path}: {size} bytes exceeds the {max_bytes}-byte limit for JSON")
-    with path.open("rb") as fh:
-        return loads_strict(fh.read(max_bytes + 1), str(path))
+        raise InputError(f"{path}: {size} bytes exceeds the {max_bytes}-byte limit for {what}")
+    return data
+
+
+def load_file(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read and strictly parse a JSON file whose size is bounded before reading."""
+    return loads_strict(read_bounded(path, max_bytes, "JSON"), str(path))
 
 
 _SAFE_INT = 2**53 - 1  # RFC 8785 (I-JSON) integers; rfc8785 refuses larger ones, and so must we

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError
 from kvgraft.graft import check_model, restore
+from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
 from kvgraft.release import Release
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
@@ -37,10 +37,10 @@ def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, s
     while this keeps at most one layer's K/V beside the fresh cache.
     """
     buf = bytearray(info.end - info.start)
-    n = os.preadv(fd, [buf], info.start)
-    if n != len(buf):
-        raise IntegrityError(f"{where} tensor {info.name!r}: file ends inside bytes [{info.start}, {info.end})")
-    actual = hashlib.sha256(buf).hexdigest()
+    try:
+        (actual,) = read_and_hash(fd, [(info.start, info.end)], memoryview(buf))
+    except EOFError:
+        raise IntegrityError(f"{where} tensor {info.name!r}: file ends inside bytes [{info.start}, {info.end})") from None
     if actual != expected:
         raise IntegrityError(f"{where} tensor {info.name!r} bytes [{info.start}, {info.end}): sha256 {actual} != "
                              f"expected {expected}")
@@ -54,11 +54,11 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
 def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any) -> list[dict[str, Any]]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location."""
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
-    layout = rel.tensor_layout(entry)
     fd = os.open(rel.entry_file(entry), os.O_RDONLY)
     where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
     rows: list[dict[str, Any]] = []
     try:
+        layout = rel.tensor_layout(entry, fd)  # the layout checked is the layout read
         for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
             row: dict[str, Any] = {"index": stored_meta["index"], "kind": stored_meta["kind"]}
             if stored_meta != fresh_meta and stored_meta["kind"] != fresh_meta["kind"]:

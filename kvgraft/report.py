@@ -7,7 +7,6 @@ or binding disagrees with its own content, so a renderer never shows a verdict t
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.errors import InputError
+from kvgraft.hashing import sha256_hex
 from kvgraft.release import now_utc
 from kvgraft.schema import validate
 from kvgraft.stats import mcnemar_exact, wilson
@@ -98,8 +98,7 @@ def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:
 
 def plan_digest(content: Any) -> str:
     """SHA-256 of the plan: of its text if a string, else of its RFC 8785 canonical JSON."""
-    data = content.encode() if isinstance(content, str) else canonical(content)
-    return hashlib.sha256(data).hexdigest()
+    return sha256_hex(content.encode() if isinstance(content, str) else canonical(content))
 
 
 def new_report(*, plan_name: str, plan_content: Any, environment: dict[str, Any], model: dict[str, Any] | None,

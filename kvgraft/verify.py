@@ -264,10 +264,9 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
     data_start = min((t.start for t in header.values()), default=path.stat().st_size)
     for entry in entries:
         tensors = entry["tensors"]
-        layout_ok = set(header) == set(tensors) and all(
-            (header[n].dtype, list(header[n].shape), [header[n].start, header[n].end])
-            == (t["dtype"], t["shape"], t["byte_range"]) for n, t in tensors.items())
-        if not layout_ok:
+        try:
+            rel.tensor_layout(entry)
+        except (IntegrityError, InputError):
             return (f"{base}: entry {entry['id']!r}: the safetensors header region [0, {data_start}) differs "
                     f"(its tensor table no longer matches the manifest)")
         order = sorted(tensors, key=lambda n: tensors[n]["byte_range"][0])

@@ -126,6 +126,16 @@ def test_bit_flip_in_the_safetensors_header(rel: Path, keypair: tuple[Path, Path
     fails(rel, IntegrityError, "entries/00000.safetensors", "every tensor matches", "header region [0,", key=keypair[1])
 
 
+def test_renamed_tensor_in_the_safetensors_header(rel: Path, keypair: tuple[Path, Path]) -> None:
+    path = rel / "entries/00000.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    at = data.index(b'"layer.0.keys"', 8, 8 + n)
+    path.write_bytes(data[:at] + b'"layer.0.kezs"' + data[at + 14:])
+    fails(rel, IntegrityError, "entries/00000.safetensors", "'rec-000'", "header region [0,",
+          "tensor table no longer matches the manifest", key=keypair[1])
+
+
 def test_bit_flip_in_the_manifest(rel: Path, keypair: tuple[Path, Path]) -> None:
     path = rel / "manifest.json"
     flip_bit(path, path.stat().st_size // 2, 1)

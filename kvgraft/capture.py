@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 from kvgraft._internal.jsonio import read_jsonl
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError
-from kvgraft.hashing import digest_json
+from kvgraft.hashing import cores, digest_json
 from kvgraft.models import LoadedModel
 from kvgraft.release import ReleaseWriter, token_ids_digest
 from kvgraft.tensors import dtype_name, tensor_sha256
@@ -79,6 +80,39 @@ def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = No
         logits = out.logits[0, -1]
     assert logits is not None
     return cache, logits
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Run with `n` torch threads (0: one per core), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or cores())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@torch.inference_mode()
+def padded_batch_row(lm: LoadedModel, ids: list[int], pad: int = 16) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """KV of `ids` computed as row 0 of a batch of 4, left-padded by `pad` (the other rows are full).
+
+    Positions and mask come from the padding, so the row is the same computation in another batch
+    shape. Each layer keeps its last positions, which are the row's own tokens (also for sliding layers).
+    """
+    n = len(ids)
+    back = ids[::-1]
+    others = [[back[(k + j) % n] for j in range(n + pad)] for k in (1, 2, 3)]
+    rows = [[0] * pad + ids, *others]
+    mask = torch.tensor([[0] * pad + [1] * n] + [[1] * (n + pad)] * 3, device=lm.torch_device)
+    x = torch.tensor(rows, dtype=torch.long, device=lm.torch_device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = new_cache(lm)
+    out = lm.model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                   **{cache_kw(lm): cache})
+    _, tensors = layer_map(lm, cache)
+    row = {name: t[0:1, :, t.shape[-2] - min(n, t.shape[-2]):, :].contiguous() for name, t in tensors.items()}
+    return row, out.logits[0, -1]
 
 
 @torch.inference_mode()

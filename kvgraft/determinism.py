@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,10 @@ from typing import Any
 import torch
 
 from kvgraft import models
-from kvgraft.capture import Schedule, cache_kw, layer_map, new_cache, prefill
+from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.compare import distributions, ulp_distance
 from kvgraft.environment import record as environment
-from kvgraft.hashing import cores, digest_json
+from kvgraft.hashing import digest_json
 from kvgraft.tensors import tensor_sha256
 
 EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"
@@ -34,13 +33,13 @@ class Condition:
 
 def conditions(include_gpu: bool) -> list[Condition]:
     out: list[Condition] = []
-    for threads in (0, 1):
-        t = "all threads" if threads == 0 else "1 thread"
-        out += [Condition(f"one-shot, {t}", threads=threads),
-                Condition(f"chunks of 256, {t}", threads=threads, chunk=256),
-                Condition(f"chunks of 64, {t}", threads=threads, chunk=64),
-                Condition(f"chunks of 1, {t}", threads=threads, chunk=1),
-                Condition(f"left-padded batch of 4 (row 0), {t}", threads=threads, batch4=True)]
+    for n in (0, 1):
+        t = "all threads" if n == 0 else "1 thread"
+        out += [Condition(f"one-shot, {t}", threads=n),
+                Condition(f"chunks of 256, {t}", threads=n, chunk=256),
+                Condition(f"chunks of 64, {t}", threads=n, chunk=64),
+                Condition(f"chunks of 1, {t}", threads=n, chunk=1),
+                Condition(f"left-padded batch of 4 (row 0), {t}", threads=n, batch4=True)]
     out += [Condition("eager attention, all threads", attn="eager"),
             Condition("bfloat16, one-shot, all threads", dtype="bfloat16"),
             Condition("bfloat16, chunks of 64, all threads", dtype="bfloat16", chunk=64),
@@ -60,35 +59,11 @@ def prefix_ids(lm: models.LoadedModel, n: int) -> list[int]:
     return ids[:n]
 
 
-@contextlib.contextmanager
-def threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n or cores())
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@torch.inference_mode()
-def _batch4_row0(lm: models.LoadedModel, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    n = len(ids)
-    others = [(ids[::-1] * 2)[k : k + n + PAD] for k in (1, 2, 3)]
-    rows = [[0] * PAD + ids, *others]
-    mask = torch.tensor([[0] * PAD + [1] * n] + [[1] * (n + PAD)] * 3, device=lm.torch_device)
-    x = torch.tensor(rows, dtype=torch.long, device=lm.torch_device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = new_cache(lm)
-    out = lm.model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                   **{cache_kw(lm): cache})
-    _, tensors = layer_map(lm, cache)
-    return [t[0:1, :, PAD:, :].contiguous() for t in tensors.values()], out.logits[0, -1]
-
-
 def run_condition(lm: models.LoadedModel, ids: list[int], c: Condition) -> tuple[list[torch.Tensor], torch.Tensor]:
     with threads(c.threads):
         if c.batch4:
-            return _batch4_row0(lm, ids)
+            row, logits = padded_batch_row(lm, ids, PAD)
+            return [t.cpu() for t in row.values()], logits
         cache, logits = prefill(lm, ids, Schedule(chunk_tokens=c.chunk))
         _, tensors = layer_map(lm, cache)
         return [t.cpu() for t in tensors.values()], logits

@@ -23,6 +23,24 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# CPU features that select different kernels (and so different rounding) in the same torch wheel.
+_ISA = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_int8",
+        "amx_tile", "avx_vnni", "asimd", "sve", "sve2")
+
+
+@lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """The kernel-relevant instruction set extensions of this CPU, sorted and space-separated."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(sorted(f for f in _ISA if f in have))
+    except OSError:
+        pass
+    return ""
+
+
 def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
     import torch
     import transformers
@@ -35,6 +53,7 @@ def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
         "platform": f"{sys.platform}-{platform.machine()}",
         "device": device,
         "device_name": torch.cuda.get_device_name() if device == "cuda" else cpu_name(),
+        "cpu_isa": cpu_isa(),
         "dtype": dtype,
         "attn_implementation": attn,
         "threads": torch.get_num_threads(),
@@ -55,9 +74,12 @@ def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
 
 
 # Keys whose difference can change KV bytes; compared between a release and a rerun.
-SENSITIVE = ("device", "device_name", "dtype", "attn_implementation", "threads", "torch", "transformers",
-             "deterministic_algorithms", "cuda", "cudnn")
+SENSITIVE = ("device", "device_name", "cpu_isa", "dtype", "attn_implementation", "threads", "torch", "transformers",
+             "deterministic_algorithms", "cuda", "cudnn", "matmul_allow_tf32")
+# Recorded only by newer versions: a record without them says nothing either way.
+_LATER = ("cpu_isa",)
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    return {k: (recorded.get(k), current.get(k)) for k in SENSITIVE if recorded.get(k) != current.get(k)}
+    return {k: (recorded.get(k), current.get(k)) for k in SENSITIVE
+            if recorded.get(k) != current.get(k) and not (k in _LATER and k not in recorded)}

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import __version__
+from kvgraft import __version__, replay
 from kvgraft.capture import Schedule, forward, layer_map, new_cache, prefill
 from kvgraft.compare import TensorDiff, diff_tensors, distributions, fmt_kl
+from kvgraft.envelope import VERDICTS, Envelope, Judgement, calibrate, judge, worst
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
-from kvgraft.errors import IntegrityError
+from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
 from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
@@ -51,8 +52,13 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=TORCH_DTYPES[info.dtype]).view(info.shape)
 
 
-def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any) -> list[dict[str, Any]]:
-    """Per layer, per K/V: digest equality, and on a difference its size and first location."""
+def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
+                   envelope: Callable[[], Envelope] | None = None) -> list[dict[str, Any]]:
+    """Per layer, per K/V: digest equality, and on a difference its size and first location.
+
+    With `envelope` (measured on first use), each differing tensor is also judged against the
+    numerical-noise envelope: how many elements lie outside it, and the largest excess and where.
+    """
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
     fd = os.open(rel.entry_file(entry), os.O_RDONLY)
     where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
@@ -77,11 +83,51 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
                     else:
                         d = diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha, position_offset=offset)
                     row[part] = d.as_dict()
+                    if not d.equal and d.shape_mismatch is None and fresh is not None and envelope is not None:
+                        j = judge(_as_tensor(stored, info), fresh, envelope().allowed(name, fresh))
+                        row[part].update(_judged(j, offset))
                     del stored
             rows.append(row)
     finally:
         os.close(fd)
     return rows
+
+
+def _judged(j: Judgement, offset: int) -> dict[str, Any]:
+    def absolute(loc: list[int] | None) -> list[int] | None:
+        return None if loc is None else [*loc[:2], loc[2] + offset, *loc[3:]] if len(loc) == 4 else loc
+
+    return {"outside": j.outside, "max_excess": j.max_excess, "worst": absolute(j.worst),
+            "first_outside": absolute(j.first), "worst_values": j.worst_values}
+
+
+def _named(loc: list[int] | None) -> dict[str, int] | None:
+    return None if loc is None or len(loc) != 4 else {"batch": loc[0], "head": loc[1], "position": loc[2], "dim": loc[3]}
+
+
+def classify(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+    """The entry's verdict from judged rows, and where it lies outside the envelope (None if nowhere)."""
+    tensors = [(r["index"], p, r[p]) for r in rows for p in ("keys", "values") if p in r]
+    if all(t["equal"] for _, _, t in tensors) and not any("layout_mismatch" in r for r in rows):
+        return "byte-exact", None
+    layout = [r for r in rows if "layout_mismatch" in r]
+    shape = [(i, p, t) for i, p, t in tensors if t.get("shape_mismatch")]
+    outside = [(i, p, t) for i, p, t in tensors if t.get("outside")]
+    if not (layout or shape or outside):
+        return "consistent", None
+    summary: dict[str, Any] = {
+        "elements": sum(int(t["outside"]) for _, _, t in outside), "tensors": len(outside) + len(shape),
+        "layers": sorted({i for i, _, _ in outside + shape} | {r["index"] for r in layout}),
+        "layout": [f"layer {r['index']}: {r['layout_mismatch']}" for r in layout],
+        "shape": [f"layer {i} {p}: {t['shape_mismatch']}" for i, p, t in shape],
+    }
+    if outside:
+        i, p, t = outside[0]
+        summary["first"] = {"layer": i, "tensor": p, **(_named(t["first_outside"]) or {})}
+        i, p, t = max(outside, key=lambda x: x[2]["max_excess"])
+        summary["worst"] = {"layer": i, "tensor": p, **(_named(t["worst"]) or {}), **(t["worst_values"] or {}),
+                            "excess": t["max_excess"]}
+    return "inconsistent", summary
 
 
 def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -93,8 +139,7 @@ def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             if d and not d["equal"]:
                 loc = d["first"]
                 return {"layer": row["index"], "tensor": part, "location": loc,
-                        "named": None if loc is None or len(loc) != 4 else
-                        {"batch": loc[0], "head": loc[1], "position": loc[2], "dim": loc[3]},
+                        "named": _named(loc),
                         "max_ulp": d["max_ulp"], "max_abs": d["max_abs"], "detail": d["shape_mismatch"]}
     return None
 
@@ -124,8 +169,18 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
     t_prefill = time.perf_counter() - t0
-    rows = compare_layers(rel, entry, lm, fresh_cache)
-    t_compare = time.perf_counter() - t0 - t_prefill
+    measured: list[Envelope] = []
+    reference = layer_map(lm, fresh_cache)[1]
+
+    def envelope() -> Envelope:  # measured only when some tensor differs
+        if not measured:
+            measured.append(calibrate(lm, entry["token_ids"], schedule, reference))
+        return measured[0]
+
+    rows = compare_layers(rel, entry, lm, fresh_cache, envelope)
+    reference.clear()
+    t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
+    verdict, outside = classify(rows)
     probe = probe_ids(lm, entry, probe_text)
     # Distributions after each probe token: positions n .. n+k-1 of the full sequence.
     fresh_logits = forward(lm, fresh_cache, probe)
@@ -141,13 +196,16 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     contrast = distributions(natural, grafted_logits)
     tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
     return {
-        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact,
+        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact, "verdict": verdict,
+        "outside": outside, "envelope": measured[0].as_dict() if measured else None,
+        "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
         "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
         "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
         "first_difference": _first_difference(rows), "layers": rows, "probe_token_ids": probe,
         "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
         "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
-        "seconds": {"prefill": t_prefill, "compare": t_compare, "total": time.perf_counter() - t0},
+        "seconds": {"prefill": t_prefill, "compare": t_compare,
+                    "envelope": measured[0].seconds if measured else 0.0, "total": time.perf_counter() - t0},
     }
 
 
@@ -179,41 +237,91 @@ def statements(result: dict[str, Any]) -> list[str]:
     ]
     if result["model"]["forced"]:
         out.append("The model's identity differs from the release's (forced): differences are expected.")
+    out.append(verdict_statement(result))
     return out
+
+
+def verdict_statement(result: dict[str, Any]) -> str:
+    """The release's verdict, for which comparison it holds, and whether the requirement is met."""
+    entries = result["entries"]
+    counts = {v: sum(e["verdict"] == v for e in entries) for v in VERDICTS}
+    env = result["environment"]["current"]
+    machine = f"{env.get('device_name')} ({env.get('device')}, {env.get('dtype')}, {env.get('attn_implementation')}, " \
+              f"{env.get('threads')} threads)"
+    cond = result["conditions"]
+    parts = []
+    if cond["not_replayed"]:
+        parts.append("not replayed: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(cond["not_replayed"].items())))
+    if cond["overridden"]:
+        parts.append("overridden: " + ", ".join(f"{k} {v['recorded']!r} -> {v['used']!r}"
+                                                 for k, v in sorted(cond["overridden"].items())))
+    where = "; ".join(parts) if parts else "every recorded condition replayed"
+    verdict = result["verdict"]
+    meaning = {"byte-exact": "every SHA-256 equal",
+               "consistent": "bytes differ, every difference inside the measured noise envelope of the same computation",
+               "inconsistent": "some difference lies outside the envelope: not the same computation"}[verdict]
+    return (f"Verdict {verdict} ({meaning}) on {machine}, {where}: {counts['byte-exact']} byte-exact, "
+            f"{counts['consistent']} consistent, {counts['inconsistent']} inconsistent of {len(entries)} entries; "
+            f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}.")
+
+
+REQUIREMENTS = ("exact", "consistent")
+
+
+def passes(verdict: str, require: str) -> bool:
+    """Whether a verdict meets a requirement: `exact` needs byte-exact, `consistent` also takes consistent."""
+    if require not in REQUIREMENTS:
+        raise InputError(f"--require {require}: expected one of {', '.join(REQUIREMENTS)}")
+    return verdict == "byte-exact" or (require == "consistent" and verdict == "consistent")
 
 
 def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
           probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
-          progress: Callable[[int, int], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
+          overrides: dict[str, Any] | None = None, require: str = "exact") -> dict[str, Any]:
     """Recompute and compare every (or the named) entries of a release.
 
-    `schedule` overrides the recorded prefill schedule (recorded in the result as such). `executor`
-    runs the per-entry work (kvgraft.executor; default: in this process); each entry records its placement.
+    The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
+    for the run (dtype and device are the loaded model's: `replay.load_options` picks them).
+    `overrides` (environment names → values) are explicit departures, recorded as such; `schedule`
+    overrides the recorded prefill schedule. Each entry gets a verdict (byte-exact, consistent,
+    inconsistent); `require` says which verdicts pass. `executor` runs the per-entry work
+    (kvgraft.executor; default: in this process); each entry records its placement.
     """
     from kvgraft.executor import LocalExecutor
 
+    passes("byte-exact", require)  # refuses an unknown requirement before any work
     rel = release if isinstance(release, Release) else Release.open(release)
     forced = check_model(rel, lm, force=force)
     chosen = [rel.entry(e) for e in entries] if entries else rel.entries
     ex = executor or LocalExecutor()
-    current = ex.environment(lm)
     recorded = rel.manifest["environment"]
-    result: dict[str, Any] = {
-        "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
-        "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
-        "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
-                  "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
-        "schedule": (schedule.as_dict() if schedule else rel.manifest["schedule"]),
-        "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
-        "environment": {"recorded": recorded, "current": current,
-                        "differences": {k: list(v) for k, v in differences(recorded, current).items()}},
-        "entries": [],
-    }
-    unit = functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule)
-    result["entries"] = ex.map(unit, rel, chosen, lm=lm, labels=[e["id"] for e in chosen],
-                               progress=(lambda i, n, _label: progress(i, n)) if progress else None)
+    overrides = dict(overrides or {})
+    with replay.applied(lm, recorded, overrides):
+        current = ex.environment(lm)
+        diffs = differences(recorded, current)
+        result: dict[str, Any] = {
+            "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
+            "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
+            "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
+                      "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
+            "schedule": (schedule.as_dict() if schedule else rel.manifest["schedule"]),
+            "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
+            "environment": {"recorded": recorded, "current": current,
+                            "differences": {k: list(v) for k, v in diffs.items()}},
+            "conditions": replay.describe(recorded, current, overrides),
+            "require": require,
+            "entries": [],
+        }
+        unit = functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule)
+        result["entries"] = ex.map(unit, rel, chosen, lm=lm, labels=[e["id"] for e in chosen],
+                                   progress=(lambda i, n, _label: progress(i, n)) if progress else None)
+    for e in result["entries"]:
+        e["conditions_differ"] = sorted(diffs) + (["schedule"] if result["schedule_overridden"] else [])
     result["executor"] = ex.describe()
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
+    result["verdict"] = worst([e["verdict"] for e in result["entries"]])
+    result["passed"] = passes(result["verdict"], require)
     result["statements"] = statements(result)
     return result
 

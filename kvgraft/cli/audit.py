@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, audit_app, err, handled, load_model, out
+from kvgraft.cli._base import ModelOpt, audit_app, err, handled, load_model, out
 from kvgraft.errors import EXIT_NOT_EXACT
 
 if TYPE_CHECKING:
@@ -42,9 +42,14 @@ def _write(result: dict[str, object], path: Path, schema: str) -> None:
 def recompute_cmd(
     release: Annotated[Path, typer.Argument(help="Cache release folder.")],
     model: ModelOpt = "smollm2-135m",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = "sdpa",
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
+                                                                "machine has it).")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Override the recorded dtype.")] = None,
+    attn: Annotated[str | None, typer.Option("--attn", help="Override the recorded attention kernel (eager, sdpa).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="Override the recorded torch thread count.")] = None,
+    require: Annotated[str, typer.Option("--require", help="exact: every entry byte-exact (the preprint's claim); "
+                                                           "consistent: byte-exact or inside the measured noise "
+                                                           "envelope.")] = "exact",
     entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="Audit only these entries.")] = None,
     probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
     = None,
@@ -60,32 +65,41 @@ def recompute_cmd(
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
 ) -> None:
-    """Recompute fresh KV states and compare them with the release, bit for bit and by KL.
+    """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
 
-    Exit 0 when every entry is byte-exact, 4 when any is not, 3 for a model of another identity,
-    2 when the release cannot be read (or, with --executor ray, when entries could not be run), 1 when
-    stored bytes do not match their commitments.
+    Replays the recorded conditions (device where present, dtype, attention, threads, deterministic
+    flags, schedule); options override one and are recorded as overrides. Each entry is byte-exact,
+    consistent (inside the noise envelope measured here) or inconsistent. Exit 0 when the --require
+    is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
+    --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
     """
     from rich.progress import Progress
 
-    from kvgraft import recompute
+    from kvgraft import recompute, replay
     from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
     from kvgraft.release import Release
 
     if chunk is not None and one_shot:
         raise InputError("--chunk and --one-shot exclude each other")
+    recompute.passes("byte-exact", require)
     rel = Release.open(release)
     override = None
     if chunk is not None or one_shot:
         override = Schedule.from_dict({**rel.manifest["schedule"], "chunk_tokens": chunk})
-    with make_executor(executor, model, device, dtype, attn, address=ray_address, workers=workers, ship=ship) as ex:
-        lm = ex.model(lambda: load_model(model, device, dtype, attn))
+    recorded = rel.manifest["environment"]
+    dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
+    overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
+    n_threads = threads if threads is not None else recorded.get("threads")
+    with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
+                       threads=n_threads if dev == "cpu" and isinstance(n_threads, int) else None) as ex:
+        lm = ex.model(lambda: load_model(model, dev, dt, at))
         with Progress(console=err, transient=True, disable=quiet) as bar:
             n = len(entry) if entry else len(rel.entries)
             task = bar.add_task("recomputing", total=n)
             result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
-                                     progress=lambda i, _n: bar.update(task, completed=i), executor=ex)
+                                     progress=lambda i, _n: bar.update(task, completed=i), executor=ex,
+                                     overrides=overrides, require=require)
     if json_out:
         _write(result, json_out, "recompute-result.v1.json")
     if not quiet:
@@ -93,7 +107,7 @@ def recompute_cmd(
 
         for r in check_renderables("recompute", result):
             out.print(r)
-    if not result["all_byte_exact"]:
+    if not result["passed"]:
         raise typer.Exit(EXIT_NOT_EXACT)
 
 

@@ -1,0 +1,203 @@
+"""The numerical-noise envelope of one computation, measured on this machine, and the three verdicts.
+
+Stored KV states that differ from a fresh recompute in bytes are either the same computation run with
+other kernels (another CPU, thread count, chunking, attention kernel, engine) or a different one
+(other weights, other tokens, altered values). To tell them apart the audit reruns the entry under
+benign perturbations this machine can run and measures, per row (layer, tensor, batch, head,
+position), how far each lands from the replayed recompute:
+
+- the same computation at higher precision (float64 for float32 models, float32 for 16-bit ones):
+  the rounding error of the replayed run itself, present in every element from layer 0 on; any other
+  implementation of the same arithmetic sits within a small multiple of it;
+- the other attention kernel, another thread count, another chunking, a padded batch row.
+
+An element is outside the envelope when |stored - fresh| > FACTOR * max(noise of its row, one ulp
+of the row's largest value). `FACTOR` and its measurement are in docs/cross-machine.md: leave-one-out
+over the benign perturbations gave ratios up to 6.8 on SmolLM2-135M; 32 leaves a margin of 4.7 for
+kernels this machine cannot run (another CPU), while a 1e-2 relative change of a typical element is
+still thousands of rows' noise away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
+from kvgraft.hashing import cores
+from kvgraft.models import LoadedModel
+
+FACTOR = 32.0
+VERDICTS = ("byte-exact", "consistent", "inconsistent")
+_HIGHER = {torch.float32: torch.float64, torch.bfloat16: torch.float32, torch.float16: torch.float32}
+_COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def worst(verdicts: list[str]) -> str:
+    """The release's verdict: the worst of its entries' ('byte-exact' for none)."""
+    return max(verdicts, key=VERDICTS.index, default="byte-exact")
+
+
+@contextlib.contextmanager
+def attention(lm: LoadedModel, attn: str) -> Iterator[None]:
+    """Run with another attention implementation, restored afterwards (the model is shared)."""
+    before = lm.attn
+    if attn == before:
+        yield
+        return
+    lm.model.set_attn_implementation(attn)
+    lm.attn = attn
+    try:
+        yield
+    finally:
+        lm.model.set_attn_implementation(before)
+        lm.attn = before
+
+
+def _higher_precision(lm: LoadedModel) -> LoadedModel | None:
+    """A copy of the model in the next wider float type, made once per model (None if there is none)."""
+    param = next(lm.model.parameters())
+    wider = _HIGHER.get(param.dtype)
+    if wider is None:
+        return None
+    model = _COPIES.get(lm.model)
+    if model is None:
+        model = copy.deepcopy(lm.model)
+        model.to(wider)  # type: ignore[arg-type]
+        _COPIES[lm.model] = model
+    if getattr(model.config, "_attn_implementation", lm.attn) != lm.attn:
+        model.set_attn_implementation(lm.attn)
+    return LoadedModel(lm.spec, model, lm.tokenizer, lm.device, str(wider).removeprefix("torch."), lm.attn,
+                       lm._identity)
+
+
+def perturbations(lm: LoadedModel, ids: list[int], schedule: Schedule,
+                  ) -> list[tuple[str, Callable[[], dict[str, torch.Tensor]]]]:
+    """The benign reruns this machine can do for one entry, each returning tensors named like the cache's."""
+
+    def run(model: LoadedModel, sched: Schedule) -> Callable[[], dict[str, torch.Tensor]]:
+        return lambda: layer_map(model, prefill(model, ids, sched)[0])[1]
+
+    out: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]] = []
+    high = _higher_precision(lm)
+    if high is not None:
+        out.append((f"{high.dtype} (higher precision)", run(high, schedule)))
+    other_attn = "eager" if lm.attn != "eager" else "sdpa"
+
+    def with_attn() -> dict[str, torch.Tensor]:
+        with attention(lm, other_attn):
+            return run(lm, schedule)()
+
+    out.append((f"{other_attn} attention", with_attn))
+    if lm.torch_device.type == "cpu" and cores() > 1:
+        n = torch.get_num_threads()
+        other = 1 if n > 1 else 2
+
+        def with_threads() -> dict[str, torch.Tensor]:
+            with threads(other):
+                return run(lm, schedule)()
+
+        out.append((f"{other} thread{'s' if other > 1 else ''}", with_threads))
+    if schedule.chunk_tokens is None:
+        chunk = 64 if len(ids) > 64 else max(1, len(ids) // 2)
+        if chunk < len(ids):
+            out.append((f"chunks of {chunk}", run(lm, Schedule(chunk, schedule.add_special_tokens,
+                                                               schedule.add_generation_prompt))))
+    else:
+        out.append(("one-shot", run(lm, Schedule(None, schedule.add_special_tokens, schedule.add_generation_prompt))))
+    out.append(("row 0 of a left-padded batch of 4", lambda: padded_batch_row(lm, ids)[0]))
+    return out
+
+
+@dataclass
+class Envelope:
+    """Per-row noise of a recompute: the largest benign difference of each row, per tensor."""
+
+    noise: dict[str, torch.Tensor]  # name -> [batch, heads, positions, 1], float64
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    factor: float = FACTOR
+
+    def allowed(self, name: str, fresh: torch.Tensor) -> torch.Tensor:
+        """The largest |stored - fresh| each element may have and still be the same computation."""
+        scale = fresh.detach().double().abs().amax(-1, keepdim=True)
+        ulp = scale * float(torch.finfo(fresh.dtype).eps)
+        return self.factor * torch.maximum(self.noise[name].to(fresh.device), ulp)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"factor": self.factor, "perturbations": self.runs, "seconds": self.seconds}
+
+
+def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
+              only: set[str] | None = None, skip: set[str] | None = None) -> Envelope:
+    """Measure the envelope of `reference` (the replayed recompute) from benign reruns of `ids`.
+
+    `only`/`skip` choose perturbations by name (leave-one-out studies in bench/sensitivity.py).
+    """
+    t0 = time.perf_counter()
+    noise = {name: torch.zeros((*t.shape[:-1], 1), dtype=torch.float64) for name, t in reference.items()}
+    runs: list[dict[str, Any]] = []
+    for label, rerun in perturbations(lm, ids, schedule):
+        if (only is not None and label not in only) or (skip is not None and label in skip):
+            continue
+        t = time.perf_counter()
+        got = rerun()
+        differing, max_abs = 0, 0.0
+        for name, ref in reference.items():
+            other = got[name].to(ref.device)
+            if other.shape != ref.shape:
+                raise ValueError(f"perturbation {label!r} gave {name} of shape {list(other.shape)}, "
+                                 f"expected {list(ref.shape)}")
+            d = (other.double() - ref.double()).abs().amax(-1, keepdim=True).cpu()
+            d = torch.nan_to_num(d, nan=0.0, posinf=0.0)  # a benign run that overflows says nothing
+            torch.maximum(noise[name], d, out=noise[name])
+            differing += int(bool((d > 0).any()))
+            max_abs = max(max_abs, float(d.max()))
+        del got
+        runs.append({"name": label, "seconds": time.perf_counter() - t, "tensors_differing": differing,
+                     "max_abs": max_abs})
+    return Envelope(noise, runs, time.perf_counter() - t0)
+
+
+@dataclass
+class Judgement:
+    """How far one stored tensor lies from the fresh one, measured in envelopes."""
+
+    outside: int
+    max_excess: float
+    worst: list[int] | None  # (batch, head, position, dim) of the largest excess
+    first: list[int] | None  # the first element outside, in C order
+    worst_values: dict[str, float] | None
+
+
+def judge(stored: torch.Tensor, fresh: torch.Tensor, allowed: torch.Tensor) -> Judgement:
+    """Elements outside the envelope; a non-finite stored value where the fresh one is finite is outside."""
+    s, f = stored.double(), fresh.double().to(stored.device)
+    diff = (s - f).abs()
+    bad = ~torch.isfinite(s) & torch.isfinite(f)
+    excess = torch.where(bad, torch.full_like(diff, float("inf")), diff / allowed.to(diff.device))
+    excess = torch.nan_to_num(excess, nan=0.0)  # NaN where both are NaN: same computation
+    outside_mask = excess > 1.0
+    outside = int(outside_mask.sum())
+    flat = excess.reshape(-1)
+    at = int(torch.argmax(flat))
+    max_excess = float(flat[at])
+    if max_excess == 0.0:
+        return Judgement(0, 0.0, None, None, None)
+    import numpy as np
+
+    shape = tuple(stored.shape)
+    where = [int(i) for i in np.unravel_index(at, shape)]
+    first = None
+    if outside:
+        first = [int(i) for i in np.unravel_index(int(torch.nonzero(outside_mask.reshape(-1))[0, 0]), shape)]
+    values = {"stored": float(s.reshape(-1)[at]), "fresh": float(f.reshape(-1)[at]),
+              "abs_diff": float(diff.reshape(-1)[at]), "allowed": float(allowed.expand_as(diff).reshape(-1)[at])}
+    return Judgement(outside, max_excess, where, first, values)

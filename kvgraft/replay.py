@@ -1,0 +1,74 @@
+"""Recorded conditions: which a recompute replays, which an option overrides, which this machine cannot."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from kvgraft.environment import SENSITIVE, differences
+from kvgraft.errors import InputError
+from kvgraft.models import ATTNS, DTYPES, LoadedModel
+
+# What a recompute sets from the release's environment unless an option says otherwise.
+REPLAYED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
+
+
+def load_options(recorded: dict[str, Any], *, device: str | None = None, dtype: str | None = None,
+                 attn: str | None = None) -> tuple[str, str, str]:
+    """(device, dtype, attention) to load the model with: the recorded ones unless overridden."""
+    import torch
+
+    if device is None:
+        device = "cuda" if recorded.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = str(recorded.get("dtype"))
+        if dtype not in DTYPES:
+            raise InputError(f"recorded dtype {dtype!r} is not one kvgraft can load ({', '.join(DTYPES)}); pass --dtype")
+    if attn is None:
+        attn = str(recorded.get("attn_implementation"))
+        if attn not in ATTNS:
+            raise InputError(f"recorded attention {attn!r} is not one kvgraft can run ({', '.join(ATTNS)}); pass --attn")
+    return device, dtype, attn
+
+
+def overrides_given(recorded: dict[str, Any], **given: Any) -> dict[str, Any]:
+    """The explicit options (not None) that differ from what was recorded, under environment names."""
+    names = {"device": "device", "dtype": "dtype", "attn": "attn_implementation", "threads": "threads",
+             "deterministic": "deterministic_algorithms"}
+    return {names[k]: v for k, v in given.items() if v is not None and v != recorded.get(names[k])}
+
+
+@contextlib.contextmanager
+def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]) -> Iterator[None]:
+    """Set the switchable conditions (attention, threads, deterministic algorithms) for the run, then restore."""
+    import torch
+
+    from kvgraft.capture import threads
+    from kvgraft.envelope import attention
+
+    def wanted(key: str) -> Any:
+        return overrides.get(key, recorded.get(key))
+
+    attn = wanted("attn_implementation")
+    n = wanted("threads")
+    det = wanted("deterministic_algorithms")
+    before_det = torch.are_deterministic_algorithms_enabled()
+    with contextlib.ExitStack() as stack:
+        if attn in ATTNS:
+            stack.enter_context(attention(lm, attn))
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1 and lm.torch_device.type == "cpu":
+            stack.enter_context(threads(n))
+        if isinstance(det, bool) and det != before_det:
+            torch.use_deterministic_algorithms(det)
+            stack.callback(torch.use_deterministic_algorithms, before_det)
+        yield
+
+
+def describe(recorded: dict[str, Any], current: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Per condition: replayed (equal to the record), overridden (by an option), or not replayed (cannot be)."""
+    replayed = [k for k in SENSITIVE if k not in overrides and recorded.get(k) == current.get(k)
+                and (k in recorded or k in current)]
+    overridden = {k: {"recorded": recorded.get(k), "used": current.get(k, v)} for k, v in overrides.items()}
+    missing = {k: list(v) for k, v in differences(recorded, current).items() if k not in overrides}
+    return {"replayed": replayed, "overridden": overridden, "not_replayed": missing}

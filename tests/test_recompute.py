@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from kvgraft import capture, errors, recompute
 from kvgraft.cli import app
-from kvgraft.hashing import hash_file, sha256_hex
-from kvgraft.release import entry_digest, root_digest
+
+import rewrite
 
 runner = CliRunner()
 
@@ -60,32 +60,14 @@ def test_chunked_release_vs_one_shot_recompute_is_located(smollm2: Any, tmp_path
     assert "Recomputed with an overridden schedule" in result["statements"][0]
 
 
-def _rewrite_consistently(rel: Path, entry_index: int, tensor: str, element: int) -> None:
-    """Change one element of a stored tensor and rewrite every hash so the release still verifies."""
-    m = json.loads((rel / "manifest.json").read_text())
-    e = m["entries"][entry_index]
-    t = e["tensors"][tensor]
-    f = rel / e["file"]
-    data = bytearray(f.read_bytes())
-    at = t["byte_range"][0] + element * 4
-    data[at + 3] ^= 0x01  # float32 high byte: a visible change
-    f.write_bytes(bytes(data))
-    t["sha256"] = sha256_hex(bytes(data[t["byte_range"][0] : t["byte_range"][1]]))
-    e["digest"] = entry_digest(e)
-    sha, size = hash_file(f)
-    m["files"][e["file"]] = {"sha256": sha, "size": size}
-    m["root_digest"] = root_digest(m)
-    (rel / "manifest.json").write_text(json.dumps(m))
-
-
 def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Callable[[str], Any],
                                                                   tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     m = capture.capture(lm, [("t", {"id": "a", "text": _text(60)})], tmp_path / "rel", probe_tokens=2)
     shape = m["entries"][0]["tensors"]["layer.1.values"]["shape"]  # [1, heads, positions, dim]
     head, pos, dim = 1, 7, 3
-    element = (head * shape[2] + pos) * shape[3] + dim
-    _rewrite_consistently(tmp_path / "rel", 0, "layer.1.values", element)
+    index = rewrite.flat_index(shape, head, pos, dim)
+    rewrite.element(tmp_path / "rel", 0, "layer.1.values", index, lambda x: x * 2.0 if x else 1.0)
     result = recompute.audit(tmp_path / "rel", lm)
     e = result["entries"][0]
     assert not e["byte_exact"] and e["tensors_equal"] == e["tensors"] - 1
@@ -93,6 +75,8 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
     assert e["first_difference"]["layer"] == 1 and e["first_difference"]["tensor"] == "values"
     assert e["layers"][1]["values"]["differing"] == 1
     assert e["matched"]["kl_max"] != 0.0
+    assert e["verdict"] == "inconsistent" and result["verdict"] == "inconsistent"
+    assert e["outside"]["first"] == {"layer": 1, "tensor": "values", "batch": 0, "head": head, "position": pos, "dim": dim}
 
 
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:

@@ -137,15 +137,17 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     rc = plan.check("recompute")
     if rc is not None:
         say("recomputing fresh KV states and comparing")
-        result = recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex)
+        result = recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex,
+                                 require=rc.get("require", "exact"))
         exact = sum(e["byte_exact"] for e in result["entries"])
-        checks.append(make_check("recompute", "recompute", "passed" if result["all_byte_exact"] else "failed",
+        checks.append(make_check("recompute", "recompute", "passed" if result["passed"] else "failed",
                                  "\n".join(result["statements"]), result))
         from kvgraft.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
         natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
-        ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, "
+        ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
+                               f"(required: {result['require']}), "
                                f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
     dc = plan.check("determinism")
     if dc is not None:

@@ -422,9 +422,11 @@ def measured_findings(cf: ClaimsFile, c: dict[str, Any], measured: dict[str, Any
     out = []
     data = {role: v[role] for role in v}
     if "byte_identical" in v:
+        # Exactness is a fact about one machine and its conditions: say which, and what held otherwise.
+        held = f" ({measured['restore_conditions']})" if isinstance(measured.get("restore_conditions"), str) else ""
         out.append(Finding("measurement", "supported" if v["byte_identical"] else "contradicted",
-                           "restored states byte-identical to a fresh compute" if v["byte_identical"]
-                           else "restored states differ from a fresh compute", data))
+                           ("restored states byte-identical to a fresh compute" if v["byte_identical"]
+                            else "restored states differ from a fresh compute") + held, data))
     if "kl_max" in v:
         kl = float(v["kl_max"])
         out.append(Finding("measurement", "supported" if kl == 0.0 else "contradicted",
@@ -438,8 +440,20 @@ def measured_from_recompute(result: dict[str, Any]) -> dict[str, Any]:
     entries = result.get("entries", [])
     if not entries:
         raise InputError("recompute result: no entries, nothing was measured")
-    return {"restore_byte_identical": all(bool(e["byte_exact"]) for e in entries),
-            "kl_max": max(float(e["matched"]["kl_max"]) for e in entries)}
+    out: dict[str, Any] = {"restore_byte_identical": all(bool(e["byte_exact"]) for e in entries),
+                           "kl_max": max(float(e["matched"]["kl_max"]) for e in entries)}
+    if "verdict" in result:
+        env = result["environment"]["current"]
+        where = f"on {env.get('device_name')}, {env.get('dtype')}, {env.get('attn_implementation')}, {env.get('threads')} threads"
+        not_replayed = sorted(result["conditions"]["not_replayed"])
+        out["restore_verdict"] = result["verdict"]
+        out["restore_conditions"] = (
+            f"{result['verdict']} {where}"
+            + (f"; not byte-exact because {', '.join(not_replayed)} differ from the recording"
+               if result["verdict"] == "consistent" and not_replayed else "")
+            + ("; recorded conditions overridden: " + ", ".join(sorted(result["conditions"]["overridden"]))
+               if result["conditions"]["overridden"] else ""))
+    return out
 
 
 # --- the check -------------------------------------------------------------------------------------------------

@@ -260,9 +260,19 @@ def verdict_statement(result: dict[str, Any]) -> str:
     meaning = {"byte-exact": "every SHA-256 equal",
                "consistent": "bytes differ, every difference inside the measured noise envelope of the same computation",
                "inconsistent": "some difference lies outside the envelope: not the same computation"}[verdict]
+    located = []
+    for e in entries:
+        w = (e.get("outside") or {}).get("worst")
+        if w:
+            at = ", ".join(f"{k} {w[k]}" for k in ("head", "position", "dim") if k in w)
+            located.append(f"{e['id']}: layer {w['layer']} {w['tensor']} ({at}) |diff| {w['abs_diff']:.3g} is "
+                           f"{w['excess']:.3g}x the envelope")
+        elif e.get("outside"):
+            located.append(f"{e['id']}: " + "; ".join(e["outside"]["layout"] + e["outside"]["shape"]))
     return (f"Verdict {verdict} ({meaning}) on {machine}, {where}: {counts['byte-exact']} byte-exact, "
             f"{counts['consistent']} consistent, {counts['inconsistent']} inconsistent of {len(entries)} entries; "
-            f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}.")
+            f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}."
+            + (" Outside the envelope: " + "; ".join(located) + "." if located else ""))
 
 
 REQUIREMENTS = ("exact", "consistent")

@@ -115,7 +115,9 @@ def recompute_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         absd = [x["max_abs"] for x in cells if x["max_abs"] is not None]
         matched = e.get("matched") if isinstance(e.get("matched"), dict) else {}
         natural = e.get("natural") if isinstance(e.get("natural"), dict) else {}
+        verdict = e.get("verdict") or ("byte-exact" if e.get("byte_exact") else "differs")
         out.append({"id": str(e.get("id")), "tokens": e.get("num_tokens"), "exact": bool(e.get("byte_exact")),
+                    "verdict": str(verdict), "excess": e.get("max_excess"),
                     "differing_layers": sum(1 for x in cells if not x["identical"] and (x["known"] or x["mismatch"])),
                     "layers": len(cells), "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
                     "first": _first_difference(e), "kl": matched.get("kl_max"), "kl_natural": natural.get("kl_max")})
@@ -333,13 +335,14 @@ def accuracy_table(title: str, accuracies: list[dict[str, Any]]) -> Table:
 def _recompute_terminal(c: dict[str, Any]) -> list[RenderableType]:
     data = c["data"]
     t = Table(title="entries", title_justify="left")
-    for col in ("entry", "tokens", "byte-exact", "layers differing", "max ULP", "max |diff|", "first difference",
-                "KL max", "KL vs no cache"):
+    for col in ("entry", "tokens", "verdict", "layers differing", "max ULP", "max |diff|", "of envelope",
+                "first difference", "KL max", "KL vs no cache"):
         t.add_column(col)
     for r in recompute_rows(data):
-        t.add_row(r["id"], _num(r["tokens"]), Text("yes" if r["exact"] else "no", style="green" if r["exact"] else "red"),
-                  f"{r['differing_layers']}/{r['layers']}", _num(r["max_ulp"]), _num(r["max_abs"]), r["first"],
-                  _num(r["kl"]), _num(r["kl_natural"]))
+        style = {"byte-exact": "green", "consistent": "yellow"}.get(r["verdict"], "red")
+        t.add_row(r["id"], _num(r["tokens"]), Text(r["verdict"], style=style),
+                  f"{r['differing_layers']}/{r['layers']}", _num(r["max_ulp"]), _num(r["max_abs"]), _num(r["excess"]),
+                  r["first"], _num(r["kl"]), _num(r["kl_natural"]))
     out: list[RenderableType] = [t, heatmap_text(data)]
     out += [Text(f"• {st}") for st in data.get("statements", [])]
     return out
@@ -624,14 +627,14 @@ def _recompute_html(c: dict[str, Any]) -> str:
     data = c["data"]
     rows = []
     for r in recompute_rows(data):
-        state = _badge("passed", "byte-exact") if r["exact"] else _badge("failed", "differs")
+        state = _badge("passed" if r["verdict"] in ("byte-exact", "consistent") else "failed", r["verdict"])
         rows.append([_e(r["id"]), _num(r["tokens"]), state, f"{r['differing_layers']}/{r['layers']}", _num(r["max_ulp"]),
-                     _num(r["max_abs"]), _e(r["first"]), _num(r["kl"]), _num(r["kl_natural"])])
+                     _num(r["max_abs"]), _num(r["excess"]), _e(r["first"]), _num(r["kl"]), _num(r["kl_natural"])])
     out = ""
     if data.get("reference"):
         out += f'<p class="muted">compared with: {_e(data["reference"])}</p>'
-    out += _table(["entry", "tokens", "states", "layers differing", "max ULP", "max |diff|", "first difference", "KL max",
-                   "KL vs no cache"], rows, num=(1, 3, 4, 5, 7, 8))
+    out += _table(["entry", "tokens", "verdict", "layers differing", "max ULP", "max |diff|", "of envelope",
+                   "first difference", "KL max", "KL vs no cache"], rows, num=(1, 3, 4, 5, 6, 8, 9))
     out += "<h3>per-layer divergence (rows: entries, columns: layers)</h3>" + heatmap_svg(data)
     if data.get("statements"):
         out += "<ul>" + "".join(f"<li>{_e(st)}</li>" for st in data["statements"]) + "</ul>"

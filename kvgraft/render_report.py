@@ -432,7 +432,8 @@ def claims_table(claims: list[dict[str, Any]], *, findings: bool = False, title:
 def claims_check_renderables(result: dict[str, Any]) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (kvgraft.claims.check)."""
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
-    out: list[RenderableType] = [claims_table(result["claims"], findings=True, title=title)]
+    out: list[RenderableType] = [Text(line) for line in readings_lines(result)]
+    out.append(claims_table(result["claims"], findings=True, title=title))
     counts = ", ".join(f"{n} {k}" for k, n in result["counts"].items() if n)
     style = "bold red" if result["failed"] else "bold green"
     out.append(Text(f"{'FAILED' if result['failed'] else 'OK'}: {counts}", style=style))
@@ -441,13 +442,23 @@ def claims_check_renderables(result: dict[str, Any]) -> list[RenderableType]:
     return out
 
 
+def readings_lines(result: dict[str, Any]) -> list[str]:
+    """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
+    return [f"reading of {r['name']}: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
+
+
+def _claims_terminal(check: dict[str, Any]) -> list[RenderableType]:
+    return [Text(line) for line in readings_lines(check["data"])]
+
+
 _CHECK_RENDERERS = {"recompute": _recompute_terminal, "generalization": _generalization_terminal,
-                    "determinism": _determinism_terminal, "verify": _verify_terminal}
+                    "determinism": _determinism_terminal, "verify": _verify_terminal, "claims": _claims_terminal}
 _KNOWN_DATA = {"recompute": ("entries", "reference", "all_byte_exact", "statements"),
                "generalization": ("benchmark", "conditions", "mcnemar", "split", "ledger"),
                "determinism": ("conditions", "rows", "notes", "baseline", "length"),
                "verify": ("ok", "error", "details", "root_digest", "entries", "files", "tensors", "bytes_hashed", "deep",
-                          "signature", "format", "format_version", "kvgraft_version", "exit_code", "release")}
+                          "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"),
+               "claims": ("readings", "claims", "counts", "failed", "status", "format", "format_version", "kvgraft_version")}
 
 
 def check_renderables(kind: str, data: dict[str, Any]) -> list[RenderableType]:
@@ -698,8 +709,12 @@ def _kv_html(mapping: dict[str, Any]) -> str:
     return _table(["what", "value"], rows)
 
 
+def _claims_html(check: dict[str, Any]) -> str:
+    return "".join(f"<p>{_e(line)}</p>" for line in readings_lines(check["data"]))
+
+
 _HTML_RENDERERS = {"recompute": _recompute_html, "generalization": _generalization_html, "determinism": _determinism_html,
-                   "verify": _verify_html}
+                   "verify": _verify_html, "claims": _claims_html}
 
 
 def claims_html(claims: list[dict[str, Any]]) -> str:

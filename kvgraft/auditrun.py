@@ -14,6 +14,7 @@ from kvgraft.executor import Executor
 from kvgraft.hashing import hash_file
 from kvgraft.plan import Plan
 from kvgraft.report import make_check
+from kvgraft.verdict import seal
 
 Progress = Callable[[str], None]
 
@@ -137,10 +138,9 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     rc = plan.check("recompute")
     if rc is not None:
         say("recomputing fresh KV states and comparing")
-        result = recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex)
+        result = seal("recompute", recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex))
         exact = sum(e["byte_exact"] for e in result["entries"])
-        checks.append(make_check("recompute", "recompute", "passed" if result["all_byte_exact"] else "failed",
-                                 "\n".join(result["statements"]), result))
+        checks.append(make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result))
         from kvgraft.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
@@ -152,8 +152,8 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         say("running the determinism matrix")
         from kvgraft import determinism
 
-        d = determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True)
-        checks.append(make_check("determinism", "determinism", "passed", "\n".join(d["notes"]), d))
+        d = seal("determinism", determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True))
+        checks.append(make_check("determinism", "determinism", d["status"], "\n".join(d["notes"]), d))
     gc = plan.check("generalization")
     if gc is not None:
         say("generalization audit: conditions a-d on library, held-out and synthetic problems")
@@ -164,9 +164,9 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
         settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
                                 samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
-        g = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex)
+        g = seal("generalization", gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex))
         data = gen.report_check_data(g)
-        checks.append(make_check("generalization", "generalization", "passed", "\n".join(g.get("statements", [])),
+        checks.append(make_check("generalization", "generalization", g["status"], "\n".join(g.get("statements", [])),
                                  {**data, "result": g}))
         ledger.update(_generalization_ledger(g))
     claims_list: list[dict[str, Any]] = []
@@ -176,7 +176,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         from kvgraft import claims
 
         cf = claims.load(plan.resolve(cc["file"]))
-        checked = claims.check(cf, measured or None, measured_where="this audit's recompute check")
+        checked = seal("claims", claims.check(cf, measured or None, measured_where="this audit's recompute check"))
         claims_list = claim_verdicts(checked)
         if natural_kl is not None:
             # Say for which comparison exactness was measured, next to the verdict itself.
@@ -185,7 +185,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
                     contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
                     c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
                                     f"prefix + probe without any cache, max KL = {contrast})")
-        checks.append(make_check("claims", "claims", "failed" if checked["failed"] else "passed",
+        checks.append(make_check("claims", "claims", checked["status"],
                                  f"{len(claims_list)} claims checked against internal consistency"
                                  + (" and this audit's measurements" if measured else ""), checked))
     wall = time.perf_counter() - started

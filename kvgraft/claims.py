@@ -633,8 +633,17 @@ def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where
         "unused_measurements": sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
         "failed": any(counts[v] for v in FAILING_CLAIM_VERDICTS),
     }
-    validate(result, CLAIMS_SCHEMA, "claims check result")
-    return result
+    from kvgraft.verdict import seal
+
+    return seal("claims", result, "claims check result")
+
+
+def status(result: dict[str, Any]) -> str:
+    """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
+    if result["failed"]:
+        return "failed"
+    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
+    return "passed" if judged else "incomplete"
 
 
 def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:

@@ -635,8 +635,19 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
     lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
                "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
-    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
-                     context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
+    from kvgraft.verdict import seal
+
+    return seal("generalization", aggregate(lm_info, rel, queries, results, settings, prepared=prepared,
+                                            energy=meter.result.as_dict(), context_length=int(ctx) if ctx else None,
+                                            seconds=time.perf_counter() - t0))
+
+
+def status(result: dict[str, Any]) -> str:
+    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
+    computation as its text); incomplete when nothing ran; else passed."""
+    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+        return "failed"
+    return "passed" if result["runs"] else "incomplete"
 
 
 def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
@@ -669,5 +680,5 @@ def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query",
+    "prepare", "query_text", "report_check_data", "run_query", "status",
 ]

@@ -243,3 +243,8 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
             "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
             "recorded_environment": manifest["environment"], "current_environment": current,
             "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}
+
+
+def status(result: dict[str, Any]) -> str:
+    """passed when every entry is byte-exact, else failed (kvgraft.verdict maps it to the exit code)."""
+    return "passed" if result["all_byte_exact"] else "failed"

@@ -211,7 +211,8 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
     body.append(f"{v['status'].upper()}\n", style=style)
     body.append(v["headline"] + "\n")
     checks = v["checks"]
-    body.append(f"checks: {checks['passed']} passed, {checks['failed']} failed, {checks['skipped']} skipped\n")
+    incomplete = f", {checks['incomplete']} incomplete" if checks.get("incomplete") else ""
+    body.append(f"checks: {checks['passed']} passed, {checks['failed']} failed{incomplete}, {checks['skipped']} skipped\n")
     claims = ", ".join(f"{n} {k}" for k, n in v["claims"].items() if n)
     body.append(f"claims: {claims or 'none'}")
     model = (report.get("model") or {}).get("spec", "no model")
@@ -435,8 +436,8 @@ def claims_check_renderables(result: dict[str, Any]) -> list[RenderableType]:
     out: list[RenderableType] = [Text(line) for line in readings_lines(result)]
     out.append(claims_table(result["claims"], findings=True, title=title))
     counts = ", ".join(f"{n} {k}" for k, n in result["counts"].items() if n)
-    style = "bold red" if result["failed"] else "bold green"
-    out.append(Text(f"{'FAILED' if result['failed'] else 'OK'}: {counts}", style=style))
+    status = result.get("status", "failed" if result["failed"] else "passed")
+    out.append(Text(f"{status.upper()}: {counts}", style=STATUS_STYLE.get(status, "bold")))
     if result["unused_measurements"]:
         out.append(Text("measurements no claim uses: " + ", ".join(result["unused_measurements"]), style="yellow"))
     return out
@@ -735,7 +736,8 @@ def to_html(report: dict[str, Any]) -> str:
     body.append(f'<div class="verdict" style="background:{HTML_COLOR.get(v["status"], "#555")}">'
                 f'<div class="status">{_e(v["status"].upper())}</div><div class="headline">{_e(v["headline"])}</div>'
                 f'<div class="counts">checks: {v["checks"]["passed"]} passed, {v["checks"]["failed"]} failed, '
-                f'{v["checks"]["skipped"]} skipped · claims: {_e(claims_counts)}</div></div>')
+                + (f'{v["checks"]["incomplete"]} incomplete, ' if v["checks"].get("incomplete") else "")
+                + f'{v["checks"]["skipped"]} skipped · claims: {_e(claims_counts)}</div></div>')
     ident = [["kvgraft", _e(report["kvgraft_version"])], ["created", _e(report["created"])],
              ["plan", f"{_e(report['plan']['name'])} <code>{_e(report['plan'].get('sha256', ''))}</code>"],
              ["model", _e(model.get("spec", "none"))]]

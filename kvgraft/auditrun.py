@@ -169,6 +169,22 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         checks.append(make_check("generalization", "generalization", g["status"], "\n".join(g.get("statements", [])),
                                  {**data, "result": g}))
         ledger.update(_generalization_ledger(g))
+    kc = plan.check("controls")
+    if kc is not None:
+        from kvgraft import controls
+        from kvgraft.release import Release
+
+        n, seed = kc.get("n", 20), kc.get("seed", 0)
+        say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
+        controls.build(lm, out / "controls-release", n=n, seed=seed, overwrite=True)
+        k = seal("controls", controls.run(lm, Release.open(out / "controls-release"), n=n, seed=seed,
+                                          max_new_tokens=kc.get("max_new_tokens", 32), executor=ex))
+        shown = sum(c["shows"] for c in k["controls"])
+        checks.append(make_check("controls", "controls", k["status"],
+                                 f"{shown}/{len(k['controls'])} controls show what they expect\n" + "\n".join(k["statements"]),
+                                 k))
+        ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+                              "(its own release, out/…/controls-release, not signed)")
     claims_list: list[dict[str, Any]] = []
     cc = plan.check("claims")
     if cc is not None:

@@ -25,7 +25,7 @@ REPORT_SCHEMA = "audit-report.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
 REPORT_FORMAT_VERSION = 1
 
-CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "other")
+CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "controls", "other")
 CHECK_STATUSES = ("passed", "failed", "incomplete", "skipped")
 # Claim verdicts, most severe first. The claims checker uses the same words.
 CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")

@@ -14,7 +14,7 @@ from kvgraft.schema import validate
 
 STATUSES = ("passed", "failed", "incomplete")
 SCHEMAS = {"recompute": "recompute-result.v1.json", "generalization": "generalization-result.v1.json",
-           "determinism": "determinism-result.v1.json", "claims": "claims.v1.json"}
+           "determinism": "determinism-result.v1.json", "claims": "claims.v1.json", "controls": "controls-result.v1.json"}
 # passed: the audit ran and found nothing wrong; failed: it ran and found a failure; incomplete: it ran but could
 # not reach a verdict (nothing to judge, or a control that shows its power failed).
 EXIT_CODES = {"passed": EXIT_OK, "failed": EXIT_NOT_EXACT, "incomplete": EXIT_INCOMPLETE}
@@ -30,6 +30,8 @@ def status(kind: str, result: dict[str, Any]) -> str:
         from kvgraft.determinism import status as of
     elif kind == "claims":
         from kvgraft.claims import status as of
+    elif kind == "controls":
+        from kvgraft.controls import status as of
     else:
         raise InputError(f"no audit result of kind {kind!r} (one of {', '.join(SCHEMAS)})")
     s = of(result)

@@ -14,6 +14,7 @@ from kvgraft.executor import Executor
 from kvgraft.hashing import hash_file
 from kvgraft.plan import Plan
 from kvgraft.report import make_check
+from kvgraft.verdict import seal
 
 Progress = Callable[[str], None]
 
@@ -137,11 +138,10 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     rc = plan.check("recompute")
     if rc is not None:
         say("recomputing fresh KV states and comparing")
-        result = recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex,
-                                 require=rc.get("require", "exact"))
+        result = seal("recompute", recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex,
+                                                   require=rc.get("require", "exact")))
         exact = sum(e["byte_exact"] for e in result["entries"])
-        checks.append(make_check("recompute", "recompute", "passed" if result["passed"] else "failed",
-                                 "\n".join(result["statements"]), result))
+        checks.append(make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result))
         from kvgraft.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
@@ -154,8 +154,8 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         say("running the determinism matrix")
         from kvgraft import determinism
 
-        d = determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True)
-        checks.append(make_check("determinism", "determinism", "passed", "\n".join(d["notes"]), d))
+        d = seal("determinism", determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True))
+        checks.append(make_check("determinism", "determinism", d["status"], "\n".join(d["notes"]), d))
     gc = plan.check("generalization")
     if gc is not None:
         say("generalization audit: conditions a-d on library, held-out and synthetic problems")
@@ -166,11 +166,27 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
         settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
                                 samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
-        g = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex)
+        g = seal("generalization", gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex))
         data = gen.report_check_data(g)
-        checks.append(make_check("generalization", "generalization", "passed", "\n".join(g.get("statements", [])),
+        checks.append(make_check("generalization", "generalization", g["status"], "\n".join(g.get("statements", [])),
                                  {**data, "result": g}))
         ledger.update(_generalization_ledger(g))
+    kc = plan.check("controls")
+    if kc is not None:
+        from kvgraft import controls
+        from kvgraft.release import Release
+
+        n, seed = kc.get("n", 20), kc.get("seed", 0)
+        say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
+        controls.build(lm, out / "controls-release", n=n, seed=seed, overwrite=True)
+        k = seal("controls", controls.run(lm, Release.open(out / "controls-release"), n=n, seed=seed,
+                                          max_new_tokens=kc.get("max_new_tokens", 32), executor=ex))
+        shown = sum(c["shows"] for c in k["controls"])
+        checks.append(make_check("controls", "controls", k["status"],
+                                 f"{shown}/{len(k['controls'])} controls show what they expect\n" + "\n".join(k["statements"]),
+                                 k))
+        ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+                              "(its own release, out/…/controls-release, not signed)")
     claims_list: list[dict[str, Any]] = []
     cc = plan.check("claims")
     if cc is not None:
@@ -178,7 +194,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         from kvgraft import claims
 
         cf = claims.load(plan.resolve(cc["file"]))
-        checked = claims.check(cf, measured or None, measured_where="this audit's recompute check")
+        checked = seal("claims", claims.check(cf, measured or None, measured_where="this audit's recompute check"))
         claims_list = claim_verdicts(checked)
         if natural_kl is not None:
             # Say for which comparison exactness was measured, next to the verdict itself.
@@ -187,7 +203,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
                     contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
                     c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
                                     f"prefix + probe without any cache, max KL = {contrast})")
-        checks.append(make_check("claims", "claims", "failed" if checked["failed"] else "passed",
+        checks.append(make_check("claims", "claims", checked["status"],
                                  f"{len(claims_list)} claims checked against internal consistency"
                                  + (" and this audit's measurements" if measured else ""), checked))
     wall = time.perf_counter() - started

@@ -3,13 +3,16 @@
 A claims file (TOML, `format = "kvgraft-claims"`) lists benchmarks and claims; every check here is driven by
 the fields of a claim, never by the paper it came from:
 
-- accuracy  `percent` on a `benchmark` of N problems must be k/N for an integer k within the stated rounding;
-            if not, the nearest k/N is named, and the smallest number of runs r for which some k/(rN) matches
-            (the figure may be a mean over samples or runs).
-- gain      from a `baseline` accuracy claim to a `treated` one: the exact McNemar test in the most favourable
-            case (every discordant pair favours the treatment); not significant at `alpha` -> unsupported.
-- count     `count` problems, bounded by `bounds` (`unsolved-by` an accuracy claim: at most N - k; `solved-by`:
-            at most k) and by the benchmark size.
+- accuracy  `percent` on a `benchmark` of N problems must be k/(s*r*N) within the stated rounding, for one reading
+            of all the benchmark's figures together: s samples per problem (avg@s) and r runs. The benchmark may
+            state `samples_per_problem` (and `runs`); else the smallest s up to 16 that fits every figure is used
+            (kvgraft.readings). A figure no reading fits is inconsistent.
+- gain      from a `baseline` accuracy claim to a `treated` one, under each reading considered: with one sample per
+            problem the exact McNemar test in the most favourable case; with s > 1 a sign test on problems, bounded
+            by how the extra right samples can spread (significance needs per-problem data).
+- count     `count` problems, bounded by `bounds` (`unsolved-by` an accuracy claim: the problems it can leave wrong;
+            `solved-by`: right) under each definition the reading allows (wrong in all samples, or in a majority),
+            and by the benchmark size.
 - ratio     `stated` ratio; with `numerator` and `denominator` the quotient must round to it.
 - context   `from_tokens` -> `to_tokens` without more memory: needs measurement (tokens attended at once vs stored).
 - exactness byte-identical restore / zero KL: only a measurement can test it.
@@ -25,12 +28,23 @@ import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.errors import InputError
+from kvgraft.readings import (
+    MAX_SAMPLES,
+    BenchmarkReading,
+    Figure,
+    Reading,
+    count_limits,
+    fraction_text,
+    read_benchmark,
+    sign_test_bounds,
+)
 from kvgraft.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
 from kvgraft.schema import validate
 
@@ -38,7 +52,6 @@ CLAIMS_SCHEMA = "claims.v1.json"
 CLAIMS_FORMAT = "kvgraft-claims"
 CHECK_FORMAT = "kvgraft-claims-check"
 MAX_CLAIMS_BYTES = 4 * 1024 * 1024
-MAX_RUNS = 16  # the largest number of runs per problem tried when a percentage is not k/N
 METADATA_KEYS = ("note", "source", "format", "format_version")
 
 # Roles a claim kind can be measured by, and the JSON type each role's value must have.
@@ -92,6 +105,16 @@ class ClaimsFile:
                 return c
         raise KeyError(claim_id)
 
+    @cached_property
+    def readings(self) -> dict[str, BenchmarkReading]:
+        """Per benchmark, the readings (samples per problem, runs) that fit all its accuracy figures jointly."""
+        out = {}
+        for bid, spec in self.benchmarks.items():
+            figures = [Figure(c["id"], Fraction(str(c["percent"])), _decimals(c, "percent"))
+                       for c in self.claims if c["kind"] == "accuracy" and c["benchmark"] == bid]
+            out[bid] = read_benchmark(bid, spec, figures)
+        return out
+
 
 # --- numbers ---------------------------------------------------------------------------------------------------
 
@@ -124,7 +147,7 @@ def k_of_n(percent: float | int, n: int, decimals: int) -> dict[str, Any]:
     nearest = min(range(n + 1), key=lambda k: (abs(Fraction(100 * k, n) - p), k))
     runs = None
     if not ks:
-        for r in range(2, MAX_RUNS + 1):
+        for r in range(2, MAX_SAMPLES + 1):
             total = r * n
             k = round(p * total / 100)
             if 0 <= k <= total and abs(Fraction(100 * k, total) - p) <= tol:
@@ -212,7 +235,8 @@ def load_measured(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _accuracy_k(cf: ClaimsFile, claim: dict[str, Any]) -> tuple[int, int, bool]:
-    """(k, n, exact) of an accuracy claim: exact False when the percentage is not k/n and the nearest k is used."""
+    """(k, n, exact) of an accuracy claim as a single sample: exact False when the percentage is not k/n and the
+    nearest k is used."""
     n = int(cf.benchmarks[claim["benchmark"]]["size"])
     info = k_of_n(claim["percent"], n, _decimals(claim, "percent"))
     if info["ks"]:
@@ -220,40 +244,148 @@ def _accuracy_k(cf: ClaimsFile, claim: dict[str, Any]) -> tuple[int, int, bool]:
     return int(info["nearest_k"]), n, False
 
 
+def _figure(br: BenchmarkReading, claim_id: str) -> Figure:
+    return next(f for f in br.figures if f.claim == claim_id)
+
+
 def _check_accuracy(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
-    bench = cf.benchmarks[c["benchmark"]]
-    n = int(bench["size"])
-    info = k_of_n(c["percent"], n, _decimals(c, "percent"))
-    stated = _percent_str(c)
-    if info["ks"]:
-        fracs = " or ".join(f"{k}/{n}" for k in info["ks"])
-        return [Finding("k-of-n", "consistent", f"{stated} = {fracs} on {bench.get('name', c['benchmark'])}", info)]
-    detail = (f"{stated} is not k/{n} for any k (nearest {info['nearest_k']}/{n} = {info['nearest_percent']:.1f}%); "
-              "it may be an average over samples or runs")
-    runs = info["multi_run"]
+    br = cf.readings[c["benchmark"]]
+    n = br.n
+    fig = _figure(br, c["id"])
+    single = k_of_n(c["percent"], n, _decimals(c, "percent"))
+    chosen = br.chosen
+    if chosen is not None:
+        k, _ = br.k(c["id"], chosen)
+        total = chosen.per_problem * n
+        detail = f"{fraction_text(fig, k, total)} under {chosen.name}"
+        if chosen.per_problem > 1:
+            detail += f" ({chosen.per_problem} samples on each of {n} problems)"
+            if single["ks"]:
+                detail += f"; also {' or '.join(f'{x}/{n}' for x in single['ks'])} as a single sample"
+            else:
+                detail += f"; not k/{n}, so not a single-sample score"
+        else:
+            detail += f" on {br.name}"
+        why = "the stated reading" if br.stated is not None else f"the smallest reading that fits all {len(br.figures)} figures"
+        detail += f" ({chosen.name} is {why} of {br.name})" if len(br.figures) > 1 or br.stated is not None else ""
+        return [Finding("reading", "consistent", detail, {**single, "reading": chosen.as_dict(), "k": k, "total": total})]
+    if br.stated is not None:
+        total = br.stated.per_problem * n
+        k, exact = br.k(c["id"], br.stated)
+        data = {**single, "reading": br.stated.as_dict(), "k": k, "total": total}
+        if exact:
+            return [Finding("reading", "consistent", f"{fraction_text(fig, k, total)} under the stated {br.stated.name}", data)]
+        return [Finding("reading", "inconsistent", f"{fig.shown} is not k/{total} for any k under the stated "
+                        f"{br.stated.name} (nearest {k}/{total} = {100 * k / total:.2f}%)", data)]
+    if single["ks"]:
+        fracs = " or ".join(f"{k}/{n}" for k in single["ks"])
+        return [Finding("k-of-n", "consistent", f"{fig.shown} = {fracs} on {br.name}", single)]
+    detail = (f"{fig.shown} is not k/{n} for any k (nearest {single['nearest_k']}/{n} = {single['nearest_percent']:.1f}%), "
+              f"and no reading up to avg@{MAX_SAMPLES} fits it together with the other figures of {br.name}")
+    runs = single["multi_run"]
     if runs:
-        detail += f": {runs['k']}/{runs['n']} = {runs['percent']:.2f}% would be {runs['runs']} runs of {n}"
-    return [Finding("k-of-n", "inconsistent", detail, info)]
+        detail += f"; alone, {runs['k']}/{runs['n']} = {runs['percent']:.2f}% would be {runs['runs']} samples of {n}"
+    return [Finding("k-of-n", "inconsistent", detail, single)]
+
+
+# Verdicts of a dependent claim under one reading, most charitable first: the headline takes the first that a
+# reading fitting every figure gives.
+_CHARITY = ("consistent", "unsupported", "inconsistent")
+
+
+def _judged(check_name: str, br: BenchmarkReading, per_reading: list[dict[str, Any]]) -> Finding:
+    """One finding from a dependent claim's verdicts under each reading: the headline is the most charitable
+    verdict of a reading that fits every figure, and says which reading; the other readings follow."""
+    fitting = [r for r in per_reading if r["fits_all"]]
+    if fitting:
+        head = min(fitting, key=lambda r: _CHARITY.index(r["verdict"]))
+        lead = f"under {head['reading']['name']} (fits every figure of {br.name})"
+    else:
+        head = next((r for r in per_reading if r["reading"]["samples_per_problem"] == 1), per_reading[0])
+        lead = f"under {head['reading']['name']} (no reading fits every figure of {br.name}; nearest fractions)"
+    parts = [f"{lead}: {head['detail']}"]
+    for r in per_reading:
+        if r is head:
+            continue
+        fits = "fits every figure" if r["fits_all"] else "does not fit " + ", ".join(r["misfits"])
+        parts.append(f"under {r['reading']['name']} ({fits}): {r['verdict']}: {r['detail']}")
+    return Finding(check_name, head["verdict"], "; ".join(parts),
+                   {"headline_reading": head["reading"], "readings": per_reading})
+
+
+def _under(br: BenchmarkReading, reading: Reading) -> dict[str, Any]:
+    return {"reading": reading.as_dict(), "fits_all": br.fits_all(reading), "misfits": [f.shown for f in br.misfits(reading)]}
+
+
+def _gain_under(br: BenchmarkReading, base: dict[str, Any], treat: dict[str, Any], reading: Reading,
+                alpha: float) -> dict[str, Any]:
+    kb, exact_b = br.k(base["id"], reading)
+    kt, exact_t = br.k(treat["id"], reading)
+    total = reading.per_problem * br.n
+    approx = "" if exact_b and exact_t else " (nearest fractions)"
+    row = _under(br, reading)
+    row.update({"baseline_k": kb, "treated_k": kt, "total": total, "alpha": alpha})
+    if kt <= kb:
+        return {**row, "verdict": "inconsistent", "test": "none", "detail": f"{kb}/{total} -> {kt}/{total} is no gain{approx}"}
+    if reading.per_problem == 1:
+        d = kt - kb
+        p = mcnemar_exact(0, d)
+        head = (f"{kb}/{total} -> {kt}/{total} needs at least {d} discordant problems; even if all {d} favour the "
+                f"treatment, exact McNemar p = {p:.4g}{approx}")
+        verdict = "consistent" if p < alpha else "unsupported"
+        tail = (f" < {alpha:g}: significant only if no problem regressed" if p < alpha
+                else f" >= {alpha:g}: not significant at {alpha:g}")
+        return {**row, "verdict": verdict, "test": "paired exact McNemar on problems", "min_discordant": d,
+                "best_case_p": p, "detail": head + tail}
+    s = sign_test_bounds(kb, kt, br.n, reading, alpha)
+    test = "paired sign test on per-problem pass rates (problems whose pass rate rose vs fell)"
+    head = (f"{kb}/{total} -> {kt}/{total}: {s['extra_right_samples']} more right samples, on {s['fewest_problems']} to "
+            f"{s['most_problems']} problems; samples of one problem are not independent, so the unit is a problem: "
+            f"sign test p = {s['p_concentrated']:.3g} if they sit on {s['fewest_problems']}, "
+            f"{s['p_spread']:.3g} if spread over {s['most_problems']}, with no problem worse{approx}")
+    if s["p_spread"] >= alpha:
+        return {**row, **s, "verdict": "unsupported", "test": test,
+                "detail": f"{head}; not significant at {alpha:g} however they spread"}
+    return {**row, **s, "verdict": "consistent", "test": test,
+            "detail": f"{head}; significant only if at least {s['problems_needed']} problems improved and none "
+                      "got worse: not testable without per-problem data"}
 
 
 def _check_gain(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
     base, treat = cf.claim(c["baseline"]), cf.claim(c["treated"])
-    kb, n, exact_b = _accuracy_k(cf, base)
-    kt, _, exact_t = _accuracy_k(cf, treat)
+    br = cf.readings[base["benchmark"]]
     alpha = float(c.get("alpha", 0.05))
-    approx = "" if exact_b and exact_t else " (using the nearest k/n of a percentage that is not one)"
-    d = kt - kb
-    data: dict[str, Any] = {"baseline_k": kb, "treated_k": kt, "n": n, "alpha": alpha, "min_discordant": abs(d)}
-    if d <= 0:
-        return [Finding("mcnemar-best-case", "inconsistent",
-                        f"{kb}/{n} -> {kt}/{n} is no gain{approx}", data)]
-    p = mcnemar_exact(0, d)
-    data["best_case_p"] = p
-    head = (f"{kb}/{n} -> {kt}/{n} needs at least {d} discordant pairs; even if all {d} favour the treatment, "
-            f"exact McNemar p = {p:.4g}{approx}")
-    if p < alpha:
-        return [Finding("mcnemar-best-case", "consistent", f"{head} < {alpha:g}: significant only if no problem regressed", data)]
-    return [Finding("mcnemar-best-case", "unsupported", f"{head} >= {alpha:g}: not significant at {alpha:g}", data)]
+    rows = [_gain_under(br, base, treat, r, alpha) for r in br.considered()]
+    return [_judged("gain", br, rows)]
+
+
+def _count_under(br: BenchmarkReading, ref: dict[str, Any], relation: str, count: int, reading: Reading) -> dict[str, Any]:
+    k, exact = br.k(ref["id"], reading)
+    total = reading.per_problem * br.n
+    limits = count_limits(relation, k, br.n, reading)
+    for d in limits:
+        d["possible"] = count <= d["limit"]
+    row = _under(br, reading)
+    row.update({"count": count, "k": k, "total": total, "relation": relation, "claim": ref["id"], "definitions": limits})
+    approx = "" if exact else ", nearest fraction"
+    word = "unsolved" if relation == "unsolved-by" else "solved"
+    basis = f"{ref['id']} at {_percent_str(ref)} = {k}/{total}{approx}"
+    if reading.per_problem == 1:
+        limit = limits[0]["limit"]
+        what = "left unsolved by" if relation == "unsolved-by" else "solved by"
+        ok = count <= limit
+        detail = (f"{count} <= the {limit} problems {what} {basis}" if ok
+                  else f"contradiction: {count} > the {limit} problems {what} {basis}")
+        return {**row, "verdict": "consistent" if ok else "inconsistent", "detail": detail}
+    wrong = total - k if relation == "unsolved-by" else k
+    said = []
+    for d in limits:
+        verb = "possible" if d["possible"] else "impossible"
+        said.append(f"{verb} if '{word}' means {d['definition']} (at most {d['limit']})")
+    detail = (f"{basis} leaves {wrong} {'wrong' if relation == 'unsolved-by' else 'right'} samples: {count} {word} "
+              f"problems is " + "; ".join(said))
+    verdict = "consistent" if any(d["possible"] for d in limits) else "inconsistent"
+    return {**row, "verdict": verdict, "detail": detail}
 
 
 def _check_count(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
@@ -266,18 +398,9 @@ def _check_count(cf: ClaimsFile, c: dict[str, Any]) -> list[Finding]:
                                {"count": count, "n": n}))
     for b in c.get("bounds", []):
         ref = cf.claim(b["claim"])
-        k, n, exact = _accuracy_k(cf, ref)
-        approx = "" if exact else " (nearest k/n)"
-        if b["relation"] == "unsolved-by":
-            limit, what = n - k, "left unsolved by"
-        else:
-            limit, what = k, "solved by"
-        data = {"count": count, "limit": limit, "relation": b["relation"], "claim": ref["id"], "k": k, "n": n}
-        desc = f"{limit} problems {what} {ref['id']} ({_percent_str(ref)} = {k}/{n}{approx})"
-        if count > limit:
-            out.append(Finding(f"bound:{b['relation']}", "inconsistent", f"contradiction: {count} > the {desc}", data))
-        else:
-            out.append(Finding(f"bound:{b['relation']}", "consistent", f"{count} <= the {desc}", data))
+        br = cf.readings[ref["benchmark"]]
+        rows = [_count_under(br, ref, b["relation"], count, r) for r in br.considered()]
+        out.append(_judged(f"bound:{b['relation']}", br, rows))
     return out
 
 
@@ -518,13 +641,23 @@ def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where
         "claims_file": {"path": cf.path, "sha256": cf.sha256},
         "source": cf.doc.get("source", {}),
         "measured_file": None if measured is None else {"path": measured_where, "sha256": measured_sha256},
+        "readings": [br.as_dict() for br in cf.readings.values()],
         "claims": results,
         "counts": counts,
         "unused_measurements": sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
         "failed": any(counts[v] for v in FAILING_CLAIM_VERDICTS),
     }
-    validate(result, CLAIMS_SCHEMA, "claims check result")
-    return result
+    from kvgraft.verdict import seal
+
+    return seal("claims", result, "claims check result")
+
+
+def status(result: dict[str, Any]) -> str:
+    """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
+    if result["failed"]:
+        return "failed"
+    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
+    return "passed" if judged else "incomplete"
 
 
 def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:

@@ -107,5 +107,12 @@ def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
     if odd:
         notes.append("KV bytes identical to the baseline but next-token logits not (the final projection ran "
                      f"with another batch shape): {'; '.join(odd)}.")
-    return {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
-            "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes}
+    from kvgraft.verdict import seal
+
+    return seal("determinism", {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
+                                "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes})
+
+
+def status(result: dict[str, Any]) -> str:
+    """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
+    return "passed" if len(result["conditions"]) >= 2 else "incomplete"

@@ -8,6 +8,7 @@ EXIT_INPUT = 2  # unusable input: missing/unreadable file, schema error, bad arg
 EXIT_MODEL = 3  # the model is not the one the release was made with
 EXIT_NOT_EXACT = 4  # an audit completed and found a failure: states not byte-identical, or verdict FAILED
 EXIT_EXISTS = 5  # refusing to overwrite an existing output
+EXIT_INCOMPLETE = 6  # an audit ran but reached no verdict: nothing to judge, or a positive control missed its effect
 
 
 class Error(Exception):

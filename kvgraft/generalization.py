@@ -94,6 +94,7 @@ class Settings:
     budget: int | None = None  # decode-token budget per query; None: condition (a)'s decode tokens on that query
     track_memory: bool = True
     n_boot: int = 10_000
+    text_conditions: bool = True  # (d): run the grafted entries again as prompt text and compare token for token
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -116,9 +117,8 @@ class Settings:
     def conditions(self) -> tuple[str, ...]:
         if self.policy == "none":
             return ("none",)
-        if self.policy == "exact":
-            return ("none", "own", "own_text")
-        return CONDITIONS
+        wanted = ("none", "own", "own_text") if self.policy == "exact" else CONDITIONS
+        return wanted if self.text_conditions else tuple(c for c in wanted if c not in AS_TEXT.values())
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "decoding": self.decoding, "conditions": list(self.conditions())}
@@ -176,11 +176,11 @@ def plan(library: Library, queries: Sequence[Query], settings: Settings) -> list
     for q in queries:
         tasks.append(Task(q, "none", None, None))
         if "own" in wanted and (own := library.own(q.problem)) is not None:
-            tasks += [Task(q, "own", own["id"], own), Task(q, "own_text", own["id"], own)]
+            tasks += [Task(q, c, own["id"], own) for c in ("own", "own_text") if c in wanted]
         if "other" in wanted:
             other = library.other(q.problem, settings.policy)
             if other["id"] is not None:
-                tasks += [Task(q, "other", other["id"], other), Task(q, "other_text", other["id"], other)]
+                tasks += [Task(q, c, other["id"], other) for c in ("other", "other_text") if c in wanted]
     return tasks
 
 
@@ -375,9 +375,21 @@ def _compare(by: dict[tuple[str, str], dict[str, Any]], qids: Sequence[str], con
         fb = [by[(q, cond)]["n_correct"] / by[(q, cond)]["n_samples"] for q in ids]
         boot = stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict()
     verdict = m.verdict if ids else f"no queries to compare a and {SHORT[cond]} ({scope})"
+    detectable = stats.detectable_effect(len(ids))
+    if ids and not m.significant:
+        verdict += f"; {power_phrase(detectable)}"
     return {"name": name, "a": "none", "b": cond, "scope": scope, "query_ids": ids, "n": len(ids),
             "mcnemar": m.as_dict(), "bootstrap": boot, "significant": m.significant if ids else False,
-            "verdict": f"{name}: {verdict}"}
+            "detectable": detectable, "verdict": f"{name}: {verdict}"}
+
+
+def power_phrase(d: dict[str, Any]) -> str:
+    """What a non-significant comparison on n items can say: no effect larger than the detectable one."""
+    if d["effect"] is None:
+        return f"at n = {d['n']} no difference could be significant, so this says nothing about an effect"
+    return (f"at n = {d['n']} only a difference of {d['effect']:.0%} or more is detected with {d['power']:.0%} power "
+            f"(at least {d['min_discordant']} one-way flips): no effect larger than that is likely missed, "
+            "smaller ones are not excluded")
 
 
 def _split_rows(rows: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
@@ -635,8 +647,19 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
     lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
                "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
-    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
-                     context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
+    from kvgraft.verdict import seal
+
+    return seal("generalization", aggregate(lm_info, rel, queries, results, settings, prepared=prepared,
+                                            energy=meter.result.as_dict(), context_length=int(ctx) if ctx else None,
+                                            seconds=time.perf_counter() - t0))
+
+
+def status(result: dict[str, Any]) -> str:
+    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
+    computation as its text); incomplete when nothing ran; else passed."""
+    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+        return "failed"
+    return "passed" if result["runs"] else "incomplete"
 
 
 def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
@@ -669,5 +692,5 @@ def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query",
+    "prepare", "query_text", "report_check_data", "run_query", "status",
 ]

@@ -213,7 +213,8 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
     body.append(f"{v['status'].upper()}\n", style=style)
     body.append(v["headline"] + "\n")
     checks = v["checks"]
-    body.append(f"checks: {checks['passed']} passed, {checks['failed']} failed, {checks['skipped']} skipped\n")
+    incomplete = f", {checks['incomplete']} incomplete" if checks.get("incomplete") else ""
+    body.append(f"checks: {checks['passed']} passed, {checks['failed']} failed{incomplete}, {checks['skipped']} skipped\n")
     claims = ", ".join(f"{n} {k}" for k, n in v["claims"].items() if n)
     body.append(f"claims: {claims or 'none'}")
     model = (report.get("model") or {}).get("spec", "no model")
@@ -435,22 +436,64 @@ def claims_table(claims: list[dict[str, Any]], *, findings: bool = False, title:
 def claims_check_renderables(result: dict[str, Any]) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (kvgraft.claims.check)."""
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
-    out: list[RenderableType] = [claims_table(result["claims"], findings=True, title=title)]
+    out: list[RenderableType] = [Text(line) for line in readings_lines(result)]
+    out.append(claims_table(result["claims"], findings=True, title=title))
     counts = ", ".join(f"{n} {k}" for k, n in result["counts"].items() if n)
-    style = "bold red" if result["failed"] else "bold green"
-    out.append(Text(f"{'FAILED' if result['failed'] else 'OK'}: {counts}", style=style))
+    status = result.get("status", "failed" if result["failed"] else "passed")
+    out.append(Text(f"{status.upper()}: {counts}", style=STATUS_STYLE.get(status, "bold")))
     if result["unused_measurements"]:
         out.append(Text("measurements no claim uses: " + ", ".join(result["unused_measurements"]), style="yellow"))
     return out
 
 
+def controls_rows(result: dict[str, Any]) -> list[list[str]]:
+    """One row per control: what it expects, a vs graft, p, the leakage split, the detectable effect, shows?"""
+    rows = []
+    for o in result.get("controls", []):
+        d = o["detectable"]
+        sp = o["split"]
+        split = (f"clean {sp['clean']['k']}/{sp['clean']['n']}, "
+                 f"contaminated {sp['contaminated']['k']}/{sp['contaminated']['n']}")
+        rows.append([o["name"], o["expect"], f"{o['baseline']['k']}/{o['n']}",
+                     f"{'b' if o['condition'] == 'own' else 'c'} {o['graft']['k']}/{o['n']}", f"{o['mcnemar']['p_exact']:.3g}",
+                     split, "-" if d["effect"] is None else f"{d['effect']:.0%}", "yes" if o["shows"] else "NO"])
+    return rows
+
+
+_CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wins: leakage split",
+                  "detectable (80% power)", "shows it"]
+
+
+def _controls_terminal(check: dict[str, Any]) -> list[RenderableType]:
+    t = Table(title="controls: planted effects on a generated fact library", title_justify="left")
+    for col in _CONTROLS_HEAD:
+        t.add_column(col)
+    for row in controls_rows(check["data"]):
+        t.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "yes" else "bold red"))
+    out: list[RenderableType] = [t]
+    return out + [Text(f"• {s}") for s in check["data"].get("statements", [])]
+
+
+def readings_lines(result: dict[str, Any]) -> list[str]:
+    """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
+    return [f"reading of {r['name']}: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
+
+
+def _claims_terminal(check: dict[str, Any]) -> list[RenderableType]:
+    return [Text(line) for line in readings_lines(check["data"])]
+
+
 _CHECK_RENDERERS = {"recompute": _recompute_terminal, "generalization": _generalization_terminal,
-                    "determinism": _determinism_terminal, "verify": _verify_terminal}
+                    "determinism": _determinism_terminal, "verify": _verify_terminal, "claims": _claims_terminal,
+                    "controls": _controls_terminal}
 _KNOWN_DATA = {"recompute": ("entries", "reference", "all_byte_exact", "statements"),
                "generalization": ("benchmark", "conditions", "mcnemar", "split", "ledger"),
                "determinism": ("conditions", "rows", "notes", "baseline", "length"),
                "verify": ("ok", "error", "details", "root_digest", "entries", "files", "tensors", "bytes_hashed", "deep",
-                          "signature", "format", "format_version", "kvgraft_version", "exit_code", "release")}
+                          "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"),
+               "claims": ("readings", "claims", "counts", "failed", "status", "format", "format_version", "kvgraft_version"),
+               "controls": ("controls", "statements", "status", "kind", "format_version", "kvgraft_version", "model",
+                            "library", "generator", "settings", "seconds", "decode_tokens")}
 
 
 def check_renderables(kind: str, data: dict[str, Any]) -> list[RenderableType]:
@@ -701,8 +744,18 @@ def _kv_html(mapping: dict[str, Any]) -> str:
     return _table(["what", "value"], rows)
 
 
+def _controls_html(check: dict[str, Any]) -> str:
+    notes = "".join(f"<li>{_e(x)}</li>" for x in check["data"].get("statements", []))
+    return _table(_CONTROLS_HEAD, [[_e(x) for x in row] for row in controls_rows(check["data"])]) + f"<ul>{notes}</ul>"
+
+
+def _claims_html(check: dict[str, Any]) -> str:
+    return "".join(f"<p>{_e(line)}</p>" for line in readings_lines(check["data"]))
+
+
 _HTML_RENDERERS = {"recompute": _recompute_html, "generalization": _generalization_html, "determinism": _determinism_html,
-                   "verify": _verify_html}
+                   "verify": _verify_html, "claims": _claims_html,
+                   "controls": _controls_html}
 
 
 def claims_html(claims: list[dict[str, Any]]) -> str:
@@ -723,7 +776,8 @@ def to_html(report: dict[str, Any]) -> str:
     body.append(f'<div class="verdict" style="background:{HTML_COLOR.get(v["status"], "#555")}">'
                 f'<div class="status">{_e(v["status"].upper())}</div><div class="headline">{_e(v["headline"])}</div>'
                 f'<div class="counts">checks: {v["checks"]["passed"]} passed, {v["checks"]["failed"]} failed, '
-                f'{v["checks"]["skipped"]} skipped · claims: {_e(claims_counts)}</div></div>')
+                + (f'{v["checks"]["incomplete"]} incomplete, ' if v["checks"].get("incomplete") else "")
+                + f'{v["checks"]["skipped"]} skipped · claims: {_e(claims_counts)}</div></div>')
     ident = [["kvgraft", _e(report["kvgraft_version"])], ["created", _e(report["created"])],
              ["plan", f"{_e(report['plan']['name'])} <code>{_e(report['plan'].get('sha256', ''))}</code>"],
              ["model", _e(model.get("spec", "none"))]]

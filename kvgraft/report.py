@@ -25,8 +25,8 @@ REPORT_SCHEMA = "audit-report.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
 REPORT_FORMAT_VERSION = 1
 
-CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "other")
-CHECK_STATUSES = ("passed", "failed", "skipped")
+CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "controls", "other")
+CHECK_STATUSES = ("passed", "failed", "incomplete", "skipped")
 # Claim verdicts, most severe first. The claims checker uses the same words.
 CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
 FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
@@ -70,17 +70,19 @@ def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
 
 def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:
     """Overall verdict: failed if a check failed or a claim is contradicted/inconsistent; incomplete if a check
-    was skipped or there is nothing to judge; passed otherwise."""
+    was skipped or incomplete, or there is nothing to judge; passed otherwise."""
     checks = {s: 0 for s in CHECK_STATUSES}
     for c in report.get("checks", []):
         checks[c["status"]] += 1
+    if not checks["incomplete"]:
+        del checks["incomplete"]  # reports written before checks could be incomplete carry no such count
     claims = {v: 0 for v in CLAIM_VERDICTS}
     for c in report.get("claims", []):
         claims[c["verdict"]] += 1
     failing_claims = sum(claims[v] for v in FAILING_CLAIM_VERDICTS)
     if checks["failed"] or failing_claims:
         status = "failed"
-    elif checks["skipped"] or not (checks["passed"] or any(claims.values())):
+    elif checks["skipped"] or checks.get("incomplete") or not (checks["passed"] or any(claims.values())):
         status = "incomplete"
     else:
         status = "passed"
@@ -89,6 +91,8 @@ def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:
         parts.append(f"{checks['failed']} check(s) failed")
     if failing_claims:
         parts.append(f"{failing_claims} claim(s) contradicted or inconsistent")
+    if checks.get("incomplete"):
+        parts.append(f"{checks['incomplete']} check(s) incomplete")
     if checks["skipped"]:
         parts.append(f"{checks['skipped']} check(s) skipped")
     if not parts:

@@ -6,6 +6,8 @@
   when it is not, and says so up front when too few discordant pairs exist to ever reach significance.
 - `paired_bootstrap`: percentile CI of the accuracy difference (B - A) over resampled items.
 - `pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021).
+- `detectable_effect`: the smallest paired difference the exact McNemar test finds at a sample size (power),
+  so that a null result reads "no effect larger than X", never "no effect".
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binom, binomtest
 
 from kvgraft.errors import InputError
 
@@ -98,6 +100,39 @@ class McNemarResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference": self.difference}
+
+
+POWER = 0.8
+
+
+def detectable_effect(n: int, *, alpha: float = ALPHA, power: float = POWER) -> dict[str, Any]:
+    """The smallest difference in accuracy between two paired conditions on n items that the two-sided exact
+    McNemar test detects with probability `power` at `alpha`, in the most favourable case (items flip one way
+    only): significance needs m discordant items (2 / 2**m < alpha), and the effect is the flip rate d at which
+    Binomial(n, d) reaches m with probability `power`. Any real effect is at least this hard to detect, so a
+    non-significant result says only that no effect this large is likely to have been missed.
+
+    `min_significant` is m / n: the smallest observed difference that could have been significant at all.
+    `effect` is None when no outcome on n items can be significant.
+    """
+    _check_count("n", n)
+    if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise InputError(f"alpha and power must be within (0, 1), got {alpha}, {power}")
+    m = next((k for k in range(1, n + 1) if min_attainable_p(k) < alpha), None)
+    out: dict[str, Any] = {"n": n, "alpha": alpha, "power": power, "min_discordant": m,
+                           "min_significant": None if m is None else m / n, "effect": None,
+                           "method": "exact McNemar, one-directional flips, binomial power"}
+    if m is None:
+        return out
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection on the flip rate; binom.sf(m - 1, n, d) = P(at least m flips) rises with d
+        mid = (lo + hi) / 2
+        if float(binom.sf(m - 1, n, mid)) >= power:
+            hi = mid
+        else:
+            lo = mid
+    out["effect"] = hi
+    return out
 
 
 def _bools(name: str, values: Sequence[bool]) -> list[bool]:

@@ -60,36 +60,52 @@ def test_mcnemar_exact_best_case_is_0_125() -> None:
 # --- the preprint's claims -------------------------------------------------------------------------------------
 
 
-def test_preprint_result_is_schema_valid_and_fails(preprint: dict[str, Any]) -> None:
+def test_preprint_result_is_schema_valid_and_passes(preprint: dict[str, Any]) -> None:
     validate(preprint, claims.CLAIMS_SCHEMA, "result")
-    assert preprint["failed"] is True
+    # One reading (avg@4) fits every figure, so no accuracy figure and no dependent claim is inconsistent.
+    assert preprint["failed"] is False and preprint["counts"]["inconsistent"] == 0
     assert preprint["claims_file"]["sha256"] and len(preprint["claims_file"]["sha256"]) == 64
 
 
-def test_80_percent_is_24_of_30(preprint: dict[str, Any]) -> None:
+def test_avg_at_4_is_the_reading_that_fits_all_four_figures(preprint: dict[str, Any]) -> None:
+    (aime,) = preprint["readings"]
+    assert aime["chosen"]["name"] == "avg@4" and aime["stated"] is None
+    assert [r["samples_per_problem"] for r in aime["fits"]] == [4, 8, 12, 16]
+    avg4 = next(r for r in aime["considered"] if r["name"] == "avg@4")
+    assert {c: f["k"] for c, f in avg4["fractions"].items()} == {
+        "aime-12b-anchor": 93, "aime-12b-baseline": 96, "aime-31b": 107, "aime-12b-graft": 112}
+    single = next(r for r in aime["considered"] if r["name"] == "single sample")
+    assert single["fits_all"] is False
+    for text in ("77.5% = 93/120", "80.0% = 96/120", "89.2% ≈ 107/120", "single sample does not fit"):
+        assert text in aime["summary"]
+
+
+def test_80_percent_is_24_of_30_and_96_of_120(preprint: dict[str, Any]) -> None:
     c = by_id(preprint, "aime-12b-baseline")
     assert c["verdict"] == "consistent"
-    assert "24/30" in c["reason"]
+    assert "96/120 under avg@4" in c["reason"] and "24/30 as a single sample" in c["reason"]
     assert by_id(preprint, "aime-12b-graft")["verdict"] == "consistent"
     assert "28/30" in by_id(preprint, "aime-12b-graft")["reason"]
 
 
-def test_89_2_and_77_5_are_not_k_of_30(preprint: dict[str, Any]) -> None:
-    for cid, nearest in (("aime-31b", "27/30"), ("aime-12b-anchor", "23/30")):
+def test_89_2_and_77_5_are_not_k_of_30_but_fit_avg_at_4(preprint: dict[str, Any]) -> None:
+    for cid, frac in (("aime-31b", "107/120"), ("aime-12b-anchor", "93/120")):
         c = by_id(preprint, cid)
-        assert c["verdict"] == "inconsistent"
-        assert "not k/30 for any k" in c["reason"]
-        assert f"nearest {nearest}" in c["reason"]
-        assert "average over samples or runs" in c["reason"]
-    assert "107/120" in by_id(preprint, "aime-31b")["reason"]
+        assert c["verdict"] == "consistent"
+        assert f"{frac} under avg@4" in c["reason"] and "not k/30, so not a single-sample score" in c["reason"]
 
 
-def test_8_previously_unsolved_contradicts_24_of_30(preprint: dict[str, Any]) -> None:
+def test_8_previously_unsolved_gets_a_verdict_per_definition(preprint: dict[str, Any]) -> None:
     c = by_id(preprint, "unsolved-answered")
-    assert c["verdict"] == "inconsistent"
-    finding = c["findings"][0]
-    assert finding["data"]["limit"] == 6 and finding["data"]["count"] == 8
-    assert "contradiction" in c["reason"] and "6 problems" in c["reason"]
+    assert c["verdict"] == "consistent"
+    data = c["findings"][0]["data"]
+    assert data["headline_reading"]["name"] == "avg@4"
+    avg4, single = data["readings"]
+    assert [(d["samples_needed"], d["limit"], d["possible"]) for d in avg4["definitions"]] == [(4, 6, False), (3, 8, True)]
+    assert single["verdict"] == "inconsistent" and single["definitions"][0]["limit"] == 6
+    assert "impossible if 'unsolved' means wrong in all 4 samples (at most 6)" in c["reason"]
+    assert "possible if 'unsolved' means wrong in a majority (3 or more) of the 4 samples (at most 8)" in c["reason"]
+    assert c["reason"].startswith("under avg@4 (fits every figure")
 
 
 def test_token_ratio_6574_2_is_consistent(preprint: dict[str, Any]) -> None:
@@ -99,11 +115,17 @@ def test_token_ratio_6574_2_is_consistent(preprint: dict[str, Any]) -> None:
     assert "6,574.2" in c["reason"]
 
 
-def test_gain_is_not_significant(preprint: dict[str, Any]) -> None:
+def test_gain_under_each_reading(preprint: dict[str, Any]) -> None:
     c = by_id(preprint, "aime-12b-gain")
-    assert c["verdict"] == "unsupported"
-    data = c["findings"][0]["data"]
-    assert data["best_case_p"] == 0.125 and data["min_discordant"] == 4
+    # avg@4: 16 more right samples on 4 to 16 problems; a sign test on problems can only say with per-problem data.
+    assert c["verdict"] == "consistent" and "not testable without per-problem data" in c["reason"]
+    avg4, single = c["findings"][0]["data"]["readings"]
+    assert avg4["test"].startswith("paired sign test on per-problem pass rates")
+    assert (avg4["fewest_problems"], avg4["most_problems"], avg4["problems_needed"]) == (4, 16, 6)
+    assert avg4["p_concentrated"] == 0.125 and avg4["p_spread"] == pytest.approx(2 / 2**16)
+    # single sample: the exact McNemar best case, 4 discordant problems, is not significant.
+    assert single["test"] == "paired exact McNemar on problems" and single["verdict"] == "unsupported"
+    assert single["best_case_p"] == 0.125 and single["min_discordant"] == 4
     assert "not significant at 0.05" in c["reason"]
 
 
@@ -223,12 +245,76 @@ def test_generic_file_is_consistent(tmp_path: Path) -> None:
         "base": "consistent", "treated": "consistent", "gain": "consistent", "newly": "consistent", "ratio": "consistent"}
     assert "25/40" in by_id(r, "base")["reason"] and "36/40" in by_id(r, "treated")["reason"]
     # 25 -> 36 of 40: best case 11 discordant pairs all one way, p = 2 / 2**11
-    assert by_id(r, "gain")["findings"][0]["data"]["best_case_p"] == pytest.approx(2 / 2**11)
+    assert by_id(r, "gain")["findings"][0]["data"]["readings"][0]["best_case_p"] == pytest.approx(2 / 2**11)
+    assert [x["chosen"]["name"] for x in r["readings"]] == ["single sample"]
 
 
 def test_generic_file_catches_bad_ratio(tmp_path: Path) -> None:
     r = claims.check_files(write(tmp_path, "c.toml", GENERIC.replace("stated = 33.3", "stated = 34.0")))
     assert by_id(r, "ratio")["verdict"] == "inconsistent" and r["failed"] is True
+
+
+def test_stated_samples_per_problem_is_the_only_reading(tmp_path: Path) -> None:
+    r = claims.check_files(write(tmp_path, "c.toml", GENERIC.replace("size = 40", "size = 40\nsamples_per_problem = 4")))
+    (b40,) = r["readings"]
+    assert b40["stated"]["name"] == "avg@4" and [x["name"] for x in b40["considered"]] == ["avg@4"]
+    assert "100/160 under avg@4" in by_id(r, "base")["reason"]
+    gain = by_id(r, "gain")["findings"][0]["data"]["readings"]
+    assert len(gain) == 1 and gain[0]["test"].startswith("paired sign test")
+    assert r["failed"] is False
+
+
+TWO_FIGURES = """
+format = "kvgraft-claims"
+format_version = 1
+[source]
+title = "synthetic"
+[benchmarks.b30]
+size = 30
+{extra}
+[[claims]]
+id = "low"
+kind = "accuracy"
+text = "low"
+benchmark = "b30"
+percent = {low}
+[[claims]]
+id = "high"
+kind = "accuracy"
+text = "80.0%"
+benchmark = "b30"
+percent = 80.0
+[[claims]]
+id = "gain"
+kind = "gain"
+text = "gain"
+baseline = "low"
+treated = "high"
+"""
+
+
+def test_inconsistent_only_when_no_reading_rescues(tmp_path: Path) -> None:
+    # A stated single-sample reading: 77.5% is not k/30, and nothing else is tried.
+    r = claims.check_files(write(tmp_path, "a.toml", TWO_FIGURES.format(extra="samples_per_problem = 1", low=77.5)))
+    low = by_id(r, "low")
+    assert low["verdict"] == "inconsistent" and "under the stated single sample" in low["reason"]
+    assert by_id(r, "high")["verdict"] == "consistent" and r["failed"] is True
+    # The same figures without a stated reading: avg@4 rescues 77.5%.
+    r = claims.check_files(write(tmp_path, "b.toml", TWO_FIGURES.format(extra="", low=77.5)))
+    assert r["readings"][0]["chosen"]["name"] == "avg@4" and r["failed"] is False
+    # 50.1% is k/(30 s) for no s up to 16: inconsistent, and the gain is judged on the nearest single-sample fractions.
+    r = claims.check_files(write(tmp_path, "c.toml", TWO_FIGURES.format(extra="", low=50.1)))
+    assert r["readings"][0]["chosen"] is None
+    low = by_id(r, "low")
+    assert low["verdict"] == "inconsistent" and "no reading up to avg@16" in low["reason"]
+    assert "nearest fractions" in by_id(r, "gain")["reason"]
+
+
+def test_count_beyond_every_definition_is_inconsistent(tmp_path: Path) -> None:
+    text = PREPRINT.read_text().replace("count = 8\n", "count = 9\n", 1)
+    c = by_id(claims.check_files(write(tmp_path, "p.toml", text)), "unsolved-answered")
+    assert c["verdict"] == "inconsistent"
+    assert all(not d["possible"] for d in c["findings"][0]["data"]["readings"][0]["definitions"])
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -255,8 +341,13 @@ def test_schema_error_names_the_path(tmp_path: Path) -> None:
 def test_cli_exit_codes(tmp_path: Path) -> None:
     runner = CliRunner()
     res = runner.invoke(app, ["audit", "claims", str(PREPRINT)])
-    assert res.exit_code == 1, res.output
-    assert "inconsistent" in res.stdout and "24/30" in res.stdout
+    assert res.exit_code == 0, res.output
+    assert "avg@4" in res.stdout and "24/30" in res.stdout
+
+    bad = write(tmp_path, "bad.toml", GENERIC.replace("stated = 33.3", "stated = 34.0"))
+    res = runner.invoke(app, ["audit", "claims", str(bad)])
+    assert res.exit_code == 4, res.output  # the exit code `audit run` gives a failed verdict
+    assert "inconsistent" in res.stdout
 
     res = runner.invoke(app, ["audit", "claims", str(write(tmp_path, "ok.toml", GENERIC))])
     assert res.exit_code == 0, res.output
@@ -273,8 +364,8 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
 def test_cli_json_is_schema_valid(tmp_path: Path) -> None:
     m = write(tmp_path, "m.json", json.dumps({"restore_byte_identical": True, "kl_max": 0.0}))
     res = CliRunner().invoke(app, ["audit", "claims", str(PREPRINT), "--measured", str(m), "--json"])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     validate(doc, claims.CLAIMS_SCHEMA, "stdout")
     assert by_id(doc, "restore-exact")["verdict"] == "supported"
-    assert doc["counts"]["inconsistent"] == 3
+    assert doc["counts"]["inconsistent"] == 0 and doc["readings"][0]["chosen"]["name"] == "avg@4"

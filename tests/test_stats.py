@@ -105,3 +105,20 @@ def test_pass_at_k() -> None:
     for bad in [(5, 6, 1), (5, 1, 0), (5, 1, 6)]:
         with pytest.raises(InputError):
             pass_at_k(*bad)
+
+
+def test_detectable_effect_is_the_power_of_the_exact_mcnemar_test() -> None:
+    from scipy.stats import binom
+
+    from kvgraft.stats import detectable_effect
+
+    d = detectable_effect(20)
+    # 6 one-way flips is the fewest that reach p < 0.05 (2/2**6 = 0.031; 2/2**5 = 0.0625)
+    assert d["min_discordant"] == 6 and d["min_significant"] == pytest.approx(0.3)
+    assert binom.sf(5, 20, d["effect"]) == pytest.approx(0.8, abs=1e-6)  # P(at least 6 flips) at the effect
+    assert 0.36 < d["effect"] < 0.37
+    assert detectable_effect(5)["effect"] is None and detectable_effect(5)["min_discordant"] is None
+    effects = [detectable_effect(n)["effect"] for n in (6, 8, 12, 20, 30, 100)]
+    assert effects == sorted(effects, reverse=True) and effects[-1] < 0.1
+    with pytest.raises(InputError):
+        detectable_effect(10, power=1.0)

@@ -72,6 +72,16 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or flo
 AttnOpt = Annotated[str, typer.Option("--attn", help="eager or sdpa.")]
 
 
+def exit_with(status: str) -> None:
+    """The one exit of an audit command: its result's status, mapped by kvgraft.verdict (passed 0, failed 4,
+    incomplete 6)."""
+    from kvgraft.verdict import exit_code
+
+    code = exit_code(status)
+    if code:
+        raise typer.Exit(code)
+
+
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
     from kvgraft import models
 

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvgraft.cli._base import ModelOpt, audit_app, err, handled, load_model, out
-from kvgraft.errors import EXIT_NOT_EXACT
+from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load_model, out
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -27,14 +26,6 @@ def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, 
     from kvgraft.executor import ModelSpec, from_options
 
     return from_options(kind, ModelSpec(model, device, dtype, attn, threads), address=address, workers=workers, ship=ship)
-
-
-def _write(result: dict[str, object], path: Path, schema: str) -> None:
-    from kvgraft._internal.jsonio import write_json
-    from kvgraft.schema import validate
-
-    validate(result, schema, str(path))
-    write_json(path, result)
 
 
 @audit_app.command("recompute")
@@ -100,15 +91,19 @@ def recompute_cmd(
             result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
                                      progress=lambda i, _n: bar.update(task, completed=i), executor=ex,
                                      overrides=overrides, require=require)
+    from kvgraft.verdict import seal
+
+    seal("recompute", result)
     if json_out:
-        _write(result, json_out, "recompute-result.v1.json")
+        from kvgraft._internal.jsonio import write_json
+
+        write_json(json_out, result)
     if not quiet:
         from kvgraft.render_report import check_renderables
 
         for r in check_renderables("recompute", result):
             out.print(r)
-    if not result["passed"]:
-        raise typer.Exit(EXIT_NOT_EXACT)
+    exit_with(result["status"])
 
 
 @audit_app.command("determinism")
@@ -119,7 +114,10 @@ def determinism_cmd(
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Include CUDA conditions when a GPU is present.")] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the matrix as JSON to this file.")] = None,
 ) -> None:
-    """Run one prefix under varied conditions and show which give byte-identical KV states."""
+    """Run one prefix under varied conditions and show which give byte-identical KV states.
+
+    Exit 0 when the matrix ran (it describes, it fails nothing), 6 when fewer than two conditions ran.
+    """
     from rich.progress import Progress
 
     from kvgraft import determinism
@@ -130,6 +128,9 @@ def determinism_cmd(
         result = determinism.matrix(model, length=length, include_gpu=gpu,
                                     progress=lambda i, n: bar.update(task, completed=i, total=n))
     if json_out:
-        _write(result, json_out, "determinism-result.v1.json")
+        from kvgraft._internal.jsonio import write_json
+
+        write_json(json_out, result)
     for r in check_renderables("determinism", result):
         out.print(r)
+    exit_with(result["status"])

@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import audit_app, handled, out, report_app
-from kvgraft.errors import EXIT_FAILED
+from kvgraft.cli._base import audit_app, exit_with, handled, out, report_app
 
 
 @audit_app.command("claims")
@@ -25,7 +24,8 @@ def claims_cmd(
 ) -> None:
     """Check claims for internal consistency and, with --measured, against measurements.
 
-    Exit status 0 if no claim is contradicted or inconsistent, 1 if one is, 2 on unusable input.
+    Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
+    could be judged), 2 on unusable input.
     """
     from kvgraft import claims
 
@@ -37,8 +37,7 @@ def claims_cmd(
 
         for r in claims_check_renderables(result):
             out.print(r)
-    if result["failed"]:
-        raise typer.Exit(EXIT_FAILED)
+    exit_with(result["status"])
 
 
 @report_app.command("show")

@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import DeviceOpt, audit_app, err, handled, out, report_app
+from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, report_app
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
-from kvgraft.errors import EXIT_NOT_EXACT
 
 
 @audit_app.command("run")
@@ -30,8 +29,9 @@ def run_cmd(
     """Run every check a plan names; write, sign and show one audit report.
 
     Exit 0 when the report's verdict is passed; 4 when the audit completed and its verdict is failed
-    (a check failed, or a claim is contradicted or inconsistent); 1 when verification failed before a
-    report could be made; 2 on unusable input; 3 for a model of another identity.
+    (a check failed, or a claim is contradicted or inconsistent); 6 when it is incomplete (a check reached
+    no verdict); 1 when verification failed before a report could be made; 2 on unusable input; 3 for a
+    model of another identity.
     """
     import time
 
@@ -58,8 +58,7 @@ def run_cmd(
             out.print(f"signed   {outcome.bundle_path}")
             key = f" --key {outcome.public_key}" if outcome.public_key else ""
             out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}")
-    if outcome.report["verdict"]["status"] != "passed":
-        raise typer.Exit(EXIT_NOT_EXACT)
+    exit_with(outcome.report["verdict"]["status"])
 
 
 @report_app.command("verify")

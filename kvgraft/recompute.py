@@ -22,6 +22,7 @@ from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
 from kvgraft.release import Release
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
+from kvgraft.verify import verified
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -193,6 +194,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     from kvgraft.executor import LocalExecutor
 
     rel = release if isinstance(release, Release) else Release.open(release)
+    rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
     chosen = [rel.entry(e) for e in entries] if entries else rel.entries
     ex = executor or LocalExecutor()

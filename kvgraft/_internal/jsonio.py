@@ -90,9 +90,12 @@ def check_tree(obj: Any, where: str, surrogates: bool = True) -> None:
             if surrogates:
                 for k in x:
                     _no_surrogate(k, where)
-            values = x.values()
+            values = list(x.values())
         else:
             values = x
+        kinds = set(map(type, values))  # C speed: most containers (token ids, shapes) hold scalars only
+        if not surrogates and dict not in kinds and list not in kinds:
+            continue
         for v in values:
             if isinstance(v, (dict, list)):
                 stack.append((v, depth + 1))
@@ -107,19 +110,32 @@ def _no_surrogate(s: str, where: str) -> None:
         raise InputError(f"{where}: invalid JSON: a string holds a lone UTF-16 surrogate") from None
 
 
+# 16 digits are the shortest text of an integer beyond 2^53 (9007199254740992). A number follows "[",
+# "," or ":" (after whitespace, with an optional "-") or starts the text; hex digests sit after a quote.
+# Without such a run (the usual case) every integer is in range and the parser needs no per-integer
+# hook. Found with C-speed translate and substring search; a false hit (inside a string) only costs time.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_Z16 = b"0" * 16
+
+
+def _may_hold_long_integer(raw: bytes) -> bool:
+    t = raw.translate(_DIGITS_AS_ZERO, b" \t\r\n-")
+    return t.startswith(_Z16) or any(lead + _Z16 in t for lead in (b"[", b",", b":"))
+
+
 def loads_strict(data: bytes | str, where: str) -> Any:
     """Parse JSON refusing duplicate keys, NaN/Infinity (also as overflowing numbers such as 1e999),
     integers beyond +-(2^53-1), lone surrogates and nesting deeper than MAX_DEPTH; errors name `where`."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     try:
         doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                         parse_int=_parse_int, parse_float=_parse_float)
+                         parse_int=_parse_int if _may_hold_long_integer(raw) else None, parse_float=_parse_float)
     except RecursionError:
         detail = f"nested deeper than {MAX_DEPTH} levels" if _depth_exceeded(data) else "nested too deeply"
         raise InputError(f"{where}: invalid JSON: {detail}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: invalid JSON: {exc}") from None
     if isinstance(doc, (dict, list)):
-        raw = data if isinstance(data, bytes) else b""
         check_tree(doc, where, surrogates=isinstance(data, str) or _SURROGATE_ESCAPE.search(raw) is not None)
     return doc
 
@@ -197,9 +213,17 @@ def _plain(obj: Any) -> bool:
     stack = [obj]
     while stack:
         x = stack.pop()
-        values = x.values() if isinstance(x, dict) else x
-        if isinstance(x, dict) and any(not isinstance(k, str) or any(ord(c) > 0xFFFF for c in k) for k in x):
-            return False
+        if isinstance(x, dict):
+            if not all(isinstance(k, str) and (k.isascii() or all(ord(c) <= 0xFFFF for c in k)) for k in x):
+                return False
+            values = list(x.values())
+        else:
+            values = x
+        kinds = set(map(type, values))  # C speed; lists of integers (token ids, shapes) end here
+        if kinds <= {int}:
+            if values and (max(values) > _SAFE_INT or min(values) < -_SAFE_INT):
+                return False
+            continue
         for v in values:
             if isinstance(v, (dict, list)):
                 stack.append(v)

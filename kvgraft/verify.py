@@ -376,9 +376,9 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
            msize: int) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
-    # 3. manifest content, commitments, statement vs manifest
+    # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
+    # checks of step 4, so that a huge manifest that does not describe this folder is refused sooner
     manifest = release_format.check_manifest(doc, manifest_path)
-    check_commitments(root, manifest)
     rel = Release(root, manifest)
     expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
     if statement is not None and stmt_subjects is not None:
@@ -401,21 +401,35 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         safe_path(root, name, "manifest file")
     missing = sorted(set(expected) - present)
     extra = sorted(present - set(expected))
+    users: dict[str, list[str]] = {}
+    for entry in manifest["entries"]:
+        users.setdefault(entry["file"], []).append(entry["id"])
+
+    def of(name: str) -> str:
+        ids = users.get(name, [])
+        return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
+
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(missing[:5])}" + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+            parts.append(f"missing {', '.join(f'{n} ({of(n)})' if of(n) else n for n in missing[:5])}"
+                         + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
         if extra:
             parts.append(f"not part of the release: {', '.join(extra[:5])}"
                          + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
-        raise IntegrityError(f"{root}: files differ from the {source}: {'; '.join(parts)}")
+        # Named by the first missing file's path when there is one: the line says where to look.
+        head = root / missing[0] if missing else root
+        raise IntegrityError(f"{head}: files differ from the {source}: {'; '.join(parts)}")
     names = sorted(manifest["files"])
     paths = [root / n for n in names]
     for name, path in zip(names, paths, strict=True):
         want, got = manifest["files"][name]["size"], path.lstat().st_size
         if got != want:
             how = "truncated" if got < want else "grown"
-            raise IntegrityError(f"{path}: {got} bytes, the manifest says {want} ({how})")
+            label = f": {of(name)}" if of(name) else ""
+            raise IntegrityError(f"{path}{label}: {got} bytes, the manifest says {want} ({how})")
+
+    check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
     pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"])

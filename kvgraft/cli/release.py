@@ -73,11 +73,11 @@ def run_cmd(
     policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
                           require_signature=require_signature)
     rel = verified(release, policy)
-    for warning in rel.verification.warnings:
-        say(f"kvgraft: note: {warning}", error=True)
     rel.entry(entry)  # an unknown entry is refused before the model loads
     lm = load_model(model, device, dtype, attn)
     result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy)
+    for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
+        say(f"kvgraft: note: {warning}", error=True)
     if as_json:
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))

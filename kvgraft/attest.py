@@ -186,14 +186,32 @@ class Bundle:
 
 
 def _b64(value: Any, where: str) -> bytes:
+    """Canonical standard base64 only (RFC 4648 section 4, padded, no line breaks, zero pad bits):
+    anything else decodes to the same bytes from more than one text, making the bundle malleable."""
     if not isinstance(value, str):
         raise InputError(f"{where}: expected a base64 string")
     try:
-        if "-" in value or "_" in value:
-            return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-        return base64.b64decode(value, validate=True)
+        data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise VerificationError(f"{where}: is not valid base64") from None
+    if base64.b64encode(data).decode() != value:
+        raise VerificationError(f"{where}: is not canonical base64 (padding, pad bits or alphabet)")
+    return data
+
+
+# Members of a Sigstore bundle v0.3 (protobuf-specs, JSON mapping) on the path kvgraft reads; protobuf
+# JSON parsing refuses any other member, and so does kvgraft. Certificate and transparency-log members
+# are left to sigstore-python, which parses them with its own models.
+_BUNDLE_MEMBERS = {"mediaType", "verificationMaterial", "dsseEnvelope", "messageSignature"}
+_MATERIAL_MEMBERS = {"publicKey", "x509CertificateChain", "certificate", "tlogEntries", "timestampVerificationData"}
+_ENVELOPE_MEMBERS = {"payload", "payloadType", "signatures"}
+_SIGNATURE_MEMBERS = {"sig", "keyid"}
+
+
+def _members(obj: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise InputError(f"{where}: unknown member {unknown[0]!r} (a Sigstore bundle v0.3 has none)")
 
 
 def parse_bundle(raw: bytes, where: str) -> Bundle:
@@ -203,15 +221,18 @@ def parse_bundle(raw: bytes, where: str) -> Bundle:
     doc = jsonio.loads_strict(raw, where)
     if not isinstance(doc, dict):
         raise InputError(f"{where}: not a Sigstore bundle (not a JSON object)")
+    _members(doc, _BUNDLE_MEMBERS, where)
     media_type = doc.get("mediaType")
     if media_type not in BUNDLE_MEDIA_TYPES:
         raise InputError(f"{where}: not a Sigstore bundle (mediaType {media_type!r})")
     material = doc.get("verificationMaterial")
     if not isinstance(material, dict):
         raise InputError(f"{where}: bundle has no verificationMaterial")
+    _members(material, _MATERIAL_MEMBERS, f"{where}: verificationMaterial")
     envelope = doc.get("dsseEnvelope")
-    if not isinstance(envelope, dict):
+    if not isinstance(envelope, dict) or "messageSignature" in doc:
         raise InputError(f"{where}: bundle has no dsseEnvelope; a release attestation is a DSSE-signed statement")
+    _members(envelope, _ENVELOPE_MEMBERS, f"{where}: dsseEnvelope")
     payload_type = envelope.get("payloadType")
     if not isinstance(payload_type, str):
         raise InputError(f"{where}: dsseEnvelope.payloadType is missing")
@@ -219,25 +240,34 @@ def parse_bundle(raw: bytes, where: str) -> Bundle:
     if not isinstance(sigs, list) or len(sigs) != 1 or not isinstance(sigs[0], dict):
         count = len(sigs) if isinstance(sigs, list) else 0
         raise VerificationError(f"{where}: dsseEnvelope must carry exactly one signature (found {count})")
+    _members(sigs[0], _SIGNATURE_MEMBERS, f"{where}: dsseEnvelope.signatures[0]")
     signature = _b64(sigs[0].get("sig"), f"{where}: dsseEnvelope.signatures[0].sig")
     if not signature:
         raise VerificationError(f"{where}: dsseEnvelope.signatures[0].sig is empty")
     keyid = sigs[0].get("keyid")
+    if keyid is not None and not isinstance(keyid, str):
+        raise InputError(f"{where}: dsseEnvelope.signatures[0].keyid is not a string")
     public_key = material.get("publicKey")
     hint = public_key.get("hint") if isinstance(public_key, dict) else None
     has_certificate = "certificate" in material or "x509CertificateChain" in material
     if has_certificate == (public_key is not None):
         raise InputError(f"{where}: verificationMaterial needs exactly one of publicKey or a certificate")
+    if public_key is not None:
+        if not isinstance(public_key, dict) or not isinstance(hint, str):
+            raise InputError(f"{where}: verificationMaterial.publicKey must be an object with a string hint")
+        _members(public_key, {"hint"}, f"{where}: verificationMaterial.publicKey")
+        # kvgraft checks no log entry or timestamp for a key-signed bundle: unverified bytes are refused
+        # rather than carried along as if they meant something.
+        if material.get("tlogEntries") or material.get("timestampVerificationData"):
+            raise InputError(f"{where}: a key-signed bundle carries transparency-log entries or timestamps "
+                             f"that kvgraft does not verify")
     return Bundle(where=where, raw=raw, doc=doc, media_type=media_type, payload_type=payload_type,
                   payload=_b64(envelope.get("payload"), f"{where}: dsseEnvelope.payload"), signature=signature,
-                  keyid=keyid if isinstance(keyid, str) else None, key_hint=hint if isinstance(hint, str) else None,
-                  has_certificate=has_certificate)
+                  keyid=keyid, key_hint=hint, has_certificate=has_certificate)
 
 
 def read_bundle(path: Path) -> Bundle:
     """Read RELEASE/release.sigstore.json with its size bounded before reading."""
-    if path.is_symlink():
-        raise InputError(f"{path}: is a symlink; releases may not contain links")
     return parse_bundle(jsonio.read_bounded(path, MAX_BUNDLE_BYTES, "a bundle"), str(path))
 
 
@@ -272,6 +302,10 @@ def verify_with_key(bundle: Bundle, key: PublicKey) -> str:
     if not key_verify(key, bundle.signature, pae(bundle.payload_type, bundle.payload)):
         named = f" (the bundle names key {bundle.key_hint})" if bundle.key_hint and bundle.key_hint != kid else ""
         raise VerificationError(f"{bundle.where}: DSSE signature does not verify with key {kid}{named}")
+    # The hint and keyid are outside what is signed: they must name the key that verified, or say nothing.
+    for what, value in (("verificationMaterial.publicKey.hint", bundle.key_hint), ("dsseEnvelope keyid", bundle.keyid)):
+        if value not in (None, "", kid):
+            raise VerificationError(f"{bundle.where}: {what} {value!r} names another key than {kid}, which verified it")
     return kid
 
 

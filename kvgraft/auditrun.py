@@ -117,6 +117,11 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         attest.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
+    # One verification, as `kvgraft verify` does it (with the plan's key when it signs): every check
+    # below reads the release through it, and nothing is grafted from a release that would not verify.
+    from kvgraft.verify import VerifyPolicy, verified
+
+    verified_release = verified(release, VerifyPolicy(key=pub))
     checks: list[dict[str, Any]] = []
     measured: dict[str, Any] = {}
     natural_kl: float | None = None
@@ -130,16 +135,14 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
     if plan.check("verify") is not None:
         say("verifying the release (hashes, statement, signature)")
-        from kvgraft.verify import verify_release
-
-        v = verify_release(release, key=pub)
+        v = verified_release.verification
         checks.append(make_check("verify", "verify", "passed", f"{v.files} files, {v.bytes_hashed:,} bytes hashed; "
                                  f"signature: {v.signature.describe()}", v.as_dict()))
     rc = plan.check("recompute")
     if rc is not None:
         say("recomputing fresh KV states and comparing")
-        result = seal("recompute", recompute.audit(release, lm, entries=rc.get("entries") or None, executor=ex,
-                                                   require=rc.get("require", "exact")))
+        result = seal("recompute", recompute.audit(verified_release, lm, entries=rc.get("entries") or None,
+                                                   executor=ex, require=rc.get("require", "exact")))
         exact = sum(e["byte_exact"] for e in result["entries"])
         checks.append(make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result))
         from kvgraft.claims import measured_from_recompute
@@ -160,9 +163,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     if gc is not None:
         say("generalization audit: conditions a-d on library, held-out and synthetic problems")
         from kvgraft import generalization as gen
-        from kvgraft.release import Release
-
-        rel = Release.open(release)
+        rel = verified_release
         queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
         settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
                                 samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))

@@ -20,6 +20,7 @@ from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel, describe_identity_diff
 from kvgraft.release import Release
 from kvgraft.tensors import split_views
+from kvgraft.verify import VerifyPolicy, verified
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Restored:
     seconds: float
     forced: bool
     conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
+    warnings: list[str] = field(default_factory=list)  # from the release's verification (e.g. unsigned)
 
 
 def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
@@ -122,9 +124,14 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
     return cache
 
 
-def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Restored:
-    """Verify and graft one entry; refuses a different model unless forced (recorded)."""
-    rel = release if isinstance(release, Release) else Release.open(release)
+def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+            policy: VerifyPolicy | None = None) -> Restored:
+    """Verify and graft one entry; refuses a different model unless forced (recorded).
+
+    The release goes through `kvgraft.verify.verified` first (once per Release object), exactly as
+    `kvgraft verify` checks it under `policy`: nothing is grafted from a release that verify refuses.
+    """
+    rel = verified(release, policy)
     forced = check_model(rel, lm, force=force)
     entry = rel.entry(entry_id)
     t0 = time.perf_counter()
@@ -143,7 +150,7 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
         build(tensors)
     cache, conditions = built
     seconds = time.perf_counter() - t0
-    return Restored(cache, entry, nbytes, seconds, forced, conditions)
+    return Restored(cache, entry, nbytes, seconds, forced, conditions, list(rel.verification.warnings))
 
 
 def free_buffers() -> None:
@@ -151,9 +158,10 @@ def free_buffers() -> None:
     buffers.clear()
 
 
-def load_cache(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Any:
-    """A transformers Cache holding the entry's verified states, ready for generation."""
-    return restore(release, entry_id, lm, force=force).cache
+def load_cache(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+               policy: VerifyPolicy | None = None) -> Any:
+    """A transformers Cache holding the entry's verified states, ready for generation (see `restore`)."""
+    return restore(release, entry_id, lm, force=force, policy=policy).cache
 
 
 @dataclass
@@ -164,9 +172,9 @@ class Continuation:
 
 
 def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
-        max_new_tokens: int = 64, force: bool = False) -> Continuation:
+        max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token."""
-    restored = restore(release, entry_id, lm, force=force)
+    restored = restore(release, entry_id, lm, force=force, policy=policy)
     ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]] if prompt else []
     t0 = time.perf_counter()
     if ids:
@@ -185,5 +193,6 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,
         "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forced_model": restored.forced,
         "conditions_differing": {k: list(v) for k, v in restored.conditions.items()},
+        "verification_warnings": restored.warnings,
     }
     return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

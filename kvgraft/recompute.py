@@ -23,6 +23,7 @@ from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
 from kvgraft.release import Release
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
+from kvgraft.verify import verified
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -302,6 +303,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
 
     passes("byte-exact", require)  # refuses an unknown requirement before any work
     rel = release if isinstance(release, Release) else Release.open(release)
+    rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
     chosen = [rel.entry(e) for e in entries] if entries else rel.entries
     ex = executor or LocalExecutor()

@@ -58,7 +58,12 @@ def load_manifest(root: Path) -> dict[str, Any]:
     path = safe_path(root, MANIFEST, "manifest")
     if not path.is_file():
         raise InputError(f"{path}: missing manifest (is {root} a cache release?)")
-    doc = jsonio.load_file(path, MAX_MANIFEST_BYTES)
+    return check_manifest(jsonio.loads_strict(jsonio.read_bounded(path, MAX_MANIFEST_BYTES, "a manifest"), str(path)),
+                          path)
+
+
+def check_manifest(doc: Any, path: Path) -> dict[str, Any]:
+    """Version-check and schema-validate a parsed manifest (read from `path`)."""
     if not isinstance(doc, dict):
         raise InputError(f"{path}: manifest is not a JSON object")
     if doc.get("format") != FORMAT:
@@ -110,6 +115,9 @@ class Release:
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
     _checked_headers: dict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
         default_factory=dict, repr=False, compare=False)
+    # The kvgraft.verify.VerifyResult this release passed (verify.verified sets it): from then on an
+    # entry's header must be byte-identical to the one checked then, whose file digest was verified.
+    verification: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(cls, root: Path | str) -> Release:
@@ -151,8 +159,11 @@ class Release:
             raise IntegrityError(f"{path}: entry {entry['id']!r}: {size} bytes, manifest says {expected_size}")
         tensors = entry["tensors"]
         seen = self._checked_headers.get(entry["id"])
-        if seen is not None and seen[0] is tensors and seen[1] == raw:
+        if seen is not None and (seen[0] is tensors or seen[0] == tensors) and seen[1] == raw:
             return seen[2]
+        if self.verification is not None:
+            raise IntegrityError(f"{path}: entry {entry['id']!r}: the safetensors header changed after the release "
+                                 f"was verified")
         parsed, _ = stfile.parse_header(path, size, n, raw)
         if set(parsed) != set(tensors):
             extra = sorted(set(parsed) - set(tensors))

@@ -25,6 +25,7 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,8 @@ from kvgraft import __version__, attest, keys
 from kvgraft import release as release_format
 from kvgraft._internal import jsonio, stfile
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.hashing import hash_file, hash_ranges, pool
-from kvgraft.release import MANIFEST, Release, check_commitments, load_manifest, safe_path
+from kvgraft.hashing import hash_file, hash_ranges, pool, sha256_hex
+from kvgraft.release import MANIFEST, Release, check_commitments, safe_path
 
 if TYPE_CHECKING:
     from sigstore.verify import Verifier
@@ -177,6 +178,24 @@ class CheckedRelease:
     bytes_hashed: int
     tensors: int
     tensors_rehashed: int
+    release: Release
+
+
+@dataclass(frozen=True)
+class VerifyPolicy:
+    """What a release must satisfy beyond its bytes, the same for `kvgraft verify` and every consumer.
+
+    `key` or `identity` + `issuer`: the signature is checked with it (an unsigned release fails).
+    `require_signature`: an unsigned release, or one whose signature is not checked, fails. Without
+    either, a bundle present is still read and its statement must match the files (a stale bundle
+    fails); an absent bundle is a recorded warning.
+    """
+
+    key: Path | None = None
+    identity: str | None = None
+    issuer: str | None = None
+    trust: SigstoreTrust | None = None
+    require_signature: bool = False
 
 
 @dataclass
@@ -184,6 +203,7 @@ class SignatureStatus:
     status: str  # "verified" or "not checked"
     method: str | None = None  # "key" or "sigstore"
     bundle: str | None = None  # path of the bundle, None when the release has none
+    bundle_sha256: str | None = None  # digest of the exact bundle bytes accepted
     key_id: str | None = None
     identity: str | None = None
     issuer: str | None = None
@@ -213,6 +233,9 @@ class VerifyResult:
     signature: SignatureStatus
     statement: bool  # a statement was read and compared (signed or not)
     model: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    policy: VerifyPolicy = field(default_factory=VerifyPolicy)
+    opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
 
     @property
     def throughput(self) -> float:
@@ -228,7 +251,7 @@ class VerifyResult:
             "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
             "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
             "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
-            "statement": self.statement, "signature": asdict(self.signature),
+            "statement": self.statement, "signature": asdict(self.signature), "warnings": list(self.warnings),
         }
 
 
@@ -236,15 +259,6 @@ def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, A
     """The `verify --json` document of a failed verification."""
     return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
             "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
-
-
-def _hash_manifest(root: Path) -> tuple[str, int]:
-    path = safe_path(root, MANIFEST, "manifest")
-    size = path.stat().st_size
-    limit = release_format.MAX_MANIFEST_BYTES
-    if size > limit:
-        raise InputError(f"{path}: {size} bytes exceeds the {limit}-byte limit for a manifest")
-    return hash_file(path)
 
 
 def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str]) -> str:
@@ -293,37 +307,54 @@ def check_release(root: Path, *, statement: dict[str, Any] | None = None, source
     if not root.is_dir():
         raise InputError(f"{root}: not a folder")
     present = attest.release_folder_files(root)
-    # Start hashing the release's files now, on the pool, while this thread parses and validates the
-    # manifest: the files to hash are known from the statement (or a quick parse of the manifest), and
-    # only regular files found inside the folder are read. Results are used after every check passed.
-    prefetch = {name: pool().submit(hash_file, root / name) for name in _files_to_prefetch(root, present, statement)}
+    stmt_subjects = attest.subjects(statement) if statement is not None else None
+    manifest_path = root / MANIFEST
+
+    # 2. the manifest file against the statement, before it is parsed. Its bytes are read once: the
+    # bytes hashed are the bytes parsed.
+    if stmt_subjects is not None:
+        if MANIFEST not in stmt_subjects:
+            raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
+        if MANIFEST not in present:
+            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
+    if MANIFEST not in present:
+        raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
+    data = jsonio.read_bounded(manifest_path, release_format.MAX_MANIFEST_BYTES, "a manifest")
+    msha, msize = sha256_hex(data), len(data)
+    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
+        assert statement is not None
+        theirs = statement["predicate"]["root_digest"]
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]}); "
+                             f"the statement attests the release with root digest {theirs}")
+    doc = jsonio.loads_strict(data, str(manifest_path))
+    del data
+    # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
+    # files found inside the folder whose size already equals the one the manifest states are read, so
+    # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
+    # every check passed.
+    prefetch = {name: pool().submit(hash_file, root / name, size) for name, size in _files_to_prefetch(root, present, doc)}
     try:
-        return _check(root, present, prefetch, statement, source, deep)
+        return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize)
     finally:
         for future in prefetch.values():
             future.cancel()
 
 
-def _files_to_prefetch(root: Path, present: set[str], statement: dict[str, Any] | None) -> list[str]:
-    if statement is not None:
-        names = set(attest.subjects(statement))
-    elif MANIFEST in present:
-        try:
-            doc = jsonio.load_file(root / MANIFEST, release_format.MAX_MANIFEST_BYTES)
-        except InputError:
-            return []  # load_manifest says why
-        files = doc.get("files") if isinstance(doc, dict) else None
-        names = set(files) if isinstance(files, dict) else set()
-    else:
-        return []
+def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return []  # check_manifest says why
     sizes: dict[str, int] = {}
-    for n in names:
-        if n in present and n != MANIFEST:
-            try:
-                sizes[n] = (root / n).stat().st_size
-            except OSError:
-                continue  # gone already: reported as missing by the checks
-    return sorted(sizes, key=lambda n: -sizes[n])
+    for name, meta in files.items():
+        want = meta.get("size") if isinstance(meta, dict) else None
+        if name not in present or name == MANIFEST or type(want) is not int:
+            continue
+        try:
+            if (root / name).stat().st_size == want:
+                sizes[name] = want
+        except OSError:
+            continue  # gone already: reported as missing by the checks
+    return sorted(sizes.items(), key=lambda item: -item[1])
 
 
 def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
@@ -335,42 +366,30 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
 
 
+def _brief(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], statement: dict[str, Any] | None,
-           source: str, deep: bool) -> CheckedRelease:
-    stmt_subjects = attest.subjects(statement) if statement is not None else None
+           stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
+           msize: int) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
-    # 2. the manifest file against the statement, before it is parsed
-    if stmt_subjects is not None:
-        if MANIFEST not in stmt_subjects:
-            raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
-        if MANIFEST not in present:
-            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
-    msha, msize = _hash_manifest(root) if MANIFEST in present else ("", 0)
-    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
-        assert statement is not None
-        theirs = statement["predicate"]["root_digest"]
-        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]}); "
-                             f"the statement attests the release with root digest {theirs}")
-
-    # 3. manifest content, commitments, statement vs manifest
-    manifest = load_manifest(root)
-    check_commitments(root, manifest)
+    # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
+    # checks of step 4, so that a huge manifest that does not describe this folder is refused sooner
+    manifest = release_format.check_manifest(doc, manifest_path)
     rel = Release(root, manifest)
     expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
     if statement is not None and stmt_subjects is not None:
-        pred = statement["predicate"]
-        checks = [
-            ("root_digest", pred["root_digest"], manifest["root_digest"]),
-            ("manifest sha256", pred["manifest"]["sha256"], msha),
-            ("manifest size", pred["manifest"]["size"], msize),
-            ("model identity", pred["model"]["identity"], manifest["model"]["identity"]),
-            ("model spec", pred["model"]["spec"], manifest["model"]["spec"]),
-        ]
-        for what, claimed, actual in checks:
-            if claimed != actual:
-                raise VerificationError(f"{manifest_path}: the {source} predicate's {what} {claimed} "
-                                        f"does not match the manifest ({actual})")
+        # Every member the predicate states must be what the manifest implies; only the version of
+        # the kvgraft that signed is the signer's own.
+        claimed = statement["predicate"]
+        implied = attest.statement(manifest, msha, msize)["predicate"]
+        for what in sorted((set(claimed) | set(implied)) - {"kvgraft_version"}):
+            if claimed.get(what) != implied.get(what):
+                raise VerificationError(f"{manifest_path}: the {source} predicate's {what} {_brief(claimed.get(what))} "
+                                        f"does not match the manifest ({_brief(implied.get(what))})")
         for name in sorted(set(stmt_subjects) | set(expected)):
             if stmt_subjects.get(name) != expected.get(name):
                 raise VerificationError(
@@ -382,24 +401,39 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         safe_path(root, name, "manifest file")
     missing = sorted(set(expected) - present)
     extra = sorted(present - set(expected))
+    users: dict[str, list[str]] = {}
+    for entry in manifest["entries"]:
+        users.setdefault(entry["file"], []).append(entry["id"])
+
+    def of(name: str) -> str:
+        ids = users.get(name, [])
+        return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
+
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(missing[:5])}" + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+            parts.append(f"missing {', '.join(f'{n} ({of(n)})' if of(n) else n for n in missing[:5])}"
+                         + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
         if extra:
             parts.append(f"not part of the release: {', '.join(extra[:5])}"
                          + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
-        raise IntegrityError(f"{root}: files differ from the {source}: {'; '.join(parts)}")
+        # Named by the first missing file's path when there is one: the line says where to look.
+        head = root / missing[0] if missing else root
+        raise IntegrityError(f"{head}: files differ from the {source}: {'; '.join(parts)}")
     names = sorted(manifest["files"])
     paths = [root / n for n in names]
     for name, path in zip(names, paths, strict=True):
-        want, got = manifest["files"][name]["size"], path.stat().st_size
+        want, got = manifest["files"][name]["size"], path.lstat().st_size
         if got != want:
             how = "truncated" if got < want else "grown"
-            raise IntegrityError(f"{path}: {got} bytes, the manifest says {want} ({how})")
+            label = f": {of(name)}" if of(name) else ""
+            raise IntegrityError(f"{path}{label}: {got} bytes, the manifest says {want} ({how})")
+
+    check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
-    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n) for n in names}
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"])
+               for n in names}
     results = [_result(pending[n], root / n) for n in names]
     by_sha = {sha: n for n, sha in expected.items()}
     bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
@@ -435,18 +469,24 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     if deep:
         hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
-    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed)
+    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel)
 
 
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
-                   issuer: str | None = None, trust: SigstoreTrust | None = None,
-                   deep: bool = False) -> VerifyResult:
+                   issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
+                   policy: VerifyPolicy | None = None) -> VerifyResult:
     """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
 
-    `key`: a PEM public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore
-    certificate identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
+    `policy` (or, for short, `key`, `identity` + `issuer`, `trust`): see VerifyPolicy. `key`: a PEM
+    public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore certificate
+    identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
     """
     started = time.perf_counter()
+    if policy is None:
+        policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=trust)
+    elif (key, identity, issuer, trust) != (None, None, None, None):
+        raise InputError("give a verification policy or key/identity arguments, not both")
+    key, identity, issuer, trust = policy.key, policy.identity, policy.issuer, policy.trust
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"{root}: not a folder (expected a cache release)")
@@ -454,17 +494,26 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         raise InputError("--certificate-identity and --certificate-oidc-issuer must be given together")
     if key is not None and identity is not None:
         raise InputError("give --key or --certificate-identity/--certificate-oidc-issuer, not both")
+    if policy.require_signature and key is None and identity is None:
+        raise InputError("--require-signature needs --key or --certificate-identity/--certificate-oidc-issuer "
+                         "to check the signature with")
     public_key = keys.load_public_key(key) if key is not None else None
 
     bundle_path = root / attest.BUNDLE_NAME
     signature = SignatureStatus("not checked")
     statement: dict[str, Any] | None = None
+    warnings: list[str] = []
     source = "manifest"
-    if bundle_path.is_symlink():
-        raise InputError(f"{bundle_path}: is a symlink; releases may not contain links")
-    if bundle_path.exists():
-        bundle = attest.read_bundle(bundle_path)
+    try:
+        bundle_mode: int | None = bundle_path.lstat().st_mode
+    except FileNotFoundError:
+        bundle_mode = None
+    except OSError as exc:
+        raise InputError(f"{bundle_path}: cannot read: {exc.strerror}") from None
+    if bundle_mode is not None:
+        bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
         signature.bundle = str(bundle_path)
+        signature.bundle_sha256 = sha256_hex(bundle.raw)
         payload_type, payload = bundle.payload_type, bundle.payload
         if public_key is not None:
             signature.key_id = attest.verify_with_key(bundle, public_key)
@@ -479,19 +528,54 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
             payload_type, payload = verified.payload_type, verified.payload
             signature.status, signature.method = "verified", "sigstore"
             signature.identity, signature.issuer = identity, issuer
+        else:
+            warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
+                            "in the bundle was compared with the files")
         statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
     elif public_key is not None or identity is not None:
         wanted = "--key" if public_key is not None else "--certificate-identity"
         raise VerificationError(f"{root}: the release is unsigned (no {attest.BUNDLE_NAME}) but {wanted} "
                                 f"requires a signature")
+    else:
+        warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
+                        f"were checked")
 
     checked = check_release(root, statement=statement, source=source, deep=deep)
     m = checked.manifest
-    return VerifyResult(
+    result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
         entries=len(m["entries"]), files=len(checked.files), tensors=checked.tensors,
         bytes_hashed=checked.bytes_hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=signature, statement=statement is not None,
         model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
+        warnings=warnings, policy=policy, opened=checked.release,
     )
+    checked.release.verification = result
+    return result
+
+
+def verified(release: Release | Path | str, policy: VerifyPolicy | None = None) -> Release:
+    """The one verification every consumer of a release's bytes goes through (graft, run, audits).
+
+    Runs `verify_release` under `policy` (default: VerifyPolicy(), as `kvgraft verify` without
+    options) unless `release` already passed it under the same policy, or under any policy when none
+    is asked for. A Release object passed in is marked verified in place, so that its later uses
+    (one graft per entry) do not verify again; later reads still check each tensor's digest and that
+    each safetensors header is the one verified. Raises as verify_release does.
+    """
+    if (isinstance(release, Release) and release.verification is not None
+            and (policy is None or release.verification.policy == policy)):
+        return release
+    root = release.root if isinstance(release, Release) else Path(release)
+    result = verify_release(root, policy=policy or VerifyPolicy())
+    assert result.opened is not None
+    if not isinstance(release, Release):
+        return result.opened
+    now = result.opened.manifest["root_digest"]
+    if now != release.manifest["root_digest"]:
+        raise IntegrityError(f"{root / MANIFEST}: the release changed after it was opened (root digest "
+                             f"{release.manifest['root_digest']}, now {now})")
+    release._checked_headers = dict(result.opened._checked_headers)
+    release.verification = result
+    return release

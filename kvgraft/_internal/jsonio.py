@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,25 +32,162 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not JSON")
 
 
-def loads_strict(data: bytes | str, where: str) -> Any:
-    """Parse JSON refusing duplicate keys and NaN/Infinity; errors name `where`."""
+# Every document kvgraft reads nests well under this; the bound keeps a hostile one from reaching the
+# C parser's or a later recursive consumer's (canonical JSON, schema validation) recursion limit.
+MAX_DEPTH = 64
+# I-JSON (RFC 7493) numbers: integers beyond 2^53 do not survive canonical JSON (RFC 8785), so a
+# document holding one could be read but never digested.
+MAX_INT = 2**53 - 1
+_MAX_INT_DIGITS = len(str(MAX_INT))
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > _MAX_INT_DIGITS + 1 or abs(value := int(text)) > MAX_INT:
+        raise ValueError(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is outside the I-JSON range +-(2^53-1)")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:24]} overflows to a non-finite float")
+    return value
+
+
+def _depth_exceeded(raw: bytes | str) -> bool:
+    """True when brackets nest deeper than MAX_DEPTH; strings are skipped. Only called when the C parser
+    gave up on recursion, so its Python speed does not matter."""
+    depth = 0
+    in_string = escaped = False
+    for ch in raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def check_tree(obj: Any, where: str, surrogates: bool = True) -> None:
+    """Bound nesting depth and refuse strings holding lone surrogates (which no UTF-8 writer can emit)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InputError(f"{where}: invalid JSON: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(x, dict):
+            if surrogates:
+                for k in x:
+                    _no_surrogate(k, where)
+            values = list(x.values())
+        else:
+            values = x
+        kinds = set(map(type, values))  # C speed: most containers (token ids, shapes) hold scalars only
+        if not surrogates and dict not in kinds and list not in kinds:
+            continue
+        for v in values:
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
+            elif surrogates and isinstance(v, str):
+                _no_surrogate(v, where)
+
+
+def _no_surrogate(s: str, where: str) -> None:
     try:
-        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{where}: invalid JSON: a string holds a lone UTF-16 surrogate") from None
+
+
+# 16 digits are the shortest text of an integer beyond 2^53 (9007199254740992). A number follows "[",
+# "," or ":" (after whitespace, with an optional "-") or starts the text; hex digests sit after a quote.
+# Without such a run (the usual case) every integer is in range and the parser needs no per-integer
+# hook. Found with C-speed translate and substring search; a false hit (inside a string) only costs time.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_Z16 = b"0" * 16
+
+
+def _may_hold_long_integer(raw: bytes) -> bool:
+    t = raw.translate(_DIGITS_AS_ZERO, b" \t\r\n-")
+    return t.startswith(_Z16) or any(lead + _Z16 in t for lead in (b"[", b",", b":"))
+
+
+def loads_strict(data: bytes | str, where: str) -> Any:
+    """Parse JSON refusing duplicate keys, NaN/Infinity (also as overflowing numbers such as 1e999),
+    integers beyond +-(2^53-1), lone surrogates and nesting deeper than MAX_DEPTH; errors name `where`."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    try:
+        doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                         parse_int=_parse_int if _may_hold_long_integer(raw) else None, parse_float=_parse_float)
+    except RecursionError:
+        detail = f"nested deeper than {MAX_DEPTH} levels" if _depth_exceeded(data) else "nested too deeply"
+        raise InputError(f"{where}: invalid JSON: {detail}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: invalid JSON: {exc}") from None
+    if isinstance(doc, (dict, list)):
+        check_tree(doc, where, surrogates=isinstance(data, str) or _SURROGATE_ESCAPE.search(raw) is not None)
+    return doc
+
+
+def open_regular(path: Path, what: str = "file") -> int:
+    """A read-only descriptor of a regular file, refusing anything else before opening it for reading.
+
+    lstat first: a FIFO, device or socket is never opened (opening a FIFO blocks until a writer comes,
+    a device may act on open). O_NONBLOCK and O_NOFOLLOW cover a swap between the lstat and the open,
+    and fstat checks what was actually opened.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise InputError(f"{path}: is a symlink; releases may not contain links")
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{path}: not a regular file; refusing to read {what} from it")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file; refusing to read {what} from it")
+    return fd
+
+
+def read_fd_bounded(fd: int, max_bytes: int) -> bytes:
+    """Up to max_bytes + 1 bytes from offset 0 of `fd` (one more than allowed shows it was too large)."""
+    parts: list[bytes] = []
+    got = 0
+    while got <= max_bytes:
+        chunk = os.pread(fd, min(max_bytes + 1 - got, 64 * 1024 * 1024), got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
     """A file's bytes, refused (naming `what` it should be) when larger than `max_bytes`; the size is
     checked before reading and again on what was read, in case the file grew in between."""
+    fd = open_regular(path, what)
     try:
-        size = path.stat().st_size
+        size = os.fstat(fd).st_size
         if size <= max_bytes:
-            with path.open("rb") as fh:
-                data = fh.read(max_bytes + 1)
+            data = read_fd_bounded(fd, max_bytes)
             size = len(data)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if size > max_bytes:
         raise InputError(f"{path}: {size} bytes exceeds the {max_bytes}-byte limit for {what}")
     return data
@@ -73,9 +213,17 @@ def _plain(obj: Any) -> bool:
     stack = [obj]
     while stack:
         x = stack.pop()
-        values = x.values() if isinstance(x, dict) else x
-        if isinstance(x, dict) and any(not isinstance(k, str) or any(ord(c) > 0xFFFF for c in k) for k in x):
-            return False
+        if isinstance(x, dict):
+            if not all(isinstance(k, str) and (k.isascii() or all(ord(c) <= 0xFFFF for c in k)) for k in x):
+                return False
+            values = list(x.values())
+        else:
+            values = x
+        kinds = set(map(type, values))  # C speed; lists of integers (token ids, shapes) end here
+        if kinds <= {int}:
+            if values and (max(values) > _SAFE_INT or min(values) < -_SAFE_INT):
+                return False
+            continue
         for v in values:
             if isinstance(v, (dict, list)):
                 stack.append(v)
@@ -97,10 +245,7 @@ def canonical(obj: Any) -> bytes:
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, object) for each non-blank line; errors name file and line."""
-    try:
-        fh = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    fh = os.fdopen(open_regular(path, "JSON lines"), "rb")
     with fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import unicodedata
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -25,8 +26,28 @@ _state = {"verbose": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def plain(text: object) -> str:
+    """`text` as one printable line: control and format characters (newlines, ESC, bidi overrides)
+    become visible escapes, so attacker-chosen names cannot add lines or drive the terminal."""
+    return "".join(c if c == " " or unicodedata.category(c)[0] not in "CZ" else _escape(c) for c in str(text))
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def say(text: object, *, error: bool = False) -> None:
+    """Print one line of plain text: no markup, emoji codes or highlighting are interpreted."""
+    typer.echo(plain(text), err=error)
+
+
 def handled(fn: F) -> F:
-    """Library errors become one line on stderr and their exit code; tracebacks only with --verbose."""
+    """Library errors become one line on stderr and their exit code; tracebacks only with --verbose.
+
+    The line is written as plain text (see `plain`): error messages quote file names and bundle
+    fields that an attacker chose.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -35,18 +56,17 @@ def handled(fn: F) -> F:
         except Error as exc:
             if _state["verbose"]:
                 err.print_exception()
-            err.print(f"[bold red]kvgraft: error:[/] {exc.diagnostics()}", soft_wrap=True)
+            say(f"kvgraft: error: {exc.diagnostics()}", error=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err.print("kvgraft: interrupted; nothing partial was left behind")
+            say("kvgraft: interrupted; nothing partial was left behind", error=True)
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as exc:
             if _state["verbose"]:
                 err.print_exception()
-            err.print(f"[bold red]kvgraft: internal error:[/] {type(exc).__name__}: {exc} (rerun with --verbose)",
-                      soft_wrap=True)
+            say(f"kvgraft: internal error: {type(exc).__name__}: {exc} (rerun with --verbose)", error=True)
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper  # type: ignore[return-value]

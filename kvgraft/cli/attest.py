@@ -11,9 +11,11 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import _state, app, err, handled, out
+from kvgraft.cli._base import EXIT_INTERNAL, _state, app, handled, say
 from kvgraft.errors import Error, InputError
 
+RequireSignatureOpt = Annotated[bool, typer.Option(
+    "--require-signature", help="Fail unless the release is signed and its signature is checked (--key or Sigstore identity).")]
 PassphraseEnvOpt = Annotated[
     str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
 
@@ -51,8 +53,8 @@ def keygen(
         passphrase = typer.prompt("passphrase", hide_input=True, confirmation_prompt=True, err=True).encode()
     private, public = write_keypair(out_prefix, algorithm=algorithm, passphrase=passphrase, overwrite=overwrite)
     state = "encrypted" if passphrase else "NOT encrypted"
-    out.print(f"private key {private} ({algorithm}, {state}; keep it secret)", markup=False, soft_wrap=True)
-    out.print(f"public key  {public} (key id {key_id(load_public_key(public))})", markup=False, soft_wrap=True)
+    say(f"private key {private} ({algorithm}, {state}; keep it secret)")
+    say(f"public key  {public} (key id {key_id(load_public_key(public))})")
 
 
 @app.command()
@@ -88,9 +90,9 @@ def sign(
         signed = attest.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
-    out.print(f"signed {release} ({files} files, root digest {root_digest})", markup=False, soft_wrap=True)
-    out.print(f"signer {signed.signer}", markup=False, soft_wrap=True)
-    out.print(f"bundle {signed.bundle}", markup=False, soft_wrap=True)
+    say(f"signed {release} ({files} files, root digest {root_digest})")
+    say(f"signer {signed.signer}")
+    say(f"bundle {signed.bundle}")
 
 
 @app.command()
@@ -105,29 +107,34 @@ def verify(
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    require_signature: RequireSignatureOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.verify import SigstoreTrust, failure_dict, verify_release
+    from kvgraft.verify import SigstoreTrust, VerifyPolicy, failure_dict, verify_release
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=trust, require_signature=require_signature)
     try:
-        result = verify_release(release, key=key, identity=identity, issuer=issuer, trust=trust, deep=deep)
-    except Error as exc:
+        result = verify_release(release, policy=policy, deep=deep)
+    except Exception as exc:
+        # The document and the exit status come from the same value: `handled` exits with this code.
+        code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
+                      else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
         if as_json:
-            typer.echo(json.dumps(failure_dict(release, exc.diagnostics(), exc.exit_code), indent=2))
+            typer.echo(json.dumps(failure_dict(release, text, code), indent=2))
         raise
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
     gib = result.bytes_hashed / 2**30
-    out.print(f"verified {release}", markup=False, soft_wrap=True)
-    out.print(f"  signature    {result.signature.describe()}", markup=False, soft_wrap=True)
-    out.print(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
-              f"{' (every tensor re-hashed)' if deep else ''}", markup=False, soft_wrap=True)
+    say(f"verified {release}")
+    say(f"  signature    {result.signature.describe()}")
+    say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
+        f"{' (every tensor re-hashed)' if deep else ''}")
     rate = result.throughput / 2**30
-    out.print(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)", markup=False, soft_wrap=True)
-    out.print(f"  root digest  {result.root_digest}", markup=False, soft_wrap=True)
-    if result.signature.status != "verified":
-        err.print("[yellow]kvgraft: note:[/] the signature was not checked; only the bytes were", soft_wrap=True)
+    say(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)")
+    say(f"  root digest  {result.root_digest}")
+    for warning in result.warnings:
+        say(f"kvgraft: note: {warning}", error=True)

@@ -55,6 +55,10 @@ def recompute_cmd(
     ray_address: RayAddressOpt = None,
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
+    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
+    = None,
+    require_signature: Annotated[bool, typer.Option(
+        "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
 ) -> None:
     """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
 
@@ -69,12 +73,13 @@ def recompute_cmd(
     from kvgraft import recompute, replay
     from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
-    from kvgraft.release import Release
+    from kvgraft.verify import VerifyPolicy, verified
 
     if chunk is not None and one_shot:
         raise InputError("--chunk and --one-shot exclude each other")
     recompute.passes("byte-exact", require)
-    rel = Release.open(release)
+    # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
+    rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
     override = None
     if chunk is not None or one_shot:
         override = Schedule.from_dict({**rel.manifest["schedule"], "chunk_tokens": chunk})

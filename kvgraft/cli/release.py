@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out
+from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, say
 
 
 @app.command()
@@ -55,15 +55,29 @@ def run_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = "sdpa",
     force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
+    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
+    = None,
+    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")] = False,
+    require_signature: Annotated[bool, typer.Option(
+        "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Graft a stored cache, then continue greedily; print the continuation and token ledger."""
+    """Verify the release as `kvgraft verify` does, graft a stored cache, then continue greedily;
+    print the continuation and token ledger."""
     from kvgraft import graft
-    from kvgraft.release import Release
+    from kvgraft.verify import SigstoreTrust, VerifyPolicy, verified
 
-    rel = Release.open(release)
+    # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
+    policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+                          require_signature=require_signature)
+    rel = verified(release, policy)
+    rel.entry(entry)  # an unknown entry is refused before the model loads
     lm = load_model(model, device, dtype, attn)
-    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force)
+    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy)
+    for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
+        say(f"kvgraft: note: {warning}", error=True)
     if as_json:
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))

@@ -1,0 +1,142 @@
+"""Seeded fuzzing of `kvgraft verify --key` on a small signed release (issue 13): bit flips, truncations,
+extensions, swaps and deletions in every file. Every mutated release must be refused with exit 1 or 2,
+one plain line on stderr, no traceback, and no crash signal.
+
+The cases run in one child process (in-process CLI calls, so hundreds fit in the time bound); a crash
+signal kills the child, which the test sees as a negative return code naming the last case started. A
+few cases also run as their own `kvgraft` processes, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvgraft import attest, keys
+
+from release_factory import make_release
+
+SEED = 1313
+CASES = 700
+SECONDS = 50  # the bound: stop starting cases after this long (a loaded machine runs fewer)
+REPO = Path(__file__).resolve().parents[1]
+
+_DRIVER = r"""
+import json, os, random, shutil, sys, time
+from pathlib import Path
+from typer.testing import CliRunner
+from kvgraft.cli import app
+
+pristine, pub, work = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+seed, cases, seconds = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+rng = random.Random(seed)
+runner = CliRunner()
+deadline = time.monotonic() + seconds
+
+
+def mutate(root):
+    kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "swap", "delete", "flip-many"])
+    name = rng.choice(files)
+    path = root / name
+    data = bytearray(path.read_bytes())
+    if kind in ("flip", "flip-many"):
+        for _ in range(1 if kind == "flip" else rng.randint(2, 16)):
+            at = rng.randrange(len(data))
+            data[at] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+        return f"{kind} {name}"
+    if kind == "truncate":
+        n = rng.randrange(len(data))
+        os.truncate(path, n)
+        return f"truncate {name} to {n}"
+    if kind == "extend":
+        # not whitespace alone: trailing whitespace is an allowed re-formatting of JSON
+        extra = b"x" + rng.randbytes(rng.randint(0, 64))
+        path.write_bytes(bytes(data) + extra)
+        return f"extend {name} by {len(extra)}"
+    if kind == "swap":
+        other = rng.choice([f for f in files if f != name])
+        a, b = path.read_bytes(), (root / other).read_bytes()
+        path.write_bytes(b)
+        (root / other).write_bytes(a)
+        return f"swap {name} {other}"
+    path.unlink()
+    return f"delete {name}"
+
+
+for i in range(cases):
+    if time.monotonic() > deadline:
+        break
+    root = work / f"case{i}"
+    shutil.copytree(pristine, root)
+    what = mutate(root)
+    print(json.dumps({"case": i, "what": what, "started": True}), flush=True)
+    r = runner.invoke(app, ["verify", str(root), "--key", pub])
+    print(json.dumps({"case": i, "what": what, "exit": r.exit_code, "stderr": r.stderr, "stdout": r.stdout,
+                      "exception": None if r.exception is None or isinstance(r.exception, SystemExit)
+                      else repr(r.exception)}), flush=True)
+    shutil.rmtree(root)
+"""
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("fuzz")
+    private, public = keys.write_keypair(folder / "k")
+    make_release(folder / "rel", entries=3, layers=2, heads=2, tokens=6, head_dim=8, seed=SEED)
+    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    return folder / "rel", public
+
+
+def _check(case: dict[str, object]) -> None:
+    what, code, err = case["what"], case["exit"], str(case["stderr"])
+    assert code in (1, 2), f"{what}: exit {code}: {err}"
+    assert case["exception"] is None, f"{what}: {case['exception']}"
+    assert "Traceback" not in err and "Traceback" not in str(case["stdout"]), f"{what}: {err}"
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvgraft: error: "), f"{what}: {lines}"
+
+
+def test_fuzzed_releases_are_refused_cleanly(signed: tuple[Path, Path], tmp_path: Path) -> None:
+    root, public = signed
+    r = subprocess.run([sys.executable, "-c", _DRIVER, str(root), str(public), str(tmp_path), str(SEED), str(CASES),
+                        str(SECONDS)], capture_output=True, text=True, timeout=SECONDS + 120, cwd=REPO)
+    results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    done = [c for c in results if "exit" in c]
+    last = results[-1] if results else None
+    assert r.returncode == 0, f"driver died with {r.returncode} (a negative value is a signal) in case {last}: {r.stderr[-2000:]}"
+    assert len(done) >= 50, f"only {len(done)} cases ran in {SECONDS} s"
+    kinds = {str(c["what"]).split()[0] for c in done}
+    assert {"flip", "truncate", "extend", "swap", "delete"} <= kinds
+    for case in done:
+        _check(case)
+
+
+def test_fuzzed_releases_in_their_own_processes(signed: tuple[Path, Path], tmp_path: Path) -> None:
+    """A handful of cases as real `kvgraft verify` processes: the exit status a shell sees, no signal."""
+    root, public = signed
+    rng = random.Random(SEED + 1)
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    started = time.monotonic()
+    for i in range(6):
+        case = Path(shutil.copytree(root, tmp_path / f"p{i}"))
+        name = files[i % len(files)]
+        data = bytearray((case / name).read_bytes())
+        if i % 2:
+            data = data[: rng.randrange(len(data))]
+        else:
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (case / name).write_bytes(bytes(data))
+        r = subprocess.run([sys.executable, "-c", "from kvgraft.cli import entrypoint; entrypoint()", "verify", str(case),
+                            "--key", str(public), "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        _check({"what": f"{name} case {i}", "exit": r.returncode, "stderr": r.stderr, "stdout": "", "exception": None})
+        assert json.loads(r.stdout)["exit_code"] == r.returncode
+    assert time.monotonic() - started < 120

@@ -142,7 +142,8 @@ def main() -> None:
     def case(group: str, label: str, rel: Path, force: bool = False, **extra: Any) -> dict[str, Any]:
         r = {"group": group, "case": label, **audit(rel, lm, force=force), **extra}
         rows.append(r)
-        print(f"{group:10} {label:48} {r['verdict']:12} max/env {r['max_excess']:.3g}  toploc "
+        print(f"{group:10} {label:48} {r['verdict']:12} max/env {r['max_excess']:.3g} "
+              f"({r['max_excess'] * envelope.FACTOR:.3g}x row noise)  toploc "
               f"{'pass' if r['toploc'] else 'FAIL'}", flush=True)
         return r
 
@@ -190,6 +191,7 @@ def main() -> None:
     for r in (1.0, 1e-2, 1e-4, 1e-6):
         for mode in ("element", "row-rms"):
             hits, toploc_hits = 0, 0
+            noise_units: list[float] = []
             for k in range(args.elements):
                 name = rng.choice(tensor_names)
                 shape = man["tensors"][name]["shape"]
@@ -207,10 +209,13 @@ def main() -> None:
                                                                           w.get("dim")) == (head, pos, dim))
                 hits += located
                 toploc_hits += not res["toploc"]
+                noise_units.append(res["max_excess"] * envelope.FACTOR)
                 shutil.rmtree(rel)
             rows.append({"group": "planted", "case": f"one element +{r:g} x |{'x' if mode == 'element' else 'row rms'}|",
-                         "detected_and_located": hits, "trials": args.elements, "toploc_detected": toploc_hits})
-            print(f"planted    +{r:g} ({mode}): located {hits}/{args.elements}, TOPLOC {toploc_hits}/{args.elements}",
+                         "detected_and_located": hits, "trials": args.elements, "toploc_detected": toploc_hits,
+                         "excess_in_row_noise": sorted(noise_units)})
+            print(f"planted    +{r:g} ({mode}): located {hits}/{args.elements}, TOPLOC {toploc_hits}/{args.elements}; "
+                  f"|diff| in row noise: min {min(noise_units):.3g}, median {sorted(noise_units)[len(noise_units) // 2]:.3g}",
                   flush=True)
 
     # One token id changed, states filed under the original ids.

@@ -33,13 +33,15 @@ def test_exit_codes_of_statuses() -> None:
 def test_recompute_status() -> None:
     from kvgraft.recompute import status
 
-    assert status({"all_byte_exact": True}) == "passed"
-    assert status({"all_byte_exact": False}) == "failed"
+    # The requirement decides: a consistent release passes `--require consistent`, fails `exact`.
+    assert status({"verdict": "byte-exact", "require": "exact", "passed": True}) == "passed"
+    assert status({"verdict": "consistent", "require": "exact", "passed": False}) == "failed"
+    assert status({"verdict": "consistent", "require": "consistent", "passed": True}) == "passed"
 
 
 def test_seal_refuses_a_result_its_schema_does_not_allow() -> None:
     with pytest.raises(SchemaError):
-        verdict.seal("recompute", {"all_byte_exact": True})
+        verdict.seal("recompute", {"all_byte_exact": True, "passed": True})
 
 
 def test_claims_status_incomplete_when_nothing_could_be_judged(tmp_path: Path) -> None:

@@ -234,16 +234,6 @@ def load_measured(path: Path) -> tuple[dict[str, Any], str]:
 # --- internal checks -------------------------------------------------------------------------------------------
 
 
-def _accuracy_k(cf: ClaimsFile, claim: dict[str, Any]) -> tuple[int, int, bool]:
-    """(k, n, exact) of an accuracy claim as a single sample: exact False when the percentage is not k/n and the
-    nearest k is used."""
-    n = int(cf.benchmarks[claim["benchmark"]]["size"])
-    info = k_of_n(claim["percent"], n, _decimals(claim, "percent"))
-    if info["ks"]:
-        return int(info["ks"][0]), n, True
-    return int(info["nearest_k"]), n, False
-
-
 def _figure(br: BenchmarkReading, claim_id: str) -> Figure:
     return next(f for f in br.figures if f.claim == claim_id)
 

@@ -133,10 +133,11 @@ class BenchmarkReading:
         if chosen is None:
             return (f"{what}: no reading up to avg@{MAX_SAMPLES} makes every figure an exact fraction; "
                     "the figures are judged one at a time")
+        if chosen == Reading(runs=chosen.runs):
+            return f"{what}: every figure is an exact fraction under {chosen.name} ({self.describe(chosen)})"
         text = f"{what}: {chosen.name} is the smallest reading that fits every figure ({self.describe(chosen)})"
-        if chosen != Reading():
-            bad = ", ".join(f.shown for f in self.misfits(Reading()))
-            text += f"; single sample does not fit ({bad} {'is' if ',' not in bad else 'are'} not k/{self.n})"
+        bad = ", ".join(f.shown for f in self.misfits(Reading(runs=chosen.runs)))
+        text += f"; single sample does not fit ({bad} {'is' if ',' not in bad else 'are'} not k/{self.n * chosen.runs})"
         more = [r.name for r in self.fits[1:]]
         if more:
             text += f"; {', '.join(more)} also fit (multiples add nothing the figures show)"

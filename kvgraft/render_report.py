@@ -476,7 +476,7 @@ def _controls_terminal(check: dict[str, Any]) -> list[RenderableType]:
 
 def readings_lines(result: dict[str, Any]) -> list[str]:
     """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
-    return [f"reading of {r['name']}: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
+    return [f"reading: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
 
 
 def _claims_terminal(check: dict[str, Any]) -> list[RenderableType]:

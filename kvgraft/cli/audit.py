@@ -86,7 +86,9 @@ def recompute_cmd(
     recorded = rel.manifest["environment"]
     dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
     overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    n_threads = threads if threads is not None else recorded.get("threads")
+    # Ray sizes each actor by its thread count, so there the recorded count is a placement choice the
+    # user makes (--threads); when it differs, the result lists it as not replayed.
+    n_threads = threads if threads is not None or executor != "local" else recorded.get("threads")
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
                        threads=n_threads if dev == "cpu" and isinstance(n_threads, int) else None) as ex:
         lm = ex.model(lambda: load_model(model, dev, dt, at))

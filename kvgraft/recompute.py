@@ -167,6 +167,10 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
                 force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
     """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
     t0 = time.perf_counter()
+    # Where this entry ran (on Ray, each worker): what it could not replay of the record.
+    differing = sorted(differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn)))
+    if schedule is not None and schedule.as_dict() != rel.manifest["schedule"]:
+        differing.append("schedule")
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
     t_prefill = time.perf_counter() - t0
@@ -198,6 +202,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
     return {
         "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact, "verdict": verdict,
+        "conditions_differ": differing,
         "outside": outside, "envelope": measured[0].as_dict() if measured else None,
         "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
         "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
@@ -328,8 +333,6 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
         unit = functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule)
         result["entries"] = ex.map(unit, rel, chosen, lm=lm, labels=[e["id"] for e in chosen],
                                    progress=(lambda i, n, _label: progress(i, n)) if progress else None)
-    for e in result["entries"]:
-        e["conditions_differ"] = sorted(diffs) + (["schedule"] if result["schedule_overridden"] else [])
     result["executor"] = ex.describe()
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
     result["verdict"] = worst([e["verdict"] for e in result["entries"]])

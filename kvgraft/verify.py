@@ -24,6 +24,7 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -295,13 +296,32 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
             f"[0, {data_start}) differs")
 
 
+# An unsigned manifest (or one whose signature was not checked) is bounded by the data it describes
+# before it is parsed: parsing costs about 9 bytes of memory and 50 ns per manifest byte, and nothing
+# else stops a hostile one short of MAX_MANIFEST_BYTES. Real manifests are ~1/10,000 of their tensor
+# bytes (token ids and tensor tables against the KV states of every token); 1/64 leaves a wide margin.
+UNSIGNED_MANIFEST_FLOOR = 16 * 1024 * 1024
+UNSIGNED_MANIFEST_RATIO = 64
+
+
+def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
+    stored = 0
+    for name in present:
+        if name != MANIFEST:
+            with contextlib.suppress(OSError):  # gone: reported as missing later
+                stored += (root / name).lstat().st_blocks * 512  # allocated bytes: a sparse file adds nothing
+    return min(release_format.MAX_MANIFEST_BYTES, max(UNSIGNED_MANIFEST_FLOOR, stored // UNSIGNED_MANIFEST_RATIO))
+
+
 def check_release(root: Path, *, statement: dict[str, Any] | None = None, source: str = "manifest",
-                  deep: bool = False) -> CheckedRelease:
+                  deep: bool = False, signed: bool = False) -> CheckedRelease:
     """Steps 2-7 of the module docstring: the release's bytes against `statement` (if any) and the manifest.
 
-    `source` names the statement in messages ("signed statement", ...). Raises IntegrityError when
-    bytes differ, VerificationError when the statement and the manifest disagree, InputError for
-    unusable input.
+    `source` names the statement in messages ("signed statement", ...). `signed`: the statement's
+    signature was verified, so the manifest it pins is as large as its signer made it; otherwise the
+    manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
+    Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
+    disagree, InputError for unusable input.
     """
     root = Path(root)
     if not root.is_dir():
@@ -319,7 +339,10 @@ def check_release(root: Path, *, statement: dict[str, Any] | None = None, source
             raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
     if MANIFEST not in present:
         raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
-    data = jsonio.read_bounded(manifest_path, release_format.MAX_MANIFEST_BYTES, "a manifest")
+    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
+    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
     msha, msize = sha256_hex(data), len(data)
     if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
         assert statement is not None
@@ -541,7 +564,7 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                         f"were checked")
 
-    checked = check_release(root, statement=statement, source=source, deep=deep)
+    checked = check_release(root, statement=statement, source=source, deep=deep, signed=signature.status == "verified")
     m = checked.manifest
     result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,

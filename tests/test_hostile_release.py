@@ -251,6 +251,22 @@ def test_a_sparse_grown_entry_file_is_refused_without_reading_it(signed: tuple[P
     assert max(read, default=0) < 2**20  # was: all 3 GiB hashed before the sizes were compared
 
 
+def test_an_oversized_unsigned_manifest_is_refused_before_it_is_parsed(signed: tuple[Path, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft import verify
+
+    root, _ = signed
+    (root / attest.BUNDLE_NAME).unlink()
+    text = (root / "manifest.json").read_bytes()
+    # valid JSON that describes the same release (trailing whitespace), far beyond 1/64 of its data
+    (root / "manifest.json").write_bytes(text + b" " * (verify.UNSIGNED_MANIFEST_FLOOR + 1))
+    parsed: list[str] = []
+    monkeypatch.setattr(jsonio, "loads_strict", lambda data, where: parsed.append(where))
+    with pytest.raises(InputError, match="exceeds the 16777216-byte limit for an unsigned manifest"):
+        verify_release(root)
+    assert parsed == []
+
+
 # --------------------------------------------------------------------- 6. one verification path
 
 

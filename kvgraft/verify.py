@@ -506,9 +506,9 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
 
 
 def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: SignatureStatus,
-              bundle_raw: bytes | None) -> dict[str, str] | None:
+              bundle_raw: bytes | None) -> tuple[dict[str, str], str | None] | None:
     """An OpenSSF model signing signature (RELEASE/model.sig), if present: its files (name -> sha256)
-    without release.sigstore.json, whose listed digest is compared here with the bundle that was read.
+    without release.sigstore.json, and the digest it lists for release.sigstore.json (None if none).
     With a key given it must verify with that key when the release has no kvgraft bundle; beside one,
     a key OMS cannot use (Ed25519) leaves it unchecked, and its file list is still compared."""
     from kvgraft import oms
@@ -523,12 +523,7 @@ def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: Signatur
     usable = public_key is not None and (bundle_raw is None or isinstance(public_key, ec.EllipticCurvePublicKey))
     files, verified_by, digest = oms.read(path, public_key if usable else None)
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
-    listed_bundle = files.pop(attest.BUNDLE_NAME, None)
-    actual_bundle = sha256_hex(bundle_raw) if bundle_raw is not None else None
-    if listed_bundle != actual_bundle:
-        raise VerificationError(f"{path}: the OpenSSF model signing signature lists {attest.BUNDLE_NAME} with sha256 "
-                                f"{listed_bundle}, the release has {actual_bundle}")
-    return files
+    return files, files.pop(attest.BUNDLE_NAME, None)
 
 
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
@@ -604,7 +599,8 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                         f"were checked")
 
-    oms_files = _read_oms(root, public_key, signature, bundle_raw)
+    oms_read = _read_oms(root, public_key, signature, bundle_raw)
+    oms_files = oms_read[0] if oms_read is not None else None
     if oms_files is not None and statement is None:
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
         if public_key is not None and signature.oms_verified:
@@ -617,10 +613,17 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         source = "OMS signature" if signature.status == "verified" else "OMS signature (not checked)"
     checked = check_release(root, statement=statement, source=source, deep=deep, signed=signature.status == "verified",
                             subjects=oms_files if statement is None else None)
-    if oms_files is not None and statement is not None and oms_files != checked.files:
-        differs = sorted(n for n in set(oms_files) | set(checked.files) if oms_files.get(n) != checked.files.get(n))
-        raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists other files or "
-                                f"digests than the release has ({', '.join(differs[:3])})")
+    if oms_read is not None:
+        # After the release's own checks, which say more precisely what changed.
+        oms_files, listed_bundle = oms_read
+        if oms_files != checked.files:
+            differs = sorted(n for n in set(oms_files) | set(checked.files) if oms_files.get(n) != checked.files.get(n))
+            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists other files "
+                                    f"or digests than the release has ({', '.join(differs[:3])})")
+        actual_bundle = sha256_hex(bundle_raw) if bundle_raw is not None else None
+        if listed_bundle != actual_bundle:
+            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists "
+                                    f"{attest.BUNDLE_NAME} with sha256 {listed_bundle}, the release has {actual_bundle}")
     m = checked.manifest
     result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,

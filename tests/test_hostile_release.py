@@ -25,7 +25,7 @@ from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import entry_digest, root_digest
 from kvgraft.verify import VerifyPolicy, verify_release
 
-from release_factory import make_release
+from release_factory import make_release, unsign
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def _nested(text: str) -> str:
 ])
 def test_hostile_json_in_an_unsigned_manifest_is_exit_2(signed: tuple[Path, Path], edit: Any, message: str) -> None:
     root, _ = signed
-    (root / attest.BUNDLE_NAME).unlink()  # signed, the manifest's digest is refused before it is parsed
+    unsign(root)  # signed, the manifest's digest is refused before it is parsed
     text = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(edit(text))
     r = cli("verify", str(root), "--json")
@@ -213,7 +213,7 @@ def test_deeply_nested_entry_header_in_a_signed_release_is_exit_1_naming_the_fil
 
 def test_a_fifo_in_place_of_the_bundle_is_refused_without_blocking(signed: tuple[Path, Path]) -> None:
     root, public = signed
-    (root / attest.BUNDLE_NAME).unlink()
+    unsign(root)
     os.mkfifo(root / attest.BUNDLE_NAME)
     started = time.monotonic()
     r = subprocess.run([*KVGRAFT, "verify", str(root), "--key", str(public)], capture_output=True, text=True,
@@ -256,7 +256,7 @@ def test_an_oversized_unsigned_manifest_is_refused_before_it_is_parsed(signed: t
     from kvgraft import verify
 
     root, _ = signed
-    (root / attest.BUNDLE_NAME).unlink()
+    unsign(root)
     text = (root / "manifest.json").read_bytes()
     # valid JSON that describes the same release (trailing whitespace), far beyond 1/64 of its data
     (root / "manifest.json").write_bytes(text + b" " * (verify.UNSIGNED_MANIFEST_FLOOR + 1))
@@ -332,7 +332,7 @@ def test_require_signature(captured: tuple[Path, Path, Any]) -> None:
     assert graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True)) is not None
     with pytest.raises(InputError, match="--require-signature needs --key"):
         graft.load_cache(root, "e", lm, policy=VerifyPolicy(require_signature=True))
-    (root / attest.BUNDLE_NAME).unlink()
+    unsign(root)
     with pytest.raises(VerificationError, match="unsigned"):
         graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True))
     restored = graft.restore(root, "e", lm)  # no policy: an unsigned release grafts, with a recorded warning
@@ -425,5 +425,6 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
     sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     bundle = attest.key_bundle(payload, sig, keys.key_id(key))
     attest.write_bundle(root, json.dumps(bundle).encode())
+    (root / attest.OMS_NAME).unlink()  # the signer's OpenSSF signature would fail first with this key
     with pytest.raises(VerificationError, match=f"predicate's {member} "):
         verify_release(root, key=public)

@@ -82,7 +82,7 @@ def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Pa
     doc = json.loads(original)
     doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(b"\x30" + bytes(70)).decode()
     sig.write_text(json.dumps(doc))
-    with pytest.raises(VerificationError, match="model.sig: DSSE signature does not verify"):
+    with pytest.raises(VerificationError, match=r"model\.sig: DSSE signature does not verify"):
         verify_release(root, key=public)
     sig.write_bytes(original)
     # kvgraft's own bundle re-signed by another key: the OMS list no longer matches it
@@ -135,6 +135,6 @@ def test_kvgraft_verifies_a_release_signed_by_model_signing(release: tuple[Path,
         r = runner.invoke(app, ["verify", str(root), "--key", str(public)])
         assert r.exit_code in (1, 2) and r.stderr.count("\n") == 1, (victim, r.output)
         victim.write_bytes(saved)
-    other, other_pub = keys.write_keypair(root.parent / "other")
+    _, other_pub = keys.write_keypair(root.parent / "other")
     r = runner.invoke(app, ["verify", str(root), "--key", str(other_pub)])
     assert r.exit_code == 1 and "does not verify" in r.stderr

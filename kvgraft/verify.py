@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -364,10 +365,13 @@ def check_release(root: Path, *, statement: dict[str, Any] | None = None, source
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
     # every check passed.
-    prefetch = {name: pool().submit(hash_file, root / name, size) for name, size in _files_to_prefetch(root, present, doc)}
+    stop = threading.Event()
+    prefetch = {name: pool().submit(hash_file, root / name, size, stop)
+                for name, size in _files_to_prefetch(root, present, doc)}
     try:
-        return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize)
+        return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize, stop)
     finally:
+        stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
             future.cancel()
 
@@ -405,7 +409,7 @@ def _brief(value: Any) -> str:
 
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], statement: dict[str, Any] | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
-           msize: int) -> CheckedRelease:
+           msize: int, stop: threading.Event) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
     # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
@@ -465,7 +469,7 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
-    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"])
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"], stop)
                for n in names}
     results = [_result(pending[n], root / n) for n in names]
     by_sha = {sha: n for n, sha in expected.items()}

@@ -142,6 +142,19 @@ def test_hashing_maps_nothing(tmp_path: Path) -> None:
     assert hashing.hash_file(f) == (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_size)
 
 
+def test_hashing_stops_when_its_caller_no_longer_needs_it(tmp_path: Path) -> None:
+    """After a verification failed, prefetch hashing ends at its next block (the process does not
+    wait for background threads to read the rest of a large release before it exits)."""
+    import threading
+
+    f = tmp_path / "f"
+    f.write_bytes(bytes(4 * hashing.READ_BLOCK))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(hashing.Stopped):
+        hashing.hash_file(f, stop=stop)
+
+
 # -------------------------------------------------------------------------- 3. bounded JSON readers
 
 

@@ -352,44 +352,28 @@ def check_release(root: Path, *, statement: dict[str, Any] | None = None, source
     limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
     what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
                                         f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
+    msha, msize = sha256_hex(data), len(data)
+    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
+        theirs = f"; the statement attests the release with root digest {statement['predicate']['root_digest']}" \
+            if statement is not None else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]})"
+                             f"{theirs}")
+    doc = jsonio.loads_strict(data, str(manifest_path))
+    del data
+    # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
+    # files found inside the folder whose size already equals the one the manifest states are read, so
+    # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
+    # every check passed.
     stop = threading.Event()
-    prefetch: dict[str, Future[tuple[str, int]]] = {}
-    if signed and stmt_subjects is not None:
-        # The files a verified signature names are hashed from now on, while this thread reads and
-        # checks the manifest (~10 % of a verify's time when it came first). Their sizes are not known
-        # yet, so a grown file is read until the size check below refuses it and sets `stop`: the cost
-        # before refusal is bounded by the manifest's checks, not by the file.
-        prefetch = {name: pool().submit(hash_file, root / name, None, stop)
-                    for name in _largest_first(root, present & set(stmt_subjects) - {MANIFEST})}
+    prefetch = {name: pool().submit(hash_file, root / name, size, stop)
+                for name, size in _files_to_prefetch(root, present, doc)}
     try:
-        data = jsonio.read_bounded(manifest_path, limit, what)
-        msha, msize = sha256_hex(data), len(data)
-        if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
-            theirs = f"; the statement attests the release with root digest {statement['predicate']['root_digest']}" \
-                if statement is not None else ""
-            raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} "
-                                 f"({stmt_subjects[MANIFEST]}){theirs}")
-        doc = jsonio.loads_strict(data, str(manifest_path))
-        del data
-        # Otherwise hashing starts once the manifest is parsed, and only for regular files found in the
-        # folder whose size already equals the one the manifest states: a grown (or sparse-extended)
-        # file costs nothing before it is refused. Results are used only after every check passed.
-        for name, size in _files_to_prefetch(root, present, doc):
-            if name not in prefetch:
-                prefetch[name] = pool().submit(hash_file, root / name, size, stop)
         return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize, stop)
     finally:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
             future.cancel()
-
-
-def _largest_first(root: Path, names: set[str]) -> list[str]:
-    sizes: dict[str, int] = {}
-    for name in names:
-        with contextlib.suppress(OSError):  # gone already: reported as missing by the checks
-            sizes[name] = (root / name).lstat().st_size
-    return sorted(sizes, key=lambda n: -sizes[n])
 
 
 def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:

@@ -111,7 +111,7 @@ def main() -> None:
 
     rel = ensure_release(folder, args.entries, args.mib, args.layers, args.tokens)
     pub = folder / "bench.pub.pem"
-    files = sorted(p for p in rel.rglob("*") if p.is_file() and p.name != "release.sigstore.json")
+    files = sorted(p for p in rel.rglob("*") if p.is_file() and p.name not in ("release.sigstore.json", "model.sig"))
     total = sum(p.stat().st_size for p in files)
     n = cores()
     print(f"release   {rel}: {args.entries} entries x {args.mib} MiB ({args.layers} layers x 2 tensors, {args.tokens} tokens "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
 import re
@@ -49,6 +50,7 @@ BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle+json;version=0.1",
 )
 BUNDLE_NAME = "release.sigstore.json"
+OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.oms)
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 MAX_RELEASE_FILES = 1_000_000
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -72,7 +74,7 @@ def check_relpath(name: Any, where: str) -> str:
 
 
 def release_folder_files(root: Path) -> set[str]:
-    """Every regular file under `root` as a release-relative name, except the bundle.
+    """Every regular file under `root` as a release-relative name, except the two signature files.
 
     Symlinks and special files anywhere in the folder are refused: a release holds plain files.
     """
@@ -94,7 +96,7 @@ def release_folder_files(root: Path) -> set[str]:
             if stat.S_ISDIR(mode):
                 stack.append((Path(item.path), rel + "/"))
             elif stat.S_ISREG(mode):
-                if rel != BUNDLE_NAME:
+                if rel not in (BUNDLE_NAME, OMS_NAME):
                     found.add(rel)
                     if len(found) > MAX_RELEASE_FILES:
                         raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
@@ -293,8 +295,9 @@ def write_bundle(root: Path, data: bytes) -> Path:
     return path
 
 
-def verify_with_key(bundle: Bundle, key: PublicKey) -> str:
-    """Check the DSSE signature of a key-signed bundle with `key`; return the key id."""
+def verify_with_key(bundle: Bundle, key: PublicKey, also_hint: str | None = None) -> str:
+    """Check the DSSE signature of a key-signed bundle with `key`; return the key id. The bundle's
+    hint may name the key by its key id or by `also_hint` (another tool's name for the same key)."""
     kid = key_id(key)
     if bundle.has_certificate:
         raise VerificationError(f"{bundle.where}: the release is signed keyless with a Sigstore certificate, not a key; "
@@ -304,7 +307,7 @@ def verify_with_key(bundle: Bundle, key: PublicKey) -> str:
         raise VerificationError(f"{bundle.where}: DSSE signature does not verify with key {kid}{named}")
     # The hint and keyid are outside what is signed: they must name the key that verified, or say nothing.
     for what, value in (("verificationMaterial.publicKey.hint", bundle.key_hint), ("dsseEnvelope keyid", bundle.keyid)):
-        if value not in (None, "", kid):
+        if value not in (None, "", kid, also_hint):
             raise VerificationError(f"{bundle.where}: {what} {value!r} names another key than {kid}, which verified it")
     return kid
 
@@ -319,6 +322,7 @@ class Signed:
     bundle: Path
     statement: dict[str, Any]
     signer: str  # key id, or the certificate identity for keyless signing
+    oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
 
 
 def release_statement(root: Path) -> dict[str, Any]:
@@ -339,7 +343,16 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
     kid = key_id(key)
     data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
-    return Signed(write_bundle(root, data), stmt, kid)
+    bundle = write_bundle(root, data)
+    from kvgraft import oms
+
+    # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
+    # now be stale, and is replaced or (for a key OMS cannot use) removed.
+    digests = {**subjects(stmt), BUNDLE_NAME: hashlib.sha256(data).hexdigest()}
+    written = oms.sign(root, key, digests)
+    if written is None:
+        (Path(root) / OMS_NAME).unlink(missing_ok=True)
+    return Signed(bundle, stmt, kid, written)
 
 
 def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
@@ -374,4 +387,6 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
         raise InputError(f"{root}: Sigstore signing failed: {' '.join(exc.diagnostics().split())}") from None
     except Exception as exc:  # network and OIDC errors of the underlying clients
         raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    return Signed(write_bundle(root, bundle.to_json().encode()), stmt, str(token.identity))
+    written = write_bundle(root, bundle.to_json().encode())
+    (Path(root) / OMS_NAME).unlink(missing_ok=True)  # it would no longer match release.sigstore.json
+    return Signed(written, stmt, str(token.identity))

@@ -24,13 +24,18 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvgraft import __version__, attest, keys
 from kvgraft import release as release_format
@@ -204,14 +209,20 @@ class SignatureStatus:
     method: str | None = None  # "key" or "sigstore"
     bundle: str | None = None  # path of the bundle, None when the release has none
     bundle_sha256: str | None = None  # digest of the exact bundle bytes accepted
+    oms_signature: str | None = None  # path of an OpenSSF model signing signature (model.sig), if any
+    oms_sha256: str | None = None  # digest of its exact bytes
+    oms_verified: bool = False  # it was checked with the key (else only its file list was compared)
     key_id: str | None = None
     identity: str | None = None
     issuer: str | None = None
 
     def describe(self) -> str:
+        oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
         if self.status == "verified":
             who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
-            return f"verified: {who}"
+            return f"verified: {who}{oms}"
+        if self.bundle is None and self.oms_signature is not None:
+            return "not checked: an OpenSSF model signing signature (model.sig) is present; pass --key"
         if self.bundle is None:
             return "not checked: the release is unsigned (no release.sigstore.json)"
         return "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
@@ -295,19 +306,38 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
             f"[0, {data_start}) differs")
 
 
+# An unsigned manifest (or one whose signature was not checked) is bounded by the data it describes
+# before it is parsed: parsing costs about 9 bytes of memory and 50 ns per manifest byte, and nothing
+# else stops a hostile one short of MAX_MANIFEST_BYTES. Real manifests are ~1/10,000 of their tensor
+# bytes (token ids and tensor tables against the KV states of every token); 1/64 leaves a wide margin.
+UNSIGNED_MANIFEST_FLOOR = 16 * 1024 * 1024
+UNSIGNED_MANIFEST_RATIO = 64
+
+
+def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
+    stored = 0
+    for name in present:
+        if name != MANIFEST:
+            with contextlib.suppress(OSError):  # gone: reported as missing later
+                stored += (root / name).lstat().st_blocks * 512  # allocated bytes: a sparse file adds nothing
+    return min(release_format.MAX_MANIFEST_BYTES, max(UNSIGNED_MANIFEST_FLOOR, stored // UNSIGNED_MANIFEST_RATIO))
+
+
 def check_release(root: Path, *, statement: dict[str, Any] | None = None, source: str = "manifest",
-                  deep: bool = False) -> CheckedRelease:
+                  deep: bool = False, signed: bool = False, subjects: dict[str, str] | None = None) -> CheckedRelease:
     """Steps 2-7 of the module docstring: the release's bytes against `statement` (if any) and the manifest.
 
-    `source` names the statement in messages ("signed statement", ...). Raises IntegrityError when
-    bytes differ, VerificationError when the statement and the manifest disagree, InputError for
-    unusable input.
+    `source` names the statement in messages ("signed statement", ...). `signed`: the statement's
+    signature was verified, so the manifest it pins is as large as its signer made it; otherwise the
+    manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
+    Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
+    disagree, InputError for unusable input.
     """
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"{root}: not a folder")
     present = attest.release_folder_files(root)
-    stmt_subjects = attest.subjects(statement) if statement is not None else None
+    stmt_subjects = attest.subjects(statement) if statement is not None else subjects
     manifest_path = root / MANIFEST
 
     # 2. the manifest file against the statement, before it is parsed. Its bytes are read once: the
@@ -319,23 +349,29 @@ def check_release(root: Path, *, statement: dict[str, Any] | None = None, source
             raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
     if MANIFEST not in present:
         raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
-    data = jsonio.read_bounded(manifest_path, release_format.MAX_MANIFEST_BYTES, "a manifest")
+    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
+    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
     msha, msize = sha256_hex(data), len(data)
     if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
-        assert statement is not None
-        theirs = statement["predicate"]["root_digest"]
-        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]}); "
-                             f"the statement attests the release with root digest {theirs}")
+        theirs = f"; the statement attests the release with root digest {statement['predicate']['root_digest']}" \
+            if statement is not None else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]})"
+                             f"{theirs}")
     doc = jsonio.loads_strict(data, str(manifest_path))
     del data
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
     # every check passed.
-    prefetch = {name: pool().submit(hash_file, root / name, size) for name, size in _files_to_prefetch(root, present, doc)}
+    stop = threading.Event()
+    prefetch = {name: pool().submit(hash_file, root / name, size, stop)
+                for name, size in _files_to_prefetch(root, present, doc)}
     try:
-        return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize)
+        return _check(root, present, prefetch, statement, stmt_subjects, source, deep, doc, msha, msize, stop)
     finally:
+        stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
             future.cancel()
 
@@ -373,7 +409,7 @@ def _brief(value: Any) -> str:
 
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], statement: dict[str, Any] | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
-           msize: int) -> CheckedRelease:
+           msize: int, stop: threading.Event) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
     # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
@@ -381,7 +417,13 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     manifest = release_format.check_manifest(doc, manifest_path)
     rel = Release(root, manifest)
     expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
-    if statement is not None and stmt_subjects is not None:
+    if stmt_subjects is not None:
+        for name in sorted(set(stmt_subjects) | set(expected)):
+            if stmt_subjects.get(name) != expected.get(name):
+                raise VerificationError(
+                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
+                    f"{expected.get(name)}")
+    if statement is not None:
         # Every member the predicate states must be what the manifest implies; only the version of
         # the kvgraft that signed is the signer's own.
         claimed = statement["predicate"]
@@ -390,11 +432,6 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
             if claimed.get(what) != implied.get(what):
                 raise VerificationError(f"{manifest_path}: the {source} predicate's {what} {_brief(claimed.get(what))} "
                                         f"does not match the manifest ({_brief(implied.get(what))})")
-        for name in sorted(set(stmt_subjects) | set(expected)):
-            if stmt_subjects.get(name) != expected.get(name):
-                raise VerificationError(
-                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
-                    f"{expected.get(name)}")
 
     # 4. the folder: names, missing, extra, sizes
     for name in manifest["files"]:
@@ -432,7 +469,7 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
-    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"])
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"], stop)
                for n in names}
     results = [_result(pending[n], root / n) for n in names]
     by_sha = {sha: n for n, sha in expected.items()}
@@ -470,6 +507,27 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
     return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel)
+
+
+def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: SignatureStatus,
+              bundle_raw: bytes | None) -> tuple[dict[str, str], str | None] | None:
+    """An OpenSSF model signing signature (RELEASE/model.sig), if present: its files (name -> sha256)
+    without release.sigstore.json, and the digest it lists for release.sigstore.json (None if none).
+    With a key given it must verify with that key when the release has no kvgraft bundle; beside one,
+    a key OMS cannot use (Ed25519) leaves it unchecked, and its file list is still compared."""
+    from kvgraft import oms
+
+    path = root / attest.OMS_NAME
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    usable = public_key is not None and (bundle_raw is None or isinstance(public_key, ec.EllipticCurvePublicKey))
+    files, verified_by, digest = oms.read(path, public_key if usable else None)
+    signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
+    return files, files.pop(attest.BUNDLE_NAME, None)
 
 
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
@@ -510,8 +568,10 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         bundle_mode = None
     except OSError as exc:
         raise InputError(f"{bundle_path}: cannot read: {exc.strerror}") from None
+    bundle_raw: bytes | None = None
     if bundle_mode is not None:
         bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
+        bundle_raw = bundle.raw
         signature.bundle = str(bundle_path)
         signature.bundle_sha256 = sha256_hex(bundle.raw)
         payload_type, payload = bundle.payload_type, bundle.payload
@@ -533,6 +593,8 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
                             "in the bundle was compared with the files")
         statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
+    elif (root / attest.OMS_NAME).exists() and identity is None:
+        pass  # an OpenSSF model signing signature alone: read below
     elif public_key is not None or identity is not None:
         wanted = "--key" if public_key is not None else "--certificate-identity"
         raise VerificationError(f"{root}: the release is unsigned (no {attest.BUNDLE_NAME}) but {wanted} "
@@ -541,7 +603,31 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                         f"were checked")
 
-    checked = check_release(root, statement=statement, source=source, deep=deep)
+    oms_read = _read_oms(root, public_key, signature, bundle_raw)
+    oms_files = oms_read[0] if oms_read is not None else None
+    if oms_files is not None and statement is None:
+        # Signed only with OpenSSF model signing: its file list plays the statement's part.
+        if public_key is not None and signature.oms_verified:
+            signature.status, signature.method, signature.key_id = "verified", "key", keys.key_id(public_key)
+        if policy.require_signature and signature.status != "verified":
+            raise VerificationError(f"{root}: --require-signature: the OpenSSF model signing signature was not checked")
+        warnings[:] = [] if signature.status == "verified" else [
+            f"the OpenSSF model signing signature ({attest.OMS_NAME}) was not checked (no --key given); its file "
+            f"list was compared with the files"]
+        source = "OMS signature" if signature.status == "verified" else "OMS signature (not checked)"
+    checked = check_release(root, statement=statement, source=source, deep=deep, signed=signature.status == "verified",
+                            subjects=oms_files if statement is None else None)
+    if oms_read is not None:
+        # After the release's own checks, which say more precisely what changed.
+        oms_files, listed_bundle = oms_read
+        if oms_files != checked.files:
+            differs = sorted(n for n in set(oms_files) | set(checked.files) if oms_files.get(n) != checked.files.get(n))
+            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists other files "
+                                    f"or digests than the release has ({', '.join(differs[:3])})")
+        actual_bundle = sha256_hex(bundle_raw) if bundle_raw is not None else None
+        if listed_bundle != actual_bundle:
+            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists "
+                                    f"{attest.BUNDLE_NAME} with sha256 {listed_bundle}, the release has {actual_bundle}")
     m = checked.manifest
     result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,

@@ -72,3 +72,11 @@ def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2
     except BaseException:
         writer.abort()
         raise
+
+
+def unsign(root: Path) -> None:
+    """Remove a release's signatures: kvgraft's bundle and the OpenSSF model signing one beside it."""
+    from kvgraft import attest
+
+    for name in (attest.BUNDLE_NAME, attest.OMS_NAME):
+        (Path(root) / name).unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import entry_digest, root_digest
 from kvgraft.verify import VerifyPolicy, verify_release
 
-from release_factory import make_release
+from release_factory import make_release, unsign
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +142,19 @@ def test_hashing_maps_nothing(tmp_path: Path) -> None:
     assert hashing.hash_file(f) == (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_size)
 
 
+def test_hashing_stops_when_its_caller_no_longer_needs_it(tmp_path: Path) -> None:
+    """After a verification failed, prefetch hashing ends at its next block (the process does not
+    wait for background threads to read the rest of a large release before it exits)."""
+    import threading
+
+    f = tmp_path / "f"
+    f.write_bytes(bytes(4 * hashing.READ_BLOCK))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(hashing.Stopped):
+        hashing.hash_file(f, stop=stop)
+
+
 # -------------------------------------------------------------------------- 3. bounded JSON readers
 
 
@@ -174,7 +187,7 @@ def _nested(text: str) -> str:
 ])
 def test_hostile_json_in_an_unsigned_manifest_is_exit_2(signed: tuple[Path, Path], edit: Any, message: str) -> None:
     root, _ = signed
-    (root / attest.BUNDLE_NAME).unlink()  # signed, the manifest's digest is refused before it is parsed
+    unsign(root)  # signed, the manifest's digest is refused before it is parsed
     text = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(edit(text))
     r = cli("verify", str(root), "--json")
@@ -213,7 +226,7 @@ def test_deeply_nested_entry_header_in_a_signed_release_is_exit_1_naming_the_fil
 
 def test_a_fifo_in_place_of_the_bundle_is_refused_without_blocking(signed: tuple[Path, Path]) -> None:
     root, public = signed
-    (root / attest.BUNDLE_NAME).unlink()
+    unsign(root)
     os.mkfifo(root / attest.BUNDLE_NAME)
     started = time.monotonic()
     r = subprocess.run([*KVGRAFT, "verify", str(root), "--key", str(public)], capture_output=True, text=True,
@@ -231,24 +244,45 @@ def test_read_bounded_refuses_a_fifo_before_opening_it(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- 5. sizes before hashing
 
 
-def test_a_sparse_grown_entry_file_is_refused_without_reading_it(signed: tuple[Path, Path],
+@pytest.mark.parametrize("signed_by_key", [True, False])
+def test_a_sparse_grown_entry_file_is_refused_without_reading_it(signed: tuple[Path, Path], signed_by_key: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was: all 3 GiB hashed before the sizes were compared; now nothing of it is read, signed or not."""
     root, public = signed
     path = sorted((root / "entries").iterdir())[0]
     size = path.stat().st_size
     os.truncate(path, size + 3 * 2**30)  # sparse: 3 GiB that cost nothing to make
     read: list[int] = []
-    real = hashing._hash_fd
+    real = os.preadv
 
-    def counting(fd: int, p: Path, start: int, end: int) -> str:
-        read.append(end - start)
-        return real(fd, p, start, end)
+    def counting(fd: int, buffers: Any, offset: int) -> int:
+        n = real(fd, buffers, offset)
+        read.append(n)
+        return n
 
-    monkeypatch.setattr(hashing, "_hash_fd", counting)
+    monkeypatch.setattr(os, "preadv", counting)
     grown = rf"{path.name}: entry 'rec-000': {size + 3 * 2**30} bytes, the manifest says {size} \(grown\)"
     with pytest.raises(IntegrityError, match=grown):
-        verify_release(root, key=public)
-    assert max(read, default=0) < 2**20  # was: all 3 GiB hashed before the sizes were compared
+        verify_release(root, key=public if signed_by_key else None)
+    hashing.pool().submit(lambda: None).result()  # let a block under way finish
+    time.sleep(0.2)
+    assert sum(read) < 2**20, sum(read)  # the other (small) entry files only
+
+
+def test_an_oversized_unsigned_manifest_is_refused_before_it_is_parsed(signed: tuple[Path, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft import verify
+
+    root, _ = signed
+    unsign(root)
+    text = (root / "manifest.json").read_bytes()
+    # valid JSON that describes the same release (trailing whitespace), far beyond 1/64 of its data
+    (root / "manifest.json").write_bytes(text + b" " * (verify.UNSIGNED_MANIFEST_FLOOR + 1))
+    parsed: list[str] = []
+    monkeypatch.setattr(jsonio, "loads_strict", lambda data, where: parsed.append(where))
+    with pytest.raises(InputError, match="exceeds the 16777216-byte limit for an unsigned manifest"):
+        verify_release(root)
+    assert parsed == []
 
 
 # --------------------------------------------------------------------- 6. one verification path
@@ -316,7 +350,7 @@ def test_require_signature(captured: tuple[Path, Path, Any]) -> None:
     assert graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True)) is not None
     with pytest.raises(InputError, match="--require-signature needs --key"):
         graft.load_cache(root, "e", lm, policy=VerifyPolicy(require_signature=True))
-    (root / attest.BUNDLE_NAME).unlink()
+    unsign(root)
     with pytest.raises(VerificationError, match="unsigned"):
         graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True))
     restored = graft.restore(root, "e", lm)  # no policy: an unsigned release grafts, with a recorded warning
@@ -409,5 +443,6 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
     sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     bundle = attest.key_bundle(payload, sig, keys.key_id(key))
     attest.write_bundle(root, json.dumps(bundle).encode())
+    (root / attest.OMS_NAME).unlink()  # the signer's OpenSSF signature would fail first with this key
     with pytest.raises(VerificationError, match=f"predicate's {member} "):
         verify_release(root, key=public)

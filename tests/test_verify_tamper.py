@@ -26,7 +26,7 @@ from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import entry_digest, root_digest
 from kvgraft.verify import verify_release
 
-from release_factory import make_release
+from release_factory import make_release, unsign
 
 runner = CliRunner()
 
@@ -211,20 +211,20 @@ def test_valid_signature_from_another_release(rel: Path, other_signed: Path, key
 
 
 def test_unsigned_release_when_a_key_is_required(rel: Path, keypair: tuple[Path, Path]) -> None:
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     fails(rel, VerificationError, "release is unsigned", "--key", key=keypair[1])
     result = runner.invoke(app, ["verify", str(rel), "--key", str(keypair[1])])
     assert result.exit_code == 1 and "release is unsigned" in result.stderr
 
 
 def test_unsigned_release_when_an_identity_is_required(rel: Path) -> None:
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     fails(rel, VerificationError, "release is unsigned", "--certificate-identity",
           identity="someone@example.com", issuer="https://github.com/login/oauth")
 
 
 def test_unsigned_release_without_a_requirement_passes_with_signature_not_checked(rel: Path) -> None:
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     result = verify_release(rel)
     assert result.signature.status == "not checked" and result.signature.bundle is None
     assert not result.statement
@@ -276,7 +276,7 @@ def _rename_entry_file(root: Path, new: str) -> None:
     manifest["entries"][0]["digest"] = entry_digest(manifest["entries"][0])
     manifest["root_digest"] = root_digest(manifest)
     jsonio.write_json(root / "manifest.json", manifest)
-    (root / attest.BUNDLE_NAME).unlink(missing_ok=True)
+    unsign(root)
 
 
 @pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "entries/../../x.safetensors"])
@@ -324,7 +324,7 @@ def test_symlinked_folder_and_bundle_are_refused(rel: Path, tmp_path: Path, keyp
 
 
 def test_duplicate_keys_in_the_manifest_are_refused(rel: Path) -> None:
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     path = rel / "manifest.json"
     text = path.read_text()
     path.write_text(text.replace('"format": ', '"format": "kvgraft-cache-release", "format": ', 1))
@@ -356,7 +356,7 @@ def test_manifest_size_is_bounded_before_reading(rel: Path, keypair: tuple[Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", 1024)
     fails(rel, InputError, "manifest.json", "exceeds the 1024-byte limit", key=keypair[1])
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     fails(rel, InputError, "manifest.json", "exceeds the 1024-byte limit")
 
 
@@ -367,7 +367,7 @@ def test_manifest_tensor_shapes_are_bounded_by_the_schema(rel: Path) -> None:
     entry["digest"] = entry_digest(entry)
     manifest["root_digest"] = root_digest(manifest)
     jsonio.write_json(rel / "manifest.json", manifest)
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     fails(rel, InputError, "manifest.json", "schema error", "shape")
 
 
@@ -380,7 +380,7 @@ def test_safetensors_header_with_an_absurd_shape_is_refused_without_allocating(r
     manifest["files"]["entries/00000.safetensors"] = {"sha256": hashlib.sha256(hostile).hexdigest(), "size": len(hostile)}
     manifest["root_digest"] = root_digest(manifest)
     jsonio.write_json(rel / "manifest.json", manifest)
-    (rel / attest.BUNDLE_NAME).unlink()
+    unsign(rel)
     fails(rel, InputError, "entries/00000.safetensors", "'layer.0.keys'", "exceeds the bound")
 
 

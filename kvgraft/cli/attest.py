@@ -93,6 +93,9 @@ def sign(
     say(f"signed {release} ({files} files, root digest {root_digest})")
     say(f"signer {signed.signer}")
     say(f"bundle {signed.bundle}")
+    if signed.oms is not None:
+        say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "
+            f"--public_key PUB.pem {release})")
 
 
 @app.command()

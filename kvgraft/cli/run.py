@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, report_app
+from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, plain, report_app, say
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 
 
@@ -35,6 +35,8 @@ def run_cmd(
     """
     import time
 
+    from rich.markup import escape
+
     from kvgraft import auditrun, plan
 
     p = plan.load(plan_file)
@@ -42,7 +44,7 @@ def run_cmd(
 
     def say(message: str) -> None:
         if not quiet and not as_json:
-            err.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {message}")
+            err.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {escape(plain(message))}")  # names are data
 
     outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say,
                            executor={"kind": executor, "address": ray_address, "workers": workers, "ship": ship or None})
@@ -84,4 +86,4 @@ def report_verify_cmd(
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
     bound = " and bound to the release" if result.release_checked else ""
-    out.print(f"[green]verified[/]: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")
+    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")

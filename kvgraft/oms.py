@@ -1,0 +1,136 @@
+"""OpenSSF model signing (OMS) v1.0 signatures of a release folder, beside kvgraft's own attestation.
+
+A release is a folder of files, which is what OMS signs: an in-toto Statement v1 whose predicate
+(`https://model_signing/signature/v1.0`) lists every file of the folder with its SHA-256 ("resources",
+sorted by name) and whose one subject, named after the folder, carries the SHA-256 over those digests'
+raw bytes in that order; DSSE-signed and stored as a Sigstore bundle v0.3 at RELEASE/model.sig, the
+name the `model_signing` CLI uses by default and leaves out of what it hashes.
+
+kvgraft writes this file in addition to release.sigstore.json rather than making its own bundle
+OMS-shaped: the kvgraft statement's predicate (root digest, model identity, entry and file counts) is
+what kvgraft consumers check, and OMS verifiers reject predicates other than theirs. The OMS resources
+include release.sigstore.json, so `model_signing verify` checks every byte of the folder.
+
+Keys: OMS signs with ECDSA keys only (the hash follows the curve: P-256 with SHA-256); its
+`publicKey.hint` is the SHA-256 of the public key's SubjectPublicKeyInfo PEM. An Ed25519 kvgraft key
+writes no OMS signature. Nothing here imports torch or model_signing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from kvgraft import attest, keys
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, VerificationError
+
+OMS_NAME = attest.OMS_NAME
+PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+# What the model_signing CLI records when the signature lies inside the folder (its defaults).
+IGNORE_PATHS = [".git", ".gitignore", ".github", OMS_NAME, ".gitattributes"]
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def pem_hint(key: keys.PrivateKey | keys.PublicKey) -> str:
+    """OMS's key hint: SHA-256 of the SubjectPublicKeyInfo PEM of the public key."""
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
+    pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def _root_digest(resources: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for _, digest in resources:
+        h.update(bytes.fromhex(digest))
+    return h.hexdigest()
+
+
+def statement(root: Path, digests: dict[str, str]) -> dict[str, Any]:
+    """The OMS v1.0 statement of a folder whose files (name -> sha256) are `digests`."""
+    resources = sorted(digests.items())
+    return {
+        "_type": attest.STATEMENT_TYPE,
+        "subject": [{"name": Path(root).resolve().name, "digest": {"sha256": _root_digest(resources)}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "serialization": {"method": "files", "hash_type": "sha256", "allow_symlinks": False,
+                              "ignore_paths": IGNORE_PATHS},
+            "resources": [{"name": n, "algorithm": "sha256", "digest": d} for n, d in resources],
+        },
+    }
+
+
+def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | None:
+    """Write RELEASE/model.sig for files with these digests; None (nothing written) for a non-ECDSA key."""
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        return None
+    payload = (json.dumps(statement(root, digests), indent=2) + "\n").encode()
+    signature = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    bundle = {
+        "mediaType": attest.BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": pem_hint(key)}, "tlogEntries": []},
+        "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": attest.PAYLOAD_TYPE,
+                         "signatures": [{"sig": base64.b64encode(signature).decode()}]},
+    }
+    path = Path(root) / OMS_NAME
+    jsonio.write_atomic(path, (json.dumps(bundle, indent=2) + "\n").encode())
+    return path
+
+
+def read(path: Path, public_key: keys.PublicKey | None) -> tuple[dict[str, str], str | None, str]:
+    """Parse (strictly) and, with `public_key`, verify an OMS signature; return (resources as name ->
+    sha256, the key id that verified it or None, the sha256 of the signature file's bytes).
+
+    The statement's subject digest must be the one its resources imply, and the serialization must
+    be the per-file SHA-256 one (the only one kvgraft can compare with a release's files).
+    """
+    where = str(path)
+    raw = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "an OMS signature")
+    bundle = attest.parse_bundle(raw, where)
+    verified_by = None
+    if public_key is not None:
+        if not isinstance(public_key, ec.EllipticCurvePublicKey):
+            raise VerificationError(f"{where}: an OMS signature is made with an ECDSA key; {keys.key_id(public_key)} "
+                                    f"is not one")
+        verified_by = attest.verify_with_key(bundle, public_key, also_hint=pem_hint(public_key))
+    if bundle.payload_type != attest.PAYLOAD_TYPE:
+        raise VerificationError(f"{where}: DSSE payloadType {bundle.payload_type!r} is not {attest.PAYLOAD_TYPE!r}")
+    stmt = jsonio.loads_strict(bundle.payload, f"{where}: statement")
+    if not isinstance(stmt, dict) or stmt.get("_type") != attest.STATEMENT_TYPE:
+        raise VerificationError(f"{where}: not an in-toto Statement v1")
+    if stmt.get("predicateType") != PREDICATE_TYPE:
+        raise VerificationError(f"{where}: predicateType {stmt.get('predicateType')!r} is not {PREDICATE_TYPE!r}")
+    predicate = stmt.get("predicate")
+    subject = stmt.get("subject")
+    if not isinstance(predicate, dict) or not isinstance(subject, list) or len(subject) != 1 or not isinstance(
+            subject[0], dict) or not isinstance(subject[0].get("digest"), dict):
+        raise InputError(f"{where}: an OMS statement has one subject and a predicate")
+    serialization_ = predicate.get("serialization")
+    if (not isinstance(serialization_, dict) or serialization_.get("method") != "files"
+            or serialization_.get("hash_type") != "sha256"):
+        raise VerificationError(f"{where}: only the OMS 'files' serialization with sha256 is read "
+                                f"(found {serialization_!r:.200})")
+    resources = predicate.get("resources")
+    if not isinstance(resources, list):
+        raise InputError(f"{where}: predicate.resources is not a list")
+    listed: list[tuple[str, str]] = []
+    for i, r in enumerate(resources):
+        at = f"{where}: resource {i}"
+        if not isinstance(r, dict) or r.get("algorithm") != "sha256" or not isinstance(r.get("digest"), str) \
+                or not _SHA256.match(r["digest"]):
+            raise InputError(f"{at}: expected a name, algorithm sha256 and a lowercase hex digest")
+        listed.append((attest.check_relpath(r.get("name"), at), r["digest"]))
+    names = [n for n, _ in listed]
+    if len(set(names)) != len(names):
+        raise InputError(f"{where}: a resource is listed twice")
+    if subject[0]["digest"].get("sha256") != _root_digest(listed):
+        raise VerificationError(f"{where}: the subject digest does not match the digests of the listed resources")
+    return dict(listed), verified_by, hashlib.sha256(raw).hexdigest()

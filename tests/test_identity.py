@@ -51,3 +51,23 @@ def test_default_model_converted_once_and_reused(smollm2: Any) -> None:
     assert (target / "model.safetensors").stat().st_mtime_ns == stamp
     assert smollm2.model.config.num_hidden_layers == 30
     assert smollm2.identity.num_parameters > 100_000_000
+
+
+def test_converted_default_model_is_a_plain_hugging_face_folder(smollm2: Any) -> None:
+    """What other tools (vLLM) need to load it: the class to load, and the tied embedding by its own name."""
+    import json
+
+    from safetensors import safe_open
+
+    from kvgraft.models import ensure_smollm2
+
+    folder = ensure_smollm2()
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    # The identity the reference releases were recorded under (no `architectures` in their folder).
+    reference = json.loads((Path(__file__).resolve().parents[1] / "manifests" / "smollm2-135m-example"
+                            / "manifest.json").read_text())
+    assert smollm2.identity.sha256 == reference["model"]["identity"]["sha256"]

@@ -99,3 +99,44 @@ def test_release_of_another_model_is_refused(served: tuple[dict[str, Any], str, 
     assert lines and all("model identity differs (weights)" in line for line in lines), _lines(log, "kvgraft:")
     assert results["c/connector"]["num_cached_tokens"] == 0
     assert results["c/connector"]["token_ids"] == results["c/plain"]["token_ids"]
+
+
+def test_capture_is_a_release_kvgraft_verifies_and_recomputes(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    plan = json.loads((run / "plan.json").read_text())
+    captured = {}
+    for manifest in sorted((run / "captured").glob("*/manifest.json")):
+        doc = json.loads(manifest.read_text())
+        captured[tuple(doc["entries"][0]["token_ids"])] = (manifest.parent, doc)
+    # Prompts served by prefill were captured; the grafted one and the ones opted out were not.
+    assert tuple(plan["tokens"]["d"]) in captured, sorted(len(k) for k in captured)
+    assert not [k for k in captured if k[:len(plan["tokens"]["a"])] == tuple(plan["tokens"]["a"])]
+    release, doc = captured[tuple(plan["tokens"]["d"])]
+    assert _lines(log, f"kvgraft: captured release={release} ")
+    engine = doc["environment"]["engine"]
+    assert engine["name"] == "vllm" and engine["version"] == "0.32.0"
+    assert engine["block_size"] == results["block_size"] and engine["attention_backend"] == "CPU_ATTN"
+    assert "probed" in engine["kv_layout"]
+    assert doc["model"]["identity"]["sha256"] == json.loads((run / "release-a" / "manifest.json").read_text())[
+        "model"]["identity"]["sha256"]
+    assert doc["entries"][0]["probe"]["token_ids"] == results["d/connector"]["token_ids"][:8]
+    cli = str(Path(sys.executable).parent / "kvgraft")
+    verify = subprocess.run([cli, "verify", str(release)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # vLLM's CPU kernels against transformers' sdpa on the same tokens: other kernels, same computation.
+    audit = subprocess.run([cli, "audit", "recompute", str(release), "--require", "consistent", "--attn", "sdpa"],
+                           capture_output=True, text=True, timeout=600)
+    print(audit.stdout[-1500:])
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "1 consistent" in " ".join(audit.stdout.split()) or "1 byte-exact" in " ".join(audit.stdout.split())
+
+
+def test_release_changed_after_start_up_never_reaches_the_cache(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    lines = _lines(log, f"kvgraft: graft refused: release={run / 'release-e'} entry=e tensor=layer.0.keys ")
+    assert lines and all("sha256" in line for line in lines), _lines(log, "kvgraft:")
+    assert not [line for line in _lines(log, "kvgraft: grafted") if "entry=e " in line]
+    assert results["e/connector"]["token_ids"] == results["e/plain"]["token_ids"]
+    # vLLM computed those blocks itself (kv_load_failure_policy "recompute"): the same bits as its plain
+    # prefill, where the grafted entry "a" (KV from transformers) differs in the last bits.
+    assert results["e/connector"]["first_logprob"] == results["e/plain"]["first_logprob"]

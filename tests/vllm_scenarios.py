@@ -3,11 +3,14 @@
     .venv/bin/python tests/vllm_scenarios.py build OUT_DIR       # kvgraft's venv: capture needs its transformers
     .venv-vllm/bin/python tests/vllm_scenarios.py serve OUT_DIR  # the vLLM venv (`make vllm-venv`)
 
-Builds three releases with kvgraft's own capture (transformers, fp32) of the default model:
+Builds four releases with kvgraft's own capture (transformers, fp32) of the default model:
   good:     entry "a", verified and of the served model: must be grafted;
   tampered: entry "b", one byte of a key tensor flipped after capture: must be refused at start-up;
   wrong:    entry "c", captured by the model with one weight perturbed (a valid release of another
-            model, as in SGLang #24758): must be refused for its model identity.
+            model, as in SGLang #24758): must be refused for its model identity;
+  late:     entry "e", verified at start-up, one byte flipped after vLLM started: the read-time digest
+            check must refuse it and vLLM recompute those blocks (kv_load_failure_policy "recompute").
+Prompt "d" is in no release: vLLM prefills it and the connector captures it into a release.
 Then starts vLLM once with the connector serving all three and writes OUT_DIR/results.json: greedy
 continuations (token ids, first-token logprob) with and without the connector for each prompt. The
 engine's log (stderr) is what the test reads the connector's log lines from.
@@ -30,6 +33,12 @@ TEXTS = {
     "b": "A lighthouse keeper's day was governed by the lamp. Before dusk the wick had to be trimmed, the brass "
          "polished and the lens cleaned of salt; through the night the keeper climbed the stairs every few "
          "hours to wind the clockwork that turned the light. Storms made the work dangerous, and in winter",
+    "d": "Tides are the rise and fall of sea level caused by the gravity of the Moon and the Sun acting on the "
+         "rotating Earth. Most coasts see two high and two low tides a day, but the shape of a basin can change "
+         "that: some bays resonate so strongly that the water climbs more than ten metres between low and",
+    "e": "Glaciers move because ice under its own weight deforms like a very slow fluid, and because meltwater "
+         "at the bed lets the ice slide over the rock beneath. Surveyors once drove stakes in a line across a "
+         "glacier and came back years later to find the line bent into a curve, fastest in the middle where",
     "c": "Bread dough rises because yeast ferments the sugars in flour, releasing carbon dioxide that the gluten "
          "network traps in small bubbles. A slow, cool rise gives enzymes time to break starch into more "
          "sugars and lets flavour compounds develop, which is why bakers often leave dough overnight before",
@@ -61,7 +70,7 @@ def build_releases(out: Path) -> dict[str, object]:
     folder = models.ensure_smollm2()
     lm = models.load(str(folder), device="cpu")
     info: dict[str, object] = {"model": str(folder)}
-    for rid in ("a", "b"):
+    for rid in ("a", "b", "e"):
         capture(lm, [(rid, {"id": rid, "text": TEXTS[rid]})], out / f"release-{rid}", probe_tokens=4)
     info["tampered_tensor"] = flip_one_byte(out / "release-b", "b")
     with torch.no_grad():  # another model under the same name: one weight moved by 1e-3
@@ -69,7 +78,8 @@ def build_releases(out: Path) -> dict[str, object]:
     lm._identity = None
     capture(lm, [("c", {"id": "c", "text": TEXTS["c"]})], out / "release-c", probe_tokens=4)
     info["tokens"] = {rid: json.loads((out / f"release-{rid}" / "manifest.json").read_text())["entries"][0]["token_ids"]
-                      for rid in TEXTS}
+                      for rid in ("a", "b", "c", "e")}
+    info["tokens"]["d"] = [int(t) for t in lm.tokenizer(TEXTS["d"])["input_ids"]]  # in no release: captured by vLLM
     (out / "plan.json").write_text(json.dumps(info) + "\n")
     return info
 
@@ -92,14 +102,17 @@ def serve(out: Path) -> int:
               kv_transfer_config=KVTransferConfig(
                   kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
                   kv_role="kv_both", kv_load_failure_policy="recompute",
-                  kv_connector_extra_config={"release": [str(out / f"release-{r}") for r in ("a", "b", "c")]}))
+                  kv_connector_extra_config={"release": [str(out / f"release-{r}") for r in ("a", "b", "c", "e")],
+                                             "capture": str(out / "captured")}))
     t2 = time.perf_counter()
+    # Verified at start-up, changed afterwards: the read-time digest check must keep it out of the cache.
+    flip_one_byte(out / "release-e", "e")
     results: dict[str, object] = {"tampered_tensor": info["tampered_tensor"],
                                   "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
-                                  "releases": {r: str(out / f"release-{r}") for r in ("a", "b", "c")}}
-    for rid in ("a", "b", "c"):
-        prompt = TokensPrompt(prompt_token_ids=tokens[rid] + suffix)
-        for mode in ("connector", "plain"):
+                                  "releases": {r: str(out / f"release-{r}") for r in ("a", "b", "c", "e")}}
+    for rid in ("a", "b", "c", "d", "e"):
+        prompt = TokensPrompt(prompt_token_ids=tokens[rid] + (suffix if rid != "d" else []))
+        for mode in ("connector", "plain") if rid != "d" else ("connector",):
             extra = {"kv_transfer_params": {"kvgraft": "off"}} if mode == "plain" else None
             params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=1, extra_args=extra)
             print(f"kvgraft-scenario: request {rid} {mode}", file=sys.stderr, flush=True)

@@ -31,9 +31,11 @@ A request can opt out with `SamplingParams(extra_args={"kv_transfer_params": {"k
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +70,10 @@ def refusal(release: str, entry: str, tensor: str, reason: str) -> str:
     return f"kvgraft: graft refused: release={release} entry={entry} tensor={tensor} reason={reason}; served by prefill"
 
 
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120] or "request"
+
+
 def _first_line(text: str) -> str:
     return " ".join(str(text).split())[:400]
 
@@ -84,9 +90,19 @@ class GraftLoad:
     block_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class CaptureSave:
+    """One request whose whole prompt is computed in this step: its KV is captured after the step."""
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+
+
 @dataclass
 class KvgraftMetadata(KVConnectorMetadata):  # type: ignore[misc]
     loads: list[GraftLoad] = field(default_factory=list)
+    saves: list[CaptureSave] = field(default_factory=list)
 
 
 @dataclass
@@ -132,6 +148,14 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._sliding = getattr(hf, "sliding_window", None) is not None or any(
             t != "full_attention" for t in (getattr(hf, "layer_types", None) or []))
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
+        capture = extra.get("capture")
+        self._capture: Path | None = Path(capture) if isinstance(capture, str) and capture else None
+        if self._capture is not None and not self._kv_transfer_config.is_kv_producer:
+            raise ValueError('KvgraftConnector: "capture" needs kv_role kv_producer or kv_both')
+        self._vllm_config = vllm_config
+        self._identity: dict[str, Any] | None = None
+        self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
+        self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
         self._roots = [str(r) for r in roots]
         self._releases: dict[int, Release] = {}
         self._refused: dict[int, _Refused] = {}
@@ -150,6 +174,8 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.grafted: list[tuple[str, str, int]] = []  # (req id, entry id, tokens) for logs and tests
         if role == KVConnectorRole.SCHEDULER:
             self._check_releases()
+            if self._capture is not None and self._identity is None:
+                self._identity = served_identity(self._model_dir, self._dtype)
 
     # ------------------------------------------------------------------------------------ start-up
 
@@ -179,6 +205,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             why = ""
         except (KvgraftError, OSError, ValueError) as exc:
             have, why = None, f"cannot compute the served model's identity: {_first_line(str(exc))}"
+        self._identity = have
         from kvgraft.models import describe_identity_diff
 
         for i, rel in list(self._releases.items()):
@@ -260,17 +287,112 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # A graft for a request not scheduled as new (preempted before its first step) is dropped: vLLM
         # then computes those tokens itself.
         self._need_load.clear()
+        if self._capture is not None:
+            for new in scheduler_output.scheduled_new_reqs:
+                prompt = tuple(int(t) for t in (new.prompt_token_ids or []))
+                params = new.sampling_params
+                extra = (getattr(params, "extra_args", None) or {}).get("kv_transfer_params") or {}
+                if not prompt or extra.get("kvgraft") == "off" or any(x.req_id == new.req_id for x in meta.loads):
+                    continue
+                scheduled = int(scheduler_output.num_scheduled_tokens.get(new.req_id, 0))
+                if new.num_computed_tokens != 0 or scheduled < len(prompt):
+                    log.warning("kvgraft: not captured: request %s: its prompt of %d tokens is prefilled in parts "
+                                "(%d from a cache, %d in this step); only whole one-step prefills are captured",
+                                new.req_id, len(prompt), new.num_computed_tokens, scheduled)
+                    continue
+                meta.saves.append(CaptureSave(new.req_id, prompt, tuple(int(b) for b in new.block_ids[0])))
+                self._saving[new.req_id] = prompt
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._pending.pop(request.request_id, None)
+        prompt = self._saving.pop(request.request_id, None)
+        if prompt is not None and self._capture is not None:
+            try:
+                self._write_release(request, prompt)
+            except (KvgraftError, OSError, ValueError, KeyError) as exc:
+                log.warning("kvgraft: not captured: request %s: %s", request.request_id, _first_line(str(exc)))
         return False, None
+
+    def _write_release(self, request: Request, prompt: tuple[int, ...]) -> None:
+        """Turn the worker's staged KV of a finished request into a release `capture/<entry id>/`."""
+        from safetensors import safe_open
+
+        from kvgraft.capture import Schedule
+        from kvgraft.environment import record
+        from kvgraft.hashing import digest_json, sha256_hex
+        from kvgraft.release import ReleaseWriter, token_ids_digest
+
+        assert self._capture is not None and self._identity is not None
+        staged = self._capture / ".staging" / f"{_safe(request.request_id)}"
+        info = json.loads(staged.with_suffix(".json").read_text())
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(staged.with_suffix(".safetensors")), framework="pt") as fh:  # our own file: no pickle
+            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = fh.get_tensor(name)
+        out_ids = [int(t) for t in request.output_token_ids]
+        params = request.sampling_params
+        greedy = params is not None and float(params.temperature) == 0.0
+        ids = list(prompt)
+        digest = token_ids_digest(ids)
+        eid = f"vllm-{digest[:16]}"
+        text = str(self._tokenizer().decode(ids, skip_special_tokens=False))
+        entry: dict[str, Any] = {
+            "id": eid, "num_tokens": len(ids), "token_ids": ids, "token_ids_sha256": digest,
+            "source": {"kind": "text", "sha256": digest_json(text), "text": text},
+            "layers": info["layers"],
+            # vLLM gives a KV connector no logits: the token is the one vLLM sampled, the digest is of no bytes.
+            "next_token": {"logits_sha256": sha256_hex(b""), "argmax": out_ids[0] if (greedy and out_ids) else 0,
+                           "dtype": str(self._dtype).removeprefix("torch.")},
+            "meta": {"captured_by": "vllm", "request_id": request.request_id, "greedy": greedy,
+                     "next_token": "vLLM exposes no logits to a KV connector: logits_sha256 is the digest of no "
+                                   "bytes; argmax is vLLM's first sampled token when sampling was greedy"},
+        }
+        if greedy and out_ids:
+            entry["probe"] = {"token_ids": out_ids[:8]}
+        hf = self._vllm_config.model_config.hf_config
+        dtype = str(self._dtype).removeprefix("torch.")
+        env = record("cpu" if str(self._vllm_config.device_config.device) == "cpu" else "cuda", dtype,
+                     f"vllm:{info['backend']}")
+        import vllm
+
+        env["engine"] = {"name": "vllm", "version": str(vllm.__version__), "block_size": self._block_size,
+                         "attention_backend": info["backend"], "kv_layout": info["layout"]}
+        header = {
+            "model": {"spec": self._model_dir, "architecture": (getattr(hf, "architectures", None) or ["?"])[0],
+                      "model_type": str(hf.model_type), "num_hidden_layers": self._num_layers,
+                      "identity": self._identity},
+            "schedule": Schedule().as_dict(),
+            "environment": env,
+        }
+        out = self._capture / eid
+        if out.exists():
+            log.info("kvgraft: not captured again: %s exists", out)
+            return
+        writer = ReleaseWriter(out)
+        try:
+            writer.add_entry(entry, tensors)
+            writer.finish(header)
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            for suffix in (".json", ".safetensors"):
+                staged.with_suffix(suffix).unlink(missing_ok=True)
+        log.info("kvgraft: captured release=%s entry=%s tokens=%d", out, eid, len(ids))
+
+    def _tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        if getattr(self, "_tok", None) is None:
+            self._tok = AutoTokenizer.from_pretrained(self._model_dir)
+        return self._tok
 
     # ------------------------------------------------------------------------------------ worker
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, KvgraftMetadata) or not meta.loads:
+        if not isinstance(meta, KvgraftMetadata) or not (meta.loads or meta.saves):
             return
         layers: dict[int, Any] = {}
         for name, layer in forward_context.no_compile_layers.items():
@@ -280,6 +402,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if m is None:
                 continue
             layers[int(m.group(1))] = layer
+        self._layers = layers
         for load in meta.loads:
             self._graft(load, layers)
 
@@ -298,6 +421,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if sorted(layers) != list(range(self._num_layers)):
             self._fail(load, "-", f"vLLM's attention layers {sorted(layers)[:4]}… do not map to layers 0..{self._num_layers - 1}")
             return
+        t0 = time.perf_counter()
         try:
             entry = rel.entry(load.entry_id)
             # Every tensor's bytes are hashed as they are read; nothing is returned unless all match.
@@ -305,6 +429,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except KvgraftError as exc:
             self._fail(load, m.group(1) if (m := _TENSOR_IN.search(str(exc))) else "-", str(exc))
             return
+        t1 = time.perf_counter()
         for meta in entry["layers"]:
             layer = layers[meta["index"]]
             kv = layer.kv_cache
@@ -323,8 +448,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 flat[(base + pos[t % n_block]).reshape(-1)] = src.reshape(-1).to(kv.dtype)
         with self._lock:
             self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
-        log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) into %d blocks", self._roots[load.release],
-                 load.entry_id, load.start, load.end, len(load.block_ids))
+        t2 = time.perf_counter()
+        log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) into %d blocks (read and hashed %.1f ms, "
+                 "written %.1f ms)", self._roots[load.release], load.entry_id, load.start, load.end, len(load.block_ids),
+                 (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the backend puts key and value element [token-in-block, head, dim] inside one block.
@@ -383,11 +510,54 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return None
 
     def wait_for_save(self) -> None:
-        return None
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvgraftMetadata) or not meta.saves or self._capture is None:
+            return
+        for save in meta.saves:
+            try:
+                self._stage(save)
+            except (ValueError, OSError, KeyError) as exc:
+                log.warning("kvgraft: not captured: request %s: %s", save.req_id, _first_line(str(exc)))
+
+    def _stage(self, save: CaptureSave) -> None:
+        """Copy a prompt's KV out of the paged cache as [1, heads, tokens, dim] per layer (kvgraft's layout)."""
+        from safetensors.torch import save_file
+
+        assert self._capture is not None
+        if sorted(self._layers) != list(range(self._num_layers)):
+            raise ValueError(f"vLLM's attention layers {sorted(self._layers)[:4]}… do not map to layers "
+                             f"0..{self._num_layers - 1}")
+        tensors: dict[str, torch.Tensor] = {}
+        layers_meta: list[dict[str, Any]] = []
+        n = len(save.token_ids)
+        backend = layout = ""
+        for i in range(self._num_layers):
+            layer = self._layers[i]
+            kv = layer.kv_cache
+            pos_k, pos_v = self._layout(layer, kv)
+            n_block = int(pos_k.shape[0])
+            t = torch.arange(n)
+            blocks = torch.tensor(save.block_ids, dtype=torch.long)[t // n_block]
+            base = (blocks * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
+            flat = kv.view(-1)
+            for part, pos in (("keys", pos_k), ("values", pos_v)):
+                got = flat[(base + pos[t % n_block]).reshape(-1)].view(n, self._kv_heads, self._head_dim)
+                tensors[f"layer.{i}.{part}"] = got.permute(1, 0, 2).unsqueeze(0).contiguous()
+            layers_meta.append({"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
+                                "kind": "full", "positions": [0, n]})
+            get_name = getattr(getattr(layer, "attn_backend", None), "get_name", None)
+            backend = str(get_name()) if callable(get_name) else type(layer.impl).__name__
+            layout = (f"probed through {type(layer.impl).__name__}.do_kv_cache_update: cache {list(kv.shape)} "
+                      f"{str(kv.dtype).removeprefix('torch.')}; key[token 0, head 0, dim 1] at +{int(pos_k[0, 0, 1])}, "
+                      f"key[token 1, head 0, dim 0] at +{int(pos_k[1, 0, 0])} within a block")
+        staged = self._capture / ".staging" / _safe(save.req_id)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(staged.with_suffix(".safetensors")))
+        staged.with_suffix(".json").write_text(json.dumps({"layers": layers_meta, "backend": backend, "layout": layout}))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
 
-__all__ = ["GraftLoad", "KvgraftConnector", "KvgraftMetadata", "refusal", "served_identity"]
+__all__ = ["CaptureSave", "GraftLoad", "KvgraftConnector", "KvgraftMetadata", "refusal", "served_identity"]

@@ -169,7 +169,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._pending: dict[str, tuple[int, str, int, int]] = {}  # req id -> (release, entry, start, end)
         self._need_load: dict[str, tuple[int, str, int, int]] = {}
         self._load_errors: set[int] = set()
-        self._maps: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._maps: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.grafted: list[tuple[str, str, int]] = []  # (req id, entry id, tokens) for logs and tests
         if role == KVConnectorRole.SCHEDULER:
@@ -434,17 +434,25 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             layer = layers[meta["index"]]
             kv = layer.kv_cache
             try:
-                pos_k, pos_v = self._layout(layer, kv)
+                pos_k, pos_v, inv = self._layout(layer, kv)
             except ValueError as exc:
                 self._fail(load, meta["keys"], f"cannot map the attention backend's KV layout: {exc}")
                 return
             n_block = int(pos_k.shape[0])
+            k_src = tensors[meta["keys"]][0, :, load.start:load.end, :].permute(1, 0, 2)  # [T, H, C]
+            v_src = tensors[meta["values"]][0, :, load.start:load.end, :].permute(1, 0, 2)
+            if load.start % n_block == 0 and load.end % n_block == 0:
+                # Whole blocks: each block's content is one gather through the probed map, then one row copy.
+                first, nb = load.start // n_block, (load.end - load.start) // n_block
+                combined = torch.cat([k_src.reshape(nb, -1), v_src.reshape(nb, -1)], dim=1)
+                rows = torch.tensor(load.block_ids[first:first + nb], dtype=torch.long)
+                kv.view(kv.shape[0], -1).index_copy_(0, rows, combined.index_select(1, inv).to(kv.dtype))
+                continue
             t = torch.arange(load.start, load.end)
             blocks = torch.tensor(load.block_ids, dtype=torch.long)[t // n_block]
             base = (blocks * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
             flat = kv.view(-1)
-            for part, pos in (("keys", pos_k), ("values", pos_v)):
-                src = tensors[meta[part]][0, :, load.start:load.end, :].permute(1, 0, 2)  # [T, H, C]
+            for src, pos in ((k_src, pos_k), (v_src, pos_v)):
                 flat[(base + pos[t % n_block]).reshape(-1)] = src.reshape(-1).to(kv.dtype)
         with self._lock:
             self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
@@ -453,8 +461,11 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                  "written %.1f ms)", self._roots[load.release], load.entry_id, load.start, load.end, len(load.block_ids),
                  (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
-    def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where the backend puts key and value element [token-in-block, head, dim] inside one block.
+
+        Returns (key positions [N, H, C], value positions [N, H, C], and their inverse: for each place
+        in a block, the index into the block's keys then values, each flattened as [N, H, C]).
 
         Measured with the backend's own writer on a scratch block; a result that is not one-to-one
         raises ValueError.
@@ -497,11 +508,13 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             raise ValueError("the probe is not one-to-one (two elements share a place)")
         pos_k = order[1:count + 1].view(n_block, n_heads, head)
         pos_v = order[count + 1:].view(n_block, n_heads, head)
-        self._maps[sig] = (pos_k, pos_v)
+        inv = torch.empty(block_numel, dtype=torch.long)
+        inv[order[1:]] = torch.arange(2 * count, dtype=torch.long)
+        self._maps[sig] = (pos_k, pos_v, inv)
         log.info("kvgraft: %s cache layout probed: block of %d tokens, key[token 0, head 0, dim 1] at +%d, "
                  "key[token 1, head 0, dim 0] at +%d", type(layer.impl).__name__, n_block, int(pos_k[0, 0, 1]),
                  int(pos_k[1, 0, 0]))
-        return pos_k, pos_v
+        return pos_k, pos_v, inv
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -534,14 +547,14 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for i in range(self._num_layers):
             layer = self._layers[i]
             kv = layer.kv_cache
-            pos_k, pos_v = self._layout(layer, kv)
+            pos_k, pos_v, _ = self._layout(layer, kv)
             n_block = int(pos_k.shape[0])
-            t = torch.arange(n)
-            blocks = torch.tensor(save.block_ids, dtype=torch.long)[t // n_block]
-            base = (blocks * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
-            flat = kv.view(-1)
-            for part, pos in (("keys", pos_k), ("values", pos_v)):
-                got = flat[(base + pos[t % n_block]).reshape(-1)].view(n, self._kv_heads, self._head_dim)
+            nb = -(-n // n_block)
+            rows = kv.view(kv.shape[0], -1).index_select(0, torch.tensor(save.block_ids[:nb], dtype=torch.long))
+            count = pos_k.numel()
+            combined = rows.index_select(1, torch.cat([pos_k.reshape(-1), pos_v.reshape(-1)]))  # [nb, keys | values]
+            for part, half in (("keys", combined[:, :count]), ("values", combined[:, count:])):
+                got = half.reshape(nb * n_block, self._kv_heads, self._head_dim)[:n]
                 tensors[f"layer.{i}.{part}"] = got.permute(1, 0, 2).unsqueeze(0).contiguous()
             layers_meta.append({"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
                                 "kind": "full", "positions": [0, n]})

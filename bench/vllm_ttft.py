@@ -1,0 +1,126 @@
+"""Time to first token in vLLM: a verified kvgraft graft vs a plain prefill, 512 and 2048 prompt tokens.
+
+    .venv/bin/python bench/vllm_ttft.py build out/bench-vllm        # capture the release (kvgraft's venv)
+    .venv-vllm/bin/python bench/vllm_ttft.py run out/bench-vllm     # serve it (make vllm-venv)
+
+One vLLM engine (CPU backend, fp32, eager, prefix caching off, block size 32) with the kvgraft
+connector; for each size, graft and plain requests alternate (`max_tokens=1`, greedy), REPEATS each,
+after one warm-up of each. TTFT is the wall time of `LLM.generate` for one request: it includes
+vLLM's scheduling, the connector's read + SHA-256 of the entry (the verification done per graft), the
+copy into the paged cache, and the forward pass over the tokens not grafted. The release's full
+verification (`kvgraft.verify.verified`) runs once at engine start-up; its time is measured here
+separately, in this process, as is the per-graft read + hash alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SIZES = (512, 2048)
+REPEATS = 5
+SUFFIX = " In short,"
+
+
+def build(out: Path) -> None:
+    from kvgraft import models
+    from kvgraft.capture import capture
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    folder = models.ensure_smollm2()
+    lm = models.load(str(folder), device="cpu")
+    base = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    ids = lm.tokenizer(base * 4, add_special_tokens=True)["input_ids"]
+    records = []
+    for n in SIZES:
+        text = lm.tokenizer.decode(ids[:n], skip_special_tokens=True)
+        records.append((f"n{n}", {"id": f"n{n}", "text": text}))
+    capture(lm, records, out / "release", probe_tokens=0)
+    (out / "plan.json").write_text(json.dumps({"model": str(folder)}) + "\n")
+
+
+def run(out: Path) -> None:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    from kvgraft.graft import read_entry_tensors
+    from kvgraft.verify import VerifyPolicy, verified
+
+    plan = json.loads((out / "plan.json").read_text())
+    release = out / "release"
+    t = time.perf_counter()
+    rel = verified(release, VerifyPolicy())
+    verify_s = time.perf_counter() - t
+    entries = {e["id"]: e for e in rel.entries}
+    hash_ms: dict[str, float] = {}
+    for eid, entry in entries.items():
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            read_entry_tensors(rel, entry)
+            runs.append(time.perf_counter() - t)
+        hash_ms[eid] = statistics.median(runs) * 1e3
+    tok = AutoTokenizer.from_pretrained(plan["model"])
+    suffix = tok(SUFFIX, add_special_tokens=False)["input_ids"]
+    llm = LLM(model=plan["model"], dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+              max_model_len=4096, seed=0, gpu_memory_utilization=0.25, kv_cache_memory_bytes=1 << 30, block_size=32,
+              kv_transfer_config=KVTransferConfig(
+                  kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
+                  kv_role="kv_both", kv_load_failure_policy="recompute",
+                  kv_connector_extra_config={"release": str(release)}))
+    import vllm
+
+    rows = []
+    for n in SIZES:
+        entry = entries[f"n{n}"]
+        prompt = TokensPrompt(prompt_token_ids=entry["token_ids"] + suffix)
+        times: dict[str, list[float]] = {"graft": [], "plain": []}
+        firsts: dict[str, set[int]] = {"graft": set(), "plain": set()}
+        cached = 0
+        for i in range(REPEATS + 1):
+            for mode in ("graft", "plain"):
+                extra = {"kv_transfer_params": {"kvgraft": "off"}} if mode == "plain" else None
+                params = SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra)
+                t = time.perf_counter()
+                (res,) = llm.generate([prompt], params, use_tqdm=False)
+                dt = time.perf_counter() - t
+                firsts[mode].add(int(res.outputs[0].token_ids[0]))
+                if i > 0:  # the first round warms up both paths
+                    times[mode].append(dt)
+                if mode == "graft":
+                    cached = res.num_cached_tokens
+                if mode == "graft" and not cached:
+                    raise SystemExit(f"n{n}: the graft request was not served from the release (0 cached tokens)")
+        g, p = statistics.median(times["graft"]), statistics.median(times["plain"])
+        rows.append({"entry": f"n{n}", "prompt_tokens": len(prompt["prompt_token_ids"]),
+                     "entry_tokens": entry["num_tokens"], "grafted_tokens": cached,
+                     "ttft_graft_ms": g * 1e3, "ttft_plain_ms": p * 1e3, "speedup": p / g,
+                     "read_hash_ms": hash_ms[f"n{n}"], "verify_share": hash_ms[f"n{n}"] / 1e3 / g,
+                     "same_first_token": firsts["graft"] == firsts["plain"] and len(firsts["graft"]) == 1,
+                     "graft_runs_ms": [round(x * 1e3, 1) for x in times["graft"]],
+                     "plain_runs_ms": [round(x * 1e3, 1) for x in times["plain"]]})
+    doc = {"vllm": vllm.__version__, "threads": os.cpu_count(), "startup_verify_s": verify_s,
+           "release_bytes": sum(f["size"] for f in rel.manifest["files"].values()), "rows": rows}
+    (out / "ttft.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"vLLM {vllm.__version__}, CPU backend, fp32; release verified at start-up in {verify_s * 1e3:.0f} ms "
+          f"({doc['release_bytes'] / 1e6:.1f} MB)")
+    print("| prompt tokens | grafted | TTFT graft (ms) | TTFT plain prefill (ms) | speedup | per-graft read+SHA-256 (ms) "
+          "| its share of graft TTFT | same first token |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['prompt_tokens']} | {r['grafted_tokens']} | {r['ttft_graft_ms']:.1f} | {r['ttft_plain_ms']:.1f} | "
+              f"{r['speedup']:.1f}x | {r['read_hash_ms']:.1f} | {r['verify_share'] * 100:.0f} % | {r['same_first_token']} |")
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    what, where = sys.argv[1], Path(sys.argv[2])
+    build(where) if what == "build" else run(where)

@@ -1,0 +1,576 @@
+"""`KvgraftConnector`: a vLLM KV connector (KVConnectorBase_V1) that serves only verified releases.
+
+Started the vLLM way::
+
+    --kv-transfer-config '{"kv_connector": "KvgraftConnector", "kv_connector_module_path": "kvgraft.vllm.connector",
+                           "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                           "kv_connector_extra_config": {"release": "RELEASE/", "key": "signer.pub.pem"}}'
+
+`release` is one folder or a list of folders; `key` (optional) a PEM public key every release must be
+signed with. At start-up, each release goes through `kvgraft.verify.verified` (the one verification
+every consumer uses), and the scheduler computes the served model's identity once
+(`kvgraft.models.fingerprint` of the folder vLLM loads, in the dtype vLLM serves) and compares it with
+each release's. A request whose prompt token ids start with all of an entry's token ids gets that
+entry's KV (the longest such entry; block-aligned, and at least one prompt token is left for vLLM to
+compute); vLLM computes the rest. Entry bytes are read once more when grafted and each tensor's
+SHA-256 is checked before any of its bytes are written into vLLM's cache.
+
+Anything that fails (signature, digest, model identity, layout, dtype, sliding-window or shared
+layers) leaves the request to a normal prefill, with one log line naming release, entry, tensor and
+reason. A failure found while grafting (a file changed after start-up) is reported to vLLM as a load
+error on those blocks: with `"kv_load_failure_policy": "recompute"` vLLM recomputes them.
+
+Layout: the paged cache's layout is the attention backend's. It is not assumed: on first use the
+connector has the backend write a probe (distinct numbers) through its own `do_kv_cache_update` into a
+scratch block and reads back where every key and value element landed; a probe that does not come
+back as a one-to-one map (a quantized cache, say) refuses grafting. The CPU backend, for one, stores a
+block's keys transposed.
+
+A request can opt out with `SamplingParams(extra_args={"kv_transfer_params": {"kvgraft": "off"}})`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvgraft.errors import Error as KvgraftError
+from kvgraft.release import Release
+from kvgraft.verify import VerifyPolicy, verified
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+# Under vLLM's logger so that the line shows wherever vLLM's own log lines do.
+log = logging.getLogger("vllm.kvgraft")
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_TENSOR_IN = re.compile(r"tensor '([^']+)'")
+
+
+def refusal(release: str, entry: str, tensor: str, reason: str) -> str:
+    """The one log line for a graft not made (tests and users grep for it)."""
+    return f"kvgraft: graft refused: release={release} entry={entry} tensor={tensor} reason={reason}; served by prefill"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120] or "request"
+
+
+def _first_line(text: str) -> str:
+    return " ".join(str(text).split())[:400]
+
+
+@dataclass(frozen=True)
+class GraftLoad:
+    """One request's graft, as the scheduler sends it to the worker."""
+
+    req_id: str
+    release: int  # index into the configured releases
+    entry_id: str
+    start: int  # first token to write (tokens before it are in vLLM's own prefix cache)
+    end: int  # one past the last token to write (block-aligned)
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CaptureSave:
+    """One request whose whole prompt is computed in this step: its KV is captured after the step."""
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass
+class KvgraftMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    loads: list[GraftLoad] = field(default_factory=list)
+    saves: list[CaptureSave] = field(default_factory=list)
+
+
+@dataclass
+class _Refused:
+    reason: str
+    tensor: str
+    entries: list[dict[str, Any]]  # its entries when the manifest could be read, for per-request lines
+
+
+def served_identity(folder: str, dtype: torch.dtype) -> dict[str, Any]:
+    """kvgraft's identity of the model folder vLLM loads, in the dtype vLLM serves it in."""
+    from kvgraft import models
+
+    name = str(dtype).removeprefix("torch.")
+    lm = models.load(folder, device="cpu", dtype=name)
+    try:
+        return lm.identity.as_dict()
+    finally:
+        del lm
+
+
+class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """See the module docstring."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        roots = extra.get("release")
+        if isinstance(roots, str):
+            roots = [roots]
+        if not isinstance(roots, list) or not roots or not all(isinstance(r, str) for r in roots):
+            raise ValueError('KvgraftConnector: kv_connector_extra_config needs "release": a folder or a list of folders')
+        key = extra.get("key")
+        self._policy = VerifyPolicy(key=Path(key), require_signature=True) if key else VerifyPolicy()
+        self._block_size = int(vllm_config.cache_config.block_size)
+        model_config = vllm_config.model_config
+        self._model_dir = str(model_config.model)
+        self._dtype: torch.dtype = model_config.dtype
+        hf = model_config.hf_text_config
+        self._num_layers = int(model_config.get_num_layers(vllm_config.parallel_config))
+        self._kv_heads = int(model_config.get_num_kv_heads(vllm_config.parallel_config))
+        self._head_dim = int(model_config.get_head_size())
+        self._sliding = getattr(hf, "sliding_window", None) is not None or any(
+            t != "full_attention" for t in (getattr(hf, "layer_types", None) or []))
+        self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
+        capture = extra.get("capture")
+        self._capture: Path | None = Path(capture) if isinstance(capture, str) and capture else None
+        if self._capture is not None and not self._kv_transfer_config.is_kv_producer:
+            raise ValueError('KvgraftConnector: "capture" needs kv_role kv_producer or kv_both')
+        self._vllm_config = vllm_config
+        self._identity: dict[str, Any] | None = None
+        self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
+        self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
+        self._roots = [str(r) for r in roots]
+        self._releases: dict[int, Release] = {}
+        self._refused: dict[int, _Refused] = {}
+        for i, root in enumerate(self._roots):
+            try:
+                self._releases[i] = verified(root, self._policy)
+            except KvgraftError as exc:
+                self._refuse_release(i, str(exc))
+        # Scheduler: what matches; worker: what it grafted and what failed.
+        self._index: list[tuple[tuple[int, ...], int, str]] = []  # (token ids, release, entry id), longest first
+        self._pending: dict[str, tuple[int, str, int, int]] = {}  # req id -> (release, entry, start, end)
+        self._need_load: dict[str, tuple[int, str, int, int]] = {}
+        self._load_errors: set[int] = set()
+        self._maps: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.grafted: list[tuple[str, str, int]] = []  # (req id, entry id, tokens) for logs and tests
+        if role == KVConnectorRole.SCHEDULER:
+            self._check_releases()
+            if self._capture is not None and self._identity is None:
+                self._identity = served_identity(self._model_dir, self._dtype)
+
+    # ------------------------------------------------------------------------------------ start-up
+
+    def _refuse_release(self, i: int, reason: str, tensor: str | None = None,
+                        entries: list[dict[str, Any]] | None = None) -> None:
+        tensor = tensor or (m.group(1) if (m := _TENSOR_IN.search(reason)) else "-")
+        if entries is None:
+            try:  # the manifest alone, to name the entry when a request would have used it
+                entries = Release.open(self._roots[i]).entries
+            except KvgraftError:
+                entries = []
+        self._releases.pop(i, None)
+        self._refused[i] = _Refused(_first_line(reason), tensor, entries)
+        entry = "*"
+        if m := re.search(r"entry '([^']+)'", reason):
+            entry = m.group(1)
+        line = refusal(self._roots[i], entry, tensor, _first_line(reason))
+        # The scheduler decides and says so; the worker verified the same bytes and only records it.
+        log.log(logging.WARNING if self.role == KVConnectorRole.SCHEDULER else logging.DEBUG, line)
+
+    def _check_releases(self) -> None:
+        """Model identity (computed once) and per-entry compatibility; build the match index."""
+        if not self._releases:
+            return
+        try:
+            have: dict[str, Any] | None = served_identity(self._model_dir, self._dtype)
+            why = ""
+        except (KvgraftError, OSError, ValueError) as exc:
+            have, why = None, f"cannot compute the served model's identity: {_first_line(str(exc))}"
+        self._identity = have
+        from kvgraft.models import describe_identity_diff
+
+        for i, rel in list(self._releases.items()):
+            want = rel.manifest["model"]["identity"]
+            if have is None:
+                self._refuse_release(i, why, "-", rel.entries)
+                continue
+            if want["sha256"] != have["sha256"]:
+                self._refuse_release(
+                    i, f"model identity differs ({describe_identity_diff(want, have)}): release "
+                       f"{want['sha256'][:16]}…, served {self._model_dir} {have['sha256'][:16]}…", "-", rel.entries)
+                continue
+            for entry in rel.entries:
+                problem = self._incompatible(entry)
+                if problem is not None:
+                    tensor, reason = problem
+                    log.warning(refusal(self._roots[i], entry["id"], tensor, reason))
+                    continue
+                self._index.append((tuple(int(t) for t in entry["token_ids"]), i, entry["id"]))
+        self._index.sort(key=lambda item: -len(item[0]))
+        log.info("kvgraft: serving %d verified entries from %d of %d releases (model identity %s…)",
+                 len(self._index), len(self._releases), len(self._roots), have["sha256"][:16] if have else "?")
+
+    def _incompatible(self, entry: dict[str, Any]) -> tuple[str, str] | None:
+        """(tensor, reason) when this entry cannot be grafted into the served model's cache."""
+        if self._cache_dtype != "auto":
+            return "-", f"vLLM's cache dtype is {self._cache_dtype}; only an unquantized cache is grafted"
+        if self._sliding:
+            return "-", "the served model has sliding-window layers; they are not grafted"
+        layers = entry["layers"]
+        if len(layers) != self._num_layers:
+            return "-", f"{len(layers)} layers stored, the served model has {self._num_layers}"
+        want_dtype = str(self._dtype).removeprefix("torch.")
+        for meta in layers:
+            if meta["kind"] != "full":
+                return "-", f"layer {meta['index']} is stored as {meta['kind']}; only full-attention layers are grafted"
+            for part in ("keys", "values"):
+                t = entry["tensors"][meta[part]]
+                shape = [1, self._kv_heads, entry["num_tokens"], self._head_dim]
+                if t["dtype"] != want_dtype or t["shape"] != shape:
+                    return meta[part], (f"stored {t['dtype']} {t['shape']}, vLLM's cache takes {want_dtype} {shape}")
+        return None
+
+    # ------------------------------------------------------------------------------------ scheduler
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        params = getattr(request, "kv_transfer_params", None) or {}
+        if params.get("kvgraft") == "off":
+            return 0, False
+        prompt = list(request.prompt_token_ids or [])
+        # At least one prompt token is left for vLLM to compute (it yields the first logits).
+        for ids, i, eid in self._index:
+            if len(ids) <= len(prompt) and tuple(prompt[:len(ids)]) == ids:
+                end = min(len(ids), len(prompt) - 1) // self._block_size * self._block_size
+                if end <= num_computed_tokens:
+                    return 0, False
+                self._pending[request.request_id] = (i, eid, num_computed_tokens, end)
+                return end - num_computed_tokens, False
+        for i, refused in self._refused.items():  # a prompt a refused release would have served
+            for entry in refused.entries:
+                stored: list[int] = entry.get("token_ids") or []
+                if stored and len(stored) <= len(prompt) and prompt[:len(stored)] == stored:
+                    log.warning(refusal(self._roots[i], entry["id"], refused.tensor, refused.reason))
+                    return 0, False
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        pending = self._pending.pop(request.request_id, None)
+        if pending is not None and num_external_tokens > 0:
+            self._need_load[request.request_id] = pending
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvgraftMetadata:
+        meta = KvgraftMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            load = self._need_load.pop(new.req_id, None)
+            if load is not None:
+                i, eid, start, end = load
+                meta.loads.append(GraftLoad(new.req_id, i, eid, start, end, tuple(int(b) for b in new.block_ids[0])))
+        # A graft for a request not scheduled as new (preempted before its first step) is dropped: vLLM
+        # then computes those tokens itself.
+        self._need_load.clear()
+        if self._capture is not None:
+            for new in scheduler_output.scheduled_new_reqs:
+                prompt = tuple(int(t) for t in (new.prompt_token_ids or []))
+                params = new.sampling_params
+                extra = (getattr(params, "extra_args", None) or {}).get("kv_transfer_params") or {}
+                if not prompt or extra.get("kvgraft") == "off" or any(x.req_id == new.req_id for x in meta.loads):
+                    continue
+                scheduled = int(scheduler_output.num_scheduled_tokens.get(new.req_id, 0))
+                if new.num_computed_tokens != 0 or scheduled < len(prompt):
+                    log.warning("kvgraft: not captured: request %s: its prompt of %d tokens is prefilled in parts "
+                                "(%d from a cache, %d in this step); only whole one-step prefills are captured",
+                                new.req_id, len(prompt), new.num_computed_tokens, scheduled)
+                    continue
+                meta.saves.append(CaptureSave(new.req_id, prompt, tuple(int(b) for b in new.block_ids[0])))
+                self._saving[new.req_id] = prompt
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._pending.pop(request.request_id, None)
+        prompt = self._saving.pop(request.request_id, None)
+        if prompt is not None and self._capture is not None:
+            try:
+                self._write_release(request, prompt)
+            except (KvgraftError, OSError, ValueError, KeyError) as exc:
+                log.warning("kvgraft: not captured: request %s: %s", request.request_id, _first_line(str(exc)))
+        return False, None
+
+    def _write_release(self, request: Request, prompt: tuple[int, ...]) -> None:
+        """Turn the worker's staged KV of a finished request into a release `capture/<entry id>/`."""
+        from safetensors import safe_open
+
+        from kvgraft.capture import Schedule
+        from kvgraft.environment import record
+        from kvgraft.hashing import digest_json, sha256_hex
+        from kvgraft.release import ReleaseWriter, token_ids_digest
+
+        assert self._capture is not None and self._identity is not None
+        staged = self._capture / ".staging" / f"{_safe(request.request_id)}"
+        info = json.loads(staged.with_suffix(".json").read_text())
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(staged.with_suffix(".safetensors")), framework="pt") as fh:  # our own file: no pickle
+            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = fh.get_tensor(name)
+        out_ids = [int(t) for t in request.output_token_ids]
+        params = request.sampling_params
+        greedy = params is not None and float(params.temperature) == 0.0
+        ids = list(prompt)
+        digest = token_ids_digest(ids)
+        eid = f"vllm-{digest[:16]}"
+        text = str(self._tokenizer().decode(ids, skip_special_tokens=False))
+        entry: dict[str, Any] = {
+            "id": eid, "num_tokens": len(ids), "token_ids": ids, "token_ids_sha256": digest,
+            "source": {"kind": "text", "sha256": digest_json(text), "text": text},
+            "layers": info["layers"],
+            # vLLM gives a KV connector no logits: the token is the one vLLM sampled, the digest is of no bytes.
+            "next_token": {"logits_sha256": sha256_hex(b""), "argmax": out_ids[0] if (greedy and out_ids) else 0,
+                           "dtype": str(self._dtype).removeprefix("torch.")},
+            "meta": {"captured_by": "vllm", "request_id": request.request_id, "greedy": greedy,
+                     "next_token": "vLLM exposes no logits to a KV connector: logits_sha256 is the digest of no "
+                                   "bytes; argmax is vLLM's first sampled token when sampling was greedy"},
+        }
+        if greedy and out_ids:
+            entry["probe"] = {"token_ids": out_ids[:8]}
+        hf = self._vllm_config.model_config.hf_config
+        dtype = str(self._dtype).removeprefix("torch.")
+        env = record("cpu" if str(self._vllm_config.device_config.device) == "cpu" else "cuda", dtype,
+                     f"vllm:{info['backend']}")
+        import vllm
+
+        env["engine"] = {"name": "vllm", "version": str(vllm.__version__), "block_size": self._block_size,
+                         "attention_backend": info["backend"], "kv_layout": info["layout"]}
+        header = {
+            "model": {"spec": self._model_dir, "architecture": (getattr(hf, "architectures", None) or ["?"])[0],
+                      "model_type": str(hf.model_type), "num_hidden_layers": self._num_layers,
+                      "identity": self._identity},
+            "schedule": Schedule().as_dict(),
+            "environment": env,
+        }
+        out = self._capture / eid
+        if out.exists():
+            log.info("kvgraft: not captured again: %s exists", out)
+            return
+        writer = ReleaseWriter(out)
+        try:
+            writer.add_entry(entry, tensors)
+            writer.finish(header)
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            for suffix in (".json", ".safetensors"):
+                staged.with_suffix(suffix).unlink(missing_ok=True)
+        log.info("kvgraft: captured release=%s entry=%s tokens=%d", out, eid, len(ids))
+
+    def _tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        if getattr(self, "_tok", None) is None:
+            self._tok = AutoTokenizer.from_pretrained(self._model_dir)
+        return self._tok
+
+    # ------------------------------------------------------------------------------------ worker
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvgraftMetadata) or not (meta.loads or meta.saves):
+            return
+        layers: dict[int, Any] = {}
+        for name, layer in forward_context.no_compile_layers.items():
+            if getattr(layer, "kv_cache", None) is None:
+                continue
+            m = _LAYER_INDEX.search(name)
+            if m is None:
+                continue
+            layers[int(m.group(1))] = layer
+        self._layers = layers
+        for load in meta.loads:
+            self._graft(load, layers)
+
+    def _fail(self, load: GraftLoad, tensor: str, reason: str) -> None:
+        log.warning(refusal(self._roots[load.release], load.entry_id, tensor, _first_line(reason)))
+        first, last = load.start // self._block_size, (load.end - 1) // self._block_size
+        self._load_errors.update(load.block_ids[first:last + 1])
+
+    def _graft(self, load: GraftLoad, layers: dict[int, Any]) -> None:
+        from kvgraft.graft import read_entry_tensors
+
+        rel = self._releases.get(load.release)
+        if rel is None:
+            self._fail(load, "-", "the release was not verified by this worker")
+            return
+        if sorted(layers) != list(range(self._num_layers)):
+            self._fail(load, "-", f"vLLM's attention layers {sorted(layers)[:4]}… do not map to layers 0..{self._num_layers - 1}")
+            return
+        t0 = time.perf_counter()
+        try:
+            entry = rel.entry(load.entry_id)
+            # Every tensor's bytes are hashed as they are read; nothing is returned unless all match.
+            tensors, _ = read_entry_tensors(rel, entry)
+        except KvgraftError as exc:
+            self._fail(load, m.group(1) if (m := _TENSOR_IN.search(str(exc))) else "-", str(exc))
+            return
+        t1 = time.perf_counter()
+        for meta in entry["layers"]:
+            layer = layers[meta["index"]]
+            kv = layer.kv_cache
+            try:
+                pos_k, pos_v, inv = self._layout(layer, kv)
+            except ValueError as exc:
+                self._fail(load, meta["keys"], f"cannot map the attention backend's KV layout: {exc}")
+                return
+            n_block = int(pos_k.shape[0])
+            k_src = tensors[meta["keys"]][0, :, load.start:load.end, :].permute(1, 0, 2)  # [T, H, C]
+            v_src = tensors[meta["values"]][0, :, load.start:load.end, :].permute(1, 0, 2)
+            if load.start % n_block == 0 and load.end % n_block == 0:
+                # Whole blocks: each block's content is one gather through the probed map, then one row copy.
+                first, nb = load.start // n_block, (load.end - load.start) // n_block
+                combined = torch.cat([k_src.reshape(nb, -1), v_src.reshape(nb, -1)], dim=1)
+                rows = torch.tensor(load.block_ids[first:first + nb], dtype=torch.long)
+                kv.view(kv.shape[0], -1).index_copy_(0, rows, combined.index_select(1, inv).to(kv.dtype))
+                continue
+            t = torch.arange(load.start, load.end)
+            blocks = torch.tensor(load.block_ids, dtype=torch.long)[t // n_block]
+            base = (blocks * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
+            flat = kv.view(-1)
+            for src, pos in ((k_src, pos_k), (v_src, pos_v)):
+                flat[(base + pos[t % n_block]).reshape(-1)] = src.reshape(-1).to(kv.dtype)
+        with self._lock:
+            self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
+        t2 = time.perf_counter()
+        log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) into %d blocks (read and hashed %.1f ms, "
+                 "written %.1f ms)", self._roots[load.release], load.entry_id, load.start, load.end, len(load.block_ids),
+                 (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the backend puts key and value element [token-in-block, head, dim] inside one block.
+
+        Returns (key positions [N, H, C], value positions [N, H, C], and their inverse: for each place
+        in a block, the index into the block's keys then values, each flattened as [N, H, C]).
+
+        Measured with the backend's own writer on a scratch block; a result that is not one-to-one
+        raises ValueError.
+        """
+        sig = (type(layer.impl).__name__, tuple(kv.shape), kv.dtype, tuple(kv.stride()))
+        if sig in self._maps:
+            return self._maps[sig]
+        if not kv.is_contiguous():
+            raise ValueError(f"the cache tensor {tuple(kv.shape)} is not contiguous")
+        if kv.dtype != torch.float32 and kv.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"cache dtype {kv.dtype}")
+        if not hasattr(layer.impl, "do_kv_cache_update"):
+            raise ValueError(f"{type(layer.impl).__name__} has no do_kv_cache_update to probe")
+        # Probe in float32 values that every dtype here holds exactly: one pass per 8-bit digit.
+        scratch_shape = (2, *kv.shape[1:])  # two blocks: the probe writes block 1, block 0 must stay untouched
+        block_numel = kv.numel() // kv.shape[0]
+        n_heads, head = self._kv_heads, self._head_dim
+        n_block = block_numel // (2 * n_heads * head)
+        if n_block * 2 * n_heads * head != block_numel:
+            raise ValueError(f"a block of {block_numel} elements is not 2 x heads {n_heads} x dim {head} x tokens")
+        count = n_block * n_heads * head
+        ids = torch.arange(1, 2 * count + 1, dtype=torch.long)
+        found = torch.zeros(block_numel, dtype=torch.long)
+        slots = torch.arange(n_block, 2 * n_block, dtype=torch.long)
+        for digit in range(3):  # 3 x 8 bits: up to 16.7 M element ids
+            vals = ((ids >> (8 * digit)) & 255).to(kv.dtype)
+            scratch = torch.full(scratch_shape, -1.0, dtype=kv.dtype)
+            key = vals[:count].view(n_block, n_heads, head)
+            value = vals[count:].view(n_block, n_heads, head)
+            layer.impl.do_kv_cache_update(layer, key.contiguous(), value.contiguous(), scratch, slots)
+            block0, block1 = scratch.view(2, -1)[0], scratch.view(2, -1)[1]
+            if bool((block0 != -1).any()) or bool((block1 < 0).any()):
+                raise ValueError("the probe wrote outside its block or left elements unwritten")
+            found |= block1.round().to(torch.long) << (8 * digit)
+        order = torch.full((2 * count + 1,), -1, dtype=torch.long)
+        if bool((found < 1).any()) or bool((found > 2 * count).any()):
+            raise ValueError("the probe came back with values it did not write")
+        order[found] = torch.arange(block_numel, dtype=torch.long)
+        if bool((order[1:] < 0).any()):
+            raise ValueError("the probe is not one-to-one (two elements share a place)")
+        pos_k = order[1:count + 1].view(n_block, n_heads, head)
+        pos_v = order[count + 1:].view(n_block, n_heads, head)
+        inv = torch.empty(block_numel, dtype=torch.long)
+        inv[order[1:]] = torch.arange(2 * count, dtype=torch.long)
+        self._maps[sig] = (pos_k, pos_v, inv)
+        log.info("kvgraft: %s cache layout probed: block of %d tokens, key[token 0, head 0, dim 1] at +%d, "
+                 "key[token 1, head 0, dim 0] at +%d", type(layer.impl).__name__, n_block, int(pos_k[0, 0, 1]),
+                 int(pos_k[1, 0, 0]))
+        return pos_k, pos_v, inv
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvgraftMetadata) or not meta.saves or self._capture is None:
+            return
+        for save in meta.saves:
+            try:
+                self._stage(save)
+            except (ValueError, OSError, KeyError) as exc:
+                log.warning("kvgraft: not captured: request %s: %s", save.req_id, _first_line(str(exc)))
+
+    def _stage(self, save: CaptureSave) -> None:
+        """Copy a prompt's KV out of the paged cache as [1, heads, tokens, dim] per layer (kvgraft's layout)."""
+        from safetensors.torch import save_file
+
+        assert self._capture is not None
+        if sorted(self._layers) != list(range(self._num_layers)):
+            raise ValueError(f"vLLM's attention layers {sorted(self._layers)[:4]}… do not map to layers "
+                             f"0..{self._num_layers - 1}")
+        tensors: dict[str, torch.Tensor] = {}
+        layers_meta: list[dict[str, Any]] = []
+        n = len(save.token_ids)
+        backend = layout = ""
+        for i in range(self._num_layers):
+            layer = self._layers[i]
+            kv = layer.kv_cache
+            pos_k, pos_v, _ = self._layout(layer, kv)
+            n_block = int(pos_k.shape[0])
+            nb = -(-n // n_block)
+            rows = kv.view(kv.shape[0], -1).index_select(0, torch.tensor(save.block_ids[:nb], dtype=torch.long))
+            count = pos_k.numel()
+            combined = rows.index_select(1, torch.cat([pos_k.reshape(-1), pos_v.reshape(-1)]))  # [nb, keys | values]
+            for part, half in (("keys", combined[:, :count]), ("values", combined[:, count:])):
+                got = half.reshape(nb * n_block, self._kv_heads, self._head_dim)[:n]
+                tensors[f"layer.{i}.{part}"] = got.permute(1, 0, 2).unsqueeze(0).contiguous()
+            layers_meta.append({"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
+                                "kind": "full", "positions": [0, n]})
+            get_name = getattr(getattr(layer, "attn_backend", None), "get_name", None)
+            backend = str(get_name()) if callable(get_name) else type(layer.impl).__name__
+            layout = (f"probed through {type(layer.impl).__name__}.do_kv_cache_update: cache {list(kv.shape)} "
+                      f"{str(kv.dtype).removeprefix('torch.')}; key[token 0, head 0, dim 1] at +{int(pos_k[0, 0, 1])}, "
+                      f"key[token 1, head 0, dim 0] at +{int(pos_k[1, 0, 0])} within a block")
+        staged = self._capture / ".staging" / _safe(save.req_id)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(staged.with_suffix(".safetensors")))
+        staged.with_suffix(".json").write_text(json.dumps({"layers": layers_meta, "backend": backend, "layout": layout}))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+
+__all__ = ["CaptureSave", "GraftLoad", "KvgraftConnector", "KvgraftMetadata", "refusal", "served_identity"]

@@ -1,0 +1,146 @@
+"""Scenarios for tests/test_vllm.py: one vLLM start for all of them.
+
+    .venv/bin/python tests/vllm_scenarios.py build OUT_DIR       # kvgraft's venv: capture needs its transformers
+    .venv-vllm/bin/python tests/vllm_scenarios.py serve OUT_DIR  # the vLLM venv (`make vllm-venv`)
+
+Builds four releases with kvgraft's own capture (transformers, fp32) of the default model:
+  good:     entry "a", verified and of the served model: must be grafted;
+  tampered: entry "b", one byte of a key tensor flipped after capture: must be refused at start-up;
+  wrong:    entry "c", captured by the model with one weight perturbed (a valid release of another
+            model, as in SGLang #24758): must be refused for its model identity;
+  late:     entry "e", verified at start-up, one byte flipped after vLLM started: the read-time digest
+            check must refuse it and vLLM recompute those blocks (kv_load_failure_policy "recompute").
+Prompt "d" is in no release: vLLM prefills it and the connector captures it into a release.
+Then starts vLLM once with the connector serving all three and writes OUT_DIR/results.json: greedy
+continuations (token ids, first-token logprob) with and without the connector for each prompt. The
+engine's log (stderr) is what the test reads the connector's log lines from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+TEXTS = {
+    "a": "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+         "movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years, "
+         "presses were running in more than two hundred cities across Europe, and the price of books fell "
+         "so far that ordinary merchants could own them. Scholars argue about how much this changed",
+    "b": "A lighthouse keeper's day was governed by the lamp. Before dusk the wick had to be trimmed, the brass "
+         "polished and the lens cleaned of salt; through the night the keeper climbed the stairs every few "
+         "hours to wind the clockwork that turned the light. Storms made the work dangerous, and in winter",
+    "d": "Tides are the rise and fall of sea level caused by the gravity of the Moon and the Sun acting on the "
+         "rotating Earth. Most coasts see two high and two low tides a day, but the shape of a basin can change "
+         "that: some bays resonate so strongly that the water climbs more than ten metres between low and",
+    "e": "Glaciers move because ice under its own weight deforms like a very slow fluid, and because meltwater "
+         "at the bed lets the ice slide over the rock beneath. Surveyors once drove stakes in a line across a "
+         "glacier and came back years later to find the line bent into a curve, fastest in the middle where",
+    "c": "Bread dough rises because yeast ferments the sugars in flour, releasing carbon dioxide that the gluten "
+         "network traps in small bubbles. A slow, cool rise gives enzymes time to break starch into more "
+         "sugars and lets flavour compounds develop, which is why bakers often leave dough overnight before",
+}
+SUFFIX = " In short,"
+NEW_TOKENS = 16
+
+
+def flip_one_byte(release: Path, entry_id: str) -> str:
+    """Flip one byte inside the first key tensor of an entry; return the tensor's name."""
+    manifest = json.loads((release / "manifest.json").read_text())
+    entry = next(e for e in manifest["entries"] if e["id"] == entry_id)
+    name = entry["layers"][0]["keys"]
+    start, _ = entry["tensors"][name]["byte_range"]
+    path = release / entry["file"]
+    raw = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(raw[:8], "little")
+    raw[header + start + 5] ^= 0x01
+    path.write_bytes(bytes(raw))
+    return name
+
+
+def build_releases(out: Path) -> dict[str, object]:
+    import torch
+
+    from kvgraft import models
+    from kvgraft.capture import capture
+
+    folder = models.ensure_smollm2()
+    lm = models.load(str(folder), device="cpu")
+    info: dict[str, object] = {"model": str(folder)}
+    for rid in ("a", "b", "e"):
+        capture(lm, [(rid, {"id": rid, "text": TEXTS[rid]})], out / f"release-{rid}", probe_tokens=4)
+    info["tampered_tensor"] = flip_one_byte(out / "release-b", "b")
+    with torch.no_grad():  # another model under the same name: one weight moved by 1e-3
+        lm.model.model.layers[3].mlp.down_proj.weight[0, 0] += 1e-3
+    lm._identity = None
+    capture(lm, [("c", {"id": "c", "text": TEXTS["c"]})], out / "release-c", probe_tokens=4)
+    info["tokens"] = {rid: json.loads((out / f"release-{rid}" / "manifest.json").read_text())["entries"][0]["token_ids"]
+                      for rid in ("a", "b", "c", "e")}
+    info["tokens"]["d"] = [int(t) for t in lm.tokenizer(TEXTS["d"])["input_ids"]]  # in no release: captured by vLLM
+    (out / "plan.json").write_text(json.dumps(info) + "\n")
+    return info
+
+
+def serve(out: Path) -> int:
+    t0 = time.perf_counter()
+    info = json.loads((out / "plan.json").read_text())
+    tokens: dict[str, list[int]] = info["tokens"]
+
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    tok = AutoTokenizer.from_pretrained(str(info["model"]))
+    suffix = tok(SUFFIX, add_special_tokens=False)["input_ids"]
+    t1 = time.perf_counter()
+    llm = LLM(model=str(info["model"]), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+              max_model_len=4096, seed=0, gpu_memory_utilization=0.25, kv_cache_memory_bytes=1 << 30, block_size=32,
+              kv_transfer_config=KVTransferConfig(
+                  kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
+                  kv_role="kv_both", kv_load_failure_policy="recompute",
+                  kv_connector_extra_config={"release": [str(out / f"release-{r}") for r in ("a", "b", "c", "e")],
+                                             "capture": str(out / "captured")}))
+    t2 = time.perf_counter()
+    # Verified at start-up, changed afterwards: the read-time digest check must keep it out of the cache.
+    flip_one_byte(out / "release-e", "e")
+    results: dict[str, object] = {"tampered_tensor": info["tampered_tensor"],
+                                  "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+                                  "releases": {r: str(out / f"release-{r}") for r in ("a", "b", "c", "e")}}
+    for rid in ("a", "b", "c", "d", "e"):
+        prompt = TokensPrompt(prompt_token_ids=tokens[rid] + (suffix if rid != "d" else []))
+        for mode in ("connector", "plain") if rid != "d" else ("connector",):
+            extra = {"kv_transfer_params": {"kvgraft": "off"}} if mode == "plain" else None
+            params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=1, extra_args=extra)
+            print(f"kvgraft-scenario: request {rid} {mode}", file=sys.stderr, flush=True)
+            (res,) = llm.generate([prompt], params, use_tqdm=False)
+            c = res.outputs[0]
+            first = c.token_ids[0]
+            results[f"{rid}/{mode}"] = {
+                "prompt_tokens": len(prompt["prompt_token_ids"]), "token_ids": list(c.token_ids),
+                "first_logprob": float(c.logprobs[0][first].logprob) if c.logprobs else None,
+                "num_cached_tokens": getattr(res, "num_cached_tokens", None), "text": c.text,
+            }
+            print(f"kvgraft-scenario: done {rid} {mode}", file=sys.stderr, flush=True)
+    results["seconds"] = {"tokenizer": round(t1 - t0, 1), "vllm_start": round(t2 - t1, 1),
+                          "requests": round(time.perf_counter() - t2, 1)}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def main() -> int:
+    what, out = sys.argv[1], Path(sys.argv[2])
+    if what == "build":
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        build_releases(out)
+        return 0
+    return serve(out)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

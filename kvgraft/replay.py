@@ -26,9 +26,11 @@ def load_options(recorded: dict[str, Any], *, device: str | None = None, dtype: 
         if dtype not in DTYPES:
             raise InputError(f"recorded dtype {dtype!r} is not one kvgraft can load ({', '.join(DTYPES)}); pass --dtype")
     if attn is None:
+        # An engine's own kernel (e.g. vLLM's "vllm:CPU_ATTN") cannot be replayed here: recompute with
+        # transformers' default kernel; the result lists attn_implementation as not replayed.
         attn = str(recorded.get("attn_implementation"))
         if attn not in ATTNS:
-            raise InputError(f"recorded attention {attn!r} is not one kvgraft can run ({', '.join(ATTNS)}); pass --attn")
+            attn = "sdpa"
     return device, dtype, attn
 
 

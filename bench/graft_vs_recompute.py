@@ -28,9 +28,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvgraft CLI runs
 
 import torch
 
-from kvgraft import capture, graft, hashing, models
+from kvgraft import capture, graft, models
 from kvgraft.determinism import prefix_ids
-from kvgraft.release import Release
+from kvgraft.release import hashing
+from kvgraft.release.format import Release
 from kvgraft.verify import verified
 
 

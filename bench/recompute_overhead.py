@@ -17,7 +17,7 @@ from pathlib import Path
 from kvgraft import capture, models, recompute
 from kvgraft.capture import Schedule
 from kvgraft.determinism import prefix_ids
-from kvgraft.release import Release
+from kvgraft.release.format import Release
 
 
 def status_kb(key: str) -> int:

@@ -15,9 +15,9 @@ import torch
 from kvgraft._internal.jsonio import read_jsonl
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError
-from kvgraft.hashing import cores, digest_json
 from kvgraft.models import LoadedModel
-from kvgraft.release import ReleaseWriter, token_ids_digest
+from kvgraft.release.format import ReleaseWriter, token_ids_digest
+from kvgraft.release.hashing import cores, digest_json
 from kvgraft.tensors import dtype_name, tensor_sha256
 
 

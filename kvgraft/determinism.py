@@ -13,7 +13,7 @@ from kvgraft import models
 from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.compare import distributions, ulp_distance
 from kvgraft.environment import record as environment
-from kvgraft.hashing import digest_json
+from kvgraft.release.hashing import digest_json
 from kvgraft.tensors import tensor_sha256
 
 EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"

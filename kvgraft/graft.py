@@ -16,9 +16,9 @@ from kvgraft.capture import decode, forward, new_cache
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError, ModelMismatchError
-from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel, describe_identity_diff
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.release.hashing import read_and_hash
 from kvgraft.tensors import split_views
 from kvgraft.verify import VerifyPolicy, verified
 

@@ -19,9 +19,9 @@ from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
-from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.release.hashing import read_and_hash
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.verify import verified
 

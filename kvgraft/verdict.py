@@ -25,13 +25,13 @@ def status(kind: str, result: dict[str, Any]) -> str:
     if kind == "recompute":
         from kvgraft.recompute import status as of
     elif kind == "generalization":
-        from kvgraft.generalization import status as of
+        from kvgraft.generalization.audit import status as of
     elif kind == "determinism":
         from kvgraft.determinism import status as of
     elif kind == "claims":
-        from kvgraft.claims import status as of
+        from kvgraft.reporting.claims import status as of
     elif kind == "controls":
-        from kvgraft.controls import status as of
+        from kvgraft.generalization.controls import status as of
     else:
         raise InputError(f"no audit result of kind {kind!r} (one of {', '.join(SCHEMAS)})")
     s = of(result)

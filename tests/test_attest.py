@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
-from kvgraft import attest, keys
 from kvgraft.cli import app
 from kvgraft.errors import ExistsError, InputError
 from kvgraft.schema import schema_dir
+from kvgraft.signing import attest, keys
 from kvgraft.verify import verify_release
 
 from release_factory import make_release

@@ -48,7 +48,7 @@ def test_new_cache_fills_like_transformers(tiny_lm: Callable[[str], Any]) -> Non
 def test_grafted_layers_have_prefilled_state(family: str, tiny_lm: Callable[[str], Any], tmp_path: Any) -> None:
     """build_cache sets layer state by hand; every attribute must equal what a prefill leaves."""
     from kvgraft import capture, graft
-    from kvgraft.release import Release
+    from kvgraft.release.format import Release
 
     lm = tiny_lm(family)
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight nine ten eleven twelve"})],

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from kvgraft import controls
 from kvgraft.errors import InputError
-from kvgraft.leakage import leakage_for
-from kvgraft.library import reference_trace
-from kvgraft.release import Release
+from kvgraft.generalization import controls
+from kvgraft.generalization.leakage import leakage_for
+from kvgraft.generalization.library import reference_trace
+from kvgraft.release.format import Release
 from kvgraft.schema import validate
 
 

@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgraft import capture, errors, recompute
-from kvgraft import generalization as gen
 from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecutor, comparable, from_options, plan_options
-from kvgraft.release import Release
+from kvgraft.generalization import audit as gen
+from kvgraft.release.format import Release
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'kvgraft[ray]'); the Ray "
@@ -230,8 +230,8 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
                                                              tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     from test_generalization import PROBLEMS, _jsonl
 
-    from kvgraft import library
     from kvgraft.capture import Schedule
+    from kvgraft.generalization import library
     from kvgraft.schema import validate
 
     lm = tiny_lm("llama")
@@ -331,7 +331,8 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
 
 @needs_ray
 def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, model_dir: Path, tmp_path: Path) -> None:
-    from kvgraft import auditrun, plan
+    from kvgraft.reporting import audit_run as auditrun
+    from kvgraft.reporting import plan
 
     _close_pool()
     (tmp_path / "plan.toml").write_text(

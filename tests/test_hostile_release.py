@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import attest, capture, graft, hashing, keys
+from kvgraft import capture, graft
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.release import entry_digest, root_digest
+from kvgraft.release import hashing
+from kvgraft.release.format import entry_digest, root_digest
+from kvgraft.signing import attest, keys
 from kvgraft.verify import VerifyPolicy, verify_release
 
 from release_factory import make_release, unsign
@@ -54,7 +56,7 @@ def cli(*args: str) -> Any:
 def redigest(root: Path, name: str) -> None:
     """After changing `name`'s bytes, rewrite every digest that covers it (tensors, entry, file, root),
     as an attacker without the signing key can: only the signature bundle is left stale."""
-    from kvgraft._internal import stfile
+    from kvgraft.release import safetensors_header as stfile
 
     manifest = json.loads((root / "manifest.json").read_text())
     path = root / name
@@ -103,7 +105,7 @@ def test_plain_escapes_control_and_format_characters() -> None:
 _TRUNCATE_DURING_HASH = """
 import hashlib, os, sys
 from pathlib import Path
-import kvgraft.hashing as h
+import kvgraft.release.hashing as h
 target = Path(sys.argv[1])
 real = hashlib.sha256
 class Cutting:
@@ -299,7 +301,7 @@ def captured(tiny_lm: Callable[[str], Any], tmp_path: Path) -> tuple[Path, Path,
 
 
 def _zero_first_tensor(root: Path) -> str:
-    from kvgraft._internal import stfile
+    from kvgraft.release import safetensors_header as stfile
 
     manifest = json.loads((root / "manifest.json").read_text())
     name = manifest["entries"][0]["file"]

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import answers, capture, library
+from kvgraft import capture
 from kvgraft.errors import InputError
-from kvgraft.problems import Problem, problem_hash
-from kvgraft.release import Release
+from kvgraft.generalization import answers, library
+from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.release.format import Release
 
 from sample_problems import PROBLEMS as ALL_PROBLEMS
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import attest, keys, oms
 from kvgraft.cli import app
 from kvgraft.errors import VerificationError
+from kvgraft.signing import attest, keys, oms
 from kvgraft.verify import verify_release
 
 from release_factory import make_release

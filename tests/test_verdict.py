@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import claims, errors, verdict
-from kvgraft import generalization as gen
+from kvgraft import errors, verdict
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
+from kvgraft.generalization import audit as gen
+from kvgraft.reporting import claims
 
 from sample_problems import PROBLEMS
 

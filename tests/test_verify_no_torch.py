@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import attest, keys
+from kvgraft.signing import attest, keys
 
 from release_factory import make_release
 

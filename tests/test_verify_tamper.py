@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import attest, keys
-from kvgraft import release as release_format
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
-from kvgraft.release import entry_digest, root_digest
+from kvgraft.release import format as release_format
+from kvgraft.release.format import entry_digest, root_digest
+from kvgraft.signing import attest, keys
 from kvgraft.verify import verify_release
 
 from release_factory import make_release, unsign

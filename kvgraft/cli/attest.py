@@ -44,7 +44,7 @@ def keygen(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
 ) -> None:
     """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
-    from kvgraft.keys import key_id, load_public_key, write_keypair
+    from kvgraft.signing.keys import key_id, load_public_key, write_keypair
 
     passphrase: bytes | None = None
     if passphrase_env is not None:
@@ -70,7 +70,7 @@ def sign(
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
-    from kvgraft import attest, keys
+    from kvgraft.signing import attest, keys
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):

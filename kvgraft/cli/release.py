@@ -82,7 +82,7 @@ def run_cmd(
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))
         return
-    from kvgraft.render import ledger_table
+    from kvgraft.reporting.render import ledger_table
 
     out.print(result.text, markup=False)
     out.print(ledger_table(result.ledger))

@@ -32,11 +32,11 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.keys import PrivateKey, PublicKey, key_id
-from kvgraft.keys import sign as key_sign
-from kvgraft.keys import verify as key_verify
-from kvgraft.release import FORMAT, MANIFEST
+from kvgraft.release.format import FORMAT, MANIFEST
 from kvgraft.schema import validate
+from kvgraft.signing.keys import PrivateKey, PublicKey, key_id
+from kvgraft.signing.keys import sign as key_sign
+from kvgraft.signing.keys import verify as key_verify
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgraft.dev/attestation/cache-release/v1"
@@ -50,7 +50,7 @@ BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle+json;version=0.1",
 )
 BUNDLE_NAME = "release.sigstore.json"
-OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.oms)
+OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 MAX_RELEASE_FILES = 1_000_000
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -344,7 +344,7 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     kid = key_id(key)
     data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
     bundle = write_bundle(root, data)
-    from kvgraft import oms
+    from kvgraft.signing import oms
 
     # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
     # now be stale, and is replaced or (for a key OMS cannot use) removed.

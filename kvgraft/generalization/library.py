@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from kvgraft import answers, problems
 from kvgraft.capture import Decoded, Schedule, prefill
 from kvgraft.capture import capture as capture_release
 from kvgraft.capture import decode as capture_decode
 from kvgraft.capture import tokenize as capture_tokenize
-from kvgraft.energy import measure
 from kvgraft.errors import InputError
+from kvgraft.generalization import answers, problems
+from kvgraft.generalization.energy import measure
+from kvgraft.generalization.problems import Problem
 from kvgraft.models import LoadedModel
-from kvgraft.problems import Problem
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"

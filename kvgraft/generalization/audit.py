@@ -39,17 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import __version__, answers, stats
+from kvgraft import __version__
 from kvgraft.capture import Schedule, new_cache, prefill
-from kvgraft.energy import measure
 from kvgraft.errors import InputError
+from kvgraft.generalization import answers, stats
+from kvgraft.generalization.energy import measure
+from kvgraft.generalization.leakage import NGRAM, leakage_for
+from kvgraft.generalization.library import decode, eos_ids, library_entries, load_problems, prompt_text, sample_seed
+from kvgraft.generalization.problems import Problem, problem_hash, split, synthetic
+from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.graft import check_model, restore
-from kvgraft.leakage import NGRAM, leakage_for
-from kvgraft.library import decode, eos_ids, library_entries, load_problems, prompt_text, sample_seed
 from kvgraft.models import LoadedModel
-from kvgraft.problems import Problem, problem_hash, split, synthetic
-from kvgraft.release import Release, now_utc
-from kvgraft.selection import POLICIES, Index
+from kvgraft.release.format import Release, now_utc
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor

@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kvgraft import capture, envelope, models, recompute
-from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.determinism import prefix_ids
 from kvgraft.release.format import Release
+from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 
 import rewrite  # tests/rewrite.py: rewrite bytes and every commitment over them
 

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 
 from kvgraft import models
-from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.compare import distributions, ulp_distance
 from kvgraft.environment import record as environment
 from kvgraft.release.hashing import digest_json
+from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.tensors import tensor_sha256
 
 EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from kvgraft._internal import buffers
-from kvgraft.capture import decode, forward, new_cache
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError, ModelMismatchError
 from kvgraft.models import LoadedModel, describe_identity_diff
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
+from kvgraft.runtime import decode, forward, new_cache
 from kvgraft.tensors import split_views
 from kvgraft.verify import VerifyPolicy, verified
 

@@ -1,4 +1,4 @@
-"""capture.new_cache builds the cache from a per-model plan instead of asking transformers each time;
+"""runtime.new_cache builds the cache from a per-model plan instead of asking transformers each time;
 it must build exactly what `DynamicCache(config=...)` builds, for every family."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft.capture import Schedule, new_cache, prefill
+from kvgraft.runtime import Schedule, new_cache, prefill
 
 from tiny import FAMILIES
 

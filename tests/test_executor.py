@@ -230,8 +230,8 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
                                                              tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     from test_generalization import PROBLEMS, _jsonl
 
-    from kvgraft.capture import Schedule
     from kvgraft.generalization import library
+    from kvgraft.runtime import Schedule
     from kvgraft.schema import validate
 
     lm = tiny_lm("llama")

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft.capture import Schedule
 from kvgraft.errors import SchemaError
 from kvgraft.generalization import audit as gen
 from kvgraft.generalization import library
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
 from kvgraft.release.format import Release
+from kvgraft.runtime import Schedule
 from kvgraft.schema import schema_dir, validate
 
 from sample_problems import PROBLEMS

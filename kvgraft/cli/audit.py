@@ -71,8 +71,8 @@ def recompute_cmd(
     from rich.progress import Progress
 
     from kvgraft import recompute, replay
-    from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
+    from kvgraft.runtime import Schedule
     from kvgraft.verify import VerifyPolicy, verified
 
     if chunk is not None and one_shot:

@@ -70,10 +70,10 @@ def build_cmd(
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
     from kvgraft._internal.jsonio import refuse_existing
-    from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
     from kvgraft.generalization import library
     from kvgraft.reporting.render_generalization import build_renderables
+    from kvgraft.runtime import Schedule
 
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")

@@ -28,8 +28,9 @@ def capture(
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import refuse_existing
-    from kvgraft.capture import Schedule, read_records
     from kvgraft.capture import capture as do_capture
+    from kvgraft.capture import read_records
+    from kvgraft.runtime import Schedule
 
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after

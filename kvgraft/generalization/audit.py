@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvgraft import __version__
-from kvgraft.capture import Schedule, new_cache, prefill
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, stats
 from kvgraft.generalization.energy import measure
@@ -51,6 +50,7 @@ from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release, now_utc
+from kvgraft.runtime import Schedule, new_cache, prefill
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor

@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from kvgraft.capture import Decoded, Schedule, prefill
 from kvgraft.capture import capture as capture_release
-from kvgraft.capture import decode as capture_decode
-from kvgraft.capture import tokenize as capture_tokenize
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, problems
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.problems import Problem
 from kvgraft.models import LoadedModel
+from kvgraft.runtime import Decoded, Schedule, prefill
+from kvgraft.runtime import decode as capture_decode
+from kvgraft.runtime import tokenize as capture_tokenize
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"
@@ -123,7 +123,7 @@ def eos_ids(lm: LoadedModel) -> list[int]:
 
 def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
            generator: torch.Generator | None = None, eos: Iterable[int] = (), stop_at_answer: bool = True) -> Decoded:
-    """capture.decode with this module's stop rule: an 'Answer: …' line is complete (stop "answer")."""
+    """runtime.decode with this module's stop rule: an 'Answer: …' line is complete (stop "answer")."""
     d = capture_decode(lm, cache, first_logits, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                        eos=eos, stop=answer_line_complete if stop_at_answer else None)
     if d.stop == "stop":

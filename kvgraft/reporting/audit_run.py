@@ -30,7 +30,8 @@ class Outcome:
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
-    from kvgraft.capture import Schedule, capture, read_records
+    from kvgraft.capture import capture, read_records
+    from kvgraft.runtime import Schedule
 
     spec = plan.doc["release"]
     if "path" in spec:

@@ -41,7 +41,8 @@ GiB = float(2**30)
 def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> None:
     """Runs in a subprocess: write the release and a signing key."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from kvgraft.signing import attest, keys
+    from kvgraft import signer
+    from kvgraft.signing import keys
 
     from release_factory import make_release  # type: ignore[import-not-found, unused-ignore]
 
@@ -52,7 +53,7 @@ def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> Non
     started = time.perf_counter()
     make_release(folder / "rel", entries=entries, layers=layers, heads=heads, tokens=tokens, head_dim=64, seed=0,
                  overwrite=True, progress=lambda i, n: print(f"\rbuilding {i}/{n}", end="", file=sys.stderr, flush=True))
-    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    signer.sign_release(folder / "rel", keys.load_private_key(private))
     print(f"\rbuilt {entries} entries in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
 

@@ -111,8 +111,3 @@ def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
 
     return seal("determinism", {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
                                 "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes})
-
-
-def status(result: dict[str, Any]) -> str:
-    """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
-    return "passed" if len(result["conditions"]) >= 2 else "incomplete"

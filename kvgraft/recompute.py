@@ -366,11 +366,3 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
             "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
             "recorded_environment": manifest["environment"], "current_environment": current,
             "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}
-
-
-def status(result: dict[str, Any]) -> str:
-    """passed when the result's requirement is met (byte-exact, or consistent under `consistent`), else failed.
-
-    kvgraft.verdict maps it to the exit code.
-    """
-    return "passed" if result["passed"] else "failed"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kvgraft import verdict
 from kvgraft.errors import InputError
 from kvgraft.generalization import controls
 from kvgraft.generalization.leakage import leakage_for
@@ -37,8 +38,8 @@ def _control(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def test_status_is_incomplete_when_a_control_misses() -> None:
-    assert controls.status({"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
-    assert controls.status({"controls": [_control("replay"), _control("related", shows=False),
+    assert verdict.status("controls", {"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
+    assert verdict.status("controls", {"controls": [_control("replay"), _control("related", shows=False),
                                          _control("null")]}) == "incomplete"
 
 

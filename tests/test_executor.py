@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute
+from kvgraft import capture, errors, recompute, verdict
 from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecutor, comparable, from_options, plan_options
@@ -322,7 +322,7 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     # the command's result carries its own status (kvgraft.verdict); the library result it wraps does not yet
-    assert result["status"] == recompute.status(local_result) == "passed"
+    assert result["status"] == verdict.status("recompute", local_result) == "passed"
     assert_same_apart_from_timing_and_placement({**local_result, "status": result["status"]}, result)
     assert result["executor"]["ship"] is True and len(result["executor"]["workers"]) == 2
     assert all(e["placement"]["executor"] == "ray" for e in result["entries"])

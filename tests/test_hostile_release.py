@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, graft
+from kvgraft import capture, graft, signer
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError, VerificationError
@@ -39,7 +39,7 @@ def signed_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("signed")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=2, heads=4, seed=13)
-    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    signer.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 
@@ -296,7 +296,7 @@ def captured(tiny_lm: Callable[[str], Any], tmp_path: Path) -> tuple[Path, Path,
     root = tmp_path / "cap"
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight"})], root, probe_tokens=0)
     private, public = keys.write_keypair(tmp_path / "k")
-    attest.sign_release(root, keys.load_private_key(private))
+    signer.sign_release(root, keys.load_private_key(private))
     return root, public, lm
 
 
@@ -438,7 +438,7 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
                                                         change: Callable[[dict[str, Any]], None]) -> None:
     root, _ = signed
     private, public = keys.write_keypair(tmp_path / "other")
-    stmt = attest.release_statement(root)
+    stmt = signer.release_statement(root)
     change(stmt["predicate"])
     payload = attest.statement_bytes(stmt)
     key = keys.load_private_key(private)

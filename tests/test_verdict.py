@@ -32,7 +32,8 @@ def test_exit_codes_of_statuses() -> None:
 
 
 def test_recompute_status() -> None:
-    from kvgraft.recompute import status
+    def status(result: dict[str, Any]) -> str:
+        return verdict.status("recompute", result)
 
     # The requirement decides: a consistent release passes `--require consistent`, fails `exact`.
     assert status({"verdict": "byte-exact", "require": "exact", "passed": True}) == "passed"

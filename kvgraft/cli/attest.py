@@ -70,7 +70,8 @@ def sign(
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
-    from kvgraft.signing import attest, keys
+    from kvgraft import signer
+    from kvgraft.signing import keys
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):
@@ -85,9 +86,9 @@ def sign(
             if not sys.stdin.isatty():
                 raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
             private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
-        signed = attest.sign_release(release, private)
+        signed = signer.sign_release(release, private)
     else:
-        signed = attest.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+        signed = signer.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
     say(f"signed {release} ({files} files, root digest {root_digest})")

@@ -655,14 +655,6 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
                                             seconds=time.perf_counter() - t0))
 
 
-def status(result: dict[str, Any]) -> str:
-    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
-    computation as its text); incomplete when nothing ran; else passed."""
-    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
-        return "failed"
-    return "passed" if result["runs"] else "incomplete"
-
-
 def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
     """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json)."""
 
@@ -693,5 +685,5 @@ def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query", "status",
+    "prepare", "query_text", "report_check_data", "run_query",
 ]

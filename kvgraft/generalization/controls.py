@@ -180,10 +180,3 @@ def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens:
               "decode_tokens": sum(c["decode_tokens"] for g in (replay, related, null)
                                    for c in g["ledger"]["per_condition"].values())}
     return seal("controls", result)
-
-
-def status(result: dict[str, Any]) -> str:
-    """passed when every control shows what it expects; incomplete when one does not (the audit could not
-    show its power, or reported a difference where none was planted); failed is left to the checks that
-    judge the graft itself."""
-    return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"

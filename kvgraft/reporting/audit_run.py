@@ -96,7 +96,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
-    from kvgraft import recompute
+    from kvgraft import recompute, signer
     from kvgraft.environment import record as environment
     from kvgraft.reporting.render_report import to_html
     from kvgraft.reporting.report import claim_verdicts, new_report, write_report
@@ -116,7 +116,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     attestation_digest = None
     if key is not None:
         say("signing the release")
-        attest.sign_release(release, key)
+        signer.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # One verification, as `kvgraft verify` does it (with the plan's key when it signs): every check

@@ -642,14 +642,6 @@ def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where
     return seal("claims", result, "claims check result")
 
 
-def status(result: dict[str, Any]) -> str:
-    """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
-    if result["failed"]:
-        return "failed"
-    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
-    return "passed" if judged else "incomplete"
-
-
 def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:
     cf = load(claims_path)
     if measured_path is None:

@@ -163,6 +163,15 @@ def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_t
     return Decoded(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), why, time.perf_counter() - t0)
 
 
+def eos_ids(lm: LoadedModel) -> list[int]:
+    eos = lm.tokenizer.eos_token_id
+    if isinstance(eos, int):
+        return [eos]
+    if isinstance(eos, (list, tuple)):
+        return [int(e) for e in eos]
+    return []
+
+
 def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
     """Describe each cache layer and collect its tensors exactly as the cache holds them."""
     from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer

@@ -46,7 +46,7 @@ def _replay_attempt(lm: Any, problem: Problem, settings: library.BuildSettings, 
     if index > 0:
         gen = torch.Generator().manual_seed(library.sample_seed(settings.seed, "library", problem.id, index))
     out = library.decode(lm, cache, logits, max_new_tokens=settings.max_new_tokens,
-                         temperature=settings.temperature if index else 0.0, generator=gen, eos=library.eos_ids(lm))
+                         temperature=settings.temperature if index else 0.0, generator=gen, eos=runtime.eos_ids(lm))
     return out.token_ids
 
 

@@ -44,13 +44,13 @@ from kvgraft.errors import InputError
 from kvgraft.generalization import answers, stats
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.leakage import NGRAM, leakage_for
-from kvgraft.generalization.library import decode, eos_ids, library_entries, load_problems, prompt_text, sample_seed
+from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
 from kvgraft.generalization.problems import Problem, problem_hash, split, synthetic
 from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release, now_utc
-from kvgraft.runtime import Schedule, new_cache, prefill
+from kvgraft.runtime import Schedule, eos_ids, new_cache, prefill
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor

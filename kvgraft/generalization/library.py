@@ -33,7 +33,7 @@ from kvgraft.generalization import answers, problems
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.problems import Problem
 from kvgraft.models import LoadedModel
-from kvgraft.runtime import Decoded, Schedule, prefill
+from kvgraft.runtime import Decoded, Schedule, eos_ids, prefill
 from kvgraft.runtime import decode as capture_decode
 from kvgraft.runtime import tokenize as capture_tokenize
 
@@ -110,15 +110,6 @@ def sample_seed(seed: int, *parts: str | int) -> int:
     """A 63-bit generator seed derived from a base seed and labels (query id, sample index, …)."""
     h = hashlib.sha256("\x00".join(str(p) for p in (seed, *parts)).encode()).digest()
     return int.from_bytes(h[:8], "big") & ((1 << 63) - 1)
-
-
-def eos_ids(lm: LoadedModel) -> list[int]:
-    eos = lm.tokenizer.eos_token_id
-    if isinstance(eos, int):
-        return [eos]
-    if isinstance(eos, (list, tuple)):
-        return [int(e) for e in eos]
-    return []
 
 
 def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
@@ -355,5 +346,5 @@ def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[
 
 __all__ = [
     "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildSettings", "Decoded", "Solved", "answer_line_complete", "build", "decode",
-    "entry_meta", "eos_ids", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
+    "entry_meta", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
 ]

@@ -164,6 +164,7 @@ def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_t
 
 
 def eos_ids(lm: LoadedModel) -> list[int]:
+    """The one end-of-sequence rule: every EOS id the tokenizer names (one id, a list of them, or none)."""
     eos = lm.tokenizer.eos_token_id
     if isinstance(eos, int):
         return [eos]

@@ -41,6 +41,19 @@ def test_graft_matches_fresh_prefill(family: str, chunk: int | None, tiny_lm: An
     assert torch.equal(grafted, fresh)
 
 
+def test_graft_run_stops_at_any_of_several_eos_ids(tiny_lm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One EOS rule (runtime.eos_ids): `kvgraft run` stops at any EOS id of a tokenizer that names several."""
+    lm = tiny_lm("llama")
+    capture.capture(lm, _long_record(lm), tmp_path / "rel", probe_tokens=0)
+    free = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    stop = free[2]
+    # the class attribute shadows the tokenizer's own lookup of its special-token ids for this test only
+    monkeypatch.setattr(type(lm.tokenizer), "eos_token_id", property(lambda self: [10**6, stop]), raising=False)
+    assert runtime.eos_ids(lm) == [10**6, stop]
+    stopped = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    assert stopped == free[:free.index(stop) + 1]
+
+
 def test_layer_map_records_sliding_and_shared(tiny_lm: Any, tmp_path: Path) -> None:
     lm = tiny_lm("gemma4")
     manifest = capture.capture(lm, _long_record(lm), tmp_path / "rel", probe_tokens=0)

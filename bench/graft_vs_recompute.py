@@ -28,9 +28,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvgraft CLI runs
 
 import torch
 
-from kvgraft import capture, graft, hashing, models
+from kvgraft import capture, graft, models, runtime
 from kvgraft.determinism import prefix_ids
-from kvgraft.release import Release
+from kvgraft.release import hashing
+from kvgraft.release.format import Release
 from kvgraft.verify import verified
 
 
@@ -49,7 +50,7 @@ def seconds(fn: Callable[[], Any]) -> float:
 def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
     ids = prefix_ids(lm, n)
     capture.capture(lm, [("bench", {"id": "p", "text": lm.tokenizer.decode(ids)})], folder,
-                    schedule=capture.Schedule(add_special_tokens=False), probe_tokens=0)
+                    schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
     # Verified once here, as every consumer does on first use (kvgraft.verify.verified): the columns
     # time the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
     return verified(Release.open(folder))
@@ -87,7 +88,7 @@ def main() -> None:
             path = rel.entry_file(entry)
             rows: list[dict[str, float]] = []
             for _ in range(args.rounds):
-                r = {"prefill": seconds(lambda: capture.prefill(lm, entry["token_ids"], capture.Schedule())),  # noqa: B023
+                r = {"prefill": seconds(lambda: runtime.prefill(lm, entry["token_ids"], runtime.Schedule())),  # noqa: B023
                      "restore": seconds(lambda: graft.restore(rel, "p", lm)),  # noqa: B023
                      "limit": seconds(lambda: hashlib.sha256(share).digest()),  # noqa: B023
                      "load": seconds(lambda: torch.load(pt, weights_only=True)),  # noqa: B023

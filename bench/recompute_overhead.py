@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvgraft import capture, models, recompute
-from kvgraft.capture import Schedule
+from kvgraft import capture, models, recompute, runtime
 from kvgraft.determinism import prefix_ids
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.runtime import Schedule
 
 
 def status_kb(key: str) -> int:
@@ -43,7 +43,7 @@ def main() -> None:
         rel = Release.open(Path(tmp) / "rel")
         for entry in rel.entries:
             t0 = time.perf_counter()
-            cache, _ = capture.prefill(lm, entry["token_ids"], Schedule.from_dict(rel.manifest["schedule"]))
+            cache, _ = runtime.prefill(lm, entry["token_ids"], Schedule.from_dict(rel.manifest["schedule"]))
             prefill_s.append(time.perf_counter() - t0)
             rss0 = status_kb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")

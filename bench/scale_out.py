@@ -66,7 +66,7 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
     import torch
     import transformers as tf
 
-    from kvgraft import capture, models
+    from kvgraft import capture, models, runtime
 
     import tiny
 
@@ -88,7 +88,7 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
     ids = lm.tokenizer(" ".join(tiny._CORPUS * (tokens // 20 + entries)), add_special_tokens=False)["input_ids"]
     records = [(f"b{i}", {"id": f"b{i:03d}", "text": lm.tokenizer.decode(ids[i * 11 : i * 11 + tokens])})
                for i in range(entries)]
-    capture.capture(lm, records, rel, schedule=capture.Schedule(add_special_tokens=False), probe_tokens=8, overwrite=True)
+    capture.capture(lm, records, rel, schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=8, overwrite=True)
     return model_dir, rel
 
 

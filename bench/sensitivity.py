@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kvgraft import capture, envelope, models, recompute
-from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.determinism import prefix_ids
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 
 import rewrite  # tests/rewrite.py: rewrite bytes and every commitment over them
 
@@ -101,7 +101,7 @@ def states_under(lm: models.LoadedModel, ids: list[int], how: str) -> dict[str, 
 
 
 def _write_tensor(rel: Path, name: str, flat: torch.Tensor) -> None:
-    from kvgraft.hashing import hash_file, sha256_hex
+    from kvgraft.release.hashing import hash_file, sha256_hex
 
     m = json.loads((rel / "manifest.json").read_text())
     e = m["entries"][0]

@@ -12,7 +12,7 @@ never imports torch. Then, on the same page-cached bytes:
    (signature, manifest, commitments, folder walk, every file hashed, every safetensors header);
 4. ratio verify / limit (target >= 90 %). Best of REPEAT interleaved rounds for both rates.
 
-Also printed, as diagnostics: hashlib on all cores at once (in memory); kvgraft.hashing.hash_files alone;
+Also printed, as diagnostics: hashlib on all cores at once (in memory); kvgraft.release.hashing.hash_files alone;
 the manifest work alone (release.load_manifest, whose JSON Schema validation visits every token id and
 tensor record, and release.check_commitments); and `--deep` (every byte hashed twice). The CPU time
 other processes used during each verify run is printed too: this benchmark wants a quiet machine.
@@ -41,7 +41,8 @@ GiB = float(2**30)
 def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> None:
     """Runs in a subprocess: write the release and a signing key."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from kvgraft import attest, keys
+    from kvgraft import signer
+    from kvgraft.signing import keys
 
     from release_factory import make_release  # type: ignore[import-not-found, unused-ignore]
 
@@ -52,7 +53,7 @@ def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> Non
     started = time.perf_counter()
     make_release(folder / "rel", entries=entries, layers=layers, heads=heads, tokens=tokens, head_dim=64, seed=0,
                  overwrite=True, progress=lambda i, n: print(f"\rbuilding {i}/{n}", end="", file=sys.stderr, flush=True))
-    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    signer.sign_release(folder / "rel", keys.load_private_key(private))
     print(f"\rbuilt {entries} entries in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
 
@@ -105,8 +106,8 @@ def main() -> None:
     folder = args.dir or Path(f"/tmp/kvgraft-bench-verify/{args.entries}x{args.mib}MiB-{args.layers}l-{args.tokens}t")
 
     sys.path.insert(0, str(ROOT))
-    from kvgraft.hashing import cores, hash_files
-    from kvgraft.release import check_commitments, load_manifest
+    from kvgraft.release.format import check_commitments, load_manifest
+    from kvgraft.release.hashing import cores, hash_files
     from kvgraft.verify import verify_release
 
     rel = ensure_release(folder, args.entries, args.mib, args.layers, args.tokens)
@@ -139,7 +140,7 @@ def main() -> None:
             t = time.perf_counter()  # diagnostic: the manifest work alone (parse, schema, digests)
             check_commitments(rel, load_manifest(rel))
             manifest_s.append(time.perf_counter() - t)
-            t = time.perf_counter()  # diagnostic: the file hashing alone (kvgraft.hashing.hash_files)
+            t = time.perf_counter()  # diagnostic: the file hashing alone (kvgraft.release.hashing.hash_files)
             hash_files(files)
             hashing.append(total / (time.perf_counter() - t))
             with CpuWatch() as watch:  # 2. verify, page-cached
@@ -167,7 +168,7 @@ def main() -> None:
     print("diagnostics:")
     print(f"  hashlib on {n} threads at once, in memory: {max(parallel) / GiB:.3f} GiB/s = "
           f"{100 * max(parallel) / limit:.1f} % of the limit ({rates(parallel)})")
-    print(f"  kvgraft.hashing.hash_files alone, page-cached: {max(hashing) / GiB:.3f} GiB/s = "
+    print(f"  kvgraft.release.hashing.hash_files alone, page-cached: {max(hashing) / GiB:.3f} GiB/s = "
           f"{100 * max(hashing) / limit:.1f} % of the limit ({rates(hashing)})")
     print(f"  manifest alone (load_manifest: strict parse + JSON Schema; check_commitments), one thread: "
           f"{min(manifest_s):.3f} s (best of {args.repeat})")

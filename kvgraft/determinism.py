@@ -10,10 +10,10 @@ from typing import Any
 import torch
 
 from kvgraft import models
-from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.compare import distributions, ulp_distance
 from kvgraft.environment import record as environment
-from kvgraft.hashing import digest_json
+from kvgraft.release.hashing import digest_json
+from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.tensors import tensor_sha256
 
 EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"
@@ -111,8 +111,3 @@ def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
 
     return seal("determinism", {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
                                 "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes})
-
-
-def status(result: dict[str, Any]) -> str:
-    """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
-    return "passed" if len(result["conditions"]) >= 2 else "incomplete"

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from kvgraft.capture import Schedule, layer_map, padded_batch_row, prefill, threads
-from kvgraft.hashing import cores
 from kvgraft.models import LoadedModel
+from kvgraft.release.hashing import cores
+from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 from kvgraft.tensors import tensor_sha256
 
 FACTOR = 64.0

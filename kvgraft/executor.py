@@ -42,7 +42,7 @@ from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.models import Identity, LoadedModel
-from kvgraft.release import MANIFEST, Release, safe_path
+from kvgraft.release.format import MANIFEST, Release, safe_path
 
 KINDS = ("local", "ray")
 UnitFn = Callable[[LoadedModel, Release, Any], dict[str, Any]]

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from kvgraft._internal import buffers
-from kvgraft.capture import decode, forward, new_cache
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError, ModelMismatchError
-from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel, describe_identity_diff
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.release.hashing import read_and_hash
+from kvgraft.runtime import decode, eos_ids, forward, new_cache
 from kvgraft.tensors import split_views
 from kvgraft.verify import VerifyPolicy, verified
 
@@ -184,9 +184,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
         logits[restored.entry["next_token"]["argmax"]] = 1.0
     t1 = time.perf_counter()
-    eos = lm.tokenizer.eos_token_id
-    out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens,
-                 eos=[eos] if isinstance(eos, int) else []).token_ids
+    out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
     t2 = time.perf_counter()
     ledger = {
         "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvgraft.errors import InputError
-from kvgraft.hashing import digest_json, pool, sha256_hex
+from kvgraft.release.hashing import digest_json, pool, sha256_hex
 
 if TYPE_CHECKING:
     import torch

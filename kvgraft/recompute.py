@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvgraft import __version__, replay
-from kvgraft.capture import Schedule, forward, layer_map, new_cache, prefill
 from kvgraft.compare import TensorDiff, diff_tensors, distributions, fmt_kl
 from kvgraft.envelope import VERDICTS, Envelope, Judgement, calibrate, judge, worst
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
-from kvgraft.hashing import read_and_hash
 from kvgraft.models import LoadedModel
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.release.hashing import read_and_hash
+from kvgraft.runtime import Schedule, forward, layer_map, new_cache, prefill
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.verify import verified
 
@@ -155,7 +155,7 @@ def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) ->
 @torch.inference_mode()
 def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
     """What a user computes without any cache: one forward pass over prefix + probe."""
-    from kvgraft.capture import cache_kw
+    from kvgraft.runtime import cache_kw
 
     x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
     out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_kw(lm): new_cache(lm)})
@@ -366,11 +366,3 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
             "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
             "recorded_environment": manifest["environment"], "current_environment": current,
             "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}
-
-
-def status(result: dict[str, Any]) -> str:
-    """passed when the result's requirement is met (byte-exact, or consistent under `consistent`), else failed.
-
-    kvgraft.verdict maps it to the exit code.
-    """
-    return "passed" if result["passed"] else "failed"

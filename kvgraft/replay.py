@@ -46,8 +46,8 @@ def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]
     """Set the switchable conditions (attention, threads, deterministic algorithms) for the run, then restore."""
     import torch
 
-    from kvgraft.capture import threads
     from kvgraft.envelope import attention
+    from kvgraft.runtime import threads
 
     def wanted(key: str) -> Any:
         return overrides.get(key, recorded.get(key))

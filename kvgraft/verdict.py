@@ -7,6 +7,7 @@ in one command and fail in another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvgraft.errors import EXIT_INCOMPLETE, EXIT_NOT_EXACT, EXIT_OK, InputError
@@ -20,21 +21,53 @@ SCHEMAS = {"recompute": "recompute-result.v1.json", "generalization": "generaliz
 EXIT_CODES = {"passed": EXIT_OK, "failed": EXIT_NOT_EXACT, "incomplete": EXIT_INCOMPLETE}
 
 
+# Each kind's rule, here beside its schema and exit code so the check modules import this one and not the reverse.
+
+
+def _recompute(result: dict[str, Any]) -> str:
+    """passed when the result's requirement is met (byte-exact, or consistent under `consistent`), else failed."""
+    return "passed" if result["passed"] else "failed"
+
+
+def _generalization(result: dict[str, Any]) -> str:
+    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
+    computation as its text); incomplete when nothing ran; else passed."""
+    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+        return "failed"
+    return "passed" if result["runs"] else "incomplete"
+
+
+def _determinism(result: dict[str, Any]) -> str:
+    """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
+    return "passed" if len(result["conditions"]) >= 2 else "incomplete"
+
+
+def _claims(result: dict[str, Any]) -> str:
+    """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
+    if result["failed"]:
+        return "failed"
+    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
+    return "passed" if judged else "incomplete"
+
+
+def _controls(result: dict[str, Any]) -> str:
+    """passed when every control shows what it expects; incomplete when one does not (the audit could not
+    show its power, or reported a difference where none was planted); failed is left to the checks that
+    judge the graft itself."""
+    return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"
+
+
+STATUS_OF: dict[str, Callable[[dict[str, Any]], str]] = {
+    "recompute": _recompute, "generalization": _generalization, "determinism": _determinism,
+    "claims": _claims, "controls": _controls,
+}
+
+
 def status(kind: str, result: dict[str, Any]) -> str:
-    """The status of one audit result, decided by the module that produced it."""
-    if kind == "recompute":
-        from kvgraft.recompute import status as of
-    elif kind == "generalization":
-        from kvgraft.generalization import status as of
-    elif kind == "determinism":
-        from kvgraft.determinism import status as of
-    elif kind == "claims":
-        from kvgraft.claims import status as of
-    elif kind == "controls":
-        from kvgraft.controls import status as of
-    else:
+    """The status of one audit result, by its kind's rule in STATUS_OF."""
+    if kind not in STATUS_OF:
         raise InputError(f"no audit result of kind {kind!r} (one of {', '.join(SCHEMAS)})")
-    s = of(result)
+    s = STATUS_OF[kind](result)
     if s not in STATUSES:
         raise AssertionError(f"{kind} status {s!r} is not one of {STATUSES}")
     return s

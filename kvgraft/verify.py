@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kvgraft import __version__, attest, keys
-from kvgraft import release as release_format
-from kvgraft._internal import jsonio, stfile
+from kvgraft import __version__
+from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.hashing import hash_file, hash_ranges, pool, sha256_hex
-from kvgraft.release import MANIFEST, Release, check_commitments, safe_path
+from kvgraft.release import format as release_format
+from kvgraft.release import safetensors_header as stfile
+from kvgraft.release.format import MANIFEST, Release, check_commitments, safe_path
+from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
+from kvgraft.signing import attest, keys
 
 if TYPE_CHECKING:
     from sigstore.verify import Verifier
@@ -515,7 +517,7 @@ def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: Signatur
     without release.sigstore.json, and the digest it lists for release.sigstore.json (None if none).
     With a key given it must verify with that key when the release has no kvgraft bundle; beside one,
     a key OMS cannot use (Ed25519) leaves it unchecked, and its file list is still compared."""
-    from kvgraft import oms
+    from kvgraft.signing import oms
 
     path = root / attest.OMS_NAME
     try:

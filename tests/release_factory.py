@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from kvgraft.hashing import digest_json
-from kvgraft.release import ReleaseWriter, token_ids_digest
+from kvgraft.release.format import ReleaseWriter, token_ids_digest
+from kvgraft.release.hashing import digest_json
 
 
 def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "synthetic/tiny-test-model") -> dict[str, Any]:
@@ -76,7 +76,7 @@ def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2
 
 def unsign(root: Path) -> None:
     """Remove a release's signatures: kvgraft's bundle and the OpenSSF model signing one beside it."""
-    from kvgraft import attest
+    from kvgraft.signing import attest
 
     for name in (attest.BUNDLE_NAME, attest.OMS_NAME):
         (Path(root) / name).unlink(missing_ok=True)

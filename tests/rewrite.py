@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvgraft.hashing import hash_file, sha256_hex
-from kvgraft.release import entry_digest, root_digest, token_ids_digest
+from kvgraft.release.format import entry_digest, root_digest, token_ids_digest
+from kvgraft.release.hashing import hash_file, sha256_hex
 
 
 def manifest(rel: Path, change: Callable[[dict[str, Any]], None]) -> None:

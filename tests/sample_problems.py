@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvgraft.problems import Problem
+from kvgraft.generalization.problems import Problem
 
 PROBLEMS = [
     Problem("p-apples", "Mia has 12 apples. She gives 5 to Sam. How many apples does she have left?", "7",

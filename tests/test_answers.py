@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 
-from kvgraft.answers import as_number, check, extract_answer, normalize
+from kvgraft.generalization.answers import as_number, check, extract_answer, normalize
 
 
 @pytest.mark.parametrize(

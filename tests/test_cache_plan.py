@@ -1,4 +1,4 @@
-"""capture.new_cache builds the cache from a per-model plan instead of asking transformers each time;
+"""runtime.new_cache builds the cache from a per-model plan instead of asking transformers each time;
 it must build exactly what `DynamicCache(config=...)` builds, for every family."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft.capture import Schedule, new_cache, prefill
+from kvgraft.runtime import Schedule, new_cache, prefill
 
 from tiny import FAMILIES
 
@@ -48,7 +48,7 @@ def test_new_cache_fills_like_transformers(tiny_lm: Callable[[str], Any]) -> Non
 def test_grafted_layers_have_prefilled_state(family: str, tiny_lm: Callable[[str], Any], tmp_path: Any) -> None:
     """build_cache sets layer state by hand; every attribute must equal what a prefill leaves."""
     from kvgraft import capture, graft
-    from kvgraft.release import Release
+    from kvgraft.release.format import Release
 
     lm = tiny_lm(family)
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight nine ten eleven twelve"})],

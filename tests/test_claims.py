@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import claims
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.report import mcnemar_exact
+from kvgraft.reporting import claims
+from kvgraft.reporting.report import mcnemar_exact
 from kvgraft.schema import validate
 
 PREPRINT = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"

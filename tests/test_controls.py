@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from kvgraft import controls
+from kvgraft import verdict
 from kvgraft.errors import InputError
-from kvgraft.leakage import leakage_for
-from kvgraft.library import reference_trace
-from kvgraft.release import Release
+from kvgraft.generalization import controls
+from kvgraft.generalization.leakage import leakage_for
+from kvgraft.generalization.library import reference_trace
+from kvgraft.release.format import Release
 from kvgraft.schema import validate
 
 
@@ -37,8 +38,8 @@ def _control(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def test_status_is_incomplete_when_a_control_misses() -> None:
-    assert controls.status({"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
-    assert controls.status({"controls": [_control("replay"), _control("related", shows=False),
+    assert verdict.status("controls", {"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
+    assert verdict.status("controls", {"controls": [_control("replay"), _control("related", shows=False),
                                          _control("null")]}) == "incomplete"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute
+from kvgraft import capture, errors, recompute, runtime
 from kvgraft.cli import app
 from kvgraft.environment import cpu_isa, cpu_name, differences
 from kvgraft.schema import validate
@@ -103,7 +103,7 @@ def test_states_of_other_tokens_are_inconsistent_from_the_changed_position(tiny_
     other = list(ids)
     other[at] = ids[at] + 1 if ids[at] + 1 < lm.model.config.vocab_size else ids[at] - 1
     m = capture.capture(lm, [("t", {"id": "a", "text": lm.tokenizer.decode(other, skip_special_tokens=True)})],
-                        tmp_path / "rel", schedule=capture.Schedule(add_special_tokens=False), probe_tokens=0)
+                        tmp_path / "rel", schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
     assert m["entries"][0]["token_ids"][:at] == ids[:at]
 
     def claim_ids(man: dict[str, Any]) -> None:

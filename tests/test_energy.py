@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import energy
 from kvgraft.errors import InputError
+from kvgraft.generalization import energy
 
 
 def _zone(root: Path, name: str, label: str, uj: int, max_uj: int) -> Path:

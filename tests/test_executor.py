@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute
-from kvgraft import generalization as gen
+from kvgraft import capture, errors, recompute, verdict
 from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecutor, comparable, from_options, plan_options
-from kvgraft.release import Release
+from kvgraft.generalization import audit as gen
+from kvgraft.release.format import Release
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'kvgraft[ray]'); the Ray "
@@ -230,8 +230,8 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
                                                              tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     from test_generalization import PROBLEMS, _jsonl
 
-    from kvgraft import library
-    from kvgraft.capture import Schedule
+    from kvgraft.generalization import library
+    from kvgraft.runtime import Schedule
     from kvgraft.schema import validate
 
     lm = tiny_lm("llama")
@@ -322,7 +322,7 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     # the command's result carries its own status (kvgraft.verdict); the library result it wraps does not yet
-    assert result["status"] == recompute.status(local_result) == "passed"
+    assert result["status"] == verdict.status("recompute", local_result) == "passed"
     assert_same_apart_from_timing_and_placement({**local_result, "status": result["status"]}, result)
     assert result["executor"]["ship"] is True and len(result["executor"]["workers"]) == 2
     assert all(e["placement"]["executor"] == "ray" for e in result["entries"])
@@ -331,7 +331,8 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
 
 @needs_ray
 def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, model_dir: Path, tmp_path: Path) -> None:
-    from kvgraft import auditrun, plan
+    from kvgraft.reporting import audit_run as auditrun
+    from kvgraft.reporting import plan
 
     _close_pool()
     (tmp_path / "plan.toml").write_text(

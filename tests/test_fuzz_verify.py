@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import attest, keys
+from kvgraft import signer
+from kvgraft.signing import keys
 
 from release_factory import make_release
 
@@ -97,7 +98,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("fuzz")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=3, layers=2, heads=2, tokens=6, head_dim=8, seed=SEED)
-    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    signer.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 

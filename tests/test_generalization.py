@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import generalization as gen
-from kvgraft import library
-from kvgraft.capture import Schedule
 from kvgraft.errors import SchemaError
-from kvgraft.leakage import leakage_for
-from kvgraft.problems import Problem, problem_hash
-from kvgraft.release import Release
+from kvgraft.generalization import audit as gen
+from kvgraft.generalization import library
+from kvgraft.generalization.leakage import leakage_for
+from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.release.format import Release
+from kvgraft.runtime import Schedule
 from kvgraft.schema import schema_dir, validate
 
 from sample_problems import PROBLEMS
@@ -177,8 +177,8 @@ def test_policy_controls_the_conditions(tiny_library: tuple[Any, Release, Path])
 
 
 def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
-    from kvgraft import answers
-    from kvgraft.problems import split
+    from kvgraft.generalization import answers
+    from kvgraft.generalization.problems import split
 
     lm = tiny_lm("llama")
     problems_file = _jsonl(tmp_path / "p.jsonl", PROBLEMS)
@@ -322,7 +322,7 @@ def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, A
 def test_render_shows_every_part(tiny_result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from kvgraft.render_generalization import renderables
+    from kvgraft.reporting.render_generalization import renderables
 
     console = Console(record=True, width=220)
     for r in renderables(tiny_result):

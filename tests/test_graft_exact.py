@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import capture, graft
-from kvgraft.capture import Schedule
+from kvgraft import capture, graft, runtime
+from kvgraft.runtime import Schedule
 
 import tiny
 
@@ -23,7 +23,7 @@ def _long_record(lm: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def _logits_after(lm: Any, cache: Any) -> torch.Tensor:
     ids = lm.tokenizer(SUFFIX, add_special_tokens=False)["input_ids"]
-    return capture.forward(lm, cache, ids)
+    return runtime.forward(lm, cache, ids)
 
 
 @pytest.mark.parametrize("family", tiny.FAMILIES)
@@ -36,9 +36,22 @@ def test_graft_matches_fresh_prefill(family: str, chunk: int | None, tiny_lm: An
     assert entry["num_tokens"] > 2 * tiny.SLIDING_WINDOW  # the prefix is longer than the sliding window
 
     grafted = _logits_after(lm, graft.load_cache(tmp_path / "rel", "long", lm))
-    fresh_cache, _ = capture.prefill(lm, entry["token_ids"], schedule)
+    fresh_cache, _ = runtime.prefill(lm, entry["token_ids"], schedule)
     fresh = _logits_after(lm, fresh_cache)
     assert torch.equal(grafted, fresh)
+
+
+def test_graft_run_stops_at_any_of_several_eos_ids(tiny_lm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One EOS rule (runtime.eos_ids): `kvgraft run` stops at any EOS id of a tokenizer that names several."""
+    lm = tiny_lm("llama")
+    capture.capture(lm, _long_record(lm), tmp_path / "rel", probe_tokens=0)
+    free = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    stop = free[2]
+    # the class attribute shadows the tokenizer's own lookup of its special-token ids for this test only
+    monkeypatch.setattr(type(lm.tokenizer), "eos_token_id", property(lambda self: [10**6, stop]), raising=False)
+    assert runtime.eos_ids(lm) == [10**6, stop]
+    stopped = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    assert stopped == free[:free.index(stop) + 1]
 
 
 def test_layer_map_records_sliding_and_shared(tiny_lm: Any, tmp_path: Path) -> None:
@@ -67,7 +80,7 @@ def test_forgetting_cumulative_length_is_caught(tiny_lm: Any, tmp_path: Path, mo
     tensors, _ = graft.read_entry_tensors(rel, rel.entry("long"))
     broken = {**entry, "layers": [{**m, "cumulative_length": 0} if m["kind"] == "sliding" else m
                                   for m in entry["layers"]]}
-    fresh_cache, _ = capture.prefill(lm, entry["token_ids"], Schedule())
+    fresh_cache, _ = runtime.prefill(lm, entry["token_ids"], Schedule())
     fresh = _logits_after(lm, fresh_cache)
     try:
         bad = _logits_after(lm, graft.build_cache(lm, broken, tensors, "test"))
@@ -81,6 +94,6 @@ def test_smollm2_graft_is_bit_identical(smollm2: Any, records: list[tuple[str, d
     manifest = capture.capture(lm, records, tmp_path / "rel", probe_tokens=4)
     for entry in manifest["entries"]:
         grafted = _logits_after(lm, graft.load_cache(tmp_path / "rel", entry["id"], lm))
-        fresh_cache, fresh_next = capture.prefill(lm, entry["token_ids"], Schedule())
+        fresh_cache, fresh_next = runtime.prefill(lm, entry["token_ids"], Schedule())
         assert torch.equal(grafted, _logits_after(lm, fresh_cache)), entry["id"]
         assert entry["next_token"]["argmax"] == int(torch.argmax(fresh_next))

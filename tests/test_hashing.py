@@ -12,7 +12,7 @@ import pytest
 import rfc8785
 
 from kvgraft._internal.jsonio import canonical
-from kvgraft.hashing import hash_file, hash_files, hash_ranges, read_and_hash
+from kvgraft.release.hashing import hash_file, hash_files, hash_ranges, read_and_hash
 
 CHARS = string.printable + "\u00e9\u2028\u2029\x00\x1f\x7f\ufeff\U0001f600\ud7ff\ue000"
 

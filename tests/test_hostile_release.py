@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import attest, capture, graft, hashing, keys
+from kvgraft import capture, graft, signer
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.release import entry_digest, root_digest
+from kvgraft.release import hashing
+from kvgraft.release.format import entry_digest, root_digest
+from kvgraft.signing import attest, keys
 from kvgraft.verify import VerifyPolicy, verify_release
 
 from release_factory import make_release, unsign
@@ -37,7 +39,7 @@ def signed_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("signed")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=2, heads=4, seed=13)
-    attest.sign_release(folder / "rel", keys.load_private_key(private))
+    signer.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 
@@ -54,7 +56,7 @@ def cli(*args: str) -> Any:
 def redigest(root: Path, name: str) -> None:
     """After changing `name`'s bytes, rewrite every digest that covers it (tensors, entry, file, root),
     as an attacker without the signing key can: only the signature bundle is left stale."""
-    from kvgraft._internal import stfile
+    from kvgraft.release import safetensors_header as stfile
 
     manifest = json.loads((root / "manifest.json").read_text())
     path = root / name
@@ -103,7 +105,7 @@ def test_plain_escapes_control_and_format_characters() -> None:
 _TRUNCATE_DURING_HASH = """
 import hashlib, os, sys
 from pathlib import Path
-import kvgraft.hashing as h
+import kvgraft.release.hashing as h
 target = Path(sys.argv[1])
 real = hashlib.sha256
 class Cutting:
@@ -294,12 +296,12 @@ def captured(tiny_lm: Callable[[str], Any], tmp_path: Path) -> tuple[Path, Path,
     root = tmp_path / "cap"
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight"})], root, probe_tokens=0)
     private, public = keys.write_keypair(tmp_path / "k")
-    attest.sign_release(root, keys.load_private_key(private))
+    signer.sign_release(root, keys.load_private_key(private))
     return root, public, lm
 
 
 def _zero_first_tensor(root: Path) -> str:
-    from kvgraft._internal import stfile
+    from kvgraft.release import safetensors_header as stfile
 
     manifest = json.loads((root / "manifest.json").read_text())
     name = manifest["entries"][0]["file"]
@@ -436,7 +438,7 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
                                                         change: Callable[[dict[str, Any]], None]) -> None:
     root, _ = signed
     private, public = keys.write_keypair(tmp_path / "other")
-    stmt = attest.release_statement(root)
+    stmt = signer.release_statement(root)
     change(stmt["predicate"])
     payload = attest.statement_bytes(stmt)
     key = keys.load_private_key(private)

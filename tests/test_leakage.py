@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from kvgraft.leakage import answer_in_text, leakage, leakage_for, normalize_tokens
-from kvgraft.problems import Problem
+from kvgraft.generalization.leakage import answer_in_text, leakage, leakage_for, normalize_tokens
+from kvgraft.generalization.problems import Problem
 
 QUERY = Problem(
     id="q",

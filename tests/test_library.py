@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import answers, capture, library
+from kvgraft import runtime
 from kvgraft.errors import InputError
-from kvgraft.problems import Problem, problem_hash
-from kvgraft.release import Release
+from kvgraft.generalization import answers, library
+from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.release.format import Release
 
 from sample_problems import PROBLEMS as ALL_PROBLEMS
 
@@ -40,12 +41,12 @@ def _prompt_ids(lm: Any, problem: Problem) -> list[int]:
 
 def _replay_attempt(lm: Any, problem: Problem, settings: library.BuildSettings, index: int) -> list[int]:
     """Decode attempt `index` again, independently of `solve`, to know how many tokens it generated."""
-    cache, logits = capture.prefill(lm, _prompt_ids(lm, problem), capture.Schedule())
+    cache, logits = runtime.prefill(lm, _prompt_ids(lm, problem), runtime.Schedule())
     gen = None
     if index > 0:
         gen = torch.Generator().manual_seed(library.sample_seed(settings.seed, "library", problem.id, index))
     out = library.decode(lm, cache, logits, max_new_tokens=settings.max_new_tokens,
-                         temperature=settings.temperature if index else 0.0, generator=gen, eos=library.eos_ids(lm))
+                         temperature=settings.temperature if index else 0.0, generator=gen, eos=runtime.eos_ids(lm))
     return out.token_ids
 
 
@@ -141,17 +142,17 @@ def test_split_takes_only_the_library_half(tiny_lm: Any, tmp_path: Path) -> None
 def test_decode_greedy_matches_an_explicit_argmax_loop_and_sampling_is_seeded(tiny_lm: Any) -> None:
     lm = tiny_lm("llama")
     ids = _prompt_ids(lm, PROBLEMS[0])
-    cache, logits = capture.prefill(lm, ids, capture.Schedule())
+    cache, logits = runtime.prefill(lm, ids, runtime.Schedule())
     expected: list[int] = []
-    for _ in range(10):  # written out here, independently of capture.decode
+    for _ in range(10):  # written out here, independently of runtime.decode
         expected.append(int(torch.argmax(logits)))
-        logits = capture.forward(lm, cache, [expected[-1]])[-1]
-    cache, logits = capture.prefill(lm, ids, capture.Schedule())
+        logits = runtime.forward(lm, cache, [expected[-1]])[-1]
+    cache, logits = runtime.prefill(lm, ids, runtime.Schedule())
     got = library.decode(lm, cache, logits, max_new_tokens=10, stop_at_answer=False)
     assert got.token_ids == expected and got.stop == "max_new_tokens"
 
     def sampled(seed: int) -> list[int]:
-        c, lg = capture.prefill(lm, ids, capture.Schedule())
+        c, lg = runtime.prefill(lm, ids, runtime.Schedule())
         gen = torch.Generator().manual_seed(seed)
         return library.decode(lm, c, lg, max_new_tokens=10, temperature=1.5, generator=gen, stop_at_answer=False).token_ids
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import problems as P
 from kvgraft.errors import InputError
+from kvgraft.generalization import problems as P
 
 
 def test_gsm8k_fields_and_answers() -> None:

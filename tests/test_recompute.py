@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute
+from kvgraft import capture, errors, recompute, runtime
 from kvgraft.cli import app
 
 import rewrite
@@ -46,7 +46,7 @@ def test_chunked_release_vs_one_shot_recompute_is_located(smollm2: Any, tmp_path
     ids = prefix_ids(lm, 200)
     with threads(2):
         capture.capture(lm, [("t", {"id": "c", "text": lm.tokenizer.decode(ids)})], tmp_path / "rel",
-                        schedule=capture.Schedule(chunk_tokens=64, add_special_tokens=False), probe_tokens=3)
+                        schedule=runtime.Schedule(chunk_tokens=64, add_special_tokens=False), probe_tokens=3)
         res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--one-shot", "--json",
                                   str(tmp_path / "r.json"), "--device", "cpu"])
     assert res.exit_code == errors.EXIT_NOT_EXACT, res.output

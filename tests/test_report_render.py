@@ -19,10 +19,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from kvgraft import report as rp
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.render_report import HEAT, heatmap_model, interval_bar, print_report, to_html
+from kvgraft.reporting import report as rp
+from kvgraft.reporting.render_report import HEAT, heatmap_model, interval_bar, print_report, to_html
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
@@ -315,7 +315,7 @@ def test_heatmap_shared_and_mismatched_layers() -> None:
         {"index": 3, "kind": "full", "keys": {"equal": False, "differing": 5, "max_ulp": 3, "max_abs": 1e-6},
          "values": {"equal": True, "differing": 0}}]}]}
     console = Console(file=io.StringIO(), width=80, record=True)
-    from kvgraft.render_report import heatmap_svg, heatmap_text, recompute_rows
+    from kvgraft.reporting.render_report import heatmap_svg, heatmap_text, recompute_rows
 
     console.print(heatmap_text(data))
     assert "e · !0" in console.export_text()

@@ -18,8 +18,8 @@ import torch
 from kvgraft import capture, graft
 from kvgraft._internal import buffers
 from kvgraft.errors import IntegrityError
-from kvgraft.hashing import read_and_hash
-from kvgraft.release import Release
+from kvgraft.release.format import Release
+from kvgraft.release.hashing import read_and_hash
 from kvgraft.tensors import from_buffer, split_views
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen"
@@ -144,8 +144,8 @@ def test_read_and_hash_many_ranges_from_an_open_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", ["[true, 2]", "[1.0, 2]", "[-1, 2]", "2"])
 def test_header_shapes_must_be_plain_integers(shape: str) -> None:
-    from kvgraft._internal import stfile
     from kvgraft.errors import InputError
+    from kvgraft.release import safetensors_header as stfile
 
     raw = f'{{"t": {{"dtype": "F32", "shape": {shape}, "data_offsets": [0, 8]}}}}'.encode()
     with pytest.raises(InputError, match="shape must be a list of non-negative integers"):

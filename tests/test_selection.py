@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from kvgraft.errors import InputError
-from kvgraft.problems import synthetic
-from kvgraft.selection import Index, build_index, select, tokenize
+from kvgraft.generalization.problems import synthetic
+from kvgraft.generalization.selection import Index, build_index, select, tokenize
 
 LIB = [
     ("ducks", "Janet's ducks lay 16 eggs per day and she sells the eggs at the market."),

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import attest
 from kvgraft.cli import app
 from kvgraft.errors import InputError, VerificationError
+from kvgraft.signing import attest
 from kvgraft.verify import SigstoreTrust, sigstore_verifier, verify_release, verify_sigstore_bundle
 
 from release_factory import make_release
@@ -144,7 +144,7 @@ def test_release_verification_goes_through_sigstore_with_the_identity_policy(rel
         verify_release(root, identity="mallory@example.com", issuer=ACTIONS, trust=STAGING)
     assert attest.BUNDLE_NAME in info.value.diagnostics()
     # a keyless bundle checked with a key is refused, naming the right options
-    from kvgraft import keys
+    from kvgraft.signing import keys
 
     _, public = keys.write_keypair(root.parent / "k")
     with pytest.raises(VerificationError, match="signed keyless with a Sigstore certificate"):

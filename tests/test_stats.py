@@ -5,7 +5,15 @@ import math
 import pytest
 
 from kvgraft.errors import InputError
-from kvgraft.stats import mcnemar, mcnemar_exact, mcnemar_midp, min_attainable_p, paired_bootstrap, pass_at_k, wilson
+from kvgraft.generalization.stats import (
+    mcnemar,
+    mcnemar_exact,
+    mcnemar_midp,
+    min_attainable_p,
+    paired_bootstrap,
+    pass_at_k,
+    wilson,
+)
 
 
 def test_wilson_by_hand() -> None:
@@ -110,7 +118,7 @@ def test_pass_at_k() -> None:
 def test_detectable_effect_is_the_power_of_the_exact_mcnemar_test() -> None:
     from scipy.stats import binom
 
-    from kvgraft.stats import detectable_effect
+    from kvgraft.generalization.stats import detectable_effect
 
     d = detectable_effect(20)
     # 6 one-way flips is the fewest that reach p < 0.05 (2/2**6 = 0.031; 2/2**5 = 0.0625)

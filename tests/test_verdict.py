@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import claims, errors, verdict
-from kvgraft import generalization as gen
+from kvgraft import errors, verdict
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
+from kvgraft.generalization import audit as gen
+from kvgraft.reporting import claims
 
 from sample_problems import PROBLEMS
 
@@ -31,7 +32,8 @@ def test_exit_codes_of_statuses() -> None:
 
 
 def test_recompute_status() -> None:
-    from kvgraft.recompute import status
+    def status(result: dict[str, Any]) -> str:
+        return verdict.status("recompute", result)
 
     # The requirement decides: a consistent release passes `--require consistent`, fails `exact`.
     assert status({"verdict": "byte-exact", "require": "exact", "passed": True}) == "passed"

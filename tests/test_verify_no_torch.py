@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import attest, keys
+from kvgraft import signer
+from kvgraft.signing import keys
 
 from release_factory import make_release
 
@@ -70,7 +71,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     private, public = keys.write_keypair(base / "k")
     root = base / "rel"
     make_release(root, entries=2, seed=11)
-    attest.sign_release(root, keys.load_private_key(private))
+    signer.sign_release(root, keys.load_private_key(private))
     return root, public
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release import MANIFEST, Release, safe_path
+from kvgraft.release.format import MANIFEST, Release, safe_path
 
 UnitFn = Callable[[Any, Release, Any], dict[str, Any]]
 

@@ -44,7 +44,7 @@ def keygen(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
 ) -> None:
     """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
-    from kvgraft.keys import key_id, load_public_key, write_keypair
+    from kvgraft.signing.keys import key_id, load_public_key, write_keypair
 
     passphrase: bytes | None = None
     if passphrase_env is not None:
@@ -70,7 +70,8 @@ def sign(
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
-    from kvgraft import attest, keys
+    from kvgraft import signer
+    from kvgraft.signing import keys
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):
@@ -85,9 +86,9 @@ def sign(
             if not sys.stdin.isatty():
                 raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
             private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
-        signed = attest.sign_release(release, private)
+        signed = signer.sign_release(release, private)
     else:
-        signed = attest.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+        signed = signer.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
     say(f"signed {release} ({files} files, root digest {root_digest})")

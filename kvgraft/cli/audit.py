@@ -71,8 +71,8 @@ def recompute_cmd(
     from rich.progress import Progress
 
     from kvgraft import recompute, replay
-    from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
+    from kvgraft.runtime import Schedule
     from kvgraft.verify import VerifyPolicy, verified
 
     if chunk is not None and one_shot:
@@ -106,7 +106,7 @@ def recompute_cmd(
 
         write_json(json_out, result)
     if not quiet:
-        from kvgraft.render_report import check_renderables
+        from kvgraft.reporting.render_report import check_renderables
 
         for r in check_renderables("recompute", result):
             out.print(r)
@@ -128,7 +128,7 @@ def determinism_cmd(
     from rich.progress import Progress
 
     from kvgraft import determinism
-    from kvgraft.render_report import check_renderables
+    from kvgraft.reporting.render_report import check_renderables
 
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)

@@ -69,11 +69,11 @@ def build_cmd(
     The reference solution when the source has one (accepted only if the answer checker agrees), else
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
-    from kvgraft import library
     from kvgraft._internal.jsonio import refuse_existing
-    from kvgraft.capture import Schedule
     from kvgraft.errors import InputError
-    from kvgraft.render_generalization import build_renderables
+    from kvgraft.generalization import library
+    from kvgraft.reporting.render_generalization import build_renderables
+    from kvgraft.runtime import Schedule
 
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
@@ -136,9 +136,9 @@ def generalization_cmd(
     3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
     With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
     """
-    from kvgraft import generalization as gen
-    from kvgraft.release import Release
-    from kvgraft.render_generalization import renderables
+    from kvgraft.generalization import audit as gen
+    from kvgraft.release.format import Release
+    from kvgraft.reporting.render_generalization import renderables
 
     settings = gen.Settings(max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed,
                             policy=policy, force=force, budget=budget)

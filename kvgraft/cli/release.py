@@ -28,8 +28,9 @@ def capture(
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import refuse_existing
-    from kvgraft.capture import Schedule, read_records
     from kvgraft.capture import capture as do_capture
+    from kvgraft.capture import read_records
+    from kvgraft.runtime import Schedule
 
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
@@ -82,7 +83,7 @@ def run_cmd(
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))
         return
-    from kvgraft.render import ledger_table
+    from kvgraft.reporting.render import ledger_table
 
     out.print(result.text, markup=False)
     out.print(ledger_table(result.ledger))

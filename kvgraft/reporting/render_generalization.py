@@ -8,7 +8,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.generalization import LABELS, SHORT
+from kvgraft.generalization.audit import LABELS, SHORT
 
 
 def _pct(x: float | None) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from kvgraft.errors import InputError
-from kvgraft.problems import problem_hash
+from kvgraft.generalization.problems import problem_hash
 
 Policy = Literal["none", "exact", "nearest", "bm25"]
 POLICIES: tuple[str, ...] = ("none", "exact", "nearest", "bm25")

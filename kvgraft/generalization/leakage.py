@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 from kvgraft.errors import InputError
-from kvgraft.problems import Problem
+from kvgraft.generalization.problems import Problem
 
 NGRAM = 13
 

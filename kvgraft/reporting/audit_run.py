@@ -11,9 +11,9 @@ from typing import Any
 from kvgraft import models
 from kvgraft.errors import InputError
 from kvgraft.executor import Executor
-from kvgraft.hashing import hash_file
-from kvgraft.plan import Plan
-from kvgraft.report import make_check
+from kvgraft.release.hashing import hash_file
+from kvgraft.reporting.plan import Plan
+from kvgraft.reporting.report import make_check
 from kvgraft.verdict import seal
 
 Progress = Callable[[str], None]
@@ -30,12 +30,13 @@ class Outcome:
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
-    from kvgraft.capture import Schedule, capture, read_records
+    from kvgraft.capture import capture, read_records
+    from kvgraft.runtime import Schedule
 
     spec = plan.doc["release"]
     if "path" in spec:
         path = plan.resolve(spec["path"])
-        from kvgraft.release import Release
+        from kvgraft.release.format import Release
 
         rel = Release.open(path)
         if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
@@ -50,7 +51,7 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
         say(f"capturing {src.name}")
         capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
         return target, {"kind": "records", "records": str(src)}
-    from kvgraft import library
+    from kvgraft.generalization import library
 
     lib = spec["library"]
     say(f"building a verified-solution library from {lib['source']}")
@@ -63,7 +64,7 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
 
 
 def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
-    from kvgraft import keys
+    from kvgraft.signing import keys
 
     signing = plan.doc.get("signing", {})
     name = signing.get("key")
@@ -95,10 +96,11 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
-    from kvgraft import attest, recompute
+    from kvgraft import recompute, signer
     from kvgraft.environment import record as environment
-    from kvgraft.render_report import to_html
-    from kvgraft.report import claim_verdicts, new_report, write_report
+    from kvgraft.reporting.render_report import to_html
+    from kvgraft.reporting.report import claim_verdicts, new_report, write_report
+    from kvgraft.signing import attest
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
@@ -114,7 +116,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     attestation_digest = None
     if key is not None:
         say("signing the release")
-        attest.sign_release(release, key)
+        signer.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # One verification, as `kvgraft verify` does it (with the plan's key when it signs): every check
@@ -145,7 +147,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
                                                    executor=ex, require=rc.get("require", "exact")))
         exact = sum(e["byte_exact"] for e in result["entries"])
         checks.append(make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result))
-        from kvgraft.claims import measured_from_recompute
+        from kvgraft.reporting.claims import measured_from_recompute
 
         measured.update(measured_from_recompute(result))
         natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
@@ -162,7 +164,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     gc = plan.check("generalization")
     if gc is not None:
         say("generalization audit: conditions a-d on library, held-out and synthetic problems")
-        from kvgraft import generalization as gen
+        from kvgraft.generalization import audit as gen
         rel = verified_release
         queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
         settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
@@ -174,8 +176,8 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         ledger.update(_generalization_ledger(g))
     kc = plan.check("controls")
     if kc is not None:
-        from kvgraft import controls
-        from kvgraft.release import Release
+        from kvgraft.generalization import controls
+        from kvgraft.release.format import Release
 
         n, seed = kc.get("n", 20), kc.get("seed", 0)
         say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
@@ -192,7 +194,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     cc = plan.check("claims")
     if cc is not None:
         say("checking the claims file")
-        from kvgraft import claims
+        from kvgraft.reporting import claims
 
         cf = claims.load(plan.resolve(cc["file"]))
         checked = seal("claims", claims.check(cf, measured or None, measured_where="this audit's recompute check"))
@@ -220,7 +222,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     write_report(report_path, report)
     bundle = None
     if key is not None:
-        from kvgraft.report_attest import sign_report
+        from kvgraft.reporting.signing import sign_report
 
         say("signing the report")
         bundle = sign_report(report_path, key)
@@ -233,7 +235,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
 def _generalization_ledger(g: dict[str, Any]) -> dict[str, str]:
     """One readable line per condition; the full ledger stays in the generalization check's data."""
-    from kvgraft.generalization import LABELS
+    from kvgraft.generalization.audit import LABELS
 
     lines: dict[str, str] = {}
     for cond, v in g["ledger"]["per_condition"].items():
@@ -255,6 +257,6 @@ def _generalization_ledger(g: dict[str, Any]) -> dict[str, str]:
 
 
 def _root(release: Path) -> str:
-    from kvgraft.release import load_manifest
+    from kvgraft.release.format import load_manifest
 
     return str(load_manifest(release)["root_digest"])

@@ -187,7 +187,7 @@ def _acc_interval(a: dict[str, Any]) -> tuple[float, float] | None:
     if isinstance(iv, list) and len(iv) == 2:
         return float(iv[0]), float(iv[1])
     try:
-        from kvgraft.report import wilson_interval
+        from kvgraft.reporting.report import wilson_interval
 
         return wilson_interval(int(a["k"]), int(a["n"]), float(a.get("confidence", 0.95)))
     except Exception:
@@ -434,7 +434,7 @@ def claims_table(claims: list[dict[str, Any]], *, findings: bool = False, title:
 
 
 def claims_check_renderables(result: dict[str, Any]) -> list[RenderableType]:
-    """The terminal rendering of a claims-check result (kvgraft.claims.check)."""
+    """The terminal rendering of a claims-check result (kvgraft.reporting.claims.check)."""
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
     out: list[RenderableType] = [Text(line) for line in readings_lines(result)]
     out.append(claims_table(result["claims"], findings=True, title=title))

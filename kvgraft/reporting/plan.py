@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError
-from kvgraft.hashing import digest_json
+from kvgraft.release.hashing import digest_json
 from kvgraft.schema import validate
 
 PLAN_SCHEMA = "audit-plan.v1.json"

@@ -8,9 +8,9 @@ signature is over the pre-authentication encoding PAE(payloadType, payload) of t
 
 The bundle lives at RELEASE/release.sigstore.json and is not itself a subject. Two kinds:
 
-* key-signed (`sign_release`): `verificationMaterial.publicKey.hint` is the key id
+* key-signed (`kvgraft.signer.sign_release`): `verificationMaterial.publicKey.hint` is the key id
   (hex SHA-256 of the DER public key) and `tlogEntries` is empty; offline, no Sigstore services.
-* keyless (`sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
+* keyless (`kvgraft.signer.sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
   sigstore-python's `Signer.sign_dsse`; needs the network and an OIDC identity.
 
 Nothing here imports torch.
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import json
 import os
 import re
 import stat
@@ -32,11 +30,10 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.keys import PrivateKey, PublicKey, key_id
-from kvgraft.keys import sign as key_sign
-from kvgraft.keys import verify as key_verify
-from kvgraft.release import FORMAT, MANIFEST
+from kvgraft.release.format import FORMAT, MANIFEST
 from kvgraft.schema import validate
+from kvgraft.signing.keys import PublicKey, key_id
+from kvgraft.signing.keys import verify as key_verify
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgraft.dev/attestation/cache-release/v1"
@@ -50,7 +47,7 @@ BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle+json;version=0.1",
 )
 BUNDLE_NAME = "release.sigstore.json"
-OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.oms)
+OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 MAX_RELEASE_FILES = 1_000_000
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -310,83 +307,3 @@ def verify_with_key(bundle: Bundle, key: PublicKey, also_hint: str | None = None
         if value not in (None, "", kid, also_hint):
             raise VerificationError(f"{bundle.where}: {what} {value!r} names another key than {kid}, which verified it")
     return kid
-
-
-# ------------------------------------------------------------------------------------------ signing
-
-
-@dataclass(frozen=True)
-class Signed:
-    """What `sign_release*` wrote."""
-
-    bundle: Path
-    statement: dict[str, Any]
-    signer: str  # key id, or the certificate identity for keyless signing
-    oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
-
-
-def release_statement(root: Path) -> dict[str, Any]:
-    """Check the release's bytes (verify without a signature) and build its statement.
-
-    A release whose files do not match its manifest is refused: signing it would attest damage.
-    """
-    from kvgraft.verify import check_release
-
-    checked = check_release(Path(root))
-    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size)
-
-
-def sign_release(root: Path, key: PrivateKey) -> Signed:
-    """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
-    stmt = release_statement(root)
-    payload = statement_bytes(stmt)
-    signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
-    kid = key_id(key)
-    data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
-    bundle = write_bundle(root, data)
-    from kvgraft import oms
-
-    # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
-    # now be stale, and is replaced or (for a key OMS cannot use) removed.
-    digests = {**subjects(stmt), BUNDLE_NAME: hashlib.sha256(data).hexdigest()}
-    written = oms.sign(root, key, digests)
-    if written is None:
-        (Path(root) / OMS_NAME).unlink(missing_ok=True)
-    return Signed(bundle, stmt, kid, written)
-
-
-def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
-    """Sign a release keyless with Sigstore (Fulcio certificate + Rekor entry); needs the network.
-
-    The OIDC identity is, in order: `identity_token` when given (a raw JWT); the ambient credential
-    of a CI system (`sigstore.oidc.detect_credential`: GitHub Actions with `permissions: id-token:
-    write`, GitLab, Buildkite, Google Cloud...); else an interactive browser flow with Sigstore's
-    OAuth issuer (`sigstore.oidc.Issuer`). The statement is signed as a DSSE envelope by
-    `Signer.sign_dsse`, logged in Rekor, and the returned bundle v0.3 is written to
-    RELEASE/release.sigstore.json. Verify with `kvgraft verify RELEASE --certificate-identity ID
-    --certificate-oidc-issuer URL` (see docs/ci-signing.md). `staging` uses Sigstore's staging
-    instance (for tests; verify with --staging).
-    """
-    from sigstore.dsse import Statement
-    from sigstore.errors import Error as SigstoreError
-    from sigstore.models import ClientTrustConfig
-    from sigstore.oidc import IdentityToken, Issuer, detect_credential
-    from sigstore.sign import SigningContext
-
-    stmt = release_statement(root)
-    payload = statement_bytes(stmt)
-    try:
-        config = ClientTrustConfig.staging() if staging else ClientTrustConfig.production()
-        context = SigningContext.from_trust_config(config)
-        raw_token = identity_token or detect_credential()
-        token = (IdentityToken(raw_token) if raw_token
-                 else Issuer(config.signing_config.get_oidc_url()).identity_token())
-        with context.signer(token, cache=False) as signer:
-            bundle = signer.sign_dsse(Statement(payload))
-    except SigstoreError as exc:
-        raise InputError(f"{root}: Sigstore signing failed: {' '.join(exc.diagnostics().split())}") from None
-    except Exception as exc:  # network and OIDC errors of the underlying clients
-        raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    written = write_bundle(root, bundle.to_json().encode())
-    (Path(root) / OMS_NAME).unlink(missing_ok=True)  # it would no longer match release.sigstore.json
-    return Signed(written, stmt, str(token.identity))

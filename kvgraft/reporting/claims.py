@@ -6,7 +6,7 @@ the fields of a claim, never by the paper it came from:
 - accuracy  `percent` on a `benchmark` of N problems must be k/(s*r*N) within the stated rounding, for one reading
             of all the benchmark's figures together: s samples per problem (avg@s) and r runs. The benchmark may
             state `samples_per_problem` (and `runs`); else the smallest s up to 16 that fits every figure is used
-            (kvgraft.readings). A figure no reading fits is inconsistent.
+            (kvgraft.reporting.readings). A figure no reading fits is inconsistent.
 - gain      from a `baseline` accuracy claim to a `treated` one, under each reading considered: with one sample per
             problem the exact McNemar test in the most favourable case; with s > 1 a sign test on problems, bounded
             by how the extra right samples can spread (significance needs per-problem data).
@@ -35,7 +35,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.errors import InputError
-from kvgraft.readings import (
+from kvgraft.reporting.readings import (
     MAX_SAMPLES,
     BenchmarkReading,
     Figure,
@@ -45,7 +45,7 @@ from kvgraft.readings import (
     read_benchmark,
     sign_test_bounds,
 )
-from kvgraft.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
+from kvgraft.reporting.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS, mcnemar_exact, wilson_interval
 from kvgraft.schema import validate
 
 CLAIMS_SCHEMA = "claims.v1.json"
@@ -640,14 +640,6 @@ def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where
     from kvgraft.verdict import seal
 
     return seal("claims", result, "claims check result")
-
-
-def status(result: dict[str, Any]) -> str:
-    """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
-    if result["failed"]:
-        return "failed"
-    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
-    return "passed" if judged else "incomplete"
 
 
 def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.errors import InputError
-from kvgraft.hashing import sha256_hex
-from kvgraft.release import now_utc
+from kvgraft.generalization.stats import mcnemar_exact, wilson
+from kvgraft.release.format import now_utc
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.schema import validate
-from kvgraft.stats import mcnemar_exact, wilson
 
 __all__ = ["mcnemar_exact", "wilson_interval"]
 
@@ -36,7 +36,7 @@ FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of k/n at `confidence`; the one implementation lives in kvgraft.stats."""
+    """Wilson score interval of k/n at `confidence`; the one implementation lives in kvgraft.generalization.stats."""
     if n <= 0 or not 0 <= k <= n:
         raise InputError(f"wilson_interval: need 0 <= k <= n and n > 0, got k={k}, n={n}")
     if not 0 < confidence < 1:
@@ -63,7 +63,7 @@ def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, 
 
 
 def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
-    """The report's `claims` list from a claims-check result (kvgraft.claims.check)."""
+    """The report's `claims` list from a claims-check result (kvgraft.reporting.claims.check)."""
     return [{"id": c["id"], "text": c["text"], "kind": c["kind"], "claimed": c["claimed"], "verdict": c["verdict"],
              "reason": c["reason"]} for c in claims_check["claims"]]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from kvgraft.stats import mcnemar_exact
+from kvgraft.generalization.stats import mcnemar_exact
 
 MAX_SAMPLES = 16  # the most samples per problem tried when a benchmark does not state its reading
 

@@ -28,9 +28,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from kvgraft import attest, keys
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
+from kvgraft.signing import attest, keys
 
 OMS_NAME = attest.OMS_NAME
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"

@@ -18,7 +18,7 @@ control asks for a copied fact, never for invented arithmetic.
             a graft that hurt would show as well as one that helped.
             Expected: no significant difference, reported with the smallest effect detectable at this n.
 
-Each control is a generalization audit (kvgraft.generalization) on its own queries; the prompt-text condition
+Each control is a generalization audit (kvgraft.generalization.audit) on its own queries; the prompt-text condition
 (d) is left to the main generalization check.
 """
 
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft import __version__
 from kvgraft.errors import InputError
-from kvgraft.problems import Problem
+from kvgraft.generalization.problems import Problem
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
     from kvgraft.models import LoadedModel
-    from kvgraft.release import Release
+    from kvgraft.release.format import Release
 
 KIND = "kvgraft-controls-result"
 SCHEMA = "controls-result.v1.json"
@@ -95,7 +95,7 @@ def problems(n: int, seed: int) -> ControlSet:
 
 def build(lm: LoadedModel, out: Path, *, n: int, seed: int, schedule: Any = None, overwrite: bool = False) -> dict[str, Any]:
     """Capture the fact library (every fact in it, reference traces only) as a release at `out`."""
-    from kvgraft import library
+    from kvgraft.generalization import library
 
     cs = problems(n, seed)
     return library.build(lm, cs.facts, out, library_fraction=1.0, salt=f"controls-{seed}",
@@ -130,7 +130,7 @@ def _outcome(name: str, g: dict[str, Any], condition: str, comparison: str) -> d
 
 
 def _statement(o: dict[str, Any]) -> str:
-    from kvgraft.generalization import power_phrase
+    from kvgraft.generalization.audit import power_phrase
 
     g, a, n = o["graft"]["k"], o["baseline"]["k"], o["n"]
     cond = "b" if o["condition"] == "own" else "c"
@@ -151,7 +151,7 @@ def _statement(o: dict[str, Any]) -> str:
 def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens: int = 32,
         executor: Executor | None = None) -> dict[str, Any]:
     """Run the three controls against the fact library `release` (built by `build` with the same n and seed)."""
-    from kvgraft import generalization as gen
+    from kvgraft.generalization import audit as gen
     from kvgraft.verdict import seal
 
     cs = problems(n, seed)
@@ -180,10 +180,3 @@ def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens:
               "decode_tokens": sum(c["decode_tokens"] for g in (replay, related, null)
                                    for c in g["ledger"]["per_condition"].values())}
     return seal("controls", result)
-
-
-def status(result: dict[str, Any]) -> str:
-    """passed when every control shows what it expects; incomplete when one does not (the audit could not
-    show its power, or reported a difference where none was planted); failed is left to the checks that
-    judge the graft itself."""
-    return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"

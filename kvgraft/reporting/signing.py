@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgraft import __version__, attest
+from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.hashing import hash_file
-from kvgraft.keys import PrivateKey, key_id, load_public_key
-from kvgraft.keys import sign as key_sign
+from kvgraft.release.hashing import hash_file
+from kvgraft.signing import attest
+from kvgraft.signing.keys import PrivateKey, key_id, load_public_key
+from kvgraft.signing.keys import sign as key_sign
 
 REPORT_PREDICATE_TYPE = "https://kvgraft.dev/attestation/audit-report/v1"
 RELEASE_ATTESTATION = "release.sigstore.json"
@@ -46,7 +47,7 @@ def report_statement(report_path: Path, report: dict[str, Any]) -> dict[str, Any
 
 def sign_report(report_path: Path, key: PrivateKey) -> Path:
     """Sign a written report offline; write REPORT.sigstore.json beside it."""
-    from kvgraft.report import load_report
+    from kvgraft.reporting.report import load_report
 
     report = load_report(report_path)
     payload = attest.statement_bytes(report_statement(report_path, report))
@@ -77,7 +78,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
     With `release`, also check that the release's attestation and root digest are those the report
     names. Raises VerificationError (exit 1) on any mismatch, InputError (exit 2) on unusable input.
     """
-    from kvgraft.report import load_report
+    from kvgraft.reporting.report import load_report
 
     report_path = Path(report_path)
     bpath = bundle_path(report_path)
@@ -113,7 +114,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         raise VerificationError(f"{report_path}: binding.release_attestation_digest {binding.get('release_attestation_digest')} "
                                 f"is not the signed {subjects.get(RELEASE_ATTESTATION)}")
     if release is not None:
-        from kvgraft.release import load_manifest
+        from kvgraft.release.format import load_manifest
 
         rb = Path(release) / RELEASE_ATTESTATION
         if not rb.is_file():

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvgraft import __version__
-from kvgraft._internal import jsonio, stfile
+from kvgraft._internal import jsonio
 from kvgraft.errors import FormatVersionError, InputError, IntegrityError
-from kvgraft.hashing import digest_json, hash_file
+from kvgraft.release import safetensors_header as stfile
+from kvgraft.release.hashing import digest_json, hash_file
 from kvgraft.schema import CACHE_MANIFEST, validate
 
 if TYPE_CHECKING:

@@ -39,17 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import __version__, answers, stats
-from kvgraft.capture import Schedule, new_cache, prefill
-from kvgraft.energy import measure
+from kvgraft import __version__
 from kvgraft.errors import InputError
+from kvgraft.generalization import answers, stats
+from kvgraft.generalization.energy import measure
+from kvgraft.generalization.leakage import NGRAM, leakage_for
+from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
+from kvgraft.generalization.problems import Problem, problem_hash, split, synthetic
+from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.graft import check_model, restore
-from kvgraft.leakage import NGRAM, leakage_for
-from kvgraft.library import decode, eos_ids, library_entries, load_problems, prompt_text, sample_seed
 from kvgraft.models import LoadedModel
-from kvgraft.problems import Problem, problem_hash, split, synthetic
-from kvgraft.release import Release, now_utc
-from kvgraft.selection import POLICIES, Index
+from kvgraft.release.format import Release, now_utc
+from kvgraft.runtime import Schedule, eos_ids, new_cache, prefill
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -654,14 +655,6 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
                                             seconds=time.perf_counter() - t0))
 
 
-def status(result: dict[str, Any]) -> str:
-    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
-    computation as its text); incomplete when nothing ran; else passed."""
-    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
-        return "failed"
-    return "passed" if result["runs"] else "incomplete"
-
-
 def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
     """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json)."""
 
@@ -692,5 +685,5 @@ def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query", "status",
+    "prepare", "query_text", "report_check_data", "run_query",
 ]

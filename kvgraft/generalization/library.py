@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from kvgraft import answers, problems
-from kvgraft.capture import Decoded, Schedule, prefill
 from kvgraft.capture import capture as capture_release
-from kvgraft.capture import decode as capture_decode
-from kvgraft.capture import tokenize as capture_tokenize
-from kvgraft.energy import measure
 from kvgraft.errors import InputError
+from kvgraft.generalization import answers, problems
+from kvgraft.generalization.energy import measure
+from kvgraft.generalization.problems import Problem
 from kvgraft.models import LoadedModel
-from kvgraft.problems import Problem
+from kvgraft.runtime import Decoded, Schedule, eos_ids, prefill
+from kvgraft.runtime import decode as capture_decode
+from kvgraft.runtime import tokenize as capture_tokenize
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"
@@ -112,18 +112,9 @@ def sample_seed(seed: int, *parts: str | int) -> int:
     return int.from_bytes(h[:8], "big") & ((1 << 63) - 1)
 
 
-def eos_ids(lm: LoadedModel) -> list[int]:
-    eos = lm.tokenizer.eos_token_id
-    if isinstance(eos, int):
-        return [eos]
-    if isinstance(eos, (list, tuple)):
-        return [int(e) for e in eos]
-    return []
-
-
 def decode(lm: LoadedModel, cache: Any, first_logits: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
            generator: torch.Generator | None = None, eos: Iterable[int] = (), stop_at_answer: bool = True) -> Decoded:
-    """capture.decode with this module's stop rule: an 'Answer: …' line is complete (stop "answer")."""
+    """runtime.decode with this module's stop rule: an 'Answer: …' line is complete (stop "answer")."""
     d = capture_decode(lm, cache, first_logits, max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                        eos=eos, stop=answer_line_complete if stop_at_answer else None)
     if d.stop == "stop":
@@ -355,5 +346,5 @@ def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[
 
 __all__ = [
     "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildSettings", "Decoded", "Solved", "answer_line_complete", "build", "decode",
-    "entry_meta", "eos_ids", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
+    "entry_meta", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
 ]

@@ -1,0 +1,1 @@
+"""Audit plans, the audit run, reports, claims and verdict readings, their signatures and renderings."""

@@ -100,26 +100,10 @@ def states_under(lm: models.LoadedModel, ids: list[int], how: str) -> dict[str, 
     raise ValueError(how)
 
 
-def _write_tensor(rel: Path, name: str, flat: torch.Tensor) -> None:
-    from kvgraft.release.hashing import hash_file, sha256_hex
-
-    m = json.loads((rel / "manifest.json").read_text())
-    e = m["entries"][0]
-    t = e["tensors"][name]
-    f = rel / e["file"]
-    data = bytearray(f.read_bytes())
-    start, end = t["byte_range"]
-    raw = flat.to(torch.float32).numpy().tobytes()
-    assert len(raw) == end - start
-    data[start:end] = raw
-    f.write_bytes(bytes(data))
-
-    def rehash(man: dict[str, Any]) -> None:
-        man["entries"][0]["tensors"][name]["sha256"] = sha256_hex(raw)
-        sha, size = hash_file(f)
-        man["files"][man["entries"][0]["file"]] = {"sha256": sha, "size": size}
-
-    rewrite.manifest(rel, rehash)
+def store(rel: Path, states: dict[str, torch.Tensor]) -> None:
+    """Put `states` in place of the single entry's tensors, every commitment rewritten (tests/rewrite.py)."""
+    rewrite.tensors(rel, 0, {name: t.detach().contiguous().to(torch.float32).numpy().tobytes()
+                             for name, t in states.items()})
 
 
 def main() -> None:
@@ -167,8 +151,7 @@ def main() -> None:
             states = states_under(lm, ids, how)
             rel = tmp / f"benign-{eid}-{how.replace(' ', '_')}"
             shutil.copytree(src, rel)
-            for name, t in states.items():
-                _write_tensor(rel, name, t.reshape(-1))
+            store(rel, states)
             differs = any(not torch.equal(states[n], ref[n]) for n in ref)
             case("benign", f"{eid}: {how}", rel, bytes_differ=differs)
             if not differs:
@@ -226,8 +209,7 @@ def main() -> None:
         states = layer_map(lm, cache)[1]
         rel = tmp / f"tokens-{where_label}"
         shutil.copytree(src, rel)
-        for name, t in states.items():
-            _write_tensor(rel, name, t.reshape(-1))
+        store(rel, states)
         case("tokens", f"token {at} ({where_label}) changed", rel)
 
     # One layer's weights scaled, the model keeping its name (audited with force).
@@ -240,8 +222,7 @@ def main() -> None:
         states = layer_map(olm, prefill(olm, ids, Schedule())[0])[1]
         rel = tmp / f"weights-{s}"
         shutil.copytree(src, rel)
-        for name, t in states.items():
-            _write_tensor(rel, name, t.reshape(-1))
+        store(rel, states)
         case("weights", f"layer 10 weights x (1 + {s:g})", rel, force=True)
         del other_model, olm
 
@@ -255,8 +236,7 @@ def main() -> None:
     states = layer_map(olm, prefill(olm, ids, Schedule())[0])[1]
     rel = tmp / "other-model"
     shutil.copytree(src, rel)
-    for name, t in states.items():
-        _write_tensor(rel, name, t.reshape(-1))
+    store(rel, states)
     case("model", "same architecture, other weights", rel, force=True)
 
     benign_rows = [r for r in rows if r["group"] in ("benign", "control")]

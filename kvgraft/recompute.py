@@ -284,10 +284,14 @@ def verdict_statement(result: dict[str, Any]) -> str:
 REQUIREMENTS = ("exact", "consistent")
 
 
-def passes(verdict: str, require: str) -> bool:
-    """Whether a verdict meets a requirement: `exact` needs byte-exact, `consistent` also takes consistent."""
+def check_requirement(require: str) -> None:
     if require not in REQUIREMENTS:
         raise InputError(f"--require {require}: expected one of {', '.join(REQUIREMENTS)}")
+
+
+def passes(verdict: str, require: str) -> bool:
+    """Whether a verdict meets a requirement: `exact` needs byte-exact, `consistent` also takes consistent."""
+    check_requirement(require)
     return verdict == "byte-exact" or (require == "consistent" and verdict == "consistent")
 
 
@@ -306,7 +310,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     """
     from kvgraft.executor import LocalExecutor
 
-    passes("byte-exact", require)  # refuses an unknown requirement before any work
+    check_requirement(require)  # before any work
     rel = release if isinstance(release, Release) else Release.open(release)
     rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)

@@ -26,6 +26,28 @@ def manifest(rel: Path, change: Callable[[dict[str, Any]], None]) -> None:
     (rel / "manifest.json").write_text(json.dumps(m))
 
 
+def tensors(rel: Path, entry_index: int, new: dict[str, bytes]) -> None:
+    """Replace stored tensors' raw bytes (same sizes), then rewrite their, the file's and every other digest."""
+    m = json.loads((rel / "manifest.json").read_text())
+    e = m["entries"][entry_index]
+    f = rel / e["file"]
+    data = bytearray(f.read_bytes())
+    for name, raw in new.items():
+        start, end = e["tensors"][name]["byte_range"]
+        assert len(raw) == end - start, (name, len(raw), end - start)
+        data[start:end] = raw
+    f.write_bytes(bytes(data))
+
+    def rehash(m: dict[str, Any]) -> None:
+        entry = m["entries"][entry_index]
+        for name, raw in new.items():
+            entry["tensors"][name]["sha256"] = sha256_hex(raw)
+        sha, size = hash_file(f)
+        m["files"][entry["file"]] = {"sha256": sha, "size": size}
+
+    manifest(rel, rehash)
+
+
 def element(rel: Path, entry_index: int, tensor: str, index: int,
             new_value: Callable[[float], float]) -> tuple[float, float]:
     """Set one float32 element of a stored tensor to `new_value(old)`; return (old, new)."""
@@ -33,22 +55,12 @@ def element(rel: Path, entry_index: int, tensor: str, index: int,
     e = m["entries"][entry_index]
     t = e["tensors"][tensor]
     assert t["dtype"] == "float32"
-    f = rel / e["file"]
-    data = bytearray(f.read_bytes())
-    at = t["byte_range"][0] + index * 4
-    (old,) = struct.unpack_from("<f", data, at)
-    struct.pack_into("<f", data, at, new_value(old))
-    (new,) = struct.unpack_from("<f", data, at)
-    f.write_bytes(bytes(data))
-
-    def rehash(m: dict[str, Any]) -> None:
-        entry = m["entries"][entry_index]
-        start, end = entry["tensors"][tensor]["byte_range"]
-        entry["tensors"][tensor]["sha256"] = sha256_hex(bytes(data[start:end]))
-        sha, size = hash_file(f)
-        m["files"][entry["file"]] = {"sha256": sha, "size": size}
-
-    manifest(rel, rehash)
+    start, end = t["byte_range"]
+    raw = bytearray((rel / e["file"]).read_bytes()[start:end])
+    (old,) = struct.unpack_from("<f", raw, index * 4)
+    struct.pack_into("<f", raw, index * 4, new_value(old))
+    (new,) = struct.unpack_from("<f", raw, index * 4)
+    tensors(rel, entry_index, {tensor: bytes(raw)})
     return old, new
 
 

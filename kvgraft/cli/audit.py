@@ -77,7 +77,7 @@ def recompute_cmd(
 
     if chunk is not None and one_shot:
         raise InputError("--chunk and --one-shot exclude each other")
-    recompute.passes("byte-exact", require)
+    recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
     rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
     override = None

@@ -319,20 +319,22 @@ def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, A
     assert all(m["p_value"] <= 1 for m in data["mcnemar"])
 
 
-def test_render_shows_every_part(tiny_result: dict[str, Any]) -> None:
+@pytest.mark.parametrize("width", [220, 80])
+def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> None:
     from rich.console import Console
 
     from kvgraft.reporting.render_generalization import renderables
 
-    console = Console(record=True, width=220)
-    for r in renderables(tiny_result):
+    console = Console(record=True, width=width)
+    for r in renderables(tiny_result, console):
         console.print(r)
     text = console.export_text()
     for label in gen.LABELS.values():
-        assert label in text
+        assert label in " ".join(text.split()), label
     for needle in ("Wilson", "McNemar", "mid-p", "not significant", "clean", "contaminated", "ledger", "upstream",
                    "context accounting", "ESTIMATE", "decode / budget"):
         assert needle in text, needle
+    assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
 
 
 def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:

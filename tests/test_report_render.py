@@ -22,7 +22,9 @@ from typer.testing import CliRunner
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.reporting import report as rp
-from kvgraft.reporting.render_report import HEAT, heatmap_model, interval_bar, print_report, to_html
+from kvgraft.reporting.render_html import to_html
+from kvgraft.reporting.render_report import interval_bar, print_report
+from kvgraft.reporting.views import HEAT, heatmap_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
@@ -130,19 +132,57 @@ def test_heatmap_model(example: dict[str, Any]) -> None:
 # --- terminal --------------------------------------------------------------------------------------------------
 
 
-def test_terminal_rendering(example: dict[str, Any]) -> None:
-    console = Console(file=io.StringIO(), width=160, record=True, color_system="truecolor")
-    print_report(example, console)
-    text = console.export_text(clear=False)
-    for word in VERDICT_WORDS:
+def _render(report: dict[str, Any], width: int, detail: str | None = None) -> tuple[str, str]:
+    console = Console(file=io.StringIO(), width=width, record=True, color_system="truecolor")
+    print_report(report, console, detail=detail)
+    return console.export_text(clear=False), console.export_html(inline_styles=True)
+
+
+def test_terminal_details(example: dict[str, Any]) -> None:
+    text, styled = _render(example, 160, detail="all")
+    for word in VERDICT_WORDS[1:]:
         assert word in text, word
     assert "aime25-I-03  " + "·" * 30 in text  # byte-identical entry: a row of dots
     assert "·" * 9 + "000" in text  # the diverging entry: identical up to layer 9, then ULP digits
     assert "█" in text and "▓" in text and "░" in text  # interval bars
     assert "no power meter" in text
     assert "environment_differences" in text  # unknown data is named, not dropped (in full in the JSON)
-    styled = console.export_html(inline_styles=True)
     assert HEAT[-1] in styled  # the hottest heat-map colour is used
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_face_each_check_once_nothing_cut(example: dict[str, Any], width: int) -> None:
+    """What tmux showed at 80 and 120 columns, kept as text: one heading per check with its status, no JSON,
+    no ellipsis, every id and verdict whole, no line wider than the terminal."""
+    text, _ = _render(example, width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for c in example["checks"]:
+        heads = [line for line in lines if line.split(" ")[1:2] == [c["name"]] and line[:1] in "✓✗–?"]
+        assert len(heads) == 1 and c["status"] in heads[0], (c["name"], heads)
+        assert text.count(c["summary"]) <= 1  # a summary is never repeated (the face has its own verdict line)
+    assert "…" not in text and "{" not in text and "more in the report JSON" not in text
+    for digest in (example["release_root_digest"], example["plan"]["sha256"], example["model"]["identity"]["sha256"]):
+        assert digest in text
+    for claim in example["claims"]:
+        assert any(claim["id"] in line and claim["verdict"] in line for line in lines), claim["id"]
+    assert "aime25-II-07 differs: first difference layer 9" in " ".join(text.split())  # the failing entry, located
+    assert "FAILED:" in lines[1] and "--detail NAME" in text
+
+
+def test_details_never_cut_at_80_columns(example: dict[str, Any]) -> None:
+    text, _ = _render(example, 80, detail="all")
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for e in example["checks"][1]["data"]["entries"]:
+        assert e["id"] in text
+    wide, _ = _render(example, 200, detail="recompute")
+    assert "┃ entry" in wide  # a table where it fits; paragraphs where it does not
+    assert "┃ entry" not in _render(example, 80, detail="recompute")[0]
+
+
+def test_detail_of_an_unknown_check_is_refused(example: dict[str, Any]) -> None:
+    with pytest.raises(InputError, match=r"no check named 'nope'.*recompute"):
+        _render(example, 80, detail="nope")
 
 
 def test_interval_bar() -> None:
@@ -156,6 +196,10 @@ def test_cli_show(tmp_path: Path) -> None:
     res = runner.invoke(app, ["report", "show", str(FIXTURE)])
     assert res.exit_code == 0, res.output
     assert "FAILED" in res.stdout and "recompute" in res.stdout
+    res = runner.invoke(app, ["report", "show", str(FIXTURE), "--detail", "recompute"])
+    assert res.exit_code == 0 and "per-layer divergence" in res.stdout, res.output
+    res = runner.invoke(app, ["report", "show", str(FIXTURE), "--detail", "nope"])
+    assert res.exit_code == 2 and "no check named 'nope'" in res.stderr
     out = tmp_path / "r.html"
     res = runner.invoke(app, ["report", "show", str(FIXTURE), "--html", str(out)])
     assert res.exit_code == 0, res.output
@@ -315,7 +359,9 @@ def test_heatmap_shared_and_mismatched_layers() -> None:
         {"index": 3, "kind": "full", "keys": {"equal": False, "differing": 5, "max_ulp": 3, "max_abs": 1e-6},
          "values": {"equal": True, "differing": 0}}]}]}
     console = Console(file=io.StringIO(), width=80, record=True)
-    from kvgraft.reporting.render_report import heatmap_svg, heatmap_text, recompute_rows
+    from kvgraft.reporting.render_html import heatmap_svg
+    from kvgraft.reporting.render_report import heatmap_text
+    from kvgraft.reporting.views import recompute_rows
 
     console.print(heatmap_text(data))
     assert "e · !0" in console.export_text()

@@ -108,7 +108,7 @@ def recompute_cmd(
     if not quiet:
         from kvgraft.reporting.render_report import check_renderables
 
-        for r in check_renderables("recompute", result):
+        for r in check_renderables("recompute", result, out):
             out.print(r)
     exit_with(result["status"])
 
@@ -138,6 +138,6 @@ def determinism_cmd(
         from kvgraft._internal.jsonio import write_json
 
         write_json(json_out, result)
-    for r in check_renderables("determinism", result):
+    for r in check_renderables("determinism", result, out):
         out.print(r)
     exit_with(result["status"])

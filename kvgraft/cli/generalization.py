@@ -89,7 +89,7 @@ def build_cmd(
                                settings=settings, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
                                overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i, total=n))
     if not quiet:
-        for r in build_renderables(result):
+        for r in build_renderables(result, out):
             out.print(r)
     else:
         c = result["counts"]
@@ -161,6 +161,6 @@ def generalization_cmd(
 
         write_json(json_out, result)
     if not quiet:
-        for r in renderables(result):
+        for r in renderables(result, out):
             out.print(r)
     exit_with(result["status"])

@@ -35,7 +35,7 @@ def claims_cmd(
     else:
         from kvgraft.reporting.render_report import claims_check_renderables
 
-        for r in claims_check_renderables(result):
+        for r in claims_check_renderables(result, out):
             out.print(r)
     exit_with(result["status"])
 
@@ -46,18 +46,23 @@ def show_cmd(
     report: Annotated[Path, typer.Argument(help="Audit report JSON (schemas/audit-report.v1.json).")],
     html_out: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML page here instead.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing HTML file.")] = False,
+    detail: Annotated[str | None, typer.Option(
+        "--detail", help="Show one check's tables and findings (its name in the report), `ledger`, or `all`.")] = None,
 ) -> None:
-    """Render an audit report in the terminal, or as one self-contained HTML page with --html."""
+    """Render an audit report in the terminal: each check once, as a verdict line and the figures that decide it.
+
+    --detail NAME shows what is behind one check; --html writes everything as one self-contained HTML page.
+    """
     from kvgraft.reporting.report import load_report
 
     doc = load_report(report)
     if html_out is None:
         from kvgraft.reporting.render_report import print_report
 
-        print_report(doc, out)
+        print_report(doc, out, detail=detail, path=str(report))
         return
     from kvgraft._internal.jsonio import refuse_existing, write_atomic
-    from kvgraft.reporting.render_report import to_html
+    from kvgraft.reporting.render_html import to_html
 
     refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())

@@ -54,7 +54,7 @@ def run_cmd(
     elif not quiet:
         from kvgraft.reporting.render_report import print_report
 
-        print_report(outcome.report, out)
+        print_report(outcome.report, out, path=str(outcome.report_path))
         out.print(f"report   {outcome.report_path}")
         out.print(f"html     {outcome.html}")
         if outcome.bundle_path:

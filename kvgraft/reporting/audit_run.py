@@ -98,7 +98,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
     from kvgraft import recompute, signer
     from kvgraft.environment import record as environment
-    from kvgraft.reporting.render_report import to_html
+    from kvgraft.reporting.render_html import to_html
     from kvgraft.reporting.report import claim_verdicts, new_report, write_report
     from kvgraft.signing import attest
 

@@ -1,13 +1,116 @@
-"""Rich renderings shared by commands."""
+"""The renderers' shared vocabulary: status colours, one way to write a number, text that wraps and never truncates."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow", "incomplete": "bold yellow"}
+STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "incomplete": "?"}
+VERDICT_STYLE = {
+    "supported": "green", "consistent": "green", "contradicted": "bold red", "inconsistent": "bold red",
+    "unsupported": "yellow", "not-testable": "cyan", "needs-measurement": "cyan", "byte-exact": "green",
+}
+WORDS = {**VERDICT_STYLE, **STATUS_STYLE}  # every word a renderer colours wherever it appears
+
+
+def num(x: Any, spec: str | None = None) -> str:
+    """The one way a report writes a number: integers with thousands separators; floats with four significant
+    digits (separators from 1,000, exponent below 0.001, so a p-value or a KL keeps its magnitude); None as "-"."""
+    if x is None:
+        return "-"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:,}"
+    if not isinstance(x, float):
+        return str(x)
+    if spec is not None:
+        return format(x, spec)
+    if x == 0 or 1e-3 <= abs(x) < 1e15:
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+    return f"{x:.3g}"
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def kn(a: dict[str, Any] | None) -> str:
+    """k/n of an accuracy dict, "-" when it has no n."""
+    return f"{a['k']}/{a['n']}" if a and a.get("n") else "-"
+
+
+def hanging(label: str, value: str, width: int, *, indent: int = 2, label_width: int = 0) -> list[str]:
+    """`label value` wrapped to `width`, continuation lines aligned under the value.
+
+    A word longer than the room beside the label (a digest, a path) starts its own line further in, whole:
+    ids are wrapped, never cut. A word longer than the whole line is left to the terminal to fold.
+    """
+    head = " " * indent + (label.ljust(label_width) + " " if label or label_width else "")
+    room = width - len(head)
+    words = value.split()
+    if room < 16 or any(len(w) > room for w in words):
+        lines = [head.rstrip()] if head.strip() else []
+        inner = " " * (indent + 2)
+        return lines + _wrap(value, width, inner)
+    wrapped = _wrap(value, width, " " * len(head))
+    return [head + wrapped[0].lstrip(), *wrapped[1:]] if wrapped else [head.rstrip()]
+
+
+def _wrap(value: str, width: int, prefix: str) -> list[str]:
+    return textwrap.wrap(value, max(width, len(prefix) + 1), initial_indent=prefix, subsequent_indent=prefix,
+                         break_long_words=False, break_on_hyphens=False) or [prefix.rstrip()]
+
+
+def styled(lines: list[str], words: dict[str, str] | None = None, style: str = "") -> Text:
+    """Lines as one Text; each word in `words` (a verdict, a status) in its style wherever it appears whole."""
+    text = Text("\n".join(lines), style=style)
+    for word, st in (words or {}).items():
+        text.highlight_regex(rf"(?<![\w-]){word}(?![\w-])", st)
+    return text
+
+
+def fitted(console: Console, table: Table, headers: list[str], rows: list[list[str]]) -> RenderableType:
+    """The table when it fits the console at its natural width; else one paragraph per row, so no cell is cut.
+
+    The paragraph names the row by its first cell and lists the others as `header value`.
+    """
+    # Console.measure clamps to the console's width; measured against a wide one, it says what the table needs.
+    if Measurement.get(console, console.options.update_width(1 << 16), table).maximum <= console.width:
+        return table
+    lines: list[str] = []
+    for row in rows:
+        rest = "; ".join(f"{h} {v}" for h, v in zip(headers[1:], row[1:], strict=True) if v not in ("", "-"))
+        lines += hanging(str(row[0]), rest, console.width, indent=0)
+    return styled(([table.title] if isinstance(table.title, str) else []) + lines, WORDS)
+
+
+def table(console: Console, title: str, headers: list[str], rows: list[list[str]],
+          right: tuple[int, ...] = ()) -> RenderableType:
+    """A table of strings that fits `console`, else its rows as paragraphs (see fitted); verdict words coloured."""
+    t = Table(title=title or None, title_justify="left")
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="right" if i in right else "left")
+    for row in rows:
+        t.add_row(*[styled([c], WORDS) for c in row])
+    return fitted(console, t, headers, rows)
+
+
+def kv_lines(width: int, title: str, rows: list[tuple[str, str]]) -> list[str]:
+    """`label value` lines under a title, values aligned and wrapped (see hanging)."""
+    label_width = min(max((len(k) for k, _ in rows), default=0), 28)
+    out = [title] if title else []
+    for k, v in rows:
+        out += hanging(k, v, width, label_width=label_width)
+    return out
 
 
 def ledger_table(ledger: dict[str, Any]) -> Table:
+    """The token ledger of one graft (`kvgraft run`)."""
     t = Table(title="token ledger", show_header=False, title_justify="left")
     t.add_column("what")
     t.add_column("value", justify="right")

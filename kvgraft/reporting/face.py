@@ -1,0 +1,278 @@
+"""A report's face: each check once, as a verdict line and the few figures that decide it.
+
+Terminal and HTML both show this first; the tables behind each check are details (`report show --detail`).
+Each check kind has one face function in FACES; a kind it does not know shows its summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from kvgraft.reporting.render import STATUS_MARK, STATUS_STYLE, WORDS, hanging, kn, num, styled
+
+
+@dataclass(frozen=True)
+class Face:
+    verdict: str  # the sentence that decides the check's status
+    figures: list[str] = field(default_factory=list)  # the few figures behind it
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _verify(data: dict[str, Any]) -> Face:
+    if not data.get("ok"):
+        return Face(f"release refused: {data.get('error') or 'see details'}")
+    verdict = (f"release intact: {num(data.get('entries'))} entries, {num(data.get('files'))} files, "
+               f"{num(data.get('tensors'))} tensors, {num(data.get('bytes_hashed'))} bytes hashed against its manifest"
+               + ("; every tensor re-hashed" if data.get("deep") else ""))
+    sig = _dict(data.get("signature"))
+    if sig.get("status") == "verified":
+        who = (f"key {sig.get('key_id')}" if sig.get("method") == "key"
+               else f"{sig.get('identity')} via {sig.get('issuer')} (Sigstore)")
+        signed = f"signature verified: {who}"
+    else:
+        signed = "signature not checked" + ("" if sig.get("bundle") else ": the release is unsigned")
+    return Face(verdict, [signed] + [f"warning: {w}" for w in data.get("warnings", [])])
+
+
+def _entry_verdicts(entries: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for e in entries:
+        v = str(e.get("verdict") or ("byte-exact" if e.get("byte_exact") else "differs"))
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return f"all {len(entries)} entries {next(iter(counts))}"
+    return ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(entries)} entries"
+
+
+def _recompute(data: dict[str, Any]) -> Face:
+    from kvgraft.reporting.views import recompute_rows
+
+    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
+    rows = recompute_rows(data)
+    word = data.get("verdict") or ("byte-exact" if data.get("all_byte_exact") else "not byte-exact")
+    verdict = f"{word}: {_entry_verdicts(entries)} against a fresh computation"
+    if data.get("require"):
+        verdict += f"; requirement {data['require']}: {'met' if data.get('passed') else 'NOT met'}"
+    figures = []
+    env = ((data.get("environment") or {}).get("current") or {})
+    if env:
+        where = ", ".join(str(env[k]) for k in ("device", "dtype", "attn_implementation") if env.get(k) is not None)
+        threads = f", {env['threads']} threads" if env.get("threads") else ""
+        cond = data.get("conditions") or {}
+        skipped, changed = sorted(cond.get("not_replayed") or {}), sorted(cond.get("overridden") or {})
+        replay = "; ".join(x for x in (f"overridden: {', '.join(changed)}" if changed else "",
+                                       f"not replayed: {', '.join(skipped)}" if skipped else "") if x)
+        figures.append(f"on {env.get('device_name', '?')} ({where}{threads}); "
+                       + (replay or "every recorded condition replayed"))
+    kls = [r["kl"] for r in rows if r["kl"] is not None]
+    natural = [r["kl_natural"] for r in rows if r["kl_natural"] is not None]
+    if kls:
+        zero = sum(1 for x in kls if x == 0)
+        figures.append(f"KL(fresh ‖ grafted) exactly 0 in {zero}/{len(kls)}" + (f", max {num(max(kls))}" if max(kls) else "")
+                       + (f"; without any cache (one forward pass) max KL {num(max(natural))}" if natural else ""))
+    for r in [r for r in rows if r["verdict"] != "byte-exact"][:3]:
+        figures.append(f"{r['id']} {r['verdict']}: first difference {r['first']}")
+    return Face(verdict, figures)
+
+
+def _determinism(data: dict[str, Any]) -> Face:
+    conds = [c for c in data.get("conditions", []) if isinstance(c, dict)]
+    classes: dict[str, list[str]] = {}
+    for c in conds:
+        classes.setdefault(str(c.get("class", "?")), []).append(str(c.get("name")))
+    env = data.get("environment") or {}
+    where = f" on {env.get('device_name')}" if isinstance(env, dict) and env.get("device_name") else ""
+    verdict = (f"{len(classes)} distinct KV byte classes among {len(conds)} conditions{where} "
+               "(it describes; it fails nothing)")
+    baseline = str(data.get("baseline", ""))
+    figures = []
+    for label, names in classes.items():
+        if baseline in names:
+            others = len(names) - 1
+            figures.append(f"{label}: the baseline ({baseline})" + (f" and {others} more conditions" if others else ""))
+        else:
+            figures.append(f"{label}: {'; '.join(names)}")
+    return Face(verdict, figures)
+
+
+_SHORT = {"none": "a", "own": "b", "other": "c", "own_text": "d(b)", "other_text": "d(c)"}
+
+
+def _generalization(data: dict[str, Any]) -> Face:
+    result = _dict(data.get("result"))
+    equality = result.get("equality") or {}
+    if equality:
+        same = [f"{_SHORT.get(q['text'], q['text'])} = {_SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
+                for q in equality.values()]
+        ok = all(q["equal"] == q["n"] for q in equality.values())
+        verdict = ("the same tokens as prompt text reproduce each graft's output" if ok else
+                   "the same tokens as prompt text do NOT reproduce a graft's output") + ": " + ", ".join(same)
+    else:
+        verdict = "no prompt-text condition to compare with the grafts"
+    bench = (data.get("benchmark") or {}).get("name")
+    accs = ", ".join(f"{str(a['name']).split(':')[0]} {kn(a)}" for a in data.get("conditions", []))
+    figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
+    comps = result.get("comparisons") or []
+    for c in comps:
+        m = c.get("mcnemar") or {}
+        sig = "significant" if c.get("significant") else "not significant"
+        det = c.get("detectable") or {}
+        power = f"; detectable at n = {c.get('n')}: {num(det['effect'] * 100, '.0f')}%" if det.get("effect") else ""
+        n = c.get("n")
+        figures.append(f"{c['name']}: {_SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
+                       f"{_SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
+                       f"{sig} at {m.get('alpha', 0.05)}{power}")
+    if not comps:
+        for m in data.get("mcnemar", []):
+            figures.append(f"{m['b']} vs {m['a']}: exact McNemar p = {num(m['p_value'])}")
+    for cond, leak in ((result.get("leakage") or {}).get("by_condition") or {}).items():
+        dirty, clean = leak.get("contaminated") or {}, leak.get("clean") or {}
+        if dirty.get("n") and not cond.endswith("_text"):  # a text condition shares its graft's entries
+            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean.get('n', 0)} {_SHORT.get(cond, cond)} queries "
+                           f"have their answer or text in the grafted entry; right there {kn(dirty)}, "
+                           f"on clean ones {kn(clean) if clean.get('n') else 'none to count'}")
+    return Face(verdict, figures)
+
+
+def _controls(data: dict[str, Any]) -> Face:
+    controls = [c for c in data.get("controls", []) if isinstance(c, dict)]
+    shows = sum(1 for c in controls if c.get("shows"))
+    verdict = f"{shows}/{len(controls)} controls show the effect planted in them"
+    figures = []
+    for c in controls:
+        graft = "b" if c.get("condition") == "own" else "c"
+        det = c.get("detectable") or {}
+        power = f" (detectable at n = {c['n']}: {num(det['effect'] * 100, '.0f')}%)" if det.get("effect") else ""
+        figures.append(f"{c['name']}: {graft} {kn(c['graft'])} vs a {kn(c['baseline'])}, p = {num(c['mcnemar']['p_exact'])}: "
+                       f"{'shows it' if c.get('shows') else 'does NOT show it'}{power}")
+    return Face(verdict, figures)
+
+
+def _claims(data: dict[str, Any]) -> Face:
+    counts = ", ".join(f"{n} {k}" for k, n in (data.get("counts") or {}).items() if n)
+    claims = [c for c in data.get("claims", []) if isinstance(c, dict)]
+    bad = [c for c in claims if c.get("verdict") in ("contradicted", "inconsistent")]
+    verdict = f"{len(claims)} claims: {counts or 'none'}" + ("" if bad else "; none contradicted or inconsistent")
+    return Face(verdict, [f"reading: {r['summary']}" for r in data.get("readings", []) if r.get("figures")])
+
+
+FACES: dict[str, Callable[[dict[str, Any]], Face]] = {
+    "verify": _verify, "recompute": _recompute, "determinism": _determinism,
+    "generalization": _generalization, "controls": _controls, "claims": _claims,
+}
+
+
+def face(check: dict[str, Any]) -> Face:
+    """The face of one check of a report; a skipped check says why, an unknown kind shows its summary."""
+    if check["status"] == "skipped":
+        return Face(f"skipped: {check.get('reason') or check['summary']}")
+    fn = FACES.get(check["kind"])
+    if fn is None or not check.get("data"):
+        return Face(check["summary"])
+    try:
+        return fn(check["data"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        # A report from another version may lack a member a face reads: its summary still says what it found.
+        return Face(check["summary"])
+
+
+def audited(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the report is about, as (label, value): names and full digests."""
+    model = report.get("model") or {}
+    items = [("plan", str(report["plan"]["name"])), ("plan sha256", str(report["plan"].get("sha256", "-"))),
+             ("model", str(model.get("spec", "none")))]
+    if isinstance(model.get("identity"), dict) and model["identity"].get("sha256"):
+        items.append(("model identity", str(model["identity"]["sha256"])))
+    items += [("release root", str(report["release_root_digest"])),
+              ("attestation", str(report["binding"]["release_attestation_digest"] or "none (unsigned release)"))]
+    env = report.get("environment") or {}
+    where = ", ".join(str(env[k]) for k in ("device", "device_name", "dtype", "attn_implementation") if env.get(k))
+    if where:
+        items.append(("environment", where + (f", torch {env['torch']}" if env.get("torch") else "")))
+    items.append(("created", f"{report['created']} by kvgraft {report['kvgraft_version']}"))
+    return items
+
+
+def claim_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(id, verdict, what was claimed, plus why when the verdict goes against the claim)."""
+    rows = []
+    for c in report.get("claims", []):
+        why = f" — {c['reason']}" if c["verdict"] in ("contradicted", "inconsistent", "unsupported") else ""
+        rows.append((str(c["id"]), str(c["verdict"]), str(c.get("claimed", "")) + why))
+    return rows
+
+
+def _claim_lines(report: dict[str, Any], width: int, indent: int) -> list[RenderableType]:
+    rows = claim_rows(report)
+    if not rows:
+        return []
+    id_width = max(len(r[0]) for r in rows)
+    verdict_width = max(len(r[1]) for r in rows)
+    return [styled(hanging(f"{cid.ljust(id_width)}  {verdict.ljust(verdict_width)}", claimed, width, indent=indent), WORDS)
+            for cid, verdict, claimed in rows]
+
+
+def claims_outside_checks(report: dict[str, Any]) -> bool:
+    return bool(report.get("claims")) and not any(c["kind"] == "claims" for c in report["checks"])
+
+
+def detail_names(report: dict[str, Any]) -> list[str]:
+    """What --detail accepts: each check's name, the claims when no check holds them, the ledger, all."""
+    return ([c["name"] for c in report["checks"]] + (["claims"] if claims_outside_checks(report) else [])
+            + (["ledger"] if report.get("ledger") else []) + ["all"])
+
+
+def details_hint(report: dict[str, Any], path: str) -> str:
+    names = detail_names(report)
+    return (f"details: kvgraft report show {path} --detail NAME ({', '.join(names)}); "
+            "everything on one page: --html FILE")
+
+
+
+
+
+def renderables(report: dict[str, Any], width: int, path: str = "REPORT") -> list[RenderableType]:
+    """The face for a terminal `width` columns wide: nothing is cut, long values wrap."""
+    v = report["verdict"]
+    model = (report.get("model") or {}).get("spec", "no model")
+    style = STATUS_STYLE.get(v["status"], "bold")
+    out: list[RenderableType] = [Text(f"kvgraft audit · {report['plan']['name']} · {model}", style="bold")]
+    checks = v["checks"]
+    incomplete = f", {checks['incomplete']} incomplete" if checks.get("incomplete") else ""
+    claims = ", ".join(f"{n} {k}" for k, n in v["claims"].items() if n) or "none"
+    headline = styled(hanging(v["status"].upper() + ":", v["headline"], width, indent=0), WORDS)
+    headline.stylize(style, 0, len(v["status"]))
+    out.append(headline)
+    out.append(styled(hanging("", f"checks: {checks['passed']} passed, {checks['failed']} failed{incomplete}, "
+                               f"{checks['skipped']} skipped; claims: {claims}", width, indent=0)))
+    if report.get("note"):
+        out.append(Text("\n".join(hanging("note:", report["note"], width, indent=0)), style="italic"))
+    out.append(Text("\nwhat was audited", style="bold"))
+    label_width = max(len(label) for label, _ in audited(report))
+    for label, value in audited(report):
+        out.append(Text("\n".join(hanging(label, value, width, label_width=label_width))))
+    out.append(Text("\nchecks", style="bold"))
+    for c in report["checks"]:
+        f = face(c)
+        head = Text(f"{STATUS_MARK.get(c['status'], '·')} {c['name']} ", style="bold")
+        head.append(c["status"], style=STATUS_STYLE.get(c["status"], ""))
+        if c["kind"] != c["name"]:
+            head.append(f" ({c['kind']})", style="dim")
+        out.append(head)
+        out.append(styled(hanging("", f.verdict, width, indent=4), WORDS))
+        for fig in f.figures:
+            out.append(styled(hanging("·", fig, width, indent=4), WORDS, style="dim"))
+        if c["kind"] == "claims":
+            out += _claim_lines(report, width, indent=4)
+    if claims_outside_checks(report):
+        out += [Text("\nclaims", style="bold"), *_claim_lines(report, width, indent=2)]
+    out.append(Text("\n" + "\n".join(hanging("", details_hint(report, path), width, indent=0)), style="dim"))
+    return out

@@ -66,6 +66,23 @@ def test_report_is_signed_bound_and_verifies(signed_run: Path) -> None:
     assert "verified" in res.stdout
 
 
+def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real report in an 80-column terminal: each check once with its status, no JSON, nothing cut."""
+    from kvgraft.cli import _base
+
+    monkeypatch.setattr(_base.out, "width", 80)
+    res = runner.invoke(app, ["report", "show", str(signed_run / "report.json")])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for name in ("verify", "recompute", "claims"):
+        assert sum(1 for line in lines if line.startswith(f"✓ {name} passed")) == 1, name
+    assert "…" not in res.stdout and "{" not in res.stdout and "byte-exact" in res.stdout
+    report = json.loads((signed_run / "report.json").read_text())
+    assert report["release_root_digest"] in res.stdout
+    assert all(any(c["id"] in line and c["verdict"] in line for line in lines) for c in report["claims"])
+
+
 def test_any_edit_of_the_report_fails_verification(signed_run: Path, tmp_path: Path) -> None:
     import shutil
 

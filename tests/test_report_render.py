@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import html
 import io
 import json
 import os
@@ -262,6 +263,10 @@ def test_html_contains_report_content(example: dict[str, Any]) -> None:
     assert "aime25-II-07 layer 29: " in page  # heat-map cell tooltip
     assert "byte-identical" in page and "not significant at 0.05" in page
     assert "TEST FIXTURE" in page
+    face = page[page.index("<h2>Checks</h2>"):page.index("<h2>Details</h2>")]
+    for c in example["checks"]:  # the face lists each check once; its summary is in the details, not twice
+        assert face.count(f"<li><b>{c['name']}</b>") == 1, c["name"]
+        assert page.count(html.escape(c["summary"], quote=True)) == 1, c["name"]
 
 
 # --- in a browser ----------------------------------------------------------------------------------------------

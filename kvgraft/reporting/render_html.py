@@ -12,23 +12,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kvgraft.reporting import face
+from kvgraft.reporting import face, views
 from kvgraft.reporting.render import num as _num
 from kvgraft.reporting.render import pct as _pct
-from kvgraft.reporting.views import (
-    CONTROLS_HEAD,
-    HEAT,
-    IDENTICAL_COLOR,
-    KNOWN_DATA,
-    acc_interval,
-    cell_text,
-    controls_rows,
-    determinism_model,
-    heatmap_model,
-    readings_lines,
-    recompute_rows,
-    verify_lines,
-)
 
 HTML_COLOR = {
     "passed": "#1b7f3b", "supported": "#1b7f3b", "consistent": "#1b7f3b",
@@ -84,7 +70,7 @@ def _table(headers: list[str], rows: list[list[str]], num: Iterable[int] = ()) -
 
 
 def heatmap_svg(data: dict[str, Any]) -> str:
-    m = heatmap_model(data)
+    m = views.heatmap_model(data)
     if not m["rows"] or not m["layers"]:
         return '<p class="muted">(no per-layer data)</p>'
     label_w, top = 170, 28
@@ -104,32 +90,33 @@ def heatmap_svg(data: dict[str, Any]) -> str:
             c = r["cells"].get(i)
             x = label_w + cell * i
             if c is None or (not c["known"] and not c["mismatch"]):
-                tip = f"{r['id']} layer {i}: {cell_text(c) if c else 'no data'}"
+                tip = f"{r['id']} layer {i}: {views.cell_text(c) if c else 'no data'}"
                 parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" fill="#fff" stroke="#ddd">'
                              f"<title>{_e(tip)}</title></rect>")
                 continue
             if c["mismatch"]:
-                tip = f"{r['id']} layer {i}: {cell_text(c)}"
-                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" fill="{HEAT[-1]}" stroke="#000">'
+                tip = f"{r['id']} layer {i}: {views.cell_text(c)}"
+                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" '
+                             f'fill="{views.HEAT[-1]}" stroke="#000">'
                              f"<title>{_e(tip)}</title></rect>")
                 continue
-            fill = IDENTICAL_COLOR if c["identical"] else HEAT[c["level"] if c.get("level") is not None else 0]
-            tip = f"{r['id']} layer {i}: {cell_text(c)}"
+            fill = views.IDENTICAL_COLOR if c["identical"] else views.HEAT[c["level"] if c.get("level") is not None else 0]
+            tip = f"{r['id']} layer {i}: {views.cell_text(c)}"
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" fill="{fill}">'
                          f"<title>{_e(tip)}</title></rect>")
             if c["identical"]:
                 parts.append(f'<circle cx="{x + (cell - 1) / 2:.1f}" cy="{y + 7.5}" r="1.5" fill="#4a7c59"/>')
     ly = top + 16 * len(m["rows"]) + 14
-    parts.append(f'<rect x="{label_w}" y="{ly}" width="14" height="12" fill="{IDENTICAL_COLOR}"/>'
+    parts.append(f'<rect x="{label_w}" y="{ly}" width="14" height="12" fill="{views.IDENTICAL_COLOR}"/>'
                  f'<text x="{label_w + 18}" y="{ly + 10}" font-size="11">byte-identical</text>')
     lx = label_w + 120
     lo_label = "1 ULP" if m["metric"] == "ulp" else f"|diff| 10^{m['log_lo']:.1f}"
     hi_label = (f"{10 ** m['log_hi']:,.0f} ULP" if m["metric"] == "ulp" else f"10^{m['log_hi']:.1f}")
     parts.append(f'<text x="{lx}" y="{ly + 10}" font-size="11">{_e(lo_label)}</text>')
     lx += 8 + 7 * len(lo_label)
-    for k, color in enumerate(HEAT):
+    for k, color in enumerate(views.HEAT):
         parts.append(f'<rect x="{lx + 18 * k}" y="{ly}" width="18" height="12" fill="{color}"/>')
-    parts.append(f'<text x="{lx + 18 * len(HEAT) + 6}" y="{ly + 10}" font-size="11">'
+    parts.append(f'<text x="{lx + 18 * len(views.HEAT) + 6}" y="{ly + 10}" font-size="11">'
                  f"{_e(hi_label)} (log scale, max of K and V)</text>")
     parts.append("</svg>")
     more = f'<p class="muted">{m["truncated"]} more entries not shown.</p>' if m["truncated"] else ""
@@ -137,7 +124,7 @@ def heatmap_svg(data: dict[str, Any]) -> str:
 
 
 def intervals_svg(accuracies: list[dict[str, Any]]) -> str:
-    rows = [(a, acc_interval(a)) for a in accuracies]
+    rows = [(a, views.acc_interval(a)) for a in accuracies]
     label_w, plot_w, right_w, row_h, top = 190, 560, 190, 26, 24
     width = label_w + plot_w + right_w
     height = top + row_h * len(rows) + 10
@@ -167,7 +154,7 @@ def _accuracy_html(title: str, accuracies: list[dict[str, Any]]) -> str:
     rows = []
     for a in accuracies:
         k, n = int(a["k"]), int(a["n"])
-        iv = acc_interval(a)
+        iv = views.acc_interval(a)
         rows.append([_e(a["name"]), f"{k}/{n}", _pct(k / n), "-" if iv is None else f"{_pct(iv[0])}–{_pct(iv[1])}"])
     return f"<h3>{_e(title)}</h3>" + intervals_svg(accuracies) + _table(["condition", "k/n", "accuracy", "95% Wilson interval"],
                                                                       rows, num=(1, 2, 3))
@@ -176,7 +163,7 @@ def _accuracy_html(title: str, accuracies: list[dict[str, Any]]) -> str:
 def _recompute_html(c: dict[str, Any]) -> str:
     data = c["data"]
     rows = []
-    for r in recompute_rows(data):
+    for r in views.recompute_rows(data):
         state = _badge("passed" if r["verdict"] in ("byte-exact", "consistent") else "failed", r["verdict"])
         rows.append([_e(r["id"]), _num(r["tokens"]), state, f"{r['differing_layers']}/{r['layers']}", _num(r["max_ulp"]),
                      _num(r["max_abs"]), _num(r["excess"]), _e(r["first"]), _num(r["kl"]), _num(r["kl_natural"])])
@@ -213,7 +200,7 @@ def _generalization_html(c: dict[str, Any]) -> str:
 
 
 def _determinism_html(c: dict[str, Any]) -> str:
-    m = determinism_model(c["data"])
+    m = views.determinism_model(c["data"])
     out = ""
 
     def chip(label: str, colour: str) -> str:
@@ -238,7 +225,7 @@ def _determinism_html(c: dict[str, Any]) -> str:
 
 
 def _verify_html(c: dict[str, Any]) -> str:
-    result, details = verify_lines(c["data"])
+    result, details = views.verify_lines(c["data"])
     out = f"<p>result: <b>{_e(result)}</b></p>"
     if details:
         out += "<ul>" + "".join(f"<li>{_e(d)}</li>" for d in details) + "</ul>"
@@ -253,11 +240,11 @@ def _kv_html(mapping: dict[str, Any]) -> str:
 
 def _controls_html(check: dict[str, Any]) -> str:
     notes = "".join(f"<li>{_e(x)}</li>" for x in check["data"].get("statements", []))
-    return _table(CONTROLS_HEAD, [[_e(x) for x in row] for row in controls_rows(check["data"])]) + f"<ul>{notes}</ul>"
+    return _table(views.CONTROLS_HEAD, [[_e(x) for x in row] for row in views.controls_rows(check["data"])]) + f"<ul>{notes}</ul>"
 
 
 def _claims_html(check: dict[str, Any]) -> str:
-    return "".join(f"<p>{_e(line)}</p>" for line in readings_lines(check["data"]))
+    return "".join(f"<p>{_e(line)}</p>" for line in views.readings_lines(check["data"]))
 
 
 _HTML_RENDERERS = {"recompute": _recompute_html, "generalization": _generalization_html, "determinism": _determinism_html,
@@ -310,7 +297,7 @@ def to_html(report: dict[str, Any]) -> str:
         renderer = _HTML_RENDERERS.get(c["kind"])
         if renderer is not None and c["data"]:
             section.append(renderer(c))
-        rest = {k: v for k, v in c["data"].items() if k not in KNOWN_DATA.get(c["kind"], ())}
+        rest = {k: v for k, v in c["data"].items() if k not in views.KNOWN_DATA.get(c["kind"], ())}
         if rest:
             section.append(f"<details><summary>more data</summary><pre>{_e(_json(rest))}</pre></details>")
         section.append("</div>")

@@ -78,8 +78,11 @@ def _recompute(data: dict[str, Any]) -> Face:
         zero = sum(1 for x in kls if x == 0)
         figures.append(f"KL(fresh ‖ grafted) exactly 0 in {zero}/{len(kls)}" + (f", max {num(max(kls))}" if max(kls) else "")
                        + (f"; without any cache (one forward pass) max KL {num(max(natural))}" if natural else ""))
-    for r in [r for r in rows if r["verdict"] != "byte-exact"][:3]:
+    differing = [r for r in rows if r["verdict"] != "byte-exact"]
+    for r in differing[:3]:
         figures.append(f"{r['id']} {r['verdict']}: first difference {r['first']}")
+    if len(differing) > 3:
+        figures.append(f"{len(differing) - 3} more entries not byte-exact: --detail lists each")
     return Face(verdict, figures)
 
 
@@ -145,7 +148,7 @@ def _generalization(data: dict[str, Any]) -> Face:
 def _controls(data: dict[str, Any]) -> Face:
     controls = [c for c in data.get("controls", []) if isinstance(c, dict)]
     shows = sum(1 for c in controls if c.get("shows"))
-    verdict = f"{shows}/{len(controls)} controls show the effect planted in them"
+    verdict = f"{shows}/{len(controls)} controls show what they expect (an effect where one is planted, none where not)"
     figures = []
     for c in controls:
         graft = "b" if c.get("condition") == "own" else "c"

@@ -122,3 +122,12 @@ def test_unsigned_report_refused(signed_run: Path, tmp_path: Path) -> None:
     (copy / "report.sigstore.json").unlink()
     res = _verify(copy)
     assert res.exit_code == errors.EXIT_FAILED and "unsigned" in res.stderr
+
+
+def test_every_check_a_plan_can_name_has_one_runner() -> None:
+    from kvgraft.reporting.audit_run import CHECKS
+    from kvgraft.schema import schema_dir
+
+    schema = json.loads((schema_dir() / "audit-plan.v1.json").read_text())
+    assert sorted(CHECKS) == sorted(schema["properties"]["checks"]["properties"])
+    assert list(CHECKS)[-1] == "claims"  # it reads what the checks before it measured

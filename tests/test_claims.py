@@ -369,3 +369,12 @@ def test_cli_json_is_schema_valid(tmp_path: Path) -> None:
     validate(doc, claims.CLAIMS_SCHEMA, "stdout")
     assert by_id(doc, "restore-exact")["verdict"] == "supported"
     assert doc["counts"]["inconsistent"] == 0 and doc["readings"][0]["chosen"]["name"] == "avg@4"
+
+
+def test_every_kind_in_the_schema_has_one_table_entry() -> None:
+    from kvgraft.reporting.claim_kinds import KINDS
+    from kvgraft.schema import schema_dir
+
+    schema = json.loads((schema_dir() / claims.CLAIMS_SCHEMA).read_text())
+    assert list(KINDS) == schema["$defs"]["claim"]["properties"]["kind"]["enum"]
+    assert all(name == kind.name for name, kind in KINDS.items())

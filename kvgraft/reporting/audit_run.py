@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgraft import models
 from kvgraft.errors import InputError
@@ -15,6 +15,9 @@ from kvgraft.release.hashing import hash_file
 from kvgraft.reporting.plan import Plan
 from kvgraft.reporting.report import make_check
 from kvgraft.verdict import seal
+
+if TYPE_CHECKING:
+    from kvgraft.release.format import Release
 
 Progress = Callable[[str], None]
 
@@ -96,10 +99,10 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
-    from kvgraft import recompute, signer
+    from kvgraft import signer
     from kvgraft.environment import record as environment
     from kvgraft.reporting.render_html import to_html
-    from kvgraft.reporting.report import claim_verdicts, new_report, write_report
+    from kvgraft.reporting.report import new_report, write_report
     from kvgraft.signing import attest
 
     started = time.perf_counter()
@@ -123,100 +126,26 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     # below reads the release through it, and nothing is grafted from a release that would not verify.
     from kvgraft.verify import VerifyPolicy, verified
 
-    verified_release = verified(release, VerifyPolicy(key=pub))
-    checks: list[dict[str, Any]] = []
-    measured: dict[str, Any] = {}
-    natural_kl: float | None = None
-    ledger: dict[str, Any] = {}
+    ctx = Context(plan, lm, out, say, ex, verified(release, VerifyPolicy(key=pub)))
     build = release_info.get("build")
     if build:
         c, t = build["counts"], build["totals"]
-        ledger["library"] = (f"{c['reference'] + c['model']} verified entries, {t['entry_tokens']:,} tokens "
-                             f"({c['reference']} reference traces, {c['model']} model-generated, {c['unverified']} unverified); "
-                             f"upstream cost {t['upstream_tokens']:,} tokens")
-
-    if plan.check("verify") is not None:
-        say("verifying the release (hashes, statement, signature)")
-        v = verified_release.verification
-        checks.append(make_check("verify", "verify", "passed", f"{v.files} files, {v.bytes_hashed:,} bytes hashed; "
-                                 f"signature: {v.signature.describe()}", v.as_dict()))
-    rc = plan.check("recompute")
-    if rc is not None:
-        say("recomputing fresh KV states and comparing")
-        result = seal("recompute", recompute.audit(verified_release, lm, entries=rc.get("entries") or None,
-                                                   executor=ex, require=rc.get("require", "exact")))
-        exact = sum(e["byte_exact"] for e in result["entries"])
-        checks.append(make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result))
-        from kvgraft.reporting.claims import measured_from_recompute
-
-        measured.update(measured_from_recompute(result))
-        natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
-        ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
-                               f"(required: {result['require']}), "
-                               f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
-    dc = plan.check("determinism")
-    if dc is not None:
-        say("running the determinism matrix")
-        from kvgraft import determinism
-
-        d = seal("determinism", determinism.matrix(m["spec"], length=dc.get("length", 128), include_gpu=True))
-        checks.append(make_check("determinism", "determinism", d["status"], "\n".join(d["notes"]), d))
-    gc = plan.check("generalization")
-    if gc is not None:
-        say("generalization audit: conditions a-d on library, held-out and synthetic problems")
-        from kvgraft.generalization import audit as gen
-        rel = verified_release
-        queries, prepared = gen.prepare(rel, synthetic_n=gc.get("synthetic", 0))
-        settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
-                                samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
-        g = seal("generalization", gen.audit(lm, rel, queries, settings, prepared=prepared, executor=ex))
-        data = gen.report_check_data(g)
-        checks.append(make_check("generalization", "generalization", g["status"], "\n".join(g.get("statements", [])),
-                                 {**data, "result": g}))
-        ledger.update(_generalization_ledger(g))
-    kc = plan.check("controls")
-    if kc is not None:
-        from kvgraft.generalization import controls
-        from kvgraft.release.format import Release
-
-        n, seed = kc.get("n", 20), kc.get("seed", 0)
-        say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
-        controls.build(lm, out / "controls-release", n=n, seed=seed, overwrite=True)
-        k = seal("controls", controls.run(lm, Release.open(out / "controls-release"), n=n, seed=seed,
-                                          max_new_tokens=kc.get("max_new_tokens", 32), executor=ex))
-        shown = sum(c["shows"] for c in k["controls"])
-        checks.append(make_check("controls", "controls", k["status"],
-                                 f"{shown}/{len(k['controls'])} controls show what they expect "
-                                 f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})", k))
-        ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
-                              "(its own release, out/…/controls-release, not signed)")
-    claims_list: list[dict[str, Any]] = []
-    cc = plan.check("claims")
-    if cc is not None:
-        say("checking the claims file")
-        from kvgraft.reporting import claims
-
-        cf = claims.load(plan.resolve(cc["file"]))
-        checked = seal("claims", claims.check(cf, measured or None, measured_where="this audit's recompute check"))
-        claims_list = claim_verdicts(checked)
-        if natural_kl is not None:
-            # Say for which comparison exactness was measured, next to the verdict itself.
-            for c in claims_list:
-                if c.get("kind") == "exactness":
-                    contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
-                    c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
-                                    f"prefix + probe without any cache, max KL = {contrast})")
-        checks.append(make_check("claims", "claims", checked["status"],
-                                 f"{len(claims_list)} claims checked against internal consistency"
-                                 + (" and this audit's measurements" if measured else ""), checked))
+        ctx.ledger["library"] = (f"{c['reference'] + c['model']} verified entries, {t['entry_tokens']:,} tokens "
+                                 f"({c['reference']} reference traces, {c['model']} model-generated, "
+                                 f"{c['unverified']} unverified); upstream cost {t['upstream_tokens']:,} tokens")
+    checks: list[dict[str, Any]] = []
+    for kind, run_check in CHECKS.items():
+        settings = plan.check(kind)
+        if settings is not None:
+            checks.append(run_check(ctx, settings))
     wall = time.perf_counter() - started
     limit = plan.doc.get("limits", {}).get("max_minutes")
-    ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
+    ctx.ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
     report = new_report(
         plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
         model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
                "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
-        release_root_digest=_root(release), checks=checks, ledger=ledger, claims=claims_list,
+        release_root_digest=_root(release), checks=checks, ledger=ctx.ledger, claims=ctx.claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
     write_report(report_path, report)
@@ -231,6 +160,120 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
     write_atomic(html, to_html(report).encode())
     return Outcome(report, report_path, bundle, pub, release, html)
+
+
+@dataclass
+class Context:
+    """What every check reads, and what checks leave for later ones and for the report."""
+
+    plan: Plan
+    lm: models.LoadedModel
+    out: Path
+    say: Progress
+    ex: Executor
+    release: Release  # verified once, before any check reads it
+    ledger: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)  # for the claims check: what recompute measured
+    natural_kl: float | None = None  # recompute's largest KL against a one-shot prefill without a cache
+    claims: list[dict[str, Any]] = field(default_factory=list)  # the report's claims, from the claims check
+
+
+# A check reads its plan settings and the context, and returns its report entry (report.make_check).
+Check = Callable[[Context, dict[str, Any]], dict[str, Any]]
+
+
+def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
+    ctx.say("verifying the release (hashes, statement, signature)")
+    v = ctx.release.verification
+    return make_check("verify", "verify", "passed", f"{v.files} files, {v.bytes_hashed:,} bytes hashed; "
+                      f"signature: {v.signature.describe()}", v.as_dict())
+
+
+def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
+    from kvgraft import recompute
+    from kvgraft.reporting.claims import measured_from_recompute
+
+    ctx.say("recomputing fresh KV states and comparing")
+    result = seal("recompute", recompute.audit(ctx.release, ctx.lm, entries=rc.get("entries") or None,
+                                               executor=ctx.ex, require=rc.get("require", "exact")))
+    exact = sum(e["byte_exact"] for e in result["entries"])
+    ctx.measured.update(measured_from_recompute(result))
+    ctx.natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
+    ctx.ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
+                               f"(required: {result['require']}), "
+                               f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
+    return make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result)
+
+
+def _determinism(ctx: Context, dc: dict[str, Any]) -> dict[str, Any]:
+    from kvgraft import determinism
+
+    ctx.say("running the determinism matrix")
+    d = seal("determinism", determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128),
+                                               include_gpu=True))
+    return make_check("determinism", "determinism", d["status"], "\n".join(d["notes"]), d)
+
+
+def _generalization(ctx: Context, gc: dict[str, Any]) -> dict[str, Any]:
+    from kvgraft.generalization import audit as gen
+
+    ctx.say("generalization audit: conditions a-d on library, held-out and synthetic problems")
+    queries, prepared = gen.prepare(ctx.release, synthetic_n=gc.get("synthetic", 0))
+    settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
+                            samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
+    g = seal("generalization", gen.audit(ctx.lm, ctx.release, queries, settings, prepared=prepared, executor=ctx.ex))
+    ctx.ledger.update(_generalization_ledger(g))
+    return make_check("generalization", "generalization", g["status"], "\n".join(g.get("statements", [])),
+                      {**gen.report_check_data(g), "result": g})
+
+
+def _controls(ctx: Context, kc: dict[str, Any]) -> dict[str, Any]:
+    from kvgraft.generalization import controls
+    from kvgraft.release.format import Release
+
+    n, seed = kc.get("n", 20), kc.get("seed", 0)
+    ctx.say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
+    controls.build(ctx.lm, ctx.out / "controls-release", n=n, seed=seed, overwrite=True)
+    k = seal("controls", controls.run(ctx.lm, Release.open(ctx.out / "controls-release"), n=n, seed=seed,
+                                      max_new_tokens=kc.get("max_new_tokens", 32), executor=ctx.ex))
+    shown = sum(c["shows"] for c in k["controls"])
+    ctx.ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+                              "(its own release, out/…/controls-release, not signed)")
+    return make_check("controls", "controls", k["status"],
+                      f"{shown}/{len(k['controls'])} controls show what they expect "
+                      f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})", k)
+
+
+def _claims(ctx: Context, cc: dict[str, Any]) -> dict[str, Any]:
+    from kvgraft.reporting import claims
+    from kvgraft.reporting.report import claim_verdicts
+
+    ctx.say("checking the claims file")
+    cf = claims.load(ctx.plan.resolve(cc["file"]))
+    checked = seal("claims", claims.check(cf, ctx.measured or None, measured_where="this audit's recompute check"))
+    ctx.claims = claim_verdicts(checked)
+    if ctx.natural_kl is not None:
+        # Say for which comparison exactness was measured, next to the verdict itself.
+        for c in ctx.claims:
+            if c.get("kind") == "exactness":
+                contrast = "exactly 0" if ctx.natural_kl == 0.0 else f"{ctx.natural_kl:.3g}, not 0"
+                c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
+                                f"prefix + probe without any cache, max KL = {contrast})")
+    return make_check("claims", "claims", checked["status"],
+                      f"{len(ctx.claims)} claims checked against internal consistency"
+                      + (" and this audit's measurements" if ctx.measured else ""), checked)
+
+
+# Every check a plan can name, in the order they run and appear in the report: claims come after the
+# checks whose measurements they read.
+CHECKS: dict[str, Check] = {
+    "verify": _verify,
+    "recompute": _recompute,
+    "determinism": _determinism,
+    "generalization": _generalization,
+    "controls": _controls,
+    "claims": _claims,
+}
 
 
 def _generalization_ledger(g: dict[str, Any]) -> dict[str, str]:

@@ -77,15 +77,24 @@ def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = No
     return cache, logits
 
 
-@contextlib.contextmanager
-def threads(n: int) -> Iterator[None]:
-    """Run with `n` torch threads (0: one per core), restored afterwards."""
+def set_threads(n: int) -> int:
+    """The one torch thread setter: use `n` threads (0: one per core); return the count before."""
     before = torch.get_num_threads()
     torch.set_num_threads(n or cores())
+    return before
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Run with `n` torch threads (0: one per core; None: leave them), restored afterwards."""
+    if n is None:
+        yield
+        return
+    before = set_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 @torch.inference_mode()

@@ -23,13 +23,12 @@ SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime
 def _threads(threads: int | None) -> None:
     """Apply --threads (the OpenMP wait policy is set once for every command by the entrypoint)."""
     if threads is not None:
-        import torch
-
         from kvgraft.errors import InputError
+        from kvgraft.runtime import set_threads
 
         if threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+        set_threads(threads)  # for the rest of the command
 
 
 def _progress(quiet: bool) -> Progress:

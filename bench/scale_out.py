@@ -85,7 +85,7 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
         tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(model_dir)
     runtime.set_threads(1)
     lm = models.load(str(model_dir), device="cpu")
-    ids = lm.tokenizer(" ".join(tiny._CORPUS * (tokens // 20 + entries)), add_special_tokens=False)["input_ids"]
+    ids = runtime.encode(lm, " ".join(tiny._CORPUS * (tokens // 20 + entries)))
     records = [(f"b{i}", {"id": f"b{i:03d}", "text": lm.tokenizer.decode(ids[i * 11 : i * 11 + tokens])})
                for i in range(entries)]
     capture.capture(lm, records, rel, schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=8, overwrite=True)

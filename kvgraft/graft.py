@@ -18,7 +18,7 @@ from kvgraft.errors import IntegrityError, ModelMismatchError
 from kvgraft.models import LoadedModel, describe_identity_diff
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import decode, eos_ids, forward, new_cache
+from kvgraft.runtime import decode, encode, eos_ids, forward, new_cache
 from kvgraft.tensors import split_views
 from kvgraft.verify import VerifyPolicy, verified
 
@@ -175,7 +175,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token."""
     restored = restore(release, entry_id, lm, force=force, policy=policy)
-    ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]] if prompt else []
+    ids = encode(lm, prompt) if prompt else []
     t0 = time.perf_counter()
     if ids:
         logits = forward(lm, restored.cache, ids)[-1]

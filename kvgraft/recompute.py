@@ -19,7 +19,7 @@ from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
-from kvgraft.release.format import Release
+from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
@@ -44,8 +44,7 @@ def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, s
     except EOFError:
         raise IntegrityError(f"{where} tensor {info.name!r}: file ends inside bytes [{info.start}, {info.end})") from None
     if actual != expected:
-        raise IntegrityError(f"{where} tensor {info.name!r} bytes [{info.start}, {info.end}): sha256 {actual} != "
-                             f"expected {expected}")
+        raise IntegrityError(tensor_mismatch(where, info.name, info.start, info.end, actual, expected))
     return buf, actual
 
 

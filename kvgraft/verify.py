@@ -41,7 +41,7 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.format import MANIFEST, Release, check_commitments, safe_path
+from kvgraft.release.format import MANIFEST, Release, check_commitments, safe_path, tensor_mismatch
 from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
 from kvgraft.signing import attest, keys
 
@@ -302,8 +302,9 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
             t = tensors[n]
             if got != t["sha256"]:
                 a, b = t["byte_range"]
-                return (f"{path}: entry {entry['id']!r} tensor {n!r} bytes [{a}, {b}): sha256 {got}, "
-                        f"expected {t['sha256']} (file sha256 {actual}, {source} says {expected})")
+                where = f"{path}: entry {entry['id']!r}"
+                return (f"{tensor_mismatch(where, n, a, b, got, t['sha256'])} "
+                        f"(file sha256 {actual}, {source} says {expected})")
     return (f"{base}: entry {entries[0]['id']!r}: every tensor matches; the safetensors header region "
             f"[0, {data_start}) differs")
 
@@ -500,8 +501,7 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
             for n, sha in zip(order, got, strict=True):
                 if sha != table[n]["sha256"]:
                     a, b = table[n]["byte_range"]
-                    raise IntegrityError(f"{path}: entry {entry['id']!r} tensor {n!r} bytes [{a}, {b}): sha256 {sha}, "
-                                         f"the manifest says {table[n]['sha256']}")
+                    raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"]))
             rehashed += len(order)
 
     hashed = msize + sum(size for _, size in results)

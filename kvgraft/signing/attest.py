@@ -30,7 +30,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.format import FORMAT, MANIFEST
+from kvgraft.release.format import FORMAT, MANIFEST, check_relpath
 from kvgraft.schema import validate
 from kvgraft.signing.keys import PublicKey, key_id
 from kvgraft.signing.keys import verify as key_verify
@@ -57,17 +57,6 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: "DSSEv1" SP len(type) SP type SP len(body) SP body."""
     t = payload_type.encode()
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
-
-
-def check_relpath(name: Any, where: str) -> str:
-    """A release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
-    if not isinstance(name, str):
-        raise InputError(f"{where}: file name {name!r} is not a string")
-    parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
-            or any(p in ("", ".", "..") for p in parts)):
-        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
-    return name
 
 
 def release_folder_files(root: Path) -> set[str]:

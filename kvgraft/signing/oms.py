@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
+from kvgraft.release.format import check_relpath
 from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import attest, keys
 
@@ -124,7 +125,7 @@ def read(path: Path, public_key: keys.PublicKey | None) -> tuple[dict[str, str],
         if not isinstance(r, dict) or r.get("algorithm") != "sha256" or not isinstance(r.get("digest"), str) \
                 or not _SHA256.match(r["digest"]):
             raise InputError(f"{at}: expected a name, algorithm sha256 and a lowercase hex digest")
-        listed.append((attest.check_relpath(r.get("name"), at), r["digest"]))
+        listed.append((check_relpath(r.get("name"), at), r["digest"]))
     names = [n for n, _ in listed]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: a resource is listed twice")

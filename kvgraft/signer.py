@@ -1,7 +1,7 @@
 """Sign a release: check its bytes as verify does, then write its attestation (key or keyless) and OMS signature.
 
-Above kvgraft.verify (it refuses to sign a damaged release) and kvgraft.signing (the formats it writes), so
-neither imports this one. Nothing here imports torch.
+Above kvgraft.release.integrity (it refuses to sign a damaged release) and kvgraft.signing (the formats it
+writes), so neither imports this one. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import sha256_hex
+from kvgraft.release.integrity import check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,
@@ -27,7 +28,6 @@ from kvgraft.signing.attest import (
 )
 from kvgraft.signing.keys import PrivateKey, key_id
 from kvgraft.signing.keys import sign as key_sign
-from kvgraft.verify import check_release
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
+BUNDLE_NAME = "release.sigstore.json"
+OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 
 

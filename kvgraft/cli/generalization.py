@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -62,6 +63,8 @@ def build_cmd(
     attn: AttnOpt = "sdpa",
     threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")]
+    = False,
 ) -> None:
     """Verify a solution trace for each library problem against its answer and capture the verified ones.
 
@@ -87,7 +90,9 @@ def build_cmd(
         result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt, source=source_rec,
                                settings=settings, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
                                overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i, total=n))
-    if not quiet:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    elif not quiet:
         for r in build_renderables(result):
             out.print(r)
     else:

@@ -83,9 +83,9 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
                              pad_token_id=3, bos_token_id=1, eos_token_id=2)
         torch.manual_seed(0)
         tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(model_dir)
-    torch.set_num_threads(1)
+    runtime.set_threads(1)
     lm = models.load(str(model_dir), device="cpu")
-    ids = lm.tokenizer(" ".join(tiny._CORPUS * (tokens // 20 + entries)), add_special_tokens=False)["input_ids"]
+    ids = runtime.encode(lm, " ".join(tiny._CORPUS * (tokens // 20 + entries)))
     records = [(f"b{i}", {"id": f"b{i:03d}", "text": lm.tokenizer.decode(ids[i * 11 : i * 11 + tokens])})
                for i in range(entries)]
     capture.capture(lm, records, rel, schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=8, overwrite=True)

@@ -28,7 +28,7 @@ SUFFIX = " In short,"
 
 
 def build(out: Path) -> None:
-    from kvgraft import models
+    from kvgraft import models, runtime
     from kvgraft.capture import capture
 
     shutil.rmtree(out, ignore_errors=True)
@@ -36,7 +36,7 @@ def build(out: Path) -> None:
     folder = models.ensure_smollm2()
     lm = models.load(str(folder), device="cpu")
     base = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    ids = lm.tokenizer(base * 4, add_special_tokens=True)["input_ids"]
+    ids = runtime.encode(lm, base * 4, add_special_tokens=True)
     records = []
     for n in SIZES:
         text = lm.tokenizer.decode(ids[:n], skip_special_tokens=True)

@@ -13,7 +13,7 @@ from kvgraft import models
 from kvgraft.compare import distributions, ulp_distance
 from kvgraft.environment import record as environment
 from kvgraft.release.hashing import digest_json
-from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
+from kvgraft.runtime import Schedule, encode, layer_map, padded_batch_row, prefill, threads
 from kvgraft.tensors import tensor_sha256
 
 EXAMPLE = Path(__file__).parent / "data" / "example.jsonl"
@@ -55,7 +55,7 @@ def prefix_ids(lm: models.LoadedModel, n: int) -> list[int]:
     text = " ".join(EXAMPLE.read_text().splitlines())
     ids: list[int] = []
     while len(ids) < n:
-        ids += [int(t) for t in lm.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        ids += encode(lm, text)
     return ids[:n]
 
 

@@ -34,8 +34,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -79,7 +78,7 @@ def comparable(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `torch.set_num_threads(threads)`."""
+    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `runtime.set_threads(threads)`."""
 
     spec: str
     device: str = "auto"
@@ -151,19 +150,10 @@ class LocalExecutor(Executor):
             raise InputError(f"--threads must be >= 1, got {threads}")
         self.threads = threads
 
-    @contextmanager
-    def _threads(self) -> Iterator[None]:
-        if self.threads is None:
-            yield
-            return
-        import torch
+    def _threads(self) -> contextlib.AbstractContextManager[None]:
+        from kvgraft.runtime import threads
 
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
+        return threads(self.threads)
 
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return load()

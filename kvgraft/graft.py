@@ -16,9 +16,9 @@ from kvgraft.environment import differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import IntegrityError, ModelMismatchError
 from kvgraft.models import LoadedModel, describe_identity_diff
-from kvgraft.release.format import Release
+from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import decode, eos_ids, forward, new_cache
+from kvgraft.runtime import decode, encode, eos_ids, forward, new_cache
 from kvgraft.tensors import split_views
 from kvgraft.verify import VerifyPolicy, verified
 
@@ -82,9 +82,8 @@ def read_entry_tensors(release: Release, entry: dict[str, Any],
     for info, actual in zip(infos, digests, strict=True):
         expected = entry["tensors"][info.name]["sha256"]
         if actual != expected:
-            raise IntegrityError(
-                f"{path}: entry {entry['id']!r} tensor {info.name!r} bytes [{info.start}, {info.end}): "
-                f"sha256 {actual} != expected {expected}")
+            raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", info.name, info.start, info.end,
+                                                 actual, expected))
     return tensors, total
 
 
@@ -175,7 +174,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token."""
     restored = restore(release, entry_id, lm, force=force, policy=policy)
-    ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]] if prompt else []
+    ids = encode(lm, prompt) if prompt else []
     t0 = time.perf_counter()
     if ids:
         logits = forward(lm, restored.cache, ids)[-1]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import digest_json, pool, sha256_hex
 
@@ -133,8 +134,8 @@ _FOLDER_LAYOUT = 2
 
 def _folder_layout(folder: Path) -> int:
     try:
-        layout = json.loads((folder / "SOURCE.json").read_text()).get("layout", 1)
-    except (OSError, ValueError, AttributeError):
+        layout = load_file(folder / "SOURCE.json").get("layout", 1)
+    except (InputError, AttributeError):
         return 0
     return layout if isinstance(layout, int) else 0
 

@@ -19,9 +19,9 @@ from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
-from kvgraft.release.format import Release
+from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import Schedule, forward, layer_map, new_cache, prefill
+from kvgraft.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.verify import verified
 
@@ -44,8 +44,7 @@ def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, s
     except EOFError:
         raise IntegrityError(f"{where} tensor {info.name!r}: file ends inside bytes [{info.start}, {info.end})") from None
     if actual != expected:
-        raise IntegrityError(f"{where} tensor {info.name!r} bytes [{info.start}, {info.end}): sha256 {actual} != "
-                             f"expected {expected}")
+        raise IntegrityError(tensor_mismatch(where, info.name, info.start, info.end, actual, expected))
     return buf, actual
 
 
@@ -147,7 +146,7 @@ def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) -> list[int]:
     if probe_text:
-        return [int(t) for t in lm.tokenizer(probe_text, add_special_tokens=False)["input_ids"]]
+        return encode(lm, probe_text)
     recorded = entry.get("probe", {}).get("token_ids") or []
     return [int(t) for t in recorded] or [int(entry["next_token"]["argmax"])]
 

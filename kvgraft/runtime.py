@@ -77,15 +77,24 @@ def prefill(lm: LoadedModel, ids: list[int], schedule: Schedule, cache: Any = No
     return cache, logits
 
 
-@contextlib.contextmanager
-def threads(n: int) -> Iterator[None]:
-    """Run with `n` torch threads (0: one per core), restored afterwards."""
+def set_threads(n: int) -> int:
+    """The one torch thread setter: use `n` threads (0: one per core); return the count before."""
     before = torch.get_num_threads()
     torch.set_num_threads(n or cores())
+    return before
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Run with `n` torch threads (0: one per core; None: leave them), restored afterwards."""
+    if n is None:
+        yield
+        return
+    before = set_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 @torch.inference_mode()
@@ -212,10 +221,15 @@ def _producer(i: int, modes: list[str | None] | None, layer_types: list[str] | N
     raise InputError(f"layer {i}: no producer layer found for this KV-shared layer")
 
 
+def encode(lm: LoadedModel, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    """The one text-to-token-ids call: `text` as the model's tokenizer splits it."""
+    return [int(t) for t in lm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: str) -> tuple[list[int], dict[str, Any]]:
     tok = lm.tokenizer
     if "text" in rec and isinstance(rec["text"], str):
-        ids = tok(rec["text"], add_special_tokens=schedule.add_special_tokens)["input_ids"]
+        ids = encode(lm, rec["text"], add_special_tokens=schedule.add_special_tokens)
         source: dict[str, Any] = {"kind": "text", "sha256": digest_json(rec["text"]), "text": rec["text"]}
     elif "messages" in rec and isinstance(rec["messages"], list):
         if not getattr(tok, "chat_template", None):

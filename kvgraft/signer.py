@@ -1,18 +1,19 @@
 """Sign a release: check its bytes as verify does, then write its attestation (key or keyless) and OMS signature.
 
-Above kvgraft.verify (it refuses to sign a damaged release) and kvgraft.signing (the formats it writes), so
-neither imports this one. Nothing here imports torch.
+Above kvgraft.release.integrity (it refuses to sign a damaged release) and kvgraft.signing (the formats it
+writes), so neither imports this one. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError
+from kvgraft.release.hashing import sha256_hex
+from kvgraft.release.integrity import check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,
@@ -27,7 +28,6 @@ from kvgraft.signing.attest import (
 )
 from kvgraft.signing.keys import PrivateKey, key_id
 from kvgraft.signing.keys import sign as key_sign
-from kvgraft.verify import check_release
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     bundle = write_bundle(root, data)
     # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
     # now be stale, and is replaced or (for a key OMS cannot use) removed.
-    digests = {**subjects(stmt), BUNDLE_NAME: hashlib.sha256(data).hexdigest()}
+    digests = {**subjects(stmt), BUNDLE_NAME: sha256_hex(data)}
     written = oms.sign(root, key, digests)
     if written is None:
         (Path(root) / OMS_NAME).unlink(missing_ok=True)

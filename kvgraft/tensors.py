@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 
 import torch
+
+from kvgraft.release.hashing import sha256_hex
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -31,7 +32,7 @@ def raw_bytes(t: torch.Tensor) -> memoryview:
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(raw_bytes(t)).hexdigest()
+    return sha256_hex(raw_bytes(t))
 
 
 def from_buffer(buf: torch.Tensor, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -273,13 +273,13 @@ def test_a_sparse_grown_entry_file_is_refused_without_reading_it(signed: tuple[P
 
 def test_an_oversized_unsigned_manifest_is_refused_before_it_is_parsed(signed: tuple[Path, Path],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvgraft import verify
+    from kvgraft.release import integrity
 
     root, _ = signed
     unsign(root)
     text = (root / "manifest.json").read_bytes()
     # valid JSON that describes the same release (trailing whitespace), far beyond 1/64 of its data
-    (root / "manifest.json").write_bytes(text + b" " * (verify.UNSIGNED_MANIFEST_FLOOR + 1))
+    (root / "manifest.json").write_bytes(text + b" " * (integrity.UNSIGNED_MANIFEST_FLOOR + 1))
     parsed: list[str] = []
     monkeypatch.setattr(jsonio, "loads_strict", lambda data, where: parsed.append(where))
     with pytest.raises(InputError, match="exceeds the 16777216-byte limit for an unsigned manifest"):

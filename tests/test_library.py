@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,21 @@ def test_load_problems(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in PROBLEMS))
     probs, rec = library.load_problems(str(path), 2)
     assert [p.id for p in probs] == ["p-apples", "p-pens"] and rec["limit"] == 2
+
+
+def test_cli_build_json_prints_only_the_result(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvgraft.cli import app
+
+    source = tmp_path / "problems.jsonl"
+    source.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "solution": p.solution})
+                              + "\n" for p in PROBLEMS))
+    r = CliRunner().invoke(app, ["library", "build", "--source", str(source), "--library-fraction", "1", "--out",
+                                 str(tmp_path / "lib"), "--model", str(tiny_dir("llama")), "--no-generate", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)  # stdout holds the document and nothing else
+    assert doc["kind"] == library.BUILD_KIND
+    assert doc["counts"] == {"reference": len(PROBLEMS), "model": 0, "unverified": 0}
+    assert [v["problem_id"] for v in doc["verified"]] == [p.id for p in PROBLEMS]
+    assert doc["release"]["root_digest"] == Release.open(tmp_path / "lib").manifest["root_digest"]

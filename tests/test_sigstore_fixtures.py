@@ -1,4 +1,4 @@
-"""Real Sigstore bundles verified offline through kvgraft's own code path (kvgraft.verify).
+"""Real Sigstore bundles verified offline through kvgraft's own code path (kvgraft.signing.sigstore).
 
 The bundles come from sigstore-python's test assets, kept outside the repository in
 ../shared/fixtures/sigstore/ (see its README.md). A user's clone has no ../shared: these tests
@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from kvgraft.cli import app
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.signing import attest
-from kvgraft.verify import SigstoreTrust, sigstore_verifier, verify_release, verify_sigstore_bundle
+from kvgraft.signing.sigstore import SigstoreTrust, sigstore_verifier, verify_sigstore_bundle
+from kvgraft.verify import verify_release
 
 from release_factory import make_release
 

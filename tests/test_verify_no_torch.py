@@ -56,7 +56,7 @@ report(status=r.signature.status, files=r.files)
 
 SIGSTORE = PRELUDE + r"""
 from pathlib import Path
-from kvgraft.verify import SigstoreTrust, verify_sigstore_bundle
+from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
 f = Path(sys.argv[1])
 r = verify_sigstore_bundle((f / "bundle.txt").read_bytes(), (f / "bundle.txt.sigstore").read_bytes(),
                            identity="a@tny.town", issuer="https://github.com/login/oauth",

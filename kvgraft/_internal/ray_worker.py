@@ -64,14 +64,13 @@ class Worker:
             self.error = exc
 
     def _load(self) -> None:
-        import torch
-
         from kvgraft import models
         from kvgraft.environment import record
+        from kvgraft.runtime import set_threads
 
         threads = self.model_spec.get("threads")
         if threads:
-            torch.set_num_threads(int(threads))
+            set_threads(int(threads))  # for the actor's lifetime: nothing to restore
         spec = str(self.model_spec["spec"])
         # Actors on one node start together: the first converts the default model, the others wait for it.
         lock_dir = models.home()

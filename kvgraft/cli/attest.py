@@ -115,7 +115,8 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.verify import SigstoreTrust, VerifyPolicy, failure_dict, verify_release
+    from kvgraft.signing.sigstore import SigstoreTrust
+    from kvgraft.verify import VerifyPolicy, failure_dict, verify_release
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)

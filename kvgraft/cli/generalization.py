@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,13 +24,12 @@ SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime
 def _threads(threads: int | None) -> None:
     """Apply --threads (the OpenMP wait policy is set once for every command by the entrypoint)."""
     if threads is not None:
-        import torch
-
         from kvgraft.errors import InputError
+        from kvgraft.runtime import set_threads
 
         if threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+        set_threads(threads)  # for the rest of the command
 
 
 def _progress(quiet: bool) -> Progress:
@@ -63,6 +63,8 @@ def build_cmd(
     attn: AttnOpt = "sdpa",
     threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")]
+    = False,
 ) -> None:
     """Verify a solution trace for each library problem against its answer and capture the verified ones.
 
@@ -88,7 +90,9 @@ def build_cmd(
         result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt, source=source_rec,
                                settings=settings, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
                                overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i, total=n))
-    if not quiet:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    elif not quiet:
         for r in build_renderables(result, out):
             out.print(r)
     else:

@@ -68,7 +68,8 @@ def run_cmd(
     """Verify the release as `kvgraft verify` does, graft a stored cache, then continue greedily;
     print the continuation and token ledger."""
     from kvgraft import graft
-    from kvgraft.verify import SigstoreTrust, VerifyPolicy, verified
+    from kvgraft.signing.sigstore import SigstoreTrust
+    from kvgraft.verify import VerifyPolicy, verified
 
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
     policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),

@@ -79,7 +79,7 @@ def report_verify_cmd(
 ) -> None:
     """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
     from kvgraft.reporting.signing import verify_report
-    from kvgraft.verify import SigstoreTrust
+    from kvgraft.signing.sigstore import SigstoreTrust
 
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
     result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)

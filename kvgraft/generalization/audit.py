@@ -50,7 +50,7 @@ from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release, now_utc
-from kvgraft.runtime import Schedule, eos_ids, new_cache, prefill
+from kvgraft.runtime import Schedule, encode, eos_ids, new_cache, prefill
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -223,7 +223,7 @@ def run_query(lm: LoadedModel, release: Release, task: Task, settings: Settings)
     entry = release.entry(task.entry_id) if task.entry_id is not None else None
     if cond != "none" and entry is None:
         raise InputError(f"condition {cond} needs a library entry for query {q.id!r}")
-    prompt_ids = [int(t) for t in lm.tokenizer(query_text(q.problem), add_special_tokens=False)["input_ids"]]
+    prompt_ids = encode(lm, query_text(q.problem))
     memory_note = reset_peak_rss() if settings.track_memory else "not tracked"
     rss_before = _status_bytes("VmRSS") if settings.track_memory else None
     restored_tokens = kv_bytes = entry_prefill = 0

@@ -33,7 +33,7 @@ from kvgraft.generalization import answers, problems
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.problems import Problem
 from kvgraft.models import LoadedModel
-from kvgraft.runtime import Decoded, Schedule, eos_ids, prefill
+from kvgraft.runtime import Decoded, Schedule, encode, eos_ids, prefill
 from kvgraft.runtime import decode as capture_decode
 from kvgraft.runtime import tokenize as capture_tokenize
 
@@ -197,7 +197,7 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
                 result.verified, result.trace, result.trace_kind = True, trace, TRACE_REFERENCE
         if not result.verified and settings.generate:
             prompt = prompt_text(problem.problem)
-            ids = [int(t) for t in lm.tokenizer(prompt, add_special_tokens=schedule.add_special_tokens)["input_ids"]]
+            ids = encode(lm, prompt, add_special_tokens=schedule.add_special_tokens)
             eos = eos_ids(lm)
             for index in range(1 + settings.attempts):
                 sampled = index > 0

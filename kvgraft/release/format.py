@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
+BUNDLE_NAME = "release.sigstore.json"
+OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 
 
@@ -41,17 +44,30 @@ def token_ids_digest(ids: list[int]) -> str:
     return digest_json(ids)
 
 
+def check_relpath(name: Any, where: str) -> str:
+    """The one rule for a release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
+    if not isinstance(name, str):
+        raise InputError(f"{where}: file name {name!r} is not a string")
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
+            or any(p in ("", ".", "..") for p in parts)):
+        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
+    return name
+
+
 def safe_path(root: Path, rel: str, what: str) -> Path:
-    """Resolve a release-relative path, refusing '..', absolute paths and symlinks."""
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
-        raise InputError(f"{root}: {what} names an unsafe path {rel!r}")
+    """Resolve a release-relative path (check_relpath), refusing symlinks on the way."""
     path = root
-    for part in parts:
+    for part in check_relpath(rel, f"{root}: {what}").split("/"):
         path = path / part
         if path.is_symlink():
             raise InputError(f"{path}: {what} is a symlink; releases may not contain links")
     return path
+
+
+def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, expected: str) -> str:
+    """The one wording of a tensor whose bytes [start, end) do not hash to the manifest's sha256."""
+    return f"{where} tensor {name!r} bytes [{start}, {end}): sha256 {actual}, the manifest says {expected}"
 
 
 def load_manifest(root: Path) -> dict[str, Any]:

@@ -11,7 +11,6 @@ the check.
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.errors import InputError
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.reporting.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
 
 # Callers and tests have always found these here; the arithmetic now lives with the kinds that use it.
@@ -55,7 +55,7 @@ def load(path: Path) -> ClaimsFile:
         raise InputError(f"{path}: not UTF-8: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: invalid TOML: {exc}") from None
-    return parse(doc, str(path), hashlib.sha256(data).hexdigest())
+    return parse(doc, str(path), sha256_hex(data))
 
 
 def parse(doc: dict[str, Any], where: str, sha256: str | None = None) -> ClaimsFile:
@@ -91,7 +91,7 @@ def load_measured(path: Path) -> tuple[dict[str, Any], str]:
     doc = loads_strict(data, str(path))
     if not isinstance(doc, dict):
         raise InputError(f"{path}: measured results must be a JSON object of measurement keys")
-    return doc, hashlib.sha256(data).hexdigest()
+    return doc, sha256_hex(data)
 
 
 # --- measurements ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal.jsonio import MAX_JSON_BYTES, read_bounded
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import digest_json
 from kvgraft.schema import validate
@@ -45,10 +46,7 @@ class Plan:
 
 def load(path: Path | str) -> Plan:
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    raw = read_bounded(path, MAX_JSON_BYTES, "an audit plan")
     try:
         doc = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

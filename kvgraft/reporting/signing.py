@@ -91,7 +91,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         signer = attest.verify_with_key(bundle, load_public_key(key))
         payload = bundle.payload
     else:
-        from kvgraft.verify import verify_sigstore_bundle
+        from kvgraft.signing.sigstore import verify_sigstore_bundle
 
         if issuer is None:
             raise InputError("--certificate-identity needs --certificate-oidc-issuer")

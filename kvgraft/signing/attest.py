@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,9 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.format import FORMAT, MANIFEST
+from kvgraft.release.format import BUNDLE_NAME as BUNDLE_NAME  # the signature files' names belong to the release
+from kvgraft.release.format import FORMAT, MANIFEST, check_relpath
+from kvgraft.release.format import OMS_NAME as OMS_NAME  # folder layout, which release/ checks without signing/
 from kvgraft.schema import validate
 from kvgraft.signing.keys import PublicKey, key_id
 from kvgraft.signing.keys import verify as key_verify
@@ -46,10 +46,7 @@ BUNDLE_MEDIA_TYPES = (
     "application/vnd.dev.sigstore.bundle+json;version=0.2",
     "application/vnd.dev.sigstore.bundle+json;version=0.1",
 )
-BUNDLE_NAME = "release.sigstore.json"
-OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
-MAX_RELEASE_FILES = 1_000_000
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -57,49 +54,6 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: "DSSEv1" SP len(type) SP type SP len(body) SP body."""
     t = payload_type.encode()
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
-
-
-def check_relpath(name: Any, where: str) -> str:
-    """A release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
-    if not isinstance(name, str):
-        raise InputError(f"{where}: file name {name!r} is not a string")
-    parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
-            or any(p in ("", ".", "..") for p in parts)):
-        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
-    return name
-
-
-def release_folder_files(root: Path) -> set[str]:
-    """Every regular file under `root` as a release-relative name, except the two signature files.
-
-    Symlinks and special files anywhere in the folder are refused: a release holds plain files.
-    """
-    root = Path(root)
-    found: set[str] = set()
-    stack: list[tuple[Path, str]] = [(root, "")]
-    while stack:
-        folder, prefix = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                items = list(it)
-        except OSError as exc:
-            raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
-        for item in items:
-            rel = prefix + item.name
-            mode = item.stat(follow_symlinks=False).st_mode
-            if stat.S_ISLNK(mode):
-                raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
-            if stat.S_ISDIR(mode):
-                stack.append((Path(item.path), rel + "/"))
-            elif stat.S_ISREG(mode):
-                if rel not in (BUNDLE_NAME, OMS_NAME):
-                    found.add(rel)
-                    if len(found) > MAX_RELEASE_FILES:
-                        raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
-            else:
-                raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")
-    return found
 
 
 # ---------------------------------------------------------------------------------------- statement

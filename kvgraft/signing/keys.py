@@ -10,7 +10,6 @@ A key's id (the "hint" in a bundle) is the lowercase hex SHA-256 of its DER Subj
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -19,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError
+from kvgraft.release.hashing import sha256_hex
 
 ALGORITHMS = ("ecdsa-p256", "ed25519")
 DEFAULT_ALGORITHM = "ecdsa-p256"
@@ -63,7 +63,7 @@ def key_id(key: PrivateKey | PublicKey) -> str:
     """Lowercase hex SHA-256 of the DER SubjectPublicKeyInfo: the bundle's public-key hint."""
     pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
     der = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()
+    return sha256_hex(der)
 
 
 def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,

@@ -19,7 +19,6 @@ writes no OMS signature. Nothing here imports torch or model_signing.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -30,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
+from kvgraft.release.format import check_relpath
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import attest, keys
 
 OMS_NAME = attest.OMS_NAME
@@ -43,14 +44,11 @@ def pem_hint(key: keys.PrivateKey | keys.PublicKey) -> str:
     """OMS's key hint: SHA-256 of the SubjectPublicKeyInfo PEM of the public key."""
     pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
     pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(pem).hexdigest()
+    return sha256_hex(pem)
 
 
 def _root_digest(resources: list[tuple[str, str]]) -> str:
-    h = hashlib.sha256()
-    for _, digest in resources:
-        h.update(bytes.fromhex(digest))
-    return h.hexdigest()
+    return sha256_hex(b"".join(bytes.fromhex(digest) for _, digest in resources))
 
 
 def statement(root: Path, digests: dict[str, str]) -> dict[str, Any]:
@@ -127,10 +125,10 @@ def read(path: Path, public_key: keys.PublicKey | None) -> tuple[dict[str, str],
         if not isinstance(r, dict) or r.get("algorithm") != "sha256" or not isinstance(r.get("digest"), str) \
                 or not _SHA256.match(r["digest"]):
             raise InputError(f"{at}: expected a name, algorithm sha256 and a lowercase hex digest")
-        listed.append((attest.check_relpath(r.get("name"), at), r["digest"]))
+        listed.append((check_relpath(r.get("name"), at), r["digest"]))
     names = [n for n, _ in listed]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: a resource is listed twice")
     if subject[0]["digest"].get("sha256") != _root_digest(listed):
         raise VerificationError(f"{where}: the subject digest does not match the digests of the listed resources")
-    return dict(listed), verified_by, hashlib.sha256(raw).hexdigest()
+    return dict(listed), verified_by, sha256_hex(raw)

@@ -47,6 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
 from kvgraft.verify import VerifyPolicy, verified
@@ -325,7 +326,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
         assert self._capture is not None and self._identity is not None
         staged = self._capture / ".staging" / f"{_safe(request.request_id)}"
-        info = json.loads(staged.with_suffix(".json").read_text())
+        info = load_file(staged.with_suffix(".json"))
         tensors: dict[str, torch.Tensor] = {}
         with safe_open(str(staged.with_suffix(".safetensors")), framework="pt") as fh:  # our own file: no pickle
             for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)

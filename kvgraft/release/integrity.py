@@ -1,0 +1,305 @@
+"""Release integrity: a release folder's files, sizes and digests against its manifest and what a signature lists.
+
+Steps 2-7 of `kvgraft.verify`'s docstring. Knows no signature format: the subjects a statement or
+signature lists, and any further check of what it states, come from the caller. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.release import format as release_format
+from kvgraft.release import safetensors_header as stfile
+from kvgraft.release.format import BUNDLE_NAME, MANIFEST, OMS_NAME, Release, check_commitments, safe_path, tensor_mismatch
+from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
+
+MAX_RELEASE_FILES = 1_000_000
+# What a statement says about a release beyond its file digests, checked against the parsed manifest
+# (manifest, its sha256, its size); raises VerificationError when they disagree.
+ManifestCheck = Callable[[dict[str, Any], str, int], None]
+
+
+@dataclass
+class CheckedRelease:
+    """A release whose files, sizes, digests and safetensors headers matched its manifest."""
+
+    root: Path
+    manifest: dict[str, Any]
+    manifest_sha256: str
+    manifest_size: int
+    files: dict[str, str]  # name -> sha256 of every file, manifest.json included
+    bytes_hashed: int
+    tensors: int
+    tensors_rehashed: int
+    release: Release
+
+
+def release_folder_files(root: Path) -> set[str]:
+    """Every regular file under `root` as a release-relative name, except the two signature files.
+
+    Symlinks and special files anywhere in the folder are refused: a release holds plain files.
+    """
+    root = Path(root)
+    found: set[str] = set()
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                items = list(it)
+        except OSError as exc:
+            raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
+        for item in items:
+            rel = prefix + item.name
+            mode = item.stat(follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
+            if stat.S_ISDIR(mode):
+                stack.append((Path(item.path), rel + "/"))
+            elif stat.S_ISREG(mode):
+                if rel not in (BUNDLE_NAME, OMS_NAME):
+                    found.add(rel)
+                    if len(found) > MAX_RELEASE_FILES:
+                        raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
+            else:
+                raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")
+    return found
+
+
+def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str]) -> str:
+    """One line naming where a file whose sha256 mismatches differs: which tensor, or its header."""
+    path = rel.root / name
+    base = f"{path}: sha256 {actual} does not match the {source} ({expected})"
+    other = by_sha.get(actual)
+    if other is not None and other != name:
+        return f"{base}: it has the content of {other} (files swapped or copied)"
+    entries = [e for e in rel.manifest["entries"] if e["file"] == name]
+    if not entries:
+        return base
+    try:
+        header, _ = stfile.read_header(path)
+    except InputError as exc:
+        return f"{base}: entry {entries[0]['id']!r}: the safetensors header is damaged ({exc})"
+    data_start = min((t.start for t in header.values()), default=path.stat().st_size)
+    for entry in entries:
+        tensors = entry["tensors"]
+        try:
+            rel.tensor_layout(entry)
+        except (IntegrityError, InputError):
+            return (f"{base}: entry {entry['id']!r}: the safetensors header region [0, {data_start}) differs "
+                    f"(its tensor table no longer matches the manifest)")
+        order = sorted(tensors, key=lambda n: tensors[n]["byte_range"][0])
+        digests = hash_ranges(path, [(tensors[n]["byte_range"][0], tensors[n]["byte_range"][1]) for n in order])
+        for n, got in zip(order, digests, strict=True):
+            t = tensors[n]
+            if got != t["sha256"]:
+                a, b = t["byte_range"]
+                where = f"{path}: entry {entry['id']!r}"
+                return (f"{tensor_mismatch(where, n, a, b, got, t['sha256'])} "
+                        f"(file sha256 {actual}, {source} says {expected})")
+    return (f"{base}: entry {entries[0]['id']!r}: every tensor matches; the safetensors header region "
+            f"[0, {data_start}) differs")
+
+
+# An unsigned manifest (or one whose signature was not checked) is bounded by the data it describes
+# before it is parsed: parsing costs about 9 bytes of memory and 50 ns per manifest byte, and nothing
+# else stops a hostile one short of MAX_MANIFEST_BYTES. Real manifests are ~1/10,000 of their tensor
+# bytes (token ids and tensor tables against the KV states of every token); 1/64 leaves a wide margin.
+UNSIGNED_MANIFEST_FLOOR = 16 * 1024 * 1024
+UNSIGNED_MANIFEST_RATIO = 64
+
+
+def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
+    stored = 0
+    for name in present:
+        if name != MANIFEST:
+            with contextlib.suppress(OSError):  # gone: reported as missing later
+                stored += (root / name).lstat().st_blocks * 512  # allocated bytes: a sparse file adds nothing
+    return min(release_format.MAX_MANIFEST_BYTES, max(UNSIGNED_MANIFEST_FLOOR, stored // UNSIGNED_MANIFEST_RATIO))
+
+
+def check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
+                  deep: bool = False, signed: bool = False, attested_root: str | None = None,
+                  check_claims: ManifestCheck | None = None) -> CheckedRelease:
+    """The release's bytes against `subjects` (if any) and the manifest (module docstring).
+
+    `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
+    names it in messages ("signed statement", ...); `attested_root`: the root digest it attests.
+    `check_claims` checks the rest of what it states once the manifest is parsed, before the folder.
+    `signed`: its signature was verified, so the manifest it pins is as large as its signer made it;
+    otherwise the manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
+    Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
+    disagree, InputError for unusable input.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a folder")
+    present = release_folder_files(root)
+    stmt_subjects = subjects
+    manifest_path = root / MANIFEST
+
+    # 2. the manifest file against the statement, before it is parsed. Its bytes are read once: the
+    # bytes hashed are the bytes parsed.
+    if stmt_subjects is not None:
+        if MANIFEST not in stmt_subjects:
+            raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
+        if MANIFEST not in present:
+            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
+    if MANIFEST not in present:
+        raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
+    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
+    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
+    msha, msize = sha256_hex(data), len(data)
+    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
+        theirs = f"; the statement attests the release with root digest {attested_root}" \
+            if attested_root is not None else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]})"
+                             f"{theirs}")
+    doc = jsonio.loads_strict(data, str(manifest_path))
+    del data
+    # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
+    # files found inside the folder whose size already equals the one the manifest states are read, so
+    # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
+    # every check passed.
+    stop = threading.Event()
+    prefetch = {name: pool().submit(hash_file, root / name, size, stop)
+                for name, size in _files_to_prefetch(root, present, doc)}
+    try:
+        return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop)
+    finally:
+        stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
+        for future in prefetch.values():
+            future.cancel()
+
+
+def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return []  # check_manifest says why
+    sizes: dict[str, int] = {}
+    for name, meta in files.items():
+        want = meta.get("size") if isinstance(meta, dict) else None
+        if name not in present or name == MANIFEST or type(want) is not int:
+            continue
+        try:
+            if (root / name).stat().st_size == want:
+                sizes[name] = want
+        except OSError:
+            continue  # gone already: reported as missing by the checks
+    return sorted(sizes.items(), key=lambda item: -item[1])
+
+
+def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
+    try:
+        return future.result()
+    except EOFError:
+        raise IntegrityError(f"{path}: the file shrank while it was being verified") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
+           stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
+           msize: int, stop: threading.Event) -> CheckedRelease:
+    manifest_path = root / MANIFEST
+
+    # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
+    # checks of step 4, so that a huge manifest that does not describe this folder is refused sooner
+    manifest = release_format.check_manifest(doc, manifest_path)
+    rel = Release(root, manifest)
+    expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
+    if stmt_subjects is not None:
+        for name in sorted(set(stmt_subjects) | set(expected)):
+            if stmt_subjects.get(name) != expected.get(name):
+                raise VerificationError(
+                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
+                    f"{expected.get(name)}")
+    if check_claims is not None:
+        check_claims(manifest, msha, msize)
+
+    # 4. the folder: names, missing, extra, sizes
+    for name in manifest["files"]:
+        safe_path(root, name, "manifest file")
+    missing = sorted(set(expected) - present)
+    extra = sorted(present - set(expected))
+    users: dict[str, list[str]] = {}
+    for entry in manifest["entries"]:
+        users.setdefault(entry["file"], []).append(entry["id"])
+
+    def of(name: str) -> str:
+        ids = users.get(name, [])
+        return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
+
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(f'{n} ({of(n)})' if of(n) else n for n in missing[:5])}"
+                         + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+        if extra:
+            parts.append(f"not part of the release: {', '.join(extra[:5])}"
+                         + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
+        # Named by the first missing file's path when there is one: the line says where to look.
+        head = root / missing[0] if missing else root
+        raise IntegrityError(f"{head}: files differ from the {source}: {'; '.join(parts)}")
+    names = sorted(manifest["files"])
+    paths = [root / n for n in names]
+    for name, path in zip(names, paths, strict=True):
+        want, got = manifest["files"][name]["size"], path.lstat().st_size
+        if got != want:
+            how = "truncated" if got < want else "grown"
+            label = f": {of(name)}" if of(name) else ""
+            raise IntegrityError(f"{path}{label}: {got} bytes, the manifest says {want} ({how})")
+
+    check_commitments(root, manifest)
+
+    # 5. every byte, once, across cores (most of it already hashed by the prefetch)
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"], stop)
+               for n in names}
+    results = [_result(pending[n], root / n) for n in names]
+    by_sha = {sha: n for n, sha in expected.items()}
+    bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
+    if bad:
+        name, actual = bad[0]
+        message = _locate(rel, name, actual, expected[name], source, by_sha)
+        if len(bad) > 1:
+            message += f" (and {len(bad) - 1} more files differ: {', '.join(n for n, _ in bad[1:4])})"
+        raise IntegrityError(message)
+
+    # 6. safetensors headers against the manifest's tensor tables
+    tensors = 0
+    for entry in manifest["entries"]:
+        rel.tensor_layout(entry)
+        tensors += len(entry["tensors"])
+
+    # 7. optionally every tensor byte range against its own digest
+    rehashed = 0
+    if deep:
+        for entry in manifest["entries"]:
+            table = entry["tensors"]
+            order = sorted(table, key=lambda n: table[n]["byte_range"][0])
+            path = root / entry["file"]
+            got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
+            for n, sha in zip(order, got, strict=True):
+                if sha != table[n]["sha256"]:
+                    a, b = table[n]["byte_range"]
+                    raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"]))
+            rehashed += len(order)
+
+    hashed = msize + sum(size for _, size in results)
+    if deep:
+        hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
+    files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
+    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel)
+

@@ -462,7 +462,8 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
 
     # leakage: clean / contaminated split per grafted condition, with (a) on the same queries
     leakage: dict[str, Any] = {"method": f"lm-evaluation-harness janitor {NGRAM}-grams of problem and solution, and the "
-                                         "gold answer as a standalone token (kvgraft.leakage)", "by_condition": {}}
+                                         "gold answer as a standalone token (kvgraft.generalization.leakage)",
+                               "by_condition": {}}
     for c in conds:
         if c == "none":
             continue

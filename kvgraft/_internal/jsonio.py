@@ -150,7 +150,7 @@ def open_regular(path: Path, what: str = "file") -> int:
     try:
         mode = os.lstat(path).st_mode
         if stat.S_ISLNK(mode):
-            raise InputError(f"{path}: is a symlink; releases may not contain links")
+            raise InputError(f"{path}: is a symlink; kvgraft reads {what} from regular files only, never through a link")
         if not stat.S_ISREG(mode):
             raise InputError(f"{path}: not a regular file; refusing to read {what} from it")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)

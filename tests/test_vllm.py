@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import rewrite
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -132,6 +135,29 @@ def test_capture_is_a_release_kvgraft_verifies_and_recomputes(served: tuple[dict
     assert "1 consistent" in " ".join(audit.stdout.split()) or "1 byte-exact" in " ".join(audit.stdout.split())
     result = json.loads((run / "vllm-recompute.json").read_text())
     assert result["conditions"]["not_replayed"]["attn_implementation"] == ["vllm:CPU_ATTN", "sdpa"]
+
+
+def test_capture_claiming_other_tokens_is_inconsistent(served: tuple[dict[str, Any], str, Path], tmp_path: Path) -> None:
+    """The control beside the consistent verdict above: the same vLLM capture, its manifest rewritten (every
+    commitment with it) to claim another token in the middle, is audited inconsistent from that position on."""
+    _, _, run = served
+    ids = json.loads((run / "plan.json").read_text())["tokens"]["d"]
+    release = next(m.parent for m in (run / "captured").glob("*/manifest.json")
+                   if json.loads(m.read_text())["entries"][0]["token_ids"] == ids)
+    shutil.copytree(release, tmp_path / "rel")
+    at = len(ids) // 2
+
+    def other_token(m: dict[str, Any]) -> None:
+        m["entries"][0]["token_ids"][at] = ids[at] - 1 if ids[at] > 0 else ids[at] + 1
+
+    rewrite.manifest(tmp_path / "rel", other_token)
+    cli = str(Path(sys.executable).parent / "kvgraft")
+    assert subprocess.run([cli, "verify", str(tmp_path / "rel")], capture_output=True).returncode == 0  # commitments hold
+    audit = subprocess.run([cli, "audit", "recompute", str(tmp_path / "rel"), "--require", "consistent", "--json",
+                            str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600)
+    assert audit.returncode == 4, audit.stdout + audit.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["verdict"] == "inconsistent" and result["entries"][0]["outside"]["first"]["position"] >= at
 
 
 def test_release_changed_after_start_up_never_reaches_the_cache(served: tuple[dict[str, Any], str, Path]) -> None:

@@ -60,7 +60,9 @@ def run_cmd(
         if outcome.bundle_path:
             out.print(f"signed   {outcome.bundle_path}")
             key = f" --key {outcome.public_key}" if outcome.public_key else ""
-            out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}")
+            # One line however narrow the terminal: a command wrapped by us would break when pasted.
+            out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}",
+                      soft_wrap=True)
     exit_with(outcome.report["verdict"]["status"])
 
 

@@ -160,6 +160,22 @@ def test_capture_claiming_other_tokens_is_inconsistent(served: tuple[dict[str, A
     assert result["verdict"] == "inconsistent" and result["entries"][0]["outside"]["first"]["position"] >= at
 
 
+def test_signed_release_path(served: tuple[dict[str, Any], str, Path]) -> None:
+    """With a key in the connector's config, only releases signed with it are grafted: the same entry signed
+    with another key, or unsigned, is refused at start-up with the one log line, and the prompt is still served."""
+    _, _, run = served
+    log = run.parent / "engine-signed.log"
+    _run([str(VENV_PY), str(SCENARIOS), "serve-signed", str(run)], log, 900)
+    results = json.loads((run / "results-signed.json").read_text())
+    text = log.read_text()
+    prompt = len(json.loads((run / "plan.json").read_text())["tokens"]["a"])
+    assert results["a/connector"]["num_cached_tokens"] == (prompt - 1) // 32 * 32 > 0, results  # the signed copy
+    for name, why in (("other-signer", "signature"), ("unsigned", "unsigned")):
+        lines = _lines(text, f"kvgraft: graft refused: release={run / f'release-{name}'} ")
+        assert lines and all(why in line for line in lines), (name, _lines(text, "kvgraft:"))
+    assert not _lines(text, f"kvgraft: graft refused: release={run / 'release-signed'} ")
+
+
 def test_release_changed_after_start_up_never_reaches_the_cache(served: tuple[dict[str, Any], str, Path]) -> None:
     results, log, run = served
     lines = _lines(log, f"kvgraft: graft refused: release={run / 'release-e'} entry=e tensor=layer.0.keys ")

@@ -14,6 +14,12 @@ Prompt "d" is in no release: vLLM prefills it and the connector captures it into
 Then starts vLLM once with the connector serving all three and writes OUT_DIR/results.json: greedy
 continuations (token ids, first-token logprob) with and without the connector for each prompt. The
 engine's log (stderr) is what the test reads the connector's log lines from.
+
+    .venv-vllm/bin/python tests/vllm_scenarios.py serve-signed OUT_DIR
+
+A second start with a public key in the connector's config (signatures required), serving three copies
+of release "a": signed with that key (must be grafted), signed with another key and unsigned (both must
+be refused at start-up). Writes OUT_DIR/results-signed.json.
 """
 
 from __future__ import annotations
@@ -80,8 +86,23 @@ def build_releases(out: Path) -> dict[str, object]:
     info["tokens"] = {rid: json.loads((out / f"release-{rid}" / "manifest.json").read_text())["entries"][0]["token_ids"]
                       for rid in ("a", "b", "c", "e")}
     info["tokens"]["d"] = [int(t) for t in lm.tokenizer(TEXTS["d"])["input_ids"]]  # in no release: captured by vLLM
+    info["key"] = str(sign_copies(out))
     (out / "plan.json").write_text(json.dumps(info) + "\n")
     return info
+
+
+def sign_copies(out: Path) -> Path:
+    """Copies of release "a" for serve-signed: signed by the key served, by another key, and unsigned."""
+    from kvgraft import signer
+    from kvgraft.signing import keys
+
+    served_key, public = keys.write_keypair(out / "served")
+    other_key, _ = keys.write_keypair(out / "other")
+    for name, key in (("signed", served_key), ("other-signer", other_key), ("unsigned", None)):
+        shutil.copytree(out / "release-a", out / f"release-{name}")
+        if key is not None:
+            signer.sign_release(out / f"release-{name}", keys.load_private_key(key))
+    return public
 
 
 def serve(out: Path) -> int:
@@ -131,6 +152,30 @@ def serve(out: Path) -> int:
     return 0
 
 
+SIGNED = ("signed", "other-signer", "unsigned")
+
+
+def serve_signed(out: Path) -> int:
+    info = json.loads((out / "plan.json").read_text())
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(info["model"]), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+              max_model_len=4096, seed=0, gpu_memory_utilization=0.25, kv_cache_memory_bytes=1 << 30, block_size=32,
+              kv_transfer_config=KVTransferConfig(
+                  kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
+                  kv_role="kv_both", kv_connector_extra_config={
+                      "release": [str(out / f"release-{r}") for r in SIGNED], "key": info["key"]}))
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    (res,) = llm.generate([TokensPrompt(prompt_token_ids=info["tokens"]["a"])], params, use_tqdm=False)
+    results = {"releases": {r: str(out / f"release-{r}") for r in SIGNED},
+               "a/connector": {"num_cached_tokens": getattr(res, "num_cached_tokens", None),
+                               "token_ids": list(res.outputs[0].token_ids)}}
+    (out / "results-signed.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     what, out = sys.argv[1], Path(sys.argv[2])
     if what == "build":
@@ -138,7 +183,7 @@ def main() -> int:
         out.mkdir(parents=True)
         build_releases(out)
         return 0
-    return serve(out)
+    return serve_signed(out) if what == "serve-signed" else serve(out)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required

@@ -42,6 +42,7 @@ import torch
 from kvgraft import __version__
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, stats
+from kvgraft.generalization.conditions import AS_TEXT, CONDITIONS, GRAFTED, LABELS, SHORT
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.leakage import NGRAM, leakage_for
 from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
@@ -59,17 +60,6 @@ RESULT_KIND = "kvgraft-generalization-result"
 FORMAT_VERSION = 1
 SCHEMA = "generalization-result.v1.json"
 
-CONDITIONS = ("none", "own", "other", "own_text", "other_text")
-GRAFTED = ("own", "other")
-AS_TEXT = {"own": "own_text", "other": "other_text"}
-LABELS = {
-    "none": "a: no graft",
-    "own": "b: own solution (replay)",
-    "other": "c: nearest other entry",
-    "own_text": "d(b): own solution as text",
-    "other_text": "d(c): nearest other as text",
-}
-SHORT = {"none": "a", "own": "b", "other": "c", "own_text": "d(b)", "other_text": "d(c)"}
 GROUPS = ("library", "held_out", "synthetic")
 ONE_SHOT = Schedule()
 MEMORY_METHOD = "VmHWM of /proc/self/status after writing '5' to /proc/self/clear_refs (whole process, weights included)"

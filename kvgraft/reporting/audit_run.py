@@ -278,7 +278,7 @@ CHECKS: dict[str, Check] = {
 
 def _generalization_ledger(g: dict[str, Any]) -> dict[str, str]:
     """One readable line per condition; the full ledger stays in the generalization check's data."""
-    from kvgraft.generalization.audit import LABELS
+    from kvgraft.generalization.conditions import LABELS
 
     lines: dict[str, str] = {}
     for cond, v in g["ledger"]["per_condition"].items():

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
+from kvgraft.generalization.conditions import SHORT
 from kvgraft.reporting.render import STATUS_MARK, STATUS_STYLE, WORDS, hanging, kn, num, styled
 
 
@@ -106,14 +107,11 @@ def _determinism(data: dict[str, Any]) -> Face:
     return Face(verdict, figures)
 
 
-_SHORT = {"none": "a", "own": "b", "other": "c", "own_text": "d(b)", "other_text": "d(c)"}
-
-
 def _generalization(data: dict[str, Any]) -> Face:
     result = _dict(data.get("result"))
     equality = result.get("equality") or {}
     if equality:
-        same = [f"{_SHORT.get(q['text'], q['text'])} = {_SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
+        same = [f"{SHORT.get(q['text'], q['text'])} = {SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
                 for q in equality.values()]
         ok = all(q["equal"] == q["n"] for q in equality.values())
         verdict = ("the same tokens as prompt text reproduce each graft's output" if ok else
@@ -130,8 +128,8 @@ def _generalization(data: dict[str, Any]) -> Face:
         det = c.get("detectable") or {}
         power = f"; detectable at n = {c.get('n')}: {num(det['effect'] * 100, '.0f')}%" if det.get("effect") else ""
         n = c.get("n")
-        figures.append(f"{c['name']}: {_SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
-                       f"{_SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
+        figures.append(f"{c['name']}: {SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
+                       f"{SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
                        f"{sig} at {m.get('alpha', 0.05)}{power}")
     if not comps:
         for m in data.get("mcnemar", []):
@@ -139,7 +137,7 @@ def _generalization(data: dict[str, Any]) -> Face:
     for cond, leak in ((result.get("leakage") or {}).get("by_condition") or {}).items():
         dirty, clean = leak.get("contaminated") or {}, leak.get("clean") or {}
         if dirty.get("n") and not cond.endswith("_text"):  # a text condition shares its graft's entries
-            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean.get('n', 0)} {_SHORT.get(cond, cond)} queries "
+            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean.get('n', 0)} {SHORT.get(cond, cond)} queries "
                            f"have their answer or text in the grafted entry; right there {kn(dirty)}, "
                            f"on clean ones {kn(clean) if clean.get('n') else 'none to count'}")
     return Face(verdict, figures)

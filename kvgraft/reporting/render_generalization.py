@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from kvgraft.generalization.audit import LABELS, SHORT
+from kvgraft.generalization.conditions import LABELS, SHORT
 from kvgraft.reporting.render import WORDS, hanging, kn, kv_lines, num, pct, styled, table
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from kvgraft.environment import SENSITIVE, differences
 from kvgraft.errors import InputError
 from kvgraft.models import ATTNS, DTYPES, LoadedModel
+from kvgraft.runtime import Schedule
 
 # What a recompute sets from the release's environment unless an option says otherwise.
 REPLAYED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
@@ -32,6 +33,25 @@ def load_options(recorded: dict[str, Any], *, device: str | None = None, dtype: 
         if attn not in ATTNS:
             attn = "sdpa"
     return device, dtype, attn
+
+
+def schedule_override(recorded: dict[str, Any], *, chunk: int | None, one_shot: bool) -> Schedule | None:
+    """The schedule `--chunk N` or `--one-shot` asks for instead of the recorded one; None: replay the record."""
+    if chunk is not None and one_shot:
+        raise InputError("--chunk and --one-shot exclude each other")
+    if chunk is None and not one_shot:
+        return None
+    return Schedule.from_dict({**recorded, "chunk_tokens": chunk})
+
+
+def thread_count(recorded: dict[str, Any], device: str, *, threads: int | None, executor: str) -> int | None:
+    """Torch threads to recompute with on a CPU: --threads, else the recorded count; None leaves them alone.
+
+    Ray sizes each actor by its thread count, so there the count is a placement choice the user makes
+    (--threads); when it differs from the record, the result lists it as not replayed.
+    """
+    n = threads if threads is not None or executor != "local" else recorded.get("threads")
+    return n if device == "cpu" and isinstance(n, int) else None
 
 
 def overrides_given(recorded: dict[str, Any], **given: Any) -> dict[str, Any]:

@@ -133,3 +133,19 @@ def test_recompute_holds_torch_equal_logits(tiny_lm: Callable[[str], Any], tmp_p
     assert e["byte_exact"] and e["matched"]["max_abs_logit_diff"] == 0.0
     assert [r["kind"] for r in e["layers"]][-2:] == ["shared", "shared"]
     assert torch.tensor(e["matched"]["kl_per_position"]).abs().max().item() == 0.0
+
+
+def test_schedule_and_threads_replayed_unless_overridden() -> None:
+    from kvgraft import replay
+
+    recorded = runtime.Schedule(chunk_tokens=64, add_special_tokens=False).as_dict()
+    assert replay.schedule_override(recorded, chunk=None, one_shot=False) is None  # the record is replayed
+    assert replay.schedule_override(recorded, chunk=None, one_shot=True) == runtime.Schedule(None, False)
+    assert replay.schedule_override(recorded, chunk=16, one_shot=False) == runtime.Schedule(16, False)
+    with pytest.raises(errors.InputError, match="exclude each other"):
+        replay.schedule_override(recorded, chunk=16, one_shot=True)
+    env = {"threads": 2}
+    assert replay.thread_count(env, "cpu", threads=None, executor="local") == 2
+    assert replay.thread_count(env, "cpu", threads=1, executor="local") == 1
+    assert replay.thread_count(env, "cpu", threads=None, executor="ray") is None  # Ray: the user's placement
+    assert replay.thread_count(env, "cuda", threads=None, executor="local") is None

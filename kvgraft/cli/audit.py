@@ -71,26 +71,18 @@ def recompute_cmd(
     from rich.progress import Progress
 
     from kvgraft import recompute, replay
-    from kvgraft.errors import InputError
-    from kvgraft.runtime import Schedule
     from kvgraft.verify import VerifyPolicy, verified
 
-    if chunk is not None and one_shot:
-        raise InputError("--chunk and --one-shot exclude each other")
     recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
     rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
-    override = None
-    if chunk is not None or one_shot:
-        override = Schedule.from_dict({**rel.manifest["schedule"], "chunk_tokens": chunk})
+    override = replay.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
     recorded = rel.manifest["environment"]
     dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
     overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    # Ray sizes each actor by its thread count, so there the recorded count is a placement choice the
-    # user makes (--threads); when it differs, the result lists it as not replayed.
-    n_threads = threads if threads is not None or executor != "local" else recorded.get("threads")
+    n_threads = replay.thread_count(recorded, dev, threads=threads, executor=executor)
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
-                       threads=n_threads if dev == "cpu" and isinstance(n_threads, int) else None) as ex:
+                       threads=n_threads) as ex:
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with Progress(console=err, transient=True, disable=quiet) as bar:
             n = len(entry) if entry else len(rel.entries)

@@ -190,9 +190,14 @@ def test_cli_build_json_prints_only_the_result(tiny_dir: Callable[[str], Path], 
     source = tmp_path / "problems.jsonl"
     source.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "solution": p.solution})
                               + "\n" for p in PROBLEMS))
-    r = CliRunner().invoke(app, ["library", "build", "--source", str(source), "--library-fraction", "1", "--out",
-                                 str(tmp_path / "lib"), "--model", str(tiny_dir("llama")), "--no-generate", "--json"])
+    args = ["library", "build", "--source", str(source), "--library-fraction", "1", "--out", str(tmp_path / "lib"),
+            "--model", str(tiny_dir("llama")), "--no-generate", "--json"]
+    bad = CliRunner().invoke(app, [*args, "--threads", "0"])
+    assert bad.exit_code == 2 and "--threads must be >= 1" in bad.stderr and not (tmp_path / "lib").exists()
+    torch_threads = torch.get_num_threads()
+    r = CliRunner().invoke(app, [*args, "--threads", "1"])
     assert r.exit_code == 0, r.output
+    assert torch.get_num_threads() == torch_threads  # --threads held for the build only
     doc = json.loads(r.stdout)  # stdout holds the document and nothing else
     assert doc["kind"] == library.BUILD_KIND
     assert doc["counts"] == {"reference": len(PROBLEMS), "model": 0, "unverified": 0}

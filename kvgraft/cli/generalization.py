@@ -21,17 +21,6 @@ ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU thr
 SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
 
 
-def _threads(threads: int | None) -> None:
-    """Apply --threads (the OpenMP wait policy is set once for every command by the entrypoint)."""
-    if threads is not None:
-        from kvgraft.errors import InputError
-        from kvgraft.runtime import set_threads
-
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        set_threads(threads)  # for the rest of the command
-
-
 def _progress(quiet: bool) -> Progress:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -71,11 +60,11 @@ def build_cmd(
     The reference solution when the source has one (accepted only if the answer checker agrees), else
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
+    from kvgraft import runtime
     from kvgraft._internal.jsonio import refuse_existing
     from kvgraft.errors import InputError
     from kvgraft.generalization import library
     from kvgraft.reporting.render_generalization import build_renderables
-    from kvgraft.runtime import Schedule
 
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
@@ -83,13 +72,16 @@ def build_cmd(
     problems, source_rec = library.load_problems(source, limit, synthetic_seed=synthetic_seed)
     settings = library.BuildSettings(attempts=attempts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                      use_reference=not no_reference, generate=not no_generate)
-    _threads(threads)
-    lm = load_model(model, device, dtype, attn)
-    with _progress(quiet) as bar:
-        task = bar.add_task("solving library problems", total=None)
-        result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt, source=source_rec,
-                               settings=settings, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
-                               overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
+    with runtime.threads(threads):
+        lm = load_model(model, device, dtype, attn)
+        with _progress(quiet) as bar:
+            task = bar.add_task("solving library problems", total=None)
+            result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt,
+                                   source=source_rec, settings=settings, schedule=runtime.Schedule(chunk_tokens=chunk),
+                                   probe_tokens=probe, overwrite=overwrite,
+                                   progress=lambda i, n: bar.update(task, completed=i, total=n))
     if as_json:
         typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
     elif not quiet:
@@ -149,7 +141,7 @@ def generalization_cmd(
     rel = Release.open(library_dir)
     queries, prepared = gen.prepare(rel, source=source, limit=limit, library_fraction=library_fraction, salt=salt,
                                     synthetic_n=synthetic_n, synthetic_seed=synthetic_seed)
-    _threads(threads)
+    # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
     with make_executor(executor, model, device, dtype, attn, address=ray_address, workers=workers, ship=ship,
                        threads=threads) as ex:
         lm = ex.model(lambda: load_model(model, device, dtype, attn))

@@ -12,7 +12,7 @@ from kvgraft._internal.jsonio import read_jsonl
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError
 from kvgraft.models import LoadedModel
-from kvgraft.release.format import ReleaseWriter, token_ids_digest
+from kvgraft.release.format import ReleaseWriter, new_entry
 from kvgraft.runtime import Schedule, decode, layer_map, new_cache, prefill, tokenize
 from kvgraft.tensors import dtype_name, tensor_sha256
 
@@ -26,12 +26,8 @@ def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, prob
     ids, source = tokenize(lm, rec, schedule, where)
     cache, logits = prefill(lm, ids, schedule)
     layers, tensors = layer_map(lm, cache)
-    entry: dict[str, Any] = {
-        "id": rid, "num_tokens": len(ids), "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
-        "source": source, "layers": layers,
-        "next_token": {"logits_sha256": tensor_sha256(logits), "argmax": int(torch.argmax(logits)),
-                       "dtype": dtype_name(logits)},
-    }
+    entry = new_entry(rid, ids, source, layers, {"logits_sha256": tensor_sha256(logits),
+                                                 "argmax": int(torch.argmax(logits)), "dtype": dtype_name(logits)})
     if "answer" in rec:
         entry["answer"] = rec["answer"]
     if isinstance(rec.get("meta"), dict):

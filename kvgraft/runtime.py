@@ -13,7 +13,8 @@ import torch
 
 from kvgraft.errors import InputError
 from kvgraft.models import LoadedModel
-from kvgraft.release.hashing import cores, digest_json
+from kvgraft.release.format import source_record
+from kvgraft.release.hashing import cores
 
 
 @dataclass(frozen=True)
@@ -230,14 +231,14 @@ def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: st
     tok = lm.tokenizer
     if "text" in rec and isinstance(rec["text"], str):
         ids = encode(lm, rec["text"], add_special_tokens=schedule.add_special_tokens)
-        source: dict[str, Any] = {"kind": "text", "sha256": digest_json(rec["text"]), "text": rec["text"]}
+        source = source_record("text", rec["text"])
     elif "messages" in rec and isinstance(rec["messages"], list):
         if not getattr(tok, "chat_template", None):
             raise InputError(f"{where}: record has messages but the tokenizer has no chat template")
         out: Any = tok.apply_chat_template(rec["messages"], tokenize=True,
                                       add_generation_prompt=schedule.add_generation_prompt)
         ids = out["input_ids"] if not isinstance(out, list) else out
-        source = {"kind": "messages", "sha256": digest_json(rec["messages"]), "messages": rec["messages"]}
+        source = source_record("messages", rec["messages"])
     else:
         raise InputError(f'{where}: a record needs "text" (string) or "messages" (list)')
     ids = [int(t) for t in ids]

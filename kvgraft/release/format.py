@@ -44,6 +44,20 @@ def token_ids_digest(ids: list[int]) -> str:
     return digest_json(ids)
 
 
+def source_record(kind: str, value: Any) -> dict[str, Any]:
+    """Where an entry's tokens came from: `text` (a string) or `messages` (a chat), with its digest."""
+    return {"kind": kind, "sha256": digest_json(value), kind: value}
+
+
+def new_entry(entry_id: str, token_ids: list[int], source: dict[str, Any], layers: list[dict[str, Any]],
+              next_token: dict[str, Any]) -> dict[str, Any]:
+    """An entry's manifest record before ReleaseWriter adds its file, tensors and digest; every capture
+    (kvgraft's own, the vLLM connector's) builds its entries here."""
+    return {"id": entry_id, "num_tokens": len(token_ids), "token_ids": token_ids,
+            "token_ids_sha256": token_ids_digest(token_ids), "source": source, "layers": layers,
+            "next_token": next_token}
+
+
 def check_relpath(name: Any, where: str) -> str:
     """The one rule for a release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
     if not isinstance(name, str):

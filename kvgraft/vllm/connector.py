@@ -320,8 +320,8 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         from safetensors import safe_open
 
         from kvgraft.environment import record
-        from kvgraft.release.format import ReleaseWriter, token_ids_digest
-        from kvgraft.release.hashing import digest_json, sha256_hex
+        from kvgraft.release.format import ReleaseWriter, new_entry, source_record, token_ids_digest
+        from kvgraft.release.hashing import sha256_hex
         from kvgraft.runtime import Schedule
 
         assert self._capture is not None and self._identity is not None
@@ -335,20 +335,15 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         params = request.sampling_params
         greedy = params is not None and float(params.temperature) == 0.0
         ids = list(prompt)
-        digest = token_ids_digest(ids)
-        eid = f"vllm-{digest[:16]}"
+        eid = f"vllm-{token_ids_digest(ids)[:16]}"
         text = str(self._tokenizer().decode(ids, skip_special_tokens=False))
-        entry: dict[str, Any] = {
-            "id": eid, "num_tokens": len(ids), "token_ids": ids, "token_ids_sha256": digest,
-            "source": {"kind": "text", "sha256": digest_json(text), "text": text},
-            "layers": info["layers"],
-            # vLLM gives a KV connector no logits: the token is the one vLLM sampled, the digest is of no bytes.
-            "next_token": {"logits_sha256": sha256_hex(b""), "argmax": out_ids[0] if (greedy and out_ids) else 0,
-                           "dtype": str(self._dtype).removeprefix("torch.")},
-            "meta": {"captured_by": "vllm", "request_id": request.request_id, "greedy": greedy,
-                     "next_token": "vLLM exposes no logits to a KV connector: logits_sha256 is the digest of no "
-                                   "bytes; argmax is vLLM's first sampled token when sampling was greedy"},
-        }
+        # vLLM gives a KV connector no logits: the token is the one vLLM sampled, the digest is of no bytes.
+        entry = new_entry(eid, ids, source_record("text", text), info["layers"],
+                          {"logits_sha256": sha256_hex(b""), "argmax": out_ids[0] if (greedy and out_ids) else 0,
+                           "dtype": str(self._dtype).removeprefix("torch.")})
+        entry["meta"] = {"captured_by": "vllm", "request_id": request.request_id, "greedy": greedy,
+                         "next_token": "vLLM exposes no logits to a KV connector: logits_sha256 is the digest of no "
+                                       "bytes; argmax is vLLM's first sampled token when sampling was greedy"}
         if greedy and out_ids:
             entry["probe"] = {"token_ids": out_ids[:8]}
         hf = self._vllm_config.model_config.hf_config

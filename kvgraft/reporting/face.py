@@ -257,8 +257,9 @@ def renderables(report: dict[str, Any], width: int, path: str = "REPORT") -> lis
     if report.get("note"):
         out.append(Text("\n".join(hanging("note:", report["note"], width, indent=0)), style="italic"))
     out.append(Text("\nwhat was audited", style="bold"))
-    label_width = max(len(label) for label, _ in audited(report))
-    for label, value in audited(report):
+    items = audited(report)
+    label_width = max(len(label) for label, _ in items)
+    for label, value in items:
         out.append(Text("\n".join(hanging(label, value, width, label_width=label_width))))
     out.append(Text("\nchecks", style="bold"))
     for c in report["checks"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvgraft.reporting import face, views
 from kvgraft.reporting.render import num as _num
 from kvgraft.reporting.render import pct as _pct
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 HTML_COLOR = {
     "passed": "#1b7f3b", "supported": "#1b7f3b", "consistent": "#1b7f3b",
     "failed": "#b3261e", "contradicted": "#b3261e", "inconsistent": "#b3261e",
@@ -261,7 +263,6 @@ def claims_html(claims: list[dict[str, Any]]) -> str:
 def to_html(report: dict[str, Any]) -> str:
     """One self-contained HTML page with the content of the terminal rendering."""
     v = report["verdict"]
-    model = report.get("model") or {}
     title = f"kvgraft audit: {report['plan']['name']} — {v['status']}"
     claims_counts = ", ".join(f"{n} {k}" for k, n in v["claims"].items() if n) or "none"
     body = [f"<h1>kvgraft audit report: {_e(report['plan']['name'])}</h1>"]
@@ -272,14 +273,9 @@ def to_html(report: dict[str, Any]) -> str:
                 f'<div class="counts">checks: {v["checks"]["passed"]} passed, {v["checks"]["failed"]} failed, '
                 + (f'{v["checks"]["incomplete"]} incomplete, ' if v["checks"].get("incomplete") else "")
                 + f'{v["checks"]["skipped"]} skipped · claims: {_e(claims_counts)}</div></div>')
-    ident = [["kvgraft", _e(report["kvgraft_version"])], ["created", _e(report["created"])],
-             ["plan", f"{_e(report['plan']['name'])} <code>{_e(report['plan'].get('sha256', ''))}</code>"],
-             ["model", _e(model.get("spec", "none"))]]
-    if isinstance(model.get("identity"), dict) and model["identity"].get("sha256"):
-        ident.append(["model identity", f"<code>{_e(model['identity']['sha256'])}</code>"])
-    ident += [["release root digest", f"<code>{_e(report['release_root_digest'])}</code>"],
-              ["release attestation",
-               f"<code>{_e(report['binding']['release_attestation_digest'] or 'none (unsigned release)')}</code>"]]
+    # The same list the terminal shows (face.audited); digests in a monospace face.
+    ident = [[_e(label), f"<code>{_e(value)}</code>" if _DIGEST.fullmatch(value) else _e(value)]
+             for label, value in face.audited(report)]
     body.append("<h2>What was audited</h2>" + _table(["what", "value"], ident))
     items = []
     for c in report["checks"]:

@@ -51,14 +51,14 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def diff_tensors(stored: torch.Tensor, fresh: torch.Tensor, *, stored_sha256: str | None = None,
-                 position_offset: int = 0) -> TensorDiff:
+                 fresh_sha256: str | None = None, position_offset: int = 0) -> TensorDiff:
     """Compare bit for bit; on a difference count it, size it and locate the first element.
 
     `position_offset` turns the tensor's sequence index into an absolute token position
     (sliding-window layers hold only the last positions).
     """
     s_sha = stored_sha256 or tensor_sha256(stored)
-    f_sha = tensor_sha256(fresh)
+    f_sha = fresh_sha256 or tensor_sha256(fresh)
     n = int(stored.numel())
     if stored.shape != fresh.shape or stored.dtype != fresh.dtype:
         return TensorDiff(False, f_sha, s_sha, n, differing=n,

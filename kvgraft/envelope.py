@@ -154,16 +154,19 @@ class Envelope:
 
 
 def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
-              only: set[str] | None = None, skip: set[str] | None = None) -> Envelope:
+              only: set[str] | None = None, skip: set[str] | None = None,
+              digests: dict[str, str] | None = None) -> Envelope:
     """Measure the envelope of `reference` (the replayed recompute) from benign reruns of `ids`.
 
     Reused for the same model object, conditions, tokens, schedule and reference bytes (the same
     computation gives the same envelope; entries of the same length but other tokens do not, since
     the noise is per row). `only`/`skip` choose perturbations by name (leave-one-out studies).
+    `digests`: the reference tensors' SHA-256 by name, when the caller hashed them already.
     """
+    digests = digests if digests is not None else {}
     key = (lm.attn, lm.dtype, torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), tuple(ids),
            schedule, None if only is None else frozenset(only), None if skip is None else frozenset(skip),
-           tuple((name, tensor_sha256(t)) for name, t in reference.items()))
+           tuple((name, digests.get(name) or tensor_sha256(t)) for name, t in reference.items()))
     memo = _MEMO.setdefault(lm.model, {})
     if key not in memo:
         if len(memo) >= 8:

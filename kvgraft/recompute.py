@@ -53,13 +53,16 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
 
 
 def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
-                   envelope: Callable[[], Envelope] | None = None) -> list[dict[str, Any]]:
+                   envelope: Callable[[], Envelope] | None = None,
+                   fresh_digests: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location.
 
     With `envelope` (measured on first use), each differing tensor is also judged against the
     numerical-noise envelope: how many elements lie outside it, and the largest excess and where.
+    `fresh_digests` (by tensor name) are the fresh tensors' SHA-256 when the caller has them already.
     """
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
+    digests = fresh_digests if fresh_digests is not None else {}
     fd = os.open(rel.entry_file(entry), os.O_RDONLY)
     where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
     rows: list[dict[str, Any]] = []
@@ -78,10 +81,11 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
                     fresh = fresh_tensors[fresh_meta[part]] if part in fresh_meta else None
                     if fresh is None:
                         d = TensorDiff(False, "", stored_sha, 0, shape_mismatch="no fresh tensor")
-                    elif tensor_sha256(fresh) == stored_sha:
-                        d = TensorDiff(True, stored_sha, stored_sha, int(fresh.numel()))
                     else:
-                        d = diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha, position_offset=offset)
+                        fresh_sha = digests.get(fresh_meta[part]) or tensor_sha256(fresh)  # each hashed once
+                        d = (TensorDiff(True, stored_sha, stored_sha, int(fresh.numel())) if fresh_sha == stored_sha
+                             else diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha,
+                                               fresh_sha256=fresh_sha, position_offset=offset))
                     row[part] = d.as_dict()
                     if not d.equal and d.shape_mismatch is None and fresh is not None and envelope is not None:
                         j = judge(_as_tensor(stored, info), fresh, envelope().allowed(name, fresh))
@@ -175,13 +179,15 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     t_prefill = time.perf_counter() - t0
     measured: list[Envelope] = []
     reference = layer_map(lm, fresh_cache)[1]
+    # Hashed once here: the comparison and the envelope's memo key both need them.
+    digests = {name: tensor_sha256(t) for name, t in reference.items()}
 
     def envelope() -> Envelope:  # measured only when some tensor differs
         if not measured:
-            measured.append(calibrate(lm, entry["token_ids"], schedule, reference))
+            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests))
         return measured[0]
 
-    rows = compare_layers(rel, entry, lm, fresh_cache, envelope)
+    rows = compare_layers(rel, entry, lm, fresh_cache, envelope, fresh_digests=digests)
     reference.clear()
     t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
     verdict, outside = classify(rows)

@@ -57,6 +57,10 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
     assert r["status"] == ("passed" if all(c["shows"] for c in r["controls"]) else "incomplete")
     assert any(not c["shows"] for c in (replay, related)) and r["status"] == "incomplete"
     assert all("detectable" in c and c["detectable"]["n"] == 6 for c in r["controls"])
+    from kvgraft.reporting.face import FACES
+
+    face = FACES["controls"](r)  # what a report shows of it: each control, and that one does NOT show its effect
+    assert len(face.figures) == 3 and "does NOT show it" in " ".join(face.figures)
 
 
 @pytest.mark.slow

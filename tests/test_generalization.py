@@ -335,6 +335,10 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
                    "context accounting", "ESTIMATE", "decode / budget"):
         assert needle in text, needle
     assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
+    from kvgraft.reporting.face import FACES
+
+    face = FACES["generalization"]({"result": tiny_result})  # a report's face of this result
+    assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
 
 def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:

@@ -24,7 +24,10 @@ import rewrite
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
-AMD_FIXTURE = ROOT.parent / "shared" / "fixtures" / "cross-machine" / "smollm2-135m-amd-epyc"
+# The project's own captures on two CPU kinds (tests/fixtures/cross-machine/README.md says where from).
+FIXTURES = ROOT / "tests" / "fixtures" / "cross-machine"
+CPU_KINDS = ("amd-epyc", "intel-xeon")
+AMD_FIXTURE = FIXTURES / "smollm2-135m-amd-epyc"
 APPLES = {"id": "apples", "text": "Problem: Mia has 12 apples. She gives 5 to Sam and buys 9 more. How many apples "
                                   "does she have now?\nSolution: 12 - 5 = 7, and 7 + 9 = 16.\nAnswer: 16"}
 
@@ -116,23 +119,52 @@ def test_states_of_other_tokens_are_inconsistent_from_the_changed_position(tiny_
     assert first["layer"] == 0 and first["position"] >= at
 
 
-def test_cross_machine_fixture_verdict(smollm2: Any, tmp_path: Path) -> None:
-    """The AMD EPYC release: byte-exact on that CPU, consistent on any other."""
-    if not (AMD_FIXTURE / "manifest.json").is_file():
-        pytest.fail(f"{AMD_FIXTURE}: the shared cross-machine fixture is missing (../shared beside the clone)")
-    code, result = _audit_cli(AMD_FIXTURE, tmp_path / "r.json", "--require", "consistent")
+def _fixture_verdict(kind: str, tmp_path: Path) -> tuple[bool, dict[str, Any]]:
+    """Recompute one CPU kind's fixture here; return (recorded on this CPU kind, the result)."""
+    code, result = _audit_cli(FIXTURES / f"smollm2-135m-{kind}", tmp_path / f"{kind}.json", "--require", "consistent")
+    assert code == 0, result["statements"]
     recorded = result["environment"]["recorded"]
     same_cpu = not differences(recorded, result["environment"]["current"])
     if "cpu_isa" not in recorded:
         # The fixture predates the cpu_isa record; its README names the features (an EPYC without them
         # has another name-alike CPU and other kernels).
         same_cpu = same_cpu and {"avx512f", "avx512_bf16", "avx512_vnni"} <= set(cpu_isa().split())
-    assert code == 0
-    if same_cpu:
-        assert result["verdict"] == "byte-exact", f"same conditions as recorded on {cpu_name()}, yet not byte-exact"
-    else:
-        assert result["verdict"] == "consistent", result["statements"]
-        assert set(result["conditions"]["not_replayed"]) <= {"device_name", "cpu_isa", "torch", "transformers"}
+    return same_cpu, result
+
+
+def test_cross_machine_fixture_verdict(smollm2: Any, tmp_path: Path) -> None:
+    """Each CPU kind's release: byte-exact on that CPU kind, consistent on any other.
+
+    On a CPU matching one fixture, that one is byte-exact and the other consistent; on a third kind of
+    CPU both are consistent.
+    """
+    verdicts = {kind: _fixture_verdict(kind, tmp_path) for kind in CPU_KINDS}
+    assert sum(same for same, _ in verdicts.values()) <= 1, "one machine cannot match both CPU kinds"
+    for kind, (same_cpu, result) in verdicts.items():
+        if same_cpu:
+            assert result["verdict"] == "byte-exact", (
+                f"{kind}: same conditions as recorded on {cpu_name()}, yet not byte-exact")
+        else:
+            assert result["verdict"] == "consistent", (kind, result["statements"])
+            assert set(result["conditions"]["not_replayed"]) <= {"device_name", "cpu_isa", "torch", "transformers"}
+
+
+def test_cross_machine_fixtures_differ_in_every_tensor() -> None:
+    """The two captures are the same computation (model, tokens, schedule, threads) with other bytes."""
+    amd, intel = (json.loads((FIXTURES / f"smollm2-135m-{k}" / "manifest.json").read_text()) for k in CPU_KINDS)
+    for key in ("model", "schedule"):
+        assert amd[key] == intel[key]
+    (a,), (i,) = amd["entries"], intel["entries"]
+    assert a["token_ids"] == i["token_ids"] and a["num_tokens"] == 72
+    same = {k: amd["environment"][k] == intel["environment"][k] for k in ("threads", "dtype", "attn_implementation")}
+    assert all(same.values()), same
+    assert amd["environment"]["device_name"] != intel["environment"]["device_name"]
+    assert a["tensors"].keys() == i["tensors"].keys()
+    assert all(a["tensors"][n]["sha256"] != i["tensors"][n]["sha256"] for n in a["tensors"])
+    # The Intel capture replicates on another machine of its kind: the project's reference manifest.
+    ref = json.loads((ROOT / "manifests" / "smollm2-135m-example" / "manifest.json").read_text())
+    (r,) = [e for e in ref["entries"] if e["id"] == i["id"]]
+    assert {n: t["sha256"] for n, t in r["tensors"].items()} == {n: t["sha256"] for n, t in i["tensors"].items()}
 
 
 def test_unknown_requirement_is_refused(tmp_path: Path) -> None:

@@ -113,6 +113,7 @@ def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) ->
         assert result["equality"][graft]["n"] == 1
         assert result["equality"][graft]["equal"] == 1, result["equality"][graft]["mismatches"]
         g, t = _runs(result, graft), _runs(result, gen.AS_TEXT[graft])
+        assert g and g.keys() == t.keys(), (graft, sorted(g), sorted(t))
         for qid in g:
             assert g[qid]["samples"][0]["token_ids"] == t[qid]["samples"][0]["token_ids"]
     validate(result, gen.SCHEMA, "smollm2 result")
@@ -127,7 +128,9 @@ def test_own_entry_is_never_used_for_the_other_condition(tiny_result: dict[str, 
     meta = {e["id"]: e["meta"] for e in rel.entries}
     hashes = {q["id"]: q["problem_hash"] for q in tiny_result["queries"]}
     for cond in ("other", "other_text"):
-        for qid, run in _runs(tiny_result, cond).items():
+        runs = _runs(tiny_result, cond)
+        assert runs, f"no {cond} runs to check"
+        for qid, run in runs.items():
             assert run["entry_id"] != qid
             assert meta[run["entry_id"]]["problem_id"] != qid
             assert meta[run["entry_id"]]["problem_hash"] != hashes[qid]

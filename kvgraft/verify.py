@@ -26,7 +26,6 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvgraft import __version__
+from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.hashing import sha256_hex
@@ -161,12 +161,8 @@ def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: Signatur
     from kvgraft.signing import oms
 
     path = root / attest.OMS_NAME
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
+    if jsonio.stat_or_none(path) is None:
         return None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
     usable = public_key is not None and (bundle_raw is None or isinstance(public_key, ec.EllipticCurvePublicKey))
     files, verified_by, digest = oms.read(path, public_key if usable else None)
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
@@ -189,7 +185,7 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         raise InputError("give a verification policy or key/identity arguments, not both")
     key, identity, issuer, trust = policy.key, policy.identity, policy.issuer, policy.trust
     root = Path(root)
-    if not root.is_dir():
+    if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder (expected a cache release)")
     if (identity is None) != (issuer is None):
         raise InputError("--certificate-identity and --certificate-oidc-issuer must be given together")
@@ -205,12 +201,8 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     statement: dict[str, Any] | None = None
     warnings: list[str] = []
     source = "manifest"
-    try:
-        bundle_mode: int | None = bundle_path.lstat().st_mode
-    except FileNotFoundError:
-        bundle_mode = None
-    except OSError as exc:
-        raise InputError(f"{bundle_path}: cannot read: {exc.strerror}") from None
+    bundle_st = jsonio.stat_or_none(bundle_path)
+    bundle_mode = bundle_st.st_mode if bundle_st is not None else None
     bundle_raw: bytes | None = None
     if bundle_mode is not None:
         bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
@@ -236,7 +228,7 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
                             "in the bundle was compared with the files")
         statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
-    elif (root / attest.OMS_NAME).exists() and identity is None:
+    elif jsonio.stat_or_none(root / attest.OMS_NAME) is not None and identity is None:
         pass  # an OpenSSF model signing signature alone: read below
     elif public_key is not None or identity is not None:
         wanted = "--key" if public_key is not None else "--certificate-identity"

@@ -61,7 +61,12 @@ def release_folder_files(root: Path) -> set[str]:
             raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
         for item in items:
             rel = prefix + item.name
-            mode = item.stat(follow_symlinks=False).st_mode
+            try:
+                mode = item.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue  # gone since the listing: a file the manifest lists is then reported missing
+            except OSError as exc:  # e.g. a path longer than PATH_MAX
+                raise InputError(f"{root / rel}: cannot read: {exc.strerror}") from None
             if stat.S_ISLNK(mode):
                 raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
             if stat.S_ISDIR(mode):
@@ -90,7 +95,8 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
         header, _ = stfile.read_header(path)
     except InputError as exc:
         return f"{base}: entry {entries[0]['id']!r}: the safetensors header is damaged ({exc})"
-    data_start = min((t.start for t in header.values()), default=path.stat().st_size)
+    st = jsonio.stat_or_none(path)
+    data_start = min((t.start for t in header.values()), default=st.st_size if st is not None else 0)
     for entry in entries:
         tensors = entry["tensors"]
         try:
@@ -142,7 +148,7 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
     disagree, InputError for unusable input.
     """
     root = Path(root)
-    if not root.is_dir():
+    if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder")
     present = release_folder_files(root)
     stmt_subjects = subjects
@@ -256,11 +262,14 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     names = sorted(manifest["files"])
     paths = [root / n for n in names]
     for name, path in zip(names, paths, strict=True):
-        want, got = manifest["files"][name]["size"], path.lstat().st_size
-        if got != want:
-            how = "truncated" if got < want else "grown"
+        st = jsonio.stat_or_none(path)
+        if st is None:
+            raise IntegrityError(f"{path}: missing (removed while the release was verified)")
+        want, now = manifest["files"][name]["size"], st.st_size
+        if now != want:
+            how = "truncated" if now < want else "grown"
             label = f": {of(name)}" if of(name) else ""
-            raise IntegrityError(f"{path}{label}: {got} bytes, the manifest says {want} ({how})")
+            raise IntegrityError(f"{path}{label}: {now} bytes, the manifest says {want} ({how})")
 
     check_commitments(root, manifest)
 

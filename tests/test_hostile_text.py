@@ -89,7 +89,8 @@ def test_library_build_summary_prints_problem_strings_as_text(hostile: dict[str,
 
 def test_audit_recompute_prints_entry_ids_and_conditions_as_text(hostile: dict[str, Path]) -> None:
     r = runner.invoke(app, ["audit", "recompute", str(hostile["release"]), "--model", str(hostile["model"]),
-                            "--device", "cpu", "--key", str(hostile["public"]), "--require", "consistent"])
+                            "--device", "cpu", "--key", str(hostile["public"]), "--require", "consistent",
+                            "--probe", HOSTILE])
     assert r.exit_code in (0, 4, 6), r.output
     _check(r, "audit recompute", code=r.exit_code)
 

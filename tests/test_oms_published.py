@@ -134,6 +134,8 @@ def test_a_release_in_a_git_repository_with_a_hub_card_verifies(release: Path, t
     assert doc["signature"]["oms_verified"] is True and doc["signature"]["oms_beside_release"] == ["README.md"]
     text = _verify(release, "--key", str(public))
     assert text.exit_code == 0 and "README.md" in text.output  # said: signed by the OMS signature only
+    loose = _verify(release)  # no key: nothing is authenticated, and the note says the card was only compared
+    assert loose.exit_code == 0 and "README.md" in loose.stderr and "not checked" in loose.stderr, loose.output
     # The card is signed: changed, both refuse it.
     (release / "README.md").write_text(CARD + "\nedited\n")
     assert _ms_verify(release, public, sig).returncode != 0

@@ -30,6 +30,9 @@ MANIFEST = "manifest.json"
 # Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
 BUNDLE_NAME = "release.sigstore.json"
 OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
+# A release kept in a git (or Hugging Face Hub) repository: the repository's metadata at the folder's root,
+# which the model_signing CLI leaves out of what it signs, is no part of the release either.
+REPOSITORY_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 
 

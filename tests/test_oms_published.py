@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
+from kvgraft.schema import validate
 from kvgraft.signing import attest, keys, oms
 
 from release_factory import make_release
@@ -131,6 +132,7 @@ def test_a_release_in_a_git_repository_with_a_hub_card_verifies(release: Path, t
     r = _verify(release, "--key", str(public), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
+    validate(doc, "verify-result.v1.json", "verify --json")
     assert doc["signature"]["oms_verified"] is True and doc["signature"]["oms_beside_release"] == ["README.md"]
     text = _verify(release, "--key", str(public))
     assert text.exit_code == 0 and "README.md" in text.output  # said: signed by the OMS signature only
@@ -179,7 +181,9 @@ def test_two_signers_each_signature_says_which_key_verified_it(release: Path, tm
     id_a, id_b = (keys.key_id(keys.load_public_key(p)) for p in (public_a, public_b))
     r = _verify(release, "--key", str(public_a), "--key", str(public_b), "--json")
     assert r.exit_code == 0, r.output
-    sigs = {s["file"]: s for s in json.loads(r.stdout)["signature"]["signatures"]}
+    doc = json.loads(r.stdout)
+    validate(doc, "verify-result.v1.json", "verify --json")  # the schema knows the new members
+    sigs = {s["file"]: s for s in doc["signature"]["signatures"]}
     assert sigs[str(release / attest.BUNDLE_NAME)]["key_id"] == id_a
     assert sigs[str(release / attest.OMS_NAME)]["key_id"] == id_b
     assert all(s["status"] == "verified" for s in sigs.values())

@@ -210,3 +210,20 @@ def test_oms_curves_and_hashes() -> None:
         assert keys.verify(key.public_key(), sig, b"x") and not keys.verify(key.public_key(), sig, b"y")
         key.public_key().verify(sig, b"x", ec.ECDSA(digest))  # raises unless made with the curve's hash
     assert oms.IGNORE_PATHS  # the names the model_signing CLI records as ignored
+
+
+@needs_cli
+def test_a_file_beside_the_release_is_refused_when_the_oms_signature_listing_it_is_not_checked(
+        release: Path, tmp_path: Path) -> None:
+    """The bundle by an Ed25519 key (which OMS cannot use), model.sig by another signer listing a card: with
+    only the Ed25519 key given, model.sig is left unchecked, so the card it lists is no part of anything
+    verified and is refused; with the second signer's key too, it is accepted."""
+    private_a, public_a = keys.write_keypair(tmp_path / "a", algorithm="ed25519")
+    private_b, public_b = _ec_keypair(tmp_path, "b", ec.SECP256R1())
+    assert runner.invoke(app, ["sign", str(release), "--key", str(private_a)]).exit_code == 0
+    (release / "README.md").write_text(CARD)
+    _ms_sign(release, private_b, release / attest.OMS_NAME)
+    r = _verify(release, "--key", str(public_a))
+    assert r.exit_code == 1 and "not part of the release: README.md" in r.stderr, r.output
+    r = _verify(release, "--key", str(public_a), "--key", str(public_b), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["signature"]["oms_beside_release"] == ["README.md"], r.output

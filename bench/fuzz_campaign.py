@@ -71,10 +71,10 @@ def main() -> int:
             failures.append(f"case {case['case']}: {str(exc).splitlines()[0][:300]}")
     print(f"kvgraft verify --key fuzz campaign: seed {args.seed}, {len(done)} of {args.cases} cases in {wall:.0f} s, "
           f"child exit {rc}{' (a signal)' if rc < 0 else ' (timeout)' if rc == 124 else ''}")
-    print(f"{'class':<16}{'cases':>7}  exits{'':<22}slowest s")
+    print(f"{'class':<16}{'cases':>7}  exits{'':<26}slowest s")
     for kind in sorted(per):
         exits = ", ".join(f"{k}: {n}" for k, n in sorted(per[kind].items()))
-        print(f"{kind:<16}{sum(per[kind].values()):>7}  {exits:<27}{slowest[kind]:.3f}")
+        print(f"{kind:<16}{sum(per[kind].values()):>7}  {exits:<30} {slowest[kind]:.3f}")
     codes = collections.Counter(c["exit"] for c in done)
     print(f"{'all':<16}{len(done):>7}  " + ", ".join(f"exit {k}: {n}" for k, n in sorted(codes.items())))
     print(f"failures: {len(failures)} (exit 70, traceback, exception, not one line, control not verifying, or slow)")

@@ -101,6 +101,8 @@ def mutate(root):
         return f"{kind} {name}"
     if kind == "truncate":
         n = rng.randrange(len(data))
+        while n > 0 and not data[n:].strip():
+            n -= 1  # a JSON file cut at its trailing newline only is the same document: cut into it
         os.truncate(path, n)
         return f"truncate {name} to {n}"
     if kind == "extend":

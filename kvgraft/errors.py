@@ -11,6 +11,27 @@ EXIT_EXISTS = 5  # refusing to overwrite an existing output
 EXIT_INCOMPLETE = 6  # an audit ran but reached no verdict: nothing to judge, or a positive control missed its effect
 
 
+# Digits of a number a message shows: a hostile file can state an integer of any length, and Python
+# refuses to format one beyond 4,300 digits (and takes quadratic time below that).
+MAX_DIGITS_SHOWN = 24
+
+
+def short_int(n: int) -> str:
+    """`n` for a message: in full up to MAX_DIGITS_SHOWN digits, else how many digits it has."""
+    if -(10 ** MAX_DIGITS_SHOWN) < n < 10 ** MAX_DIGITS_SHOWN:
+        return str(n)
+    # Counted without str(n), the conversion to avoid: from the bit length, then one comparison.
+    k = int(abs(n).bit_length() * 0.30102999566398120)
+    digits = k + 1 if abs(n) >= 10**k else k
+    return f"{'-' if n < 0 else ''}an integer of {digits} digits"
+
+
+def short_repr(value: object, limit: int = 120) -> str:
+    """repr() of a string or other value from a file, cut to `limit` characters (a name can be megabytes)."""
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class Error(Exception):
     """Base of every error kvgraft raises on purpose."""
 

@@ -63,7 +63,10 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
     """
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
     digests = fresh_digests if fresh_digests is not None else {}
-    fd = os.open(rel.entry_file(entry), os.O_RDONLY)
+    try:
+        fd = os.open(rel.entry_file(entry), os.O_RDONLY)
+    except OSError as exc:  # gone or changed since it was verified
+        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
     where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
     rows: list[dict[str, Any]] = []
     try:

@@ -26,7 +26,6 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvgraft import __version__
+from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.hashing import sha256_hex
@@ -61,6 +61,15 @@ class VerifyPolicy:
     issuer: str | None = None
     trust: SigstoreTrust | None = None
     require_signature: bool = False
+    # Further keys (`--key` given again): with two signature files by two signers, each signature must
+    # verify with one of the keys, and each key must verify one of them.
+    more_keys: tuple[Path, ...] = ()
+    # A detached OpenSSF model signing signature, stored outside the folder (`--oms-signature PATH`).
+    oms_signature: Path | None = None
+
+    @property
+    def keys(self) -> tuple[Path, ...]:
+        return (self.key, *self.more_keys) if self.key is not None else ()
 
 
 @dataclass
@@ -75,12 +84,23 @@ class SignatureStatus:
     key_id: str | None = None
     identity: str | None = None
     issuer: str | None = None
+    # Each signature file read: file, kind ("kvgraft" or "oms"), sha256, status, key_id (that verified it).
+    signatures: list[dict[str, Any]] = field(default_factory=list)
+    # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
+    oms_beside_release: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
+        beside = (f"; beside the release, signed by the OMS signature only: {', '.join(self.oms_beside_release[:5])}"
+                  if self.oms_beside_release else "")
+        keyed = [s for s in self.signatures if s["key_id"]]
+        if self.status == "verified" and len(self.signatures) > 1 and keyed:
+            return "verified: " + "; ".join(
+                f"{Path(s['file']).name} {'verified with key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                for s in self.signatures) + beside
         if self.status == "verified":
             who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
-            return f"verified: {who}{oms}"
+            return f"verified: {who}{oms}{beside}"
         if self.bundle is None and self.oms_signature is not None:
             return "not checked: an OpenSSF model signing signature (model.sig) is present; pass --key"
         if self.bundle is None:
@@ -152,24 +172,24 @@ def _predicate_check(root: Path, statement: dict[str, Any], source: str) -> Mani
     return check
 
 
-def _read_oms(root: Path, public_key: keys.PublicKey | None, signature: SignatureStatus,
-              bundle_raw: bytes | None) -> tuple[dict[str, str], str | None] | None:
-    """An OpenSSF model signing signature (RELEASE/model.sig), if present: its files (name -> sha256)
-    without release.sigstore.json, and the digest it lists for release.sigstore.json (None if none).
-    With a key given it must verify with that key when the release has no kvgraft bundle; beside one,
-    a key OMS cannot use (Ed25519) leaves it unchecked, and its file list is still compared."""
+def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatus,
+              has_bundle: bool) -> tuple[dict[str, str], str | None] | None:
+    """An OpenSSF model signing signature (RELEASE/model.sig, or the detached one at `path`), if present:
+    its files (name -> sha256) without release.sigstore.json, and the digest it lists for
+    release.sigstore.json (None if none). With keys given it must verify with one of them; beside a
+    kvgraft bundle, keys OMS cannot use (Ed25519 only) leave it unchecked, and its file list is still
+    compared."""
     from kvgraft.signing import oms
 
-    path = root / attest.OMS_NAME
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
+    if jsonio.stat_or_none(path) is None:
         return None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    usable = public_key is not None and (bundle_raw is None or isinstance(public_key, ec.EllipticCurvePublicKey))
-    files, verified_by, digest = oms.read(path, public_key if usable else None)
+    usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)] if has_bundle else given
+    advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {path.name}): give --key for each "
+              f"signer" if has_bundle else "")
+    files, verified_by, digest = oms.read(path, usable or None, advice)
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
+    signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
+                                 "status": "verified" if verified_by else "not checked", "key_id": verified_by})
     return files, files.pop(attest.BUNDLE_NAME, None)
 
 
@@ -189,37 +209,45 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         raise InputError("give a verification policy or key/identity arguments, not both")
     key, identity, issuer, trust = policy.key, policy.identity, policy.issuer, policy.trust
     root = Path(root)
-    if not root.is_dir():
+    if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder (expected a cache release)")
     if (identity is None) != (issuer is None):
         raise InputError("--certificate-identity and --certificate-oidc-issuer must be given together")
+    if policy.more_keys and key is None:
+        raise InputError("more keys given without a first one")
     if key is not None and identity is not None:
         raise InputError("give --key or --certificate-identity/--certificate-oidc-issuer, not both")
     if policy.require_signature and key is None and identity is None:
         raise InputError("--require-signature needs --key or --certificate-identity/--certificate-oidc-issuer "
                          "to check the signature with")
-    public_key = keys.load_public_key(key) if key is not None else None
+    given = [keys.load_public_key(p) for p in policy.keys]
+    oms_path = root / attest.OMS_NAME
+    if policy.oms_signature is not None:
+        if jsonio.stat_or_none(oms_path) is not None:
+            raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
+                             f"({policy.oms_signature}); give one of them")
+        oms_path = Path(policy.oms_signature)
+        jsonio.read_bounded(oms_path, attest.MAX_BUNDLE_BYTES, "an OMS signature")  # absent or unusable: exit 2 here
 
     bundle_path = root / attest.BUNDLE_NAME
     signature = SignatureStatus("not checked")
     statement: dict[str, Any] | None = None
     warnings: list[str] = []
     source = "manifest"
-    try:
-        bundle_mode: int | None = bundle_path.lstat().st_mode
-    except FileNotFoundError:
-        bundle_mode = None
-    except OSError as exc:
-        raise InputError(f"{bundle_path}: cannot read: {exc.strerror}") from None
+    bundle_st = jsonio.stat_or_none(bundle_path)
+    bundle_mode = bundle_st.st_mode if bundle_st is not None else None
     bundle_raw: bytes | None = None
+    oms_present = jsonio.stat_or_none(oms_path) is not None
     if bundle_mode is not None:
         bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
         bundle_raw = bundle.raw
         signature.bundle = str(bundle_path)
         signature.bundle_sha256 = sha256_hex(bundle.raw)
         payload_type, payload = bundle.payload_type, bundle.payload
-        if public_key is not None:
-            signature.key_id = attest.verify_with_key(bundle, public_key)
+        if given:
+            advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {oms_path.name}): give --key for "
+                      f"each signer" if oms_present else "")
+            signature.key_id = attest.verify_with_any(bundle, given, advice=advice)
             signature.status, signature.method = "verified", "key"
         elif identity is not None and issuer is not None:
             if not bundle.has_certificate:
@@ -234,47 +262,68 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         else:
             warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
                             "in the bundle was compared with the files")
+        signature.signatures.append({"file": str(bundle_path), "kind": "kvgraft", "sha256": signature.bundle_sha256,
+                                     "status": signature.status, "key_id": signature.key_id})
         statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
-    elif (root / attest.OMS_NAME).exists() and identity is None:
+    elif oms_present and identity is None:
         pass  # an OpenSSF model signing signature alone: read below
-    elif public_key is not None or identity is not None:
-        wanted = "--key" if public_key is not None else "--certificate-identity"
+    elif given or identity is not None:
+        wanted = "--key" if given else "--certificate-identity"
         raise VerificationError(f"{root}: the release is unsigned (no {attest.BUNDLE_NAME}) but {wanted} "
                                 f"requires a signature")
     else:
         warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                         f"were checked")
 
-    oms_read = _read_oms(root, public_key, signature, bundle_raw)
+    oms_read = _read_oms(oms_path, given, signature, bundle_raw is not None)
     oms_files = oms_read[0] if oms_read is not None else None
     if oms_files is not None and statement is None:
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
-        if public_key is not None and signature.oms_verified:
-            signature.status, signature.method, signature.key_id = "verified", "key", keys.key_id(public_key)
+        if given and signature.oms_verified:
+            signature.status, signature.method = "verified", "key"
+            signature.key_id = signature.signatures[-1]["key_id"]
         if policy.require_signature and signature.status != "verified":
             raise VerificationError(f"{root}: --require-signature: the OpenSSF model signing signature was not checked")
         warnings[:] = [] if signature.status == "verified" else [
-            f"the OpenSSF model signing signature ({attest.OMS_NAME}) was not checked (no --key given); its file "
+            f"the OpenSSF model signing signature ({oms_path.name}) was not checked (no --key given); its file "
             f"list was compared with the files"]
         source = "OMS signature" if signature.status == "verified" else "OMS signature (not checked)"
+    used = {s["key_id"] for s in signature.signatures if s["status"] == "verified"}
+    for k in given:
+        if keys.key_id(k) not in used:
+            whose = "; ".join(f"{Path(s['file']).name}: {'key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                              for s in signature.signatures)
+            raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
+    # Files beside the release (a Hub card, README.md) are accepted only when an OMS signature lists them and
+    # it was verified, or when nothing is verified at all (then nothing is authenticated, as the warnings say).
+    beside_ok = signature.oms_verified or (not given and identity is None)
     if statement is not None:
+        beside = ({n: d for n, d in oms_files.items() if n not in attest.subjects(statement)}
+                  if oms_files is not None and beside_ok else None)
         checked = check_release(root, subjects=attest.subjects(statement), source=source, deep=deep,
                                 signed=signature.status == "verified", attested_root=statement["predicate"]["root_digest"],
-                                check_claims=_predicate_check(root, statement, source))
+                                check_claims=_predicate_check(root, statement, source), beside=beside,
+                                beside_source=f"OMS signature ({oms_path.name})")
     else:
-        checked = check_release(root, subjects=oms_files, source=source, deep=deep, signed=signature.status == "verified")
+        checked = check_release(root, subjects=oms_files, source=source, deep=deep, signed=signature.status == "verified",
+                                subjects_beside=beside_ok and oms_files is not None)
     if oms_read is not None:
         # After the release's own checks, which say more precisely what changed.
         oms_files, listed_bundle = oms_read
-        if oms_files != checked.files:
-            differs = sorted(n for n in set(oms_files) | set(checked.files) if oms_files.get(n) != checked.files.get(n))
-            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists other files "
+        has = {**checked.files, **checked.beside}
+        if oms_files != has:
+            differs = sorted(n for n in set(oms_files) | set(has) if oms_files.get(n) != has.get(n))
+            raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists other files "
                                     f"or digests than the release has ({', '.join(differs[:3])})")
         actual_bundle = sha256_hex(bundle_raw) if bundle_raw is not None else None
         if listed_bundle != actual_bundle:
-            raise VerificationError(f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists "
+            raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
                                     f"{attest.BUNDLE_NAME} with sha256 {listed_bundle}, the release has {actual_bundle}")
+        signature.oms_beside_release = sorted(checked.beside)
+        if checked.beside and not signature.oms_verified:
+            warnings.append(f"files beside the release, listed only by the OMS signature (not checked): "
+                            f"{', '.join(sorted(checked.beside)[:5])}")
     m = checked.manifest
     result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,

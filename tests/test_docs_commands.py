@@ -43,7 +43,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def test_every_ci_check_block_is_found() -> None:
-    assert set(blocks(REPO / "docs/ci-signing.md")) == {"oms", "oms-converse"}
+    assert set(blocks(REPO / "docs/ci-signing.md")) == {"oms", "oms-converse", "oms-published"}
     assert set(blocks(REPO / "README.md")) == {"readme"}
 
 
@@ -59,6 +59,18 @@ def test_docs_oms_check_and_converse_run_as_written(workdir: Path) -> None:
     data[len(data) // 2] ^= 1
     entry.write_bytes(bytes(data))
     assert run(docs["oms-converse"].splitlines()[-1], workdir).returncode == 1
+
+
+@needs_cli
+@pytest.mark.skipif(not (shutil.which("git") and shutil.which("openssl")), reason="needs git and openssl")
+def test_docs_published_oms_check_runs_as_written(workdir: Path) -> None:
+    """A P-384 Hub signer beside the kvgraft signer, in a git repository with a card, then detached (issue 23)."""
+    script = blocks(REPO / "docs/ci-signing.md")["oms-published"]
+    r = run(script, workdir)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "release.sigstore.json verified with key" in r.stdout and "README.md" in r.stdout
+    (workdir / "release" / "README.md").write_text("# edited\n")  # the card is signed by the Hub signer's model.sig
+    assert run(script.splitlines()[-1], workdir).returncode == 1
 
 
 @needs_cli

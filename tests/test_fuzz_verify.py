@@ -1,6 +1,9 @@
 """Seeded fuzzing of `kvgraft verify --key` on a small signed release (issue 13): bit flips, truncations,
-extensions, swaps and deletions in every file. Every mutated release must be refused with exit 1 or 2,
-one plain line on stderr, no traceback, and no crash signal.
+extensions, swaps and deletions in every file; and (issue 23) same-size entry headers stating too many
+dimensions or a product of thousands of digits, JSON re-encoded as UTF-16/32 or behind a BOM, a path
+longer than PATH_MAX, file names holding markup, ESC or a newline. Every mutated release must be refused
+with exit 1 or 2, one plain line on stderr, no traceback, and no crash signal; the positive control,
+a repository's .git and .gitattributes added at the root, must verify (exit 0).
 
 The cases run in one child process (in-process CLI calls, so hundreds fit in the time bound); a crash
 signal kills the child, which the test sees as a negative return code naming the last case started. A
@@ -38,16 +41,58 @@ from kvgraft.cli import app
 pristine, pub, work = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 seed, cases, seconds = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
 files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+entries = [f for f in files if f.endswith(".safetensors")]
 rng = random.Random(seed)
 runner = CliRunner()
 deadline = time.monotonic() + seconds
 
 
 def mutate(root):
-    kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "swap", "delete", "flip-many"])
+    kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "swap", "delete", "flip-many",
+                       # issue 23: sizes, encodings, paths, markup; and ignored repository metadata (exit 0)
+                       "header-rank", "header-elements", "reencode", "deep-path", "hostile-name", "git-metadata"])
     name = rng.choice(files)
     path = root / name
     data = bytearray(path.read_bytes())
+    if kind in ("header-rank", "header-elements"):
+        # A same-size entry whose header states very many dimensions, or a product of thousands of digits.
+        name = rng.choice(entries)
+        path, size = root / name, (root / name).stat().st_size
+        dims = rng.randint(9, (size - 120) // 2) if kind == "header-rank" else rng.randint(2, 8)
+        shape = [rng.choice([1, 2])] * dims if kind == "header-rank" else [2**40] * dims
+        body = json.dumps({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}, separators=(",", ":"))
+        raw = (body + " " * (size - 12 - len(body))).encode()
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(4))
+        return f"{kind} {name} ({dims} dimensions)"
+    if kind == "reencode":
+        # Valid JSON in another Unicode encoding (or behind a BOM): RFC 8259 says UTF-8.
+        name = rng.choice([f for f in files if not f.endswith(".safetensors")])
+        enc = rng.choice(["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+        (root / name).write_bytes((root / name).read_text().encode(enc))
+        return f"reencode {name} as {enc}"
+    if kind == "deep-path":
+        # A folder path longer than PATH_MAX inside the release: every stat of it is ENAMETOOLONG.
+        fd = os.open(root, os.O_RDONLY)
+        for _ in range(22):
+            os.mkdir("d" * 200, dir_fd=fd)
+            nxt = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(os.open("x", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        os.close(fd)
+        return "deep-path (4,400 characters)"
+    if kind == "hostile-name":
+        # An extra file whose name holds markup, ESC and a newline: refused, and printed as text.
+        bad = rng.choice(["[/x]", "[conceal]x[/conceal]", "a\x1b[31mb", "a\nkvgraft: verified"])
+        (root / bad).parent.mkdir(exist_ok=True)
+        (root / bad).write_bytes(b"x")
+        return f"hostile-name {bad!r}"
+    if kind == "git-metadata":
+        # What a git or Hub repository adds at the root: no part of the release, verify passes.
+        (root / ".git" / "objects").mkdir(parents=True)
+        (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        (root / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+        return "git-metadata .git .gitattributes"
     if kind in ("flip", "flip-many"):
         for _ in range(1 if kind == "flip" else rng.randint(2, 16)):
             at = rng.randrange(len(data))
@@ -56,6 +101,8 @@ def mutate(root):
         return f"{kind} {name}"
     if kind == "truncate":
         n = rng.randrange(len(data))
+        while n > 0 and not data[n:].strip():
+            n -= 1  # a JSON file cut at its trailing newline only is the same document: cut into it
         os.truncate(path, n)
         return f"truncate {name} to {n}"
     if kind == "extend":
@@ -85,8 +132,10 @@ for i in range(cases):
     shutil.copytree(pristine, root)
     what = mutate(root)
     print(json.dumps({"case": i, "what": what, "started": True}), flush=True)
+    t0 = time.monotonic()
     r = runner.invoke(app, ["verify", str(root), "--key", pub])
     print(json.dumps({"case": i, "what": what, "exit": r.exit_code, "stderr": r.stderr, "stdout": r.stdout,
+                      "seconds": round(time.monotonic() - t0, 4),
                       "exception": None if r.exception is None or isinstance(r.exception, SystemExit)
                       else repr(r.exception)}), flush=True)
     shutil.rmtree(root)
@@ -97,18 +146,24 @@ for i in range(cases):
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("fuzz")
     private, public = keys.write_keypair(folder / "k")
-    make_release(folder / "rel", entries=3, layers=2, heads=2, tokens=6, head_dim=8, seed=SEED)
+    # Entries of 64 KiB: room for a same-size header with tens of thousands of dimensions (issue 23).
+    make_release(folder / "rel", entries=3, layers=2, heads=4, tokens=64, head_dim=16, seed=SEED)
     signer.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 
 def _check(case: dict[str, object]) -> None:
     what, code, err = case["what"], case["exit"], str(case["stderr"])
+    if str(what).startswith("git-metadata"):  # the positive control: refusal is not blanket
+        assert code == 0 and case["exception"] is None, f"{what}: exit {code}: {err}"
+        return
     assert code in (1, 2), f"{what}: exit {code}: {err}"
     assert case["exception"] is None, f"{what}: {case['exception']}"
     assert "Traceback" not in err and "Traceback" not in str(case["stdout"]), f"{what}: {err}"
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvgraft: error: "), f"{what}: {lines}"
+    assert "\x1b" not in err, f"{what}: an ESC reached the terminal: {err!r}"
+    assert "[conceal]" not in err or "[conceal]x[/conceal]" in err, f"{what}: markup interpreted: {err}"
 
 
 def test_fuzzed_releases_are_refused_cleanly(signed: tuple[Path, Path], tmp_path: Path) -> None:
@@ -121,7 +176,8 @@ def test_fuzzed_releases_are_refused_cleanly(signed: tuple[Path, Path], tmp_path
     assert r.returncode == 0, f"driver died with {r.returncode} (a negative value is a signal) in case {last}: {r.stderr[-2000:]}"
     assert len(done) >= 50, f"only {len(done)} cases ran in {SECONDS} s"
     kinds = {str(c["what"]).split()[0] for c in done}
-    assert {"flip", "truncate", "extend", "swap", "delete"} <= kinds
+    assert {"flip", "truncate", "extend", "swap", "delete", "header-rank", "header-elements", "reencode", "deep-path",
+            "hostile-name", "git-metadata"} <= kinds
     for case in done:
         _check(case)
 

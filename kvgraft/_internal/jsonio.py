@@ -125,10 +125,25 @@ def _may_hold_long_integer(raw: bytes) -> bool:
 
 def loads_strict(data: bytes | str, where: str) -> Any:
     """Parse JSON refusing duplicate keys, NaN/Infinity (also as overflowing numbers such as 1e999),
-    integers beyond +-(2^53-1), lone surrogates and nesting deeper than MAX_DEPTH; errors name `where`."""
+    integers beyond +-(2^53-1), lone surrogates, nesting deeper than MAX_DEPTH and bytes that are not
+    UTF-8 (RFC 8259 §8.1: no UTF-16 or UTF-32, no byte order mark); errors name `where`."""
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    if isinstance(data, bytes):
+        # RFC 8259 §8.1: JSON exchanged between systems is UTF-8. json.loads would also detect UTF-16 and
+        # UTF-32, which the byte-level guards below (long integers, surrogate escapes) cannot read.
+        found = json.detect_encoding(data)  # by the NUL bytes and BOMs of the first 4 bytes, as json.loads does
+        if found != "utf-8":
+            what = "a UTF-8 byte order mark" if found == "utf-8-sig" else f"it looks like {found.upper()}"
+            raise InputError(f"{where}: invalid JSON: not UTF-8 (RFC 8259 §8.1): {what}")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where}: invalid JSON: not UTF-8 (RFC 8259 §8.1): byte {exc.start} "
+                             f"(0x{data[exc.start]:02x}) {exc.reason}") from None
+    else:
+        text = data
     try:
-        doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                          parse_int=_parse_int if _may_hold_long_integer(raw) else None, parse_float=_parse_float)
     except RecursionError:
         detail = f"nested deeper than {MAX_DEPTH} levels" if _depth_exceeded(data) else "nested too deeply"
@@ -138,6 +153,26 @@ def loads_strict(data: bytes | str, where: str) -> Any:
     if isinstance(doc, (dict, list)):
         check_tree(doc, where, surrogates=isinstance(data, str) or _SURROGATE_ESCAPE.search(raw) is not None)
     return doc
+
+
+def stat_or_none(path: Path, *, follow: bool = False) -> os.stat_result | None:
+    """lstat (stat with `follow`) of a path that comes from input; None when nothing is there.
+
+    Every other failure (a name longer than NAME_MAX or PATH_MAX, a loop of links, no permission) is
+    input that cannot be used, one line naming the path: Path.exists/is_dir/is_file raise those.
+    """
+    try:
+        return os.stat(path) if follow else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def is_folder(path: Path) -> bool:
+    """True when `path` is a folder (through a link); failures other than absence are InputError."""
+    st = stat_or_none(path, follow=True)
+    return st is not None and stat.S_ISDIR(st.st_mode)
 
 
 def open_regular(path: Path, what: str = "file") -> int:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
-import unicodedata
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from kvgraft import __version__
 from kvgraft.errors import Error
+from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Capture, graft, recompute and verify KV-cache releases.")
@@ -19,22 +20,13 @@ audit_app = typer.Typer(no_args_is_help=True, help="Audits: recompute, determini
 report_app = typer.Typer(no_args_is_help=True, help="Show and verify audit reports.")
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Markup and emoji codes off: a string printed is shown as written (names, fields and paths come from
+# files an attacker may have chosen); styles come from rich Text objects.
+out = Console(highlight=False, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 EXIT_INTERNAL = 70
 _state = {"verbose": False}
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def plain(text: object) -> str:
-    """`text` as one printable line: control and format characters (newlines, ESC, bidi overrides)
-    become visible escapes, so attacker-chosen names cannot add lines or drive the terminal."""
-    return "".join(c if c == " " or unicodedata.category(c)[0] not in "CZ" else _escape(c) for c in str(text))
-
-
-def _escape(c: str) -> str:
-    o = ord(c)
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def say(text: object, *, error: bool = False) -> None:
@@ -105,6 +97,6 @@ def exit_with(status: str) -> None:
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
     from kvgraft import models
 
-    return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(f"[dim]{m}[/]"))
+    return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(Text(plain(m), style="dim")))
 
 

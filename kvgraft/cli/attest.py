@@ -103,7 +103,9 @@ def sign(
 @handled
 def verify(
     release: Annotated[Path, typer.Argument(help="Cache release folder.")],
-    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the signature must verify with.")] = None,
+    key: Annotated[list[Path] | None, typer.Option(
+        "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
+                            "bundle and model.sig), each signature verifying with one of them.")] = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
     trusted_root: Annotated[Path | None, typer.Option(
@@ -112,6 +114,8 @@ def verify(
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
     require_signature: RequireSignatureOpt = False,
+    oms_signature: Annotated[Path | None, typer.Option(
+        "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
@@ -120,7 +124,9 @@ def verify(
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
-    policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=trust, require_signature=require_signature)
+    given = list(key or [])  # each key must verify one of the signatures, so a stray one fails
+    policy = VerifyPolicy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity, issuer=issuer,
+                          trust=trust, require_signature=require_signature, oms_signature=oms_signature)
     try:
         result = verify_release(release, policy=policy, deep=deep)
     except Exception as exc:

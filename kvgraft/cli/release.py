@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, say
+from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, plain, say
 
 
 @app.command()
@@ -86,5 +86,6 @@ def run_cmd(
         return
     from kvgraft.reporting.render import ledger_table
 
-    out.print(result.text, markup=False)
+    # The continuation's own lines, each shown as text (model output can hold ESC or other controls).
+    out.print("\n".join(plain(line) for line in result.text.split("\n")))
     out.print(ledger_table(result.ledger))

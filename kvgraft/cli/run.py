@@ -35,7 +35,7 @@ def run_cmd(
     """
     import time
 
-    from rich.markup import escape
+    from rich.text import Text
 
     from kvgraft.reporting import audit_run as auditrun
     from kvgraft.reporting import plan
@@ -45,7 +45,8 @@ def run_cmd(
 
     def say(message: str) -> None:
         if not quiet and not as_json:
-            err.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {escape(plain(message))}")  # names are data
+            line = Text(f"{time.perf_counter() - t0:6.1f}s", style="dim")
+            err.print(line.append(f" {plain(message)}"))  # names are data
 
     outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say,
                            executor={"kind": executor, "address": ray_address, "workers": workers, "ship": ship or None})

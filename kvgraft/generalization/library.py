@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kvgraft._internal import jsonio
 from kvgraft.capture import capture as capture_release
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, problems
@@ -72,7 +73,7 @@ def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int 
         found = problems.aime2025()
     elif source == "champ":
         found = problems.champ()
-    elif source.endswith(".jsonl") or Path(source).is_file():
+    elif source.endswith(".jsonl") or jsonio.stat_or_none(Path(source), follow=True) is not None:
         found = problems.from_jsonl(source)
     else:
         raise InputError(f"--source {source}: expected one of {', '.join(SOURCES)} or a .jsonl file")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,9 @@ MANIFEST = "manifest.json"
 # Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
 BUNDLE_NAME = "release.sigstore.json"
 OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
+# A release kept in a git (or Hugging Face Hub) repository: the repository's metadata at the folder's root,
+# which the model_signing CLI leaves out of what it signs, is no part of the release either.
+REPOSITORY_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 
 
@@ -74,7 +78,8 @@ def safe_path(root: Path, rel: str, what: str) -> Path:
     path = root
     for part in check_relpath(rel, f"{root}: {what}").split("/"):
         path = path / part
-        if path.is_symlink():
+        st = jsonio.stat_or_none(path)
+        if st is not None and stat.S_ISLNK(st.st_mode):
             raise InputError(f"{path}: {what} is a symlink; releases may not contain links")
     return path
 
@@ -87,7 +92,7 @@ def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, ex
 def load_manifest(root: Path) -> dict[str, Any]:
     """Read, bound, parse (no duplicate keys), version-check and schema-validate a manifest."""
     path = safe_path(root, MANIFEST, "manifest")
-    if not path.is_file():
+    if (st := jsonio.stat_or_none(path, follow=True)) is None or not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path}: missing manifest (is {root} a cache release?)")
     return check_manifest(jsonio.loads_strict(jsonio.read_bounded(path, MAX_MANIFEST_BYTES, "a manifest"), str(path)),
                           path)
@@ -153,7 +158,7 @@ class Release:
     @classmethod
     def open(cls, root: Path | str) -> Release:
         root = Path(root)
-        if not root.is_dir():
+        if not jsonio.is_folder(root):
             raise InputError(f"{root}: not a folder")
         manifest = load_manifest(root)
         check_commitments(root, manifest)
@@ -172,7 +177,7 @@ class Release:
 
     def entry_file(self, entry: dict[str, Any]) -> Path:
         path = safe_path(self.root, entry["file"], f"entry {entry['id']!r}")
-        if not path.is_file():
+        if (st := jsonio.stat_or_none(path, follow=True)) is None or not stat.S_ISREG(st.st_mode):
             raise IntegrityError(f"{path}: entry {entry['id']!r}: file is missing")
         return path
 

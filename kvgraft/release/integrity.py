@@ -12,7 +12,7 @@ import stat
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,16 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.format import BUNDLE_NAME, MANIFEST, OMS_NAME, Release, check_commitments, safe_path, tensor_mismatch
+from kvgraft.release.format import (
+    BUNDLE_NAME,
+    MANIFEST,
+    OMS_NAME,
+    Release,
+    check_commitments,
+    check_relpath,
+    safe_path,
+    tensor_mismatch,
+)
 from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
 
 MAX_RELEASE_FILES = 1_000_000
@@ -42,12 +51,15 @@ class CheckedRelease:
     tensors: int
     tensors_rehashed: int
     release: Release
+    beside: dict[str, str] = field(default_factory=dict)  # files outside the manifest a signature lists, their sha256
 
 
 def release_folder_files(root: Path) -> set[str]:
-    """Every regular file under `root` as a release-relative name, except the two signature files.
+    """Every regular file under `root` as a release-relative name, except the two signature files and a
+    repository's metadata at the root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes,
+    .gitignore, the paths the model_signing CLI ignores), which is neither listed nor looked into.
 
-    Symlinks and special files anywhere in the folder are refused: a release holds plain files.
+    Symlinks and special files anywhere else in the folder are refused: a release holds plain files.
     """
     root = Path(root)
     found: set[str] = set()
@@ -61,7 +73,14 @@ def release_folder_files(root: Path) -> set[str]:
             raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
         for item in items:
             rel = prefix + item.name
-            mode = item.stat(follow_symlinks=False).st_mode
+            if not prefix and item.name in release_format.REPOSITORY_METADATA:
+                continue
+            try:
+                mode = item.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue  # gone since the listing: a file the manifest lists is then reported missing
+            except OSError as exc:  # e.g. a path longer than PATH_MAX
+                raise InputError(f"{root / rel}: cannot read: {exc.strerror}") from None
             if stat.S_ISLNK(mode):
                 raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
             if stat.S_ISDIR(mode):
@@ -90,7 +109,8 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
         header, _ = stfile.read_header(path)
     except InputError as exc:
         return f"{base}: entry {entries[0]['id']!r}: the safetensors header is damaged ({exc})"
-    data_start = min((t.start for t in header.values()), default=path.stat().st_size)
+    st = jsonio.stat_or_none(path)
+    data_start = min((t.start for t in header.values()), default=st.st_size if st is not None else 0)
     for entry in entries:
         tensors = entry["tensors"]
         try:
@@ -130,19 +150,24 @@ def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
 
 def check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
                   deep: bool = False, signed: bool = False, attested_root: str | None = None,
-                  check_claims: ManifestCheck | None = None) -> CheckedRelease:
+                  check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
+                  beside_source: str = "OMS signature", subjects_beside: bool = False) -> CheckedRelease:
     """The release's bytes against `subjects` (if any) and the manifest (module docstring).
 
     `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
     names it in messages ("signed statement", ...); `attested_root`: the root digest it attests.
     `check_claims` checks the rest of what it states once the manifest is parsed, before the folder.
+    `beside`: files outside the manifest (name -> sha256) that `beside_source` lists, such as a Hub
+    card: present and hashed like the release's own, reported in CheckedRelease.beside. With
+    `subjects_beside`, the names `subjects` lists beyond the manifest are such files (an OMS signature
+    that is the statement).
     `signed`: its signature was verified, so the manifest it pins is as large as its signer made it;
     otherwise the manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
     Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
     disagree, InputError for unusable input.
     """
     root = Path(root)
-    if not root.is_dir():
+    if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder")
     present = release_folder_files(root)
     stmt_subjects = subjects
@@ -177,7 +202,8 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
     prefetch = {name: pool().submit(hash_file, root / name, size, stop)
                 for name, size in _files_to_prefetch(root, present, doc)}
     try:
-        return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop)
+        return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
+                      dict(beside or {}), beside_source if beside else source, subjects_beside)
     finally:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
@@ -212,7 +238,8 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
 
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
-           msize: int, stop: threading.Event) -> CheckedRelease:
+           msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
+           subjects_beside: bool) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
     # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
@@ -220,6 +247,14 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     manifest = release_format.check_manifest(doc, manifest_path)
     rel = Release(root, manifest)
     expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
+    if stmt_subjects is not None and subjects_beside:
+        beside.update({n: d for n, d in stmt_subjects.items() if n not in expected})
+        stmt_subjects = {n: d for n, d in stmt_subjects.items() if n in expected}
+    for name in beside:
+        check_relpath(name, f"{root}: the {beside_source}")
+        if name in expected or name.split("/")[0] in release_format.REPOSITORY_METADATA:
+            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which has it "
+                                    f"or ignores it")
     if stmt_subjects is not None:
         for name in sorted(set(stmt_subjects) | set(expected)):
             if stmt_subjects.get(name) != expected.get(name):
@@ -232,8 +267,8 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     # 4. the folder: names, missing, extra, sizes
     for name in manifest["files"]:
         safe_path(root, name, "manifest file")
-    missing = sorted(set(expected) - present)
-    extra = sorted(present - set(expected))
+    missing = sorted((set(expected) | set(beside)) - present)
+    extra = sorted(present - set(expected) - set(beside))
     users: dict[str, list[str]] = {}
     for entry in manifest["entries"]:
         users.setdefault(entry["file"], []).append(entry["id"])
@@ -256,12 +291,17 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     names = sorted(manifest["files"])
     paths = [root / n for n in names]
     for name, path in zip(names, paths, strict=True):
-        want, got = manifest["files"][name]["size"], path.lstat().st_size
-        if got != want:
-            how = "truncated" if got < want else "grown"
+        st = jsonio.stat_or_none(path)
+        if st is None:
+            raise IntegrityError(f"{path}: missing (removed while the release was verified)")
+        want, now = manifest["files"][name]["size"], st.st_size
+        if now != want:
+            how = "truncated" if now < want else "grown"
             label = f": {of(name)}" if of(name) else ""
-            raise IntegrityError(f"{path}{label}: {got} bytes, the manifest says {want} ({how})")
+            raise IntegrityError(f"{path}{label}: {now} bytes, the manifest says {want} ({how})")
 
+    for name in sorted(beside):
+        safe_path(root, name, f"file the {beside_source} lists")
     check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
@@ -270,6 +310,11 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     results = [_result(pending[n], root / n) for n in names]
     by_sha = {sha: n for n, sha in expected.items()}
     bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
+    beside_digests = {n: _result(pool().submit(hash_file, root / n, None, stop), root / n) for n in sorted(beside)}
+    for n, (sha, _) in beside_digests.items():
+        if sha != beside[n]:
+            raise IntegrityError(f"{root / n}: sha256 {sha} does not match the {beside_source} ({beside[n]}); it is "
+                                 f"beside the release, outside its manifest")
     if bad:
         name, actual = bad[0]
         message = _locate(rel, name, actual, expected[name], source, by_sha)
@@ -297,9 +342,10 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
                     raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"]))
             rehashed += len(order)
 
-    hashed = msize + sum(size for _, size in results)
+    hashed = msize + sum(size for _, size in results) + sum(size for _, size in beside_digests.values())
     if deep:
         hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
-    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel)
+    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel,
+                          {n: sha for n, (sha, _) in beside_digests.items()})
 

@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal.jsonio import loads_strict
-from kvgraft.errors import InputError
+from kvgraft.errors import InputError, short_int, short_repr
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_ELEMENTS = 1 << 40
+# The manifest schema's bound on a tensor's shape (maxItems): checked before any arithmetic on one, so a
+# header stating millions of dimensions costs no more than reading it.
+MAX_RANK = 8
 
 # safetensors dtype code -> (our dtype name, bytes per element)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -90,30 +93,34 @@ def parse_header(path: Path, size: int, n: int, raw: bytes) -> tuple[dict[str, T
     # `type(x) is int`: JSON booleans are not sizes.
     for name, info in header.items():
         if type(info) is not dict or info.keys() != _FIELDS:
-            raise InputError(f"{path}: tensor {name!r}: malformed header entry")
+            raise InputError(f"{path}: tensor {short_repr(name)}: malformed header entry")
         code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if code not in DTYPES:
-            raise InputError(f"{path}: tensor {name!r}: unsupported dtype {code!r}")
+            raise InputError(f"{path}: tensor {short_repr(name)}: unsupported dtype {short_repr(code)}")
         if type(shape) is not list:
-            raise InputError(f"{path}: tensor {name!r}: shape must be a list of non-negative integers")
+            raise InputError(f"{path}: tensor {short_repr(name)}: shape must be a list of non-negative integers")
+        if len(shape) > MAX_RANK:
+            raise InputError(f"{path}: tensor {short_repr(name)}: shape has {len(shape)} dimensions; at most {MAX_RANK}")
         count = 1
         for d in shape:
             if type(d) is not int or d < 0:
-                raise InputError(f"{path}: tensor {name!r}: shape must be a list of non-negative integers")
-            count *= d
+                raise InputError(f"{path}: tensor {short_repr(name)}: shape must be a list of non-negative integers")
+            # Saturating: the count stays within a few bits of the bound, and a later 0 still makes it 0.
+            count = min(count * d, MAX_ELEMENTS + 1)
         if count > MAX_ELEMENTS:
-            raise InputError(f"{path}: tensor {name!r}: {count} elements exceeds the bound")
+            raise InputError(f"{path}: tensor {short_repr(name)}: shape {shape} has more than {MAX_ELEMENTS} elements: "
+                             f"exceeds the bound")
         if type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int or type(offsets[1]) is not int:
-            raise InputError(f"{path}: tensor {name!r}: data_offsets must be two integers")
+            raise InputError(f"{path}: tensor {short_repr(name)}: data_offsets must be two integers")
         a, b = offsets
         dtype, itemsize = DTYPES[code]
         if not 0 <= a <= b or b - a != count * itemsize or base + b > size:
-            raise InputError(f"{path}: tensor {name!r}: byte range [{base + a}, {base + b}) does not fit shape "
-                             f"{shape} {dtype} in a {size}-byte file")
+            raise InputError(f"{path}: tensor {short_repr(name)}: byte range [{short_int(base + a)}, {short_int(base + b)}) does "
+                             f"not fit shape {shape} {dtype} in a {size}-byte file")
         tensors[name] = TensorInfo(name, dtype, tuple(shape), base + a, base + b)
         spans.append((a, b, name))
     spans.sort()
     for (_, b1, n1), (a2, _, n2) in itertools.pairwise(spans):
         if a2 < b1:
-            raise InputError(f"{path}: tensors {n1!r} and {n2!r} overlap")
+            raise InputError(f"{path}: tensors {short_repr(n1)} and {short_repr(n2)} overlap")
     return tensors, {str(k): str(v) for k, v in meta.items()}

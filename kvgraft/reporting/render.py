@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import unicodedata
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -17,6 +18,35 @@ VERDICT_STYLE = {
     "unsupported": "yellow", "not-testable": "cyan", "needs-measurement": "cyan", "byte-exact": "green",
 }
 WORDS = {**VERDICT_STYLE, **STATUS_STYLE}  # every word a renderer colours wherever it appears
+
+
+def plain(text: object) -> str:
+    """`text` as one printable line: control and format characters (newlines, ESC, bidi overrides)
+    become visible escapes, so attacker-chosen names cannot add lines or drive the terminal. Markup is
+    never interpreted either: the consoles print with markup off, and renderers build rich Text."""
+    s = str(text)
+    if s.isascii() and s.isprintable():  # the usual case, at C speed
+        return s
+    return "".join(c if c == " " or unicodedata.category(c)[0] not in "CZ" else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def plain_tree(doc: Any) -> Any:
+    """A copy of a JSON document (a release's, a report's, a result's) with every string, keys included,
+    made `plain`: what every renderer draws from, so no field it shows can add a line or an escape."""
+    if isinstance(doc, str):
+        return plain(doc)
+    if isinstance(doc, dict):
+        return {plain(k) if isinstance(k, str) else k: plain_tree(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [plain_tree(v) for v in doc]
+    if isinstance(doc, tuple):
+        return tuple(plain_tree(v) for v in doc)
+    return doc
 
 
 def num(x: Any, spec: str | None = None) -> str:
@@ -110,7 +140,8 @@ def kv_lines(width: int, title: str, rows: list[tuple[str, str]]) -> list[str]:
 
 
 def ledger_table(ledger: dict[str, Any]) -> Table:
-    """The token ledger of one graft (`kvgraft run`)."""
+    """The token ledger of one graft (`kvgraft run`); its condition names and values come from the release."""
+    ledger = plain_tree(ledger)
     t = Table(title="token ledger", show_header=False, title_justify="left")
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -121,7 +152,9 @@ def ledger_table(ledger: dict[str, Any]) -> Table:
     t.add_row("restore / prefill / decode s",
               f"{ledger['restore_seconds']:.4f} / {ledger['prefill_seconds']:.4f} / {ledger['decode_seconds']:.4f}")
     if ledger.get("forced_model"):
-        t.add_row("[red]model identity[/]", "[red]differs (forced)[/]")
+        t.add_row(Text("model identity", style="red"), Text("differs (forced)", style="red"))
     for key, (was, now) in ledger.get("conditions_differing", {}).items():
-        t.add_row(f"[yellow]{key}[/] differs", f"release {was} / now {now}")
+        label = Text(key, style="yellow")
+        label.append(" differs")
+        t.add_row(label, Text(f"release {was} / now {now}"))
     return t

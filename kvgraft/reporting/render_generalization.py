@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from kvgraft.generalization.conditions import LABELS, SHORT
-from kvgraft.reporting.render import WORDS, hanging, kn, kv_lines, num, pct, styled, table
+from kvgraft.reporting.render import WORDS, hanging, kn, kv_lines, num, pct, plain_tree, styled, table
 
 
 def _interval(a: dict[str, Any] | None) -> str:
@@ -181,6 +181,7 @@ def header(result: dict[str, Any]) -> str:
 
 def renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
     """A generalization result at `console`'s width: tables that fit, else paragraphs; nothing cut."""
+    result = plain_tree(result)
     out: list[RenderableType] = [styled(hanging("", header(result), console.width, indent=0), style="bold"),
                                  accuracy_table(result, console)]
     if result["comparisons"]:
@@ -201,6 +202,7 @@ def renderables(result: dict[str, Any], console: Console) -> list[RenderableType
 
 def build_renderables(build: dict[str, Any], console: Console) -> list[RenderableType]:
     """A library build result: what was verified, how, at what cost; what was not."""
+    build = plain_tree(build)
     counts, totals = build["counts"], build["totals"]
     how = "ESTIMATE, not a measurement" if build["energy"]["is_estimate"] else f"measured: {build['energy']['method']}"
     rows = [[v["problem_id"], v["trace"], str(v["num_tokens"]), str(v["upstream"]["attempts"]),

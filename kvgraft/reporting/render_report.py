@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kvgraft.errors import InputError
 from kvgraft.reporting import face
-from kvgraft.reporting.render import STATUS_STYLE, WORDS, fitted, hanging, kv_lines, num, pct, styled, table
+from kvgraft.reporting.render import STATUS_STYLE, WORDS, fitted, hanging, kv_lines, num, pct, plain_tree, styled, table
 from kvgraft.reporting.views import (
     CONTROLS_HEAD,
     HEAT,
@@ -183,6 +183,7 @@ def claims_view(console: Console, claims: list[dict[str, Any]], title: str = "cl
 
 def claims_check_renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (`audit claims`, kvgraft.reporting.claims.check)."""
+    result = plain_tree(result)
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
     out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(result)]
     out.append(claims_view(console, result["claims"], title))
@@ -215,7 +216,7 @@ def check_renderables(kind: str, data: dict[str, Any], console: Console) -> list
     """One check's details: the view `audit recompute` and `audit determinism` print on their own, and
     `report show --detail NAME` prints for a check of a report."""
     renderer = DETAILS.get(kind)
-    return renderer(data, console) if renderer is not None else []
+    return renderer(plain_tree(data), console) if renderer is not None else []
 
 
 def _check_details(c: dict[str, Any], console: Console) -> list[RenderableType]:
@@ -250,6 +251,7 @@ def detail_renderables(report: dict[str, Any], name: str, console: Console) -> l
 
 def print_report(report: dict[str, Any], console: Console, *, detail: str | None = None, path: str = "REPORT") -> None:
     """The face of a report, or with `detail` the details of one check (see detail_renderables)."""
+    report = plain_tree(report)  # every field it shows as text: ids, names, environment strings
     shown = face.renderables(report, console.width, path) if detail is None else detail_renderables(report, detail, console)
     for r in shown:
         console.print(r)

@@ -82,7 +82,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
 
     report_path = Path(report_path)
     bpath = bundle_path(report_path)
-    if not bpath.is_file():
+    if jsonio.stat_or_none(bpath) is None:
         raise VerificationError(f"{report_path}: report is unsigned (no {bpath.name})")
     if key is None and identity is None:
         raise InputError("report verify needs --key PUB.pem or --certificate-identity/--certificate-oidc-issuer")
@@ -117,7 +117,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         from kvgraft.release.format import load_manifest
 
         rb = Path(release) / RELEASE_ATTESTATION
-        if not rb.is_file():
+        if jsonio.stat_or_none(rb) is None:
             raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
         rsha, _ = hash_file(rb)
         if rsha != binding.get("release_attestation_digest"):

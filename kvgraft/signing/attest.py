@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,27 @@ def verify_with_key(bundle: Bundle, key: PublicKey, also_hint: str | None = None
         if value not in (None, "", kid, also_hint):
             raise VerificationError(f"{bundle.where}: {what} {value!r} names another key than {kid}, which verified it")
     return kid
+
+
+def verify_with_any(bundle: Bundle, public_keys: Sequence[PublicKey], *,
+                    also_hint: Callable[[PublicKey], str] | None = None, advice: str = "") -> str:
+    """`verify_with_key` with the first of `public_keys` that verifies the bundle; return its key id.
+
+    Signing keys are tried in turn (a verification costs well under a millisecond), not picked by the
+    bundle's hint: the hint is outside what is signed. `advice` ends the message when none verifies.
+    """
+    if len(public_keys) == 1:
+        try:
+            return verify_with_key(bundle, public_keys[0], also_hint(public_keys[0]) if also_hint else None)
+        except VerificationError as exc:
+            raise VerificationError(f"{exc}{advice}") from None
+    for key in public_keys:
+        try:
+            return verify_with_key(bundle, key, also_hint(key) if also_hint else None)
+        except VerificationError:
+            if bundle.has_certificate:
+                raise
+    ids = ", ".join(key_id(k) for k in public_keys)
+    named = f" (the bundle names key {bundle.key_hint})" if bundle.key_hint else ""
+    raise VerificationError(f"{bundle.where}: DSSE signature does not verify with any key given ({ids}){named}{advice}")
+

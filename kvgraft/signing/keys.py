@@ -1,7 +1,9 @@
 """Signing keys for offline release attestations: generate, store as PEM, load, sign, verify.
 
-Two algorithms: ECDSA P-256 with SHA-256 (the default; the same curve Sigstore uses, so Sigstore
-tooling can check a key-signed bundle) and Ed25519. Private keys are PKCS#8 PEM, encrypted with the
+Two algorithms are generated: ECDSA P-256 with SHA-256 (the default; the same curve Sigstore uses, so
+Sigstore tooling can check a key-signed bundle) and Ed25519. Keys made elsewhere on the other curves
+OpenSSF model signing allows, P-384 and P-521, are read too; the hash follows the curve (SHA-384,
+SHA-512), as OMS and Sigstore define it. Private keys are PKCS#8 PEM, encrypted with the
 passphrase when one is given (the best available PEM encryption of `cryptography`); public keys are
 SubjectPublicKeyInfo PEM. ECDSA signatures are DER encoded, Ed25519 signatures are the raw 64 bytes.
 
@@ -24,6 +26,11 @@ ALGORITHMS = ("ecdsa-p256", "ed25519")
 DEFAULT_ALGORITHM = "ecdsa-p256"
 MAX_KEY_BYTES = 64 * 1024
 
+# The ECDSA curves OMS v1.0 (model_signing) and Sigstore's key specs allow, with the hash each signs with.
+CURVES: dict[str, hashes.HashAlgorithm] = {"secp256r1": hashes.SHA256(), "secp384r1": hashes.SHA384(),
+                                           "secp521r1": hashes.SHA512()}
+_CURVE_NAMES = {"secp256r1": "p256", "secp384r1": "p384", "secp521r1": "p521"}
+
 PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
 PublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
 
@@ -44,7 +51,7 @@ def generate(algorithm: str = DEFAULT_ALGORITHM) -> PrivateKey:
 def algorithm_of(key: PrivateKey | PublicKey) -> str:
     if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
         return "ed25519"
-    return "ecdsa-p256"
+    return f"ecdsa-{_CURVE_NAMES.get(key.curve.name, key.curve.name)}"
 
 
 def private_pem(key: PrivateKey, passphrase: bytes | None = None) -> bytes:
@@ -119,7 +126,7 @@ def load_private_key(path: Path, passphrase: bytes | None = None) -> PrivateKey:
 
 
 def load_public_key(path: Path) -> PublicKey:
-    """Load a PEM public key (SubjectPublicKeyInfo): ECDSA P-256 or Ed25519."""
+    """Load a PEM public key (SubjectPublicKeyInfo): ECDSA P-256, P-384 or P-521, or Ed25519."""
     data = _read_pem(path, "public key")
     if b"PRIVATE KEY" in data:
         raise InputError(f"{path}: is a private key; verify with the public key (.pub.pem)")
@@ -129,24 +136,25 @@ def load_public_key(path: Path) -> PublicKey:
         raise InputError(f"{path}: not a PEM public key ({' '.join(str(exc).split())})") from None
     if isinstance(key, ed25519.Ed25519PublicKey):
         return key
-    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name in CURVES:
         return key
-    raise InputError(f"{path}: unsupported public key type; kvgraft uses ECDSA P-256 or Ed25519")
+    raise InputError(f"{path}: unsupported public key type; kvgraft uses ECDSA P-256, P-384 or P-521, or Ed25519")
 
 
 def _supported_private(key: object, path: Path) -> PrivateKey:
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key
-    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
+    if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name in CURVES:
         return key
-    raise InputError(f"{path}: unsupported private key type; kvgraft signs with ECDSA P-256 or Ed25519")
+    raise InputError(f"{path}: unsupported private key type; kvgraft signs with ECDSA P-256, P-384 or P-521, "
+                     f"or Ed25519")
 
 
 def sign(key: PrivateKey, data: bytes) -> bytes:
-    """ECDSA P-256/SHA-256 (DER) or Ed25519 signature over `data`."""
+    """ECDSA (DER; SHA-256, -384 or -512 by curve) or Ed25519 signature over `data`."""
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key.sign(data)
-    return key.sign(data, ec.ECDSA(hashes.SHA256()))
+    return key.sign(data, ec.ECDSA(CURVES[key.curve.name]))
 
 
 def verify(key: PublicKey, signature: bytes, data: bytes) -> bool:
@@ -155,7 +163,7 @@ def verify(key: PublicKey, signature: bytes, data: bytes) -> bool:
         if isinstance(key, ed25519.Ed25519PublicKey):
             key.verify(signature, data)
         else:
-            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+            key.verify(signature, data, ec.ECDSA(CURVES[key.curve.name]))
     except InvalidSignature:
         return False
     return True

@@ -11,7 +11,8 @@ OMS-shaped: the kvgraft statement's predicate (root digest, model identity, entr
 what kvgraft consumers check, and OMS verifiers reject predicates other than theirs. The OMS resources
 include release.sigstore.json, so `model_signing verify` checks every byte of the folder.
 
-Keys: OMS signs with ECDSA keys only (the hash follows the curve: P-256 with SHA-256); its
+Keys: OMS signs with ECDSA keys only, on P-256, P-384 or P-521 (the hash follows the curve: SHA-256,
+SHA-384, SHA-512; kvgraft.signing.keys.CURVES); its
 `publicKey.hint` is the SHA-256 of the public key's SubjectPublicKeyInfo PEM. An Ed25519 kvgraft key
 writes no OMS signature. Nothing here imports torch or model_signing.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +85,11 @@ def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | No
     return path
 
 
-def read(path: Path, public_key: keys.PublicKey | None) -> tuple[dict[str, str], str | None, str]:
-    """Parse (strictly) and, with `public_key`, verify an OMS signature; return (resources as name ->
-    sha256, the key id that verified it or None, the sha256 of the signature file's bytes).
+def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | None,
+         advice: str = "") -> tuple[dict[str, str], str | None, str]:
+    """Parse (strictly) and, with `public_keys`, verify an OMS signature with the first of them that does;
+    return (resources as name -> sha256, the key id that verified it or None, the sha256 of the
+    signature file's bytes). `advice` ends the message when no key verifies it.
 
     The statement's subject digest must be the one its resources imply, and the serialization must
     be the per-file SHA-256 one (the only one kvgraft can compare with a release's files).
@@ -94,11 +98,13 @@ def read(path: Path, public_key: keys.PublicKey | None) -> tuple[dict[str, str],
     raw = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "an OMS signature")
     bundle = attest.parse_bundle(raw, where)
     verified_by = None
-    if public_key is not None:
-        if not isinstance(public_key, ec.EllipticCurvePublicKey):
-            raise VerificationError(f"{where}: an OMS signature is made with an ECDSA key; {keys.key_id(public_key)} "
+    given = [] if public_keys is None else [public_keys] if not isinstance(public_keys, Sequence) else list(public_keys)
+    if given:
+        usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)]
+        if not usable:
+            raise VerificationError(f"{where}: an OMS signature is made with an ECDSA key; {keys.key_id(given[0])} "
                                     f"is not one")
-        verified_by = attest.verify_with_key(bundle, public_key, also_hint=pem_hint(public_key))
+        verified_by = attest.verify_with_any(bundle, usable, also_hint=pem_hint, advice=advice)
     if bundle.payload_type != attest.PAYLOAD_TYPE:
         raise VerificationError(f"{where}: DSSE payloadType {bundle.payload_type!r} is not {attest.PAYLOAD_TYPE!r}")
     stmt = jsonio.loads_strict(bundle.payload, f"{where}: statement")

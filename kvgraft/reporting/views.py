@@ -165,12 +165,12 @@ def controls_rows(result: dict[str, Any]) -> list[list[str]]:
                  f"contaminated {sp['contaminated']['k']}/{sp['contaminated']['n']}")
         rows.append([o["name"], o["expect"], f"{o['baseline']['k']}/{o['n']}",
                      f"{'b' if o['condition'] == 'own' else 'c'} {o['graft']['k']}/{o['n']}", f"{o['mcnemar']['p_exact']:.3g}",
-                     split, "-" if d["effect"] is None else f"{d['effect']:.0%}", "yes" if o["shows"] else "NO"])
+                     split, "-" if d["effect"] is None else f"{d['effect'] * 100:.0f} points", "yes" if o["shows"] else "NO"])
     return rows
 
 
 CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wins: leakage split",
-                 "detectable (80% power)", "shows it"]
+                 "smallest difference detectable (80% power)", "shows it"]
 
 
 def readings_lines(result: dict[str, Any]) -> list[str]:

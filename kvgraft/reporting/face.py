@@ -77,6 +77,19 @@ def _entry_verdicts(entries: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(entries)} entries"
 
 
+def difference_size(row: dict[str, Any]) -> str:
+    """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
+    absolute and relative difference and the share of the envelope; ULP only among same-sign normal values."""
+    parts = [f"max |diff| {num(row.get('max_abs'))}"]
+    if row.get("max_rel") is not None:
+        parts.append(f"relative {num(row['max_rel'])}")
+    if row.get("excess"):
+        parts.append(f"{num(row['excess'])}x the envelope")
+    if row.get("max_ulp"):
+        parts.append(f"{num(row['max_ulp'])} ULP between same-sign normal values")
+    return ", ".join(parts)
+
+
 def _recompute(data: dict[str, Any]) -> Face:
     from kvgraft.reporting.views import recompute_rows
 
@@ -105,7 +118,7 @@ def _recompute(data: dict[str, Any]) -> Face:
                        + (f"; without any cache (one forward pass) max KL {num(max(natural))}" if natural else ""))
     differing = [r for r in rows if r["verdict"] != "byte-exact"]
     for r in differing[:3]:
-        figures.append(f"{r['id']} {r['verdict']}: first difference {r['first']}")
+        figures.append(f"{r['id']} {r['verdict']}: {difference_size(r)}; first difference {r['first']}")
     if len(differing) > 3:
         figures.append(f"{len(differing) - 3} more entries not byte-exact: --detail lists each")
     return Face(verdict, figures)

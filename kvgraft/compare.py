@@ -1,4 +1,4 @@
-"""The comparison: bitwise tensor diffs (count, max abs, ULP, first location) and KL on distributions."""
+"""The comparison: bitwise tensor diffs (count, max abs and relative, ULP where it means something, first location), KL."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ class TensorDiff:
     elements: int
     differing: int = 0
     max_abs: float = 0.0
-    max_ulp: int = 0
+    max_ulp: int = 0  # among the ulp_pairs only: see `ulp_comparable`
     first: list[int] | None = None
     shape_mismatch: str | None = None
+    max_rel: float = 0.0  # largest |stored - fresh| / max(|stored|, |fresh|) over finite differing elements
+    ulp_pairs: int = 0  # differing elements whose ULP distance means something (finite, normal, same sign)
 
     @property
     def fraction(self) -> float:
@@ -48,6 +50,35 @@ def ordered(t: torch.Tensor) -> torch.Tensor:
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
+
+
+def ulp_comparable(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Where a ULP distance is a useful figure: both values finite, normal (not zero or subnormal) and of the
+    same sign. Across zero it counts every float between them (1.7e9 ULP between -1e-30 and 1e-30), and
+    among subnormals a unit is no longer relative to the value; there only absolute and relative differences
+    say how far apart two numbers are."""
+    tiny = torch.finfo(a.dtype).tiny
+    a64, b64 = a.double(), b.double()
+    return (torch.isfinite(a64) & torch.isfinite(b64) & (a64.abs() >= tiny) & (b64.abs() >= tiny)
+            & (torch.signbit(a64) == torch.signbit(b64)))
+
+
+def max_ulp(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor | None = None) -> tuple[int, int]:
+    """(largest ULP distance, how many elements it is taken over) among the ULP-comparable elements
+    (`ulp_comparable`), within `where` when given (e.g. the differing ones)."""
+    ok = ulp_comparable(a, b)
+    if where is not None:
+        ok &= where
+    pairs = int(ok.sum())
+    return (int(ulp_distance(a, b)[ok].max()) if pairs else 0), pairs
+
+
+def max_relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| / max(|a|, |b|) over elements where both are finite and not both zero (0.0 if none)."""
+    a64, b64 = a.double(), b.double()
+    scale = torch.maximum(a64.abs(), b64.abs())
+    ok = torch.isfinite(a64) & torch.isfinite(b64) & (scale > 0)
+    return float(((a64 - b64).abs()[ok] / scale[ok]).max()) if bool(ok.any()) else 0.0
 
 
 def diff_tensors(stored: torch.Tensor, fresh: torch.Tensor, *, stored_sha256: str | None = None,
@@ -74,14 +105,16 @@ def diff_tensors(stored: torch.Tensor, fresh: torch.Tensor, *, stored_sha256: st
     first = [int(i) for i in np.unravel_index(idx, tuple(stored.shape))]
     if len(first) == 4:
         first[2] += position_offset
+    ulp, pairs, rel = 0, 0, 0.0
     if stored.is_floating_point():
         delta = (stored.double() - fresh.double()).abs()
         max_abs = float(torch.nan_to_num(delta, nan=float("inf")).max())
-        max_ulp = int(ulp_distance(stored, fresh).max()) if it is not None else 0
+        if it is not None:
+            ulp, pairs = max_ulp(stored, fresh, neq)
+        rel = max_relative(stored, fresh)
     else:
         max_abs = float((stored.long() - fresh.long()).abs().max())
-        max_ulp = 0
-    return TensorDiff(False, f_sha, s_sha, n, differing, max_abs, max_ulp, first)
+    return TensorDiff(False, f_sha, s_sha, n, differing, max_abs, ulp, first, max_rel=rel, ulp_pairs=pairs)
 
 
 @dataclass

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from kvgraft import models
-from kvgraft.compare import distributions, ulp_distance
+from kvgraft.compare import distributions
+from kvgraft.compare import max_ulp as ulp_max
 from kvgraft.environment import record as environment
 from kvgraft.release.hashing import digest_json
 from kvgraft.runtime import Schedule, encode, layer_map, padded_batch_row, prefill, threads
@@ -92,7 +93,8 @@ def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
             base_kv, base_logits = kv, logits.cpu()
         same_dtype = kv[0].dtype == base_kv[0].dtype
         max_abs = max(float((a.double() - b.double().cpu()).abs().max()) for a, b in zip(base_kv, kv, strict=True))
-        max_ulp = max(int(ulp_distance(a, b.cpu()).max()) for a, b in zip(base_kv, kv, strict=True)) if same_dtype else None
+        # ULP only between finite same-sign normal numbers (compare.max_ulp): across zero it is no useful figure.
+        max_ulp = max(ulp_max(a, b.cpu())[0] for a, b in zip(base_kv, kv, strict=True)) if same_dtype else None
         kl = distributions(base_logits[None], logits.cpu()[None]).kl[0]
         rows.append({"name": c.name, "condition": c.__dict__, "kv_digest": digest, "class": cls,
                      "identical_to_baseline": cls == "A", "max_ulp": max_ulp, "max_abs": max_abs, "kl": kl})

@@ -14,8 +14,8 @@ import torch
 from kvgraft._internal import buffers
 from kvgraft.environment import differences
 from kvgraft.environment import record as environment
-from kvgraft.errors import IntegrityError, ModelMismatchError
-from kvgraft.models import LoadedModel, describe_identity_diff
+from kvgraft.errors import InputError, IntegrityError, ModelMismatchError
+from kvgraft.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.runtime import decode, encode, eos_ids, forward, new_cache
@@ -170,26 +170,60 @@ class Continuation:
     ledger: dict[str, Any]
 
 
+def model_for(release: Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
+              dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
+    """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
+    device where this machine has it), as `audit recompute` does (`kvgraft.replay.load_options`)."""
+    from kvgraft import models, replay
+
+    rel = release if isinstance(release, Release) else Release.open(release)
+    dev, dt, at = replay.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
+
+
 def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
-        max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None) -> Continuation:
-    """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token."""
-    restored = restore(release, entry_id, lm, force=force, policy=policy)
-    ids = encode(lm, prompt) if prompt else []
-    t0 = time.perf_counter()
-    if ids:
-        logits = forward(lm, restored.cache, ids)[-1]
-    else:
-        # Nothing to prefill: the next token comes from the stored argmax, then decode continues.
-        logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
-        logits[restored.entry["next_token"]["argmax"]] = 1.0
-    t1 = time.perf_counter()
-    out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
-    t2 = time.perf_counter()
+        max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
+        attn: str | None = None, dtype: str | None = None) -> Continuation:
+    """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
+
+    The continuation runs with the release's recorded attention kernel unless `attn` says otherwise (a
+    kernel transformers cannot run, e.g. an engine's own, leaves the model's); the dtype is the loaded
+    model's (`model_for` loads the recorded one); `dtype` names one chosen instead of the recorded one, so
+    that it counts as overridden, and must be the model's. The ledger's `conditions` says, as `audit
+    recompute` does, which recorded conditions were replayed, which were overridden and which differ here.
+    """
+    from kvgraft import replay
+    from kvgraft.envelope import attention
+    from kvgraft.models import ATTNS
+
+    rel = verified(release, policy)
+    recorded = rel.manifest["environment"]
+    kernel = attn if attn is not None else recorded.get("attn_implementation")
+    if kernel not in ATTNS:
+        kernel = lm.attn
+    if dtype is not None and dtype != lm.dtype:
+        raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
+    overrides = replay.overrides_given(recorded, attn=attn, dtype=dtype)
+    with attention(lm, str(kernel)):
+        restored = restore(rel, entry_id, lm, force=force, policy=policy)
+        ids = encode(lm, prompt) if prompt else []
+        t0 = time.perf_counter()
+        if ids:
+            logits = forward(lm, restored.cache, ids)[-1]
+        else:
+            # Nothing to prefill: the next token comes from the stored argmax, then decode continues.
+            logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
+            logits[restored.entry["next_token"]["argmax"]] = 1.0
+        t1 = time.perf_counter()
+        out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
+        t2 = time.perf_counter()
+        conditions = replay.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
     ledger = {
         "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
         "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,
         "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forced_model": restored.forced,
         "conditions_differing": {k: list(v) for k, v in restored.conditions.items()},
+        "conditions": conditions,
         "verification_warnings": restored.warnings,
     }
     return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

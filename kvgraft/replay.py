@@ -97,3 +97,15 @@ def describe(recorded: dict[str, Any], current: dict[str, Any], overrides: dict[
     overridden = {k: {"recorded": recorded.get(k), "used": current.get(k, v)} for k, v in overrides.items()}
     missing = {k: list(v) for k, v in differences(recorded, current).items() if k not in overrides}
     return {"replayed": replayed, "overridden": overridden, "not_replayed": missing}
+
+
+def summary(described: dict[str, Any]) -> str:
+    """`describe`'s result in one line: what was overridden and what could not be replayed, with both values."""
+    parts = []
+    if described["overridden"]:
+        parts.append("overridden: " + ", ".join(f"{k} {v['recorded']!r} -> {v['used']!r}"
+                                                 for k, v in sorted(described["overridden"].items())))
+    if described["not_replayed"]:
+        parts.append("not replayed: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}"
+                                                  for k, v in sorted(described["not_replayed"].items())))
+    return "; ".join(parts) if parts else "every recorded condition replayed"

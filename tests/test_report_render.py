@@ -167,7 +167,8 @@ def test_face_each_check_once_nothing_cut(example: dict[str, Any], width: int) -
         assert digest in text
     for claim in example["claims"]:
         assert any(claim["id"] in line and claim["verdict"] in line for line in lines), claim["id"]
-    assert "aime25-II-07 differs: first difference layer 9" in " ".join(text.split())  # the failing entry, located
+    flat = " ".join(text.split())  # the failing entry, sized and located
+    assert "aime25-II-07 differs: max |diff| 0.000124" in flat and "; first difference layer 9" in flat
     assert "FAILED:" in lines[1] and "--detail NAME" in text
     from kvgraft.reporting.face import FACES
 

@@ -14,10 +14,14 @@ from kvgraft import __version__
 from kvgraft.errors import Error
 from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
+# written in a help string may be read as markup (tests/test_help.py renders every one).
+PLAIN_HELP = None
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=PLAIN_HELP,
                   help="Capture, graft, recompute and verify KV-cache releases.")
-audit_app = typer.Typer(no_args_is_help=True, help="Audits: recompute, determinism, generalization, claims, run.")
-report_app = typer.Typer(no_args_is_help=True, help="Show and verify audit reports.")
+audit_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
+                        help="Audits: recompute, determinism, generalization, claims, run.")
+report_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP, help="Show and verify audit reports.")
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
 # Markup and emoji codes off: a string printed is shown as written (names, fields and paths come from

@@ -8,13 +8,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, audit_app, err, exit_with, handled, load_model, out
+from kvgraft.cli._base import (
+    PLAIN_HELP,
+    AttnOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    app,
+    audit_app,
+    err,
+    exit_with,
+    handled,
+    load_model,
+    out,
+)
 from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt, make_executor
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-library_app = typer.Typer(no_args_is_help=True, help="Build verified-solution libraries (cache releases of checked traces).")
+library_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
+                          help="Build verified-solution libraries (cache releases of checked traces).")
 app.add_typer(library_app, name="library")
 
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]

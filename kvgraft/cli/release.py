@@ -53,8 +53,10 @@ def run_cmd(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
     model: ModelOpt = "smollm2-135m",
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = "sdpa",
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the release's "
+                                                              "recorded dtype).")] = None,
+    attn: Annotated[str | None, typer.Option("--attn", help="eager or sdpa (default: the release's recorded attention "
+                                                            "kernel).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
     key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
     = None,
@@ -66,8 +68,12 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Verify the release as `kvgraft verify` does, graft a stored cache, then continue greedily;
-    print the continuation and token ledger."""
-    from kvgraft import graft
+    print the continuation and token ledger.
+
+    Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
+    as `audit recompute` does, and says which recorded conditions differ here.
+    """
+    from kvgraft import graft, replay
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.verify import VerifyPolicy, verified
 
@@ -76,10 +82,13 @@ def run_cmd(
                           require_signature=require_signature)
     rel = verified(release, policy)
     rel.entry(entry)  # an unknown entry is refused before the model loads
-    lm = load_model(model, device, dtype, attn)
-    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy)
+    _, dt, at = replay.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    lm = load_model(model, device, dt, at)
+    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
+                       dtype=dtype)
     for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
+    say(f"kvgraft: note: conditions: {replay.summary(result.ledger['conditions'])}", error=True)
     if as_json:
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))

@@ -378,7 +378,8 @@ def power_phrase(d: dict[str, Any]) -> str:
     """What a non-significant comparison on n items can say: no effect larger than the detectable one."""
     if d["effect"] is None:
         return f"at n = {d['n']} no difference could be significant, so this says nothing about an effect"
-    return (f"at n = {d['n']} only a difference of {d['effect']:.0%} or more is detected with {d['power']:.0%} power "
+    return (f"at n = {d['n']} only a difference of {d['effect'] * 100:.0f} percentage points or more is detected "
+            f"with {d['power']:.0%} power "
             f"(at least {d['min_discordant']} one-way flips): no effect larger than that is likely missed, "
             "smaller ones are not excluded")
 

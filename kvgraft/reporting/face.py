@@ -27,6 +27,30 @@ def _dict(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
+def points(effect: float) -> str:
+    """A difference between two accuracies, in percentage points (not a percentage of anything)."""
+    return f"{num(effect * 100, '.0f')} points"
+
+
+def detectable(det: dict[str, Any]) -> str:
+    """What `kvgraft.generalization.stats.detectable_effect` measured, said as what it is."""
+    n, power = det.get("n"), det.get("power", 0.8)
+    if det.get("effect") is None:
+        return f"at n = {n} no difference can be significant"
+    return f"smallest difference detectable at n = {n} with {power:.0%} power: {points(det['effect'])}"
+
+
+def null_meaning(dets: list[dict[str, Any]]) -> str:
+    """One line: what the non-significant results among these say, and what they do not."""
+    sized = [d for d in dets if d.get("effect") is not None]
+    if not sized:
+        return "not significant here means nothing: at these sizes no difference could have been significant"
+    big = max(sized, key=lambda d: d["effect"])
+    at = f"n = {big['n']}" if len({d["n"] for d in sized}) == 1 else f"the smallest n, {min(d['n'] for d in sized)}"
+    return (f"not significant means no difference of {points(big['effect'])} or more is likely to have been missed "
+            f"(at {at}); smaller differences are not excluded")
+
+
 def _verify(data: dict[str, Any]) -> Face:
     if not data.get("ok"):
         return Face(f"release refused: {data.get('error') or 'see details'}")
@@ -51,6 +75,19 @@ def _entry_verdicts(entries: list[dict[str, Any]]) -> str:
     if len(counts) == 1:
         return f"all {len(entries)} entries {next(iter(counts))}"
     return ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(entries)} entries"
+
+
+def difference_size(row: dict[str, Any]) -> str:
+    """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
+    absolute and relative difference and the share of the envelope; ULP only among same-sign normal values."""
+    parts = [f"max |diff| {num(row.get('max_abs'))}"]
+    if row.get("max_rel") is not None:
+        parts.append(f"relative {num(row['max_rel'])}")
+    if row.get("excess"):
+        parts.append(f"{num(row['excess'])}x the envelope")
+    if row.get("max_ulp"):
+        parts.append(f"{num(row['max_ulp'])} ULP between same-sign normal values")
+    return ", ".join(parts)
 
 
 def _recompute(data: dict[str, Any]) -> Face:
@@ -81,7 +118,7 @@ def _recompute(data: dict[str, Any]) -> Face:
                        + (f"; without any cache (one forward pass) max KL {num(max(natural))}" if natural else ""))
     differing = [r for r in rows if r["verdict"] != "byte-exact"]
     for r in differing[:3]:
-        figures.append(f"{r['id']} {r['verdict']}: first difference {r['first']}")
+        figures.append(f"{r['id']} {r['verdict']}: {difference_size(r)}; first difference {r['first']}")
     if len(differing) > 3:
         figures.append(f"{len(differing) - 3} more entries not byte-exact: --detail lists each")
     return Face(verdict, figures)
@@ -122,15 +159,20 @@ def _generalization(data: dict[str, Any]) -> Face:
     accs = ", ".join(f"{str(a['name']).split(':')[0]} {kn(a)}" for a in data.get("conditions", []))
     figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
     comps = result.get("comparisons") or []
+    nulls = []
     for c in comps:
         m = c.get("mcnemar") or {}
         sig = "significant" if c.get("significant") else "not significant"
         det = c.get("detectable") or {}
-        power = f"; detectable at n = {c.get('n')}: {num(det['effect'] * 100, '.0f')}%" if det.get("effect") else ""
         n = c.get("n")
+        power = f"; {detectable(det)}" if det else ""
+        if det and n and not c.get("significant"):
+            nulls.append(det)
         figures.append(f"{c['name']}: {SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
                        f"{SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
                        f"{sig} at {m.get('alpha', 0.05)}{power}")
+    if nulls:
+        figures.append(null_meaning(nulls))
     if not comps:
         for m in data.get("mcnemar", []):
             figures.append(f"{m['b']} vs {m['a']}: exact McNemar p = {num(m['p_value'])}")
@@ -148,12 +190,17 @@ def _controls(data: dict[str, Any]) -> Face:
     shows = sum(1 for c in controls if c.get("shows"))
     verdict = f"{shows}/{len(controls)} controls show what they expect (an effect where one is planted, none where not)"
     figures = []
+    nulls = []
     for c in controls:
         graft = "b" if c.get("condition") == "own" else "c"
         det = c.get("detectable") or {}
-        power = f" (detectable at n = {c['n']}: {num(det['effect'] * 100, '.0f')}%)" if det.get("effect") else ""
+        power = f" ({detectable(det)})" if det else ""
+        if det and not c.get("significant", True):
+            nulls.append(det)
         figures.append(f"{c['name']}: {graft} {kn(c['graft'])} vs a {kn(c['baseline'])}, p = {num(c['mcnemar']['p_exact'])}: "
                        f"{'shows it' if c.get('shows') else 'does NOT show it'}{power}")
+    if nulls:
+        figures.append(null_meaning(nulls))
     return Face(verdict, figures)
 
 

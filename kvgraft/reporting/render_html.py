@@ -167,13 +167,15 @@ def _recompute_html(c: dict[str, Any]) -> str:
     rows = []
     for r in views.recompute_rows(data):
         state = _badge("passed" if r["verdict"] in ("byte-exact", "consistent") else "failed", r["verdict"])
-        rows.append([_e(r["id"]), _num(r["tokens"]), state, f"{r['differing_layers']}/{r['layers']}", _num(r["max_ulp"]),
-                     _num(r["max_abs"]), _num(r["excess"]), _e(r["first"]), _num(r["kl"]), _num(r["kl_natural"])])
+        rows.append([_e(r["id"]), _num(r["tokens"]), state, f"{r['differing_layers']}/{r['layers']}", _num(r["max_abs"]),
+                     _num(r["max_rel"]), _num(r["excess"]), _num(r["max_ulp"]), _e(r["first"]), _num(r["kl"]),
+                     _num(r["kl_natural"])])
     out = ""
     if data.get("reference"):
         out += f'<p class="muted">compared with: {_e(data["reference"])}</p>'
-    out += _table(["entry", "tokens", "verdict", "layers differing", "max ULP", "max |diff|", "of envelope",
-                   "first difference", "KL max", "KL vs no cache"], rows, num=(1, 3, 4, 5, 6, 8, 9))
+    out += _table(["entry", "tokens", "verdict", "layers differing", "max |diff|", "max relative", "of envelope",
+                   "max ULP (same-sign normals)", "first difference", "KL max", "KL vs no cache"], rows,
+                  num=(1, 3, 4, 5, 6, 7, 9, 10))
     out += "<h3>per-layer divergence (rows: entries, columns: layers)</h3>" + heatmap_svg(data)
     if data.get("statements"):
         out += "<ul>" + "".join(f"<li>{_e(st)}</li>" for st in data["statements"]) + "</ul>"

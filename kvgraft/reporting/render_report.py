@@ -112,12 +112,12 @@ def accuracy_view(console: Console, title: str, accuracies: list[dict[str, Any]]
 
 
 def _recompute(data: dict[str, Any], console: Console) -> list[RenderableType]:
-    headers = ["entry", "tokens", "verdict", "layers differing", "max ULP", "max |diff|", "of envelope",
-               "first difference", "KL max", "KL vs no cache"]
-    rows = [[r["id"], num(r["tokens"]), r["verdict"], f"{r['differing_layers']}/{r['layers']}", num(r["max_ulp"]),
-             num(r["max_abs"]), num(r["excess"]), r["first"], num(r["kl"]), num(r["kl_natural"])]
+    headers = ["entry", "tokens", "verdict", "layers differing", "max |diff|", "max relative", "of envelope",
+               "max ULP (same-sign normals)", "first difference", "KL max", "KL vs no cache"]
+    rows = [[r["id"], num(r["tokens"]), r["verdict"], f"{r['differing_layers']}/{r['layers']}", num(r["max_abs"]),
+             num(r["max_rel"]), num(r["excess"]), num(r["max_ulp"]), r["first"], num(r["kl"]), num(r["kl_natural"])]
             for r in recompute_rows(data)]
-    out = [table(console, "entries", headers, rows, right=(1, 3, 4, 5, 6, 8, 9)), heatmap_text(data, console.width)]
+    out = [table(console, "entries", headers, rows, right=(1, 3, 4, 5, 6, 7, 9, 10)), heatmap_text(data, console.width)]
     return out + [styled(hanging("•", st, console.width, indent=0)) for st in data.get("statements", [])]
 
 

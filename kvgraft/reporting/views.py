@@ -22,14 +22,19 @@ def _layer_cell(layer: dict[str, Any]) -> dict[str, Any]:
     """Merge a layer's K and V diffs (kvgraft.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
     parts = [layer[x] for x in ("keys", "values") if isinstance(layer.get(x), dict)]
     differing = sum(int(p.get("differing") or 0) for p in parts)
-    ulps = [int(p["max_ulp"]) for p in parts if p.get("max_ulp") is not None]
+    # A ULP figure only where some differing element had one (finite same-sign normals: kvgraft.compare); reports
+    # from before `ulp_pairs` counted every element.
+    ulps = [int(p["max_ulp"]) for p in parts if p.get("max_ulp") is not None
+            and (p.get("ulp_pairs") is None or int(p["ulp_pairs"]) > 0)]
+    pairs = [int(p["ulp_pairs"]) if p.get("ulp_pairs") is not None else int(p.get("differing") or 0) for p in parts]
     absd = [float(p["max_abs"]) for p in parts if p.get("max_abs") is not None]
+    rel = [float(p["max_rel"]) for p in parts if p.get("max_rel") is not None]
     known = bool(parts) and "layout_mismatch" not in layer
     identical = known and all(p.get("equal") is True for p in parts)
     mismatch = layer.get("layout_mismatch") or next((p["shape_mismatch"] for p in parts if p.get("shape_mismatch")), None)
     return {"index": layer.get("index"), "kind": layer.get("kind"), "known": known, "identical": identical,
             "differing": differing, "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
-            "mismatch": mismatch}
+            "max_rel": max(rel) if rel else None, "ulp_pairs": sum(pairs), "mismatch": mismatch}
 
 
 def heatmap_model(data: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +49,9 @@ def heatmap_model(data: dict[str, Any]) -> dict[str, Any]:
                 cells[layer["index"]] = _layer_cell(layer)
                 n_layers = max(n_layers, layer["index"] + 1)
         rows.append({"id": str(e.get("id", "?")), "cells": cells, "byte_exact": e.get("byte_exact")})
-    metric = "ulp" if any(c["max_ulp"] for r in rows for c in r["cells"].values()) else "abs"
+    # ULP digits only when every differing element of every cell has a ULP distance that means something.
+    diffs = [c for r in rows for c in r["cells"].values() if c["differing"]]
+    metric = "ulp" if diffs and all(c["max_ulp"] and c["ulp_pairs"] == c["differing"] for c in diffs) else "abs"
     values = [math.log10(v) for r in rows for c in r["cells"].values()
               if not c["identical"] and (v := (c["max_ulp"] if metric == "ulp" else c["max_abs"])) and v > 0]
     lo = min(values) if values else 0.0
@@ -75,10 +82,13 @@ def cell_text(c: dict[str, Any]) -> str:
     if c["identical"]:
         return "byte-identical"
     parts = [f"{c['differing']:,} elements differ"]
-    if c["max_ulp"] is not None:
-        parts.append(f"max {c['max_ulp']:,} ULP")
     if c["max_abs"] is not None:
         parts.append(f"max |diff| {c['max_abs']:.3g}")
+    if c.get("max_rel") is not None:
+        parts.append(f"relative {c['max_rel']:.3g}")
+    if c["max_ulp"] is not None:
+        among = "" if c["ulp_pairs"] == c["differing"] else f" among the {c['ulp_pairs']:,} same-sign normal pairs"
+        parts.append(f"max {c['max_ulp']:,} ULP{among}")
     return ", ".join(parts)
 
 
@@ -89,6 +99,7 @@ def recompute_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         cells = [_layer_cell(x) for x in e.get("layers", []) if isinstance(x, dict)]
         ulps = [x["max_ulp"] for x in cells if x["max_ulp"] is not None]
         absd = [x["max_abs"] for x in cells if x["max_abs"] is not None]
+        rel = [x["max_rel"] for x in cells if x["max_rel"] is not None]
         matched = e.get("matched") if isinstance(e.get("matched"), dict) else {}
         natural = e.get("natural") if isinstance(e.get("natural"), dict) else {}
         verdict = e.get("verdict") or ("byte-exact" if e.get("byte_exact") else "differs")
@@ -96,6 +107,7 @@ def recompute_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                     "verdict": str(verdict), "excess": e.get("max_excess"),
                     "differing_layers": sum(1 for x in cells if not x["identical"] and (x["known"] or x["mismatch"])),
                     "layers": len(cells), "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
+                    "max_rel": max(rel) if rel else None,
                     "first": _first_difference(e), "kl": matched.get("kl_max"), "kl_natural": natural.get("kl_max")})
     return out
 
@@ -165,12 +177,12 @@ def controls_rows(result: dict[str, Any]) -> list[list[str]]:
                  f"contaminated {sp['contaminated']['k']}/{sp['contaminated']['n']}")
         rows.append([o["name"], o["expect"], f"{o['baseline']['k']}/{o['n']}",
                      f"{'b' if o['condition'] == 'own' else 'c'} {o['graft']['k']}/{o['n']}", f"{o['mcnemar']['p_exact']:.3g}",
-                     split, "-" if d["effect"] is None else f"{d['effect']:.0%}", "yes" if o["shows"] else "NO"])
+                     split, "-" if d["effect"] is None else f"{d['effect'] * 100:.0f} points", "yes" if o["shows"] else "NO"])
     return rows
 
 
 CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wins: leakage split",
-                 "detectable (80% power)", "shows it"]
+                 "smallest difference detectable (80% power)", "shows it"]
 
 
 def readings_lines(result: dict[str, Any]) -> list[str]:

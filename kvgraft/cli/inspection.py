@@ -1,0 +1,163 @@
+"""`inspect`: a release's header, signature files (named, not verified), entries table, or one entry in detail.
+
+Every string from the release is data: it goes into rich Text objects (never markup) through `plain`, which
+shows control characters as escapes, so a hostile id or text cannot add lines or drive the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kvgraft.cli._base import app, handled, out, plain
+from kvgraft.reporting.render import fitted, hanging, kv_lines, num
+
+
+@app.command("inspect")
+@handled
+def inspect_cmd(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    entry: Annotated[str | None, typer.Argument(help="Show this entry in detail: layers, tensors, shapes, digests.")]
+    = None,
+    limit: Annotated[int, typer.Option("--limit", help="Entries to list (0: all).")] = 20,
+    offset: Annotated[int, typer.Option("--offset", help="Skip this many entries first.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the inspection as JSON (schemas/inspect-result.v1.json).")]
+    = False,
+) -> None:
+    """Show what a release holds without verifying it: model, identity, schedule, environment, signature files
+    and whom they name, and its entries; reads the manifest only, no tensor bytes. `kvgraft verify` checks it."""
+    from kvgraft import inspection
+
+    doc = (inspection.inspect_entry(release, entry) if entry is not None
+           else inspection.inspect(release, offset=offset, limit=limit or None))
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    for r in (entry_renderables(doc, out) if entry is not None else renderables(doc, out)):
+        out.print(r)
+
+
+def _lines(width: int, title: str, rows: list[tuple[str, str]]) -> Text:
+    return Text("\n".join(kv_lines(width, title, [(k, plain(v)) for k, v in rows])))
+
+
+def _signer(s: dict[str, Any]) -> str:
+    if s.get("problem") and not s.get("method"):
+        return f"cannot be read: {s['problem']}"
+    if s["method"] == "key":
+        who = f"key {s['signer']}" if s.get("signer") else "a key it does not name"
+    else:
+        who = f"{s.get('signer') or '?'} via {s.get('issuer') or '?'} (Sigstore certificate)"
+    named = s.get("names_this_manifest")
+    stmt = "" if named is None else ("; its statement names this manifest's root digest" if named
+                                     else "; its statement names ANOTHER root digest (stale or foreign)")
+    return f"{s['what']}, names {who}{stmt}; NOT verified" + (f"; {s['problem']}" if s.get("problem") else "")
+
+
+def header_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
+    m, env, sched = doc["model"], doc["environment"], doc["schedule"]
+    ident = m["identity"]
+    mode = "one-shot" if sched.get("chunk_tokens") is None else f"chunks of {sched['chunk_tokens']} tokens"
+    rows = [
+        ("release", doc["release"]), ("root digest", doc["root_digest"]),
+        ("created", f"{doc['created']} by kvgraft {doc['release_format']['kvgraft_version']} "
+                    f"(format {doc['release_format']['version']})"),
+        ("model", f"{m['spec']} ({m['architecture']}, {m['model_type']}, {m['num_hidden_layers']} layers)"),
+        ("model identity", ident["sha256"]),
+        ("weights", f"{ident['weights_sha256']} ({num(ident['num_tensors'])} tensors, "
+                      f"{num(ident['num_parameters'])} parameters)"),
+        ("tokenizer", ident["tokenizer_sha256"]), ("config", ident["config_sha256"]),
+        ("schedule", f"{mode}, batch {sched['batch_size']}, special tokens "
+                     + ("added" if sched["add_special_tokens"] else "not added")
+                     + (", generation prompt" if sched.get("add_generation_prompt") else "")),
+        ("environment", f"{env['device']} ({env['device_name']}), {env['dtype']}, {env['attn_implementation']}, "
+                        f"{num(env['threads'])} thread{'' if env['threads'] == 1 else 's'}, deterministic "
+                        + ("on" if env["deterministic_algorithms"] else "off")),
+        ("versions", f"python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
+                       f"kvgraft {env['kvgraft']}, {env['platform']}"),
+    ]
+    sigs = doc["signatures"]
+    rows += [(f"signature {s['file']}", _signer(s)) for s in sigs] or [("signature", "none: the release is unsigned")]
+    out: list[RenderableType] = [_lines(console.width, "", rows)]
+    out.append(Text("\n".join(hanging("", doc["note"], console.width, indent=0)), style="yellow"))
+    return out
+
+
+def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
+    e = doc["entries"]
+    first, last = e["offset"] + 1, e["offset"] + e["shown"]
+    title = (f"entries {first}-{last} of {num(e['total'])}" if e["shown"] else
+             f"no entries shown (offset {e['offset']} of {num(e['total'])})")
+    headers = ["id", "tokens", "bytes", "source", "first words"]
+    rows = [[plain(r["id"]), num(r["num_tokens"]), num(r["bytes"]), plain(r["source_kind"]), plain(r["preview"])]
+            for r in e["rows"]]
+    t = Table(title=title, title_justify="left")
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="right" if i in (1, 2) else "left")
+    for row in rows:
+        t.add_row(*[Text(c) for c in row])
+    return fitted(console, t, headers, rows)
+
+
+def renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
+    """The whole inspection: header, signatures, entries; the command to page on when more remain."""
+    out = header_renderables(doc, console)
+    out.append(entries_renderable(doc, console))
+    e = doc["entries"]
+    rest = e["total"] - e["offset"] - e["shown"]
+    if rest > 0:
+        out.append(Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
+                        "kvgraft inspect RELEASE ID", style="dim"))
+    return out
+
+
+def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
+    """One entry: its file and digests, source, tokens, then its layers and tensors."""
+    e = doc["entry"]
+    src = e["source"]
+    rows = [("entry", e["id"]), ("release", doc["release"]), ("root digest", doc["root_digest"]),
+            ("tokens", f"{num(e['num_tokens'])} (token ids sha256 {e['token_ids_sha256']})"),
+            ("first token ids", ", ".join(str(t) for t in e["token_ids_head"])
+             + (", …" if e["num_tokens"] > len(e["token_ids_head"]) else "")),
+            ("file", f"{e['file']}: {num(e['bytes'])} bytes, sha256 {e['file_sha256']}"),
+            ("tensor bytes", num(e["tensor_bytes"])), ("entry digest", e["digest"]),
+            ("source", f"{src['kind']}, sha256 {src['sha256']}"),
+            ("next token", f"argmax {e['next_token']['argmax']}, logits sha256 {e['next_token']['logits_sha256']}"),
+            ("probe tokens", num(e["probe_tokens"]))]
+    if "answer" in e:
+        rows.append(("answer", str(e["answer"])))
+    if "text" in src:
+        rows.append(("text", src["text"] + (" …(cut for display)" if src.get("truncated") else "")))
+    elif "messages" in src:
+        rows.append(("messages", f"{src['messages']} messages; first: {e['preview']}"))
+    out: list[RenderableType] = [_lines(console.width, "", rows)]
+    lt = Table(title=f"layers ({len(e['layers'])})", title_justify="left")
+    lheads = ["layer", "kind", "keys", "values", "positions", "window / seen / shared with"]
+    for i, h in enumerate(lheads):
+        lt.add_column(h, justify="right" if i == 0 else "left")
+    lrows = []
+    for layer in e["layers"]:
+        pos = layer.get("positions")
+        extra = " / ".join(str(layer[k]) if k in layer else "-" for k in ("sliding_window", "cumulative_length", "shared_with"))
+        lrows.append([str(layer["index"]), plain(layer["kind"]), plain(layer.get("keys", "-")),
+                      plain(layer.get("values", "-")), f"[{pos[0]}, {pos[1]})" if pos else "-", extra])
+    for row in lrows:
+        lt.add_row(*[Text(c) for c in row])
+    out.append(fitted(console, lt, lheads, lrows))
+    tt = Table(title=f"tensors ({len(e['tensors'])})", title_justify="left")
+    theads = ["tensor", "dtype", "shape", "bytes", "sha256"]
+    for i, h in enumerate(theads):
+        tt.add_column(h, justify="right" if i == 3 else "left", overflow="fold")
+    trows = [[plain(t["name"]), t["dtype"], "×".join(str(s) for s in t["shape"]), num(t["bytes"]), t["sha256"]]
+             for t in e["tensors"]]
+    for row in trows:
+        tt.add_row(*[Text(c) for c in row])
+    out.append(fitted(console, tt, theads, trows))
+    out.append(Text("\n".join(hanging("", doc["note"], console.width, indent=0)), style="yellow"))
+    return out

@@ -1,0 +1,226 @@
+"""Look inside a release without verifying it: model, conditions, signature files and who they name, entries.
+
+`kvgraft inspect` answers "what is in this release?" from the manifest alone. Nothing here reads a
+tensor byte or checks a signature: the manifest is parsed and its internal digests checked (as every
+reader of a release does), the signature files are parsed only to name their signers, and the result
+says plainly that neither the files nor the signatures were verified (`kvgraft verify` does that).
+
+All reading of the release goes through `Listing`, one small class over `kvgraft.release.format`, so
+that a release format with an index and per-entry records changes this one class, not its callers.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__
+from kvgraft.errors import Error, InputError
+from kvgraft.release.format import BUNDLE_NAME, OMS_NAME, Release
+
+RESULT_FORMAT = "kvgraft-inspect-result"
+RESULT_VERSION = 1
+NOT_VERIFIED = ("not verified: the manifest was parsed and its own digests checked; no entry file was read and no "
+                "signature was checked (run kvgraft verify)")
+PREVIEW_WORDS = 8
+PREVIEW_CHARS = 60
+DETAIL_TEXT_CHARS = 2000
+# Fulcio certificate extensions naming the OIDC issuer: v2 (a DER UTF8String), then v1 (raw bytes; deprecated).
+_FULCIO_ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
+_FULCIO_ISSUER_V1 = "1.3.6.1.4.1.57264.1.1"
+
+
+@dataclass
+class Listing:
+    """What inspect reads of a release: its header, its entry count, a page of entries, one entry, a file's size.
+
+    Over `Release.open` (one manifest read). The only class here that knows how a release is stored.
+    """
+
+    root: Path
+    _release: Release
+
+    @classmethod
+    def open(cls, root: Path | str) -> Listing:
+        return cls(Path(root), Release.open(root))
+
+    def header(self) -> dict[str, Any]:
+        m = self._release.manifest
+        return {"release_format": {"format": m["format"], "version": m["format_version"],
+                                   "kvgraft_version": m["kvgraft_version"]},
+                **{k: m[k] for k in ("created", "model", "schedule", "environment", "root_digest")}}
+
+    def count(self) -> int:
+        return len(self._release.manifest["entries"])
+
+    def files(self) -> int:
+        return len(self._release.manifest["files"])
+
+    def page(self, offset: int, limit: int | None) -> list[dict[str, Any]]:
+        entries = self._release.manifest["entries"]
+        return list(entries[offset:None if limit is None else offset + limit])
+
+    def entry(self, entry_id: str) -> dict[str, Any]:
+        return self._release.entry(entry_id)
+
+    def file_record(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
+        return dict(self._release.manifest["files"][entry["file"]])
+
+
+def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = PREVIEW_CHARS) -> str:
+    """The first words of an entry's text (for a chat: of its first message, after its role)."""
+    if source.get("kind") == "messages":
+        msgs = [m for m in source.get("messages") or [] if isinstance(m, dict)]
+        first = msgs[0] if msgs else {}
+        content = first.get("content")
+        text = content if isinstance(content, str) else "" if content is None else str(content)
+        text = f"{first.get('role', '?')}: {text}" if msgs else ""
+    else:
+        text = source["text"] if isinstance(source.get("text"), str) else ""
+    parts = str(text).split()
+    out = " ".join(parts[:words])
+    if len(out) > chars:
+        out = out[:chars].rstrip()
+    return out + ("…" if out != " ".join(parts) else "")
+
+
+def tensor_bytes(entry: dict[str, Any]) -> int:
+    return sum(int(t["byte_range"][1]) - int(t["byte_range"][0]) for t in entry["tensors"].values())
+
+
+def entry_row(listing: Listing, entry: dict[str, Any]) -> dict[str, Any]:
+    """One line of the entries table: id, tokens, bytes (of its file, from the manifest), source kind, first words."""
+    return {"id": entry["id"], "num_tokens": entry["num_tokens"], "bytes": listing.file_record(entry)["size"],
+            "tensor_bytes": tensor_bytes(entry), "source_kind": entry["source"]["kind"],
+            "preview": preview(entry["source"])}
+
+
+def entry_detail(listing: Listing, entry_id: str) -> dict[str, Any]:
+    """One entry in full: its file, layers, tensors (dtype, shape, bytes, digest), tokens and source."""
+    e = listing.entry(entry_id)
+    source = e["source"]
+    text = source.get("text") if source.get("kind") == "text" else None
+    layers = [{k: v for k, v in layer.items()} for layer in e["layers"]]
+    tensors = [{"name": name, "dtype": t["dtype"], "shape": list(t["shape"]), "byte_range": list(t["byte_range"]),
+                "bytes": int(t["byte_range"][1]) - int(t["byte_range"][0]), "sha256": t["sha256"]}
+               for name, t in sorted(e["tensors"].items(), key=lambda kv: kv[1]["byte_range"][0])]
+    out: dict[str, Any] = {
+        **entry_row(listing, e), "file": e["file"], "file_sha256": listing.file_record(e)["sha256"],
+        "digest": e["digest"], "token_ids_sha256": e["token_ids_sha256"],
+        "token_ids_head": e["token_ids"][:16], "source": {"kind": source["kind"], "sha256": source["sha256"]},
+        "next_token": dict(e["next_token"]), "probe_tokens": len((e.get("probe") or {}).get("token_ids") or []),
+        "layers": layers, "tensors": tensors,
+    }
+    if isinstance(text, str):
+        out["source"]["text"] = text[:DETAIL_TEXT_CHARS]
+        out["source"]["truncated"] = len(text) > DETAIL_TEXT_CHARS
+    elif source["kind"] == "messages":
+        out["source"]["messages"] = len(source.get("messages") or [])
+    for key in ("answer", "meta"):
+        if key in e:
+            out[key] = e[key]
+    return out
+
+
+def _certificate_signer(material: dict[str, Any]) -> dict[str, Any]:
+    """The identities and OIDC issuer a Fulcio certificate names (read, not checked against any root)."""
+    from cryptography import x509
+
+    cert = material.get("certificate")
+    if not isinstance(cert, dict):
+        chain = (material.get("x509CertificateChain") or {}).get("certificates") or [{}]
+        cert = chain[0] if isinstance(chain[0], dict) else {}
+    try:
+        der = base64.b64decode(str(cert.get("rawBytes", "")), validate=True)
+        c = x509.load_der_x509_certificate(der)
+    except (binascii.Error, ValueError) as exc:
+        return {"identity": None, "issuer": None, "problem": f"certificate cannot be read: {exc}"}
+    names: list[str] = []
+    try:
+        san = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = [str(v) for kind in (x509.RFC822Name, x509.UniformResourceIdentifier) for v in san.get_values_for_type(kind)]
+    except x509.ExtensionNotFound:
+        pass
+    issuer = None
+    for ext in c.extensions:
+        if ext.oid.dotted_string in (_FULCIO_ISSUER_V2, _FULCIO_ISSUER_V1) and issuer is None:
+            raw = getattr(ext.value, "value", b"")
+            # v2 is a DER UTF8String (tag 0x0c, one length byte for any real issuer URL); v1 the bare bytes.
+            if ext.oid.dotted_string == _FULCIO_ISSUER_V2 and raw[:1] == b"\x0c" and len(raw) > 2:
+                raw = raw[2:]
+            issuer = raw.decode("utf-8", "replace")
+    return {"identity": ", ".join(names) or None, "issuer": issuer,
+            "not_before": c.not_valid_before_utc.isoformat(), "not_after": c.not_valid_after_utc.isoformat()}
+
+
+def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> dict[str, Any] | None:
+    """A signature file beside the data, parsed to name its signer; None when absent. Never verified."""
+    from kvgraft._internal import jsonio
+    from kvgraft.signing import attest
+
+    path = root / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    info: dict[str, Any] = {"file": name, "what": what, "verified": False}
+    try:
+        if path.is_symlink():
+            raise InputError(f"{path}: is a symlink; releases may not contain links")
+        bundle = attest.parse_bundle(jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "a bundle"), str(path))
+    except Error as exc:
+        info.update(method=None, signer=None, problem=exc.diagnostics())
+        return info
+    info["bytes"] = len(bundle.raw)
+    if bundle.has_certificate:
+        material = bundle.doc["verificationMaterial"]
+        cert = _certificate_signer(material)
+        info.update(method="sigstore", signer=cert.get("identity"), issuer=cert.get("issuer"),
+                    certificate={k: v for k, v in cert.items() if k not in ("identity", "issuer")},
+                    transparency_log_entries=len(material.get("tlogEntries") or []))
+    else:
+        info.update(method="key", signer=bundle.key_hint or bundle.keyid)
+    if name == BUNDLE_NAME:
+        try:
+            stmt = attest.parse_statement(bundle.payload_type, bundle.payload, str(path))
+            named = (stmt.get("predicate") or {}).get("root_digest")
+            info["statement_root_digest"] = named
+            info["names_this_manifest"] = named == manifest_root
+        except Error as exc:
+            info["problem"] = exc.diagnostics()
+    return info
+
+
+def signatures(root: Path, manifest_root: str) -> list[dict[str, Any]]:
+    """The release's signature files (its bundle, an OpenSSF model signing signature) and whom they name."""
+    found = [_signature_file(root, BUNDLE_NAME, "kvgraft attestation (Sigstore bundle, DSSE)", manifest_root),
+             _signature_file(root, OMS_NAME, "OpenSSF model signing v1.0 signature", manifest_root)]
+    return [f for f in found if f is not None]
+
+
+def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> dict[str, Any]:
+    """The release's header, signature files and a page of its entries (`offset`, at most `limit`; None: all)."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError(f"--offset {offset} / --limit {limit}: expected numbers of at least 0")
+    listing = Listing.open(root)
+    header = listing.header()
+    page = listing.page(offset, limit)
+    total = listing.count()
+    return {
+        "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+        "release": str(listing.root), "verified": False, "note": NOT_VERIFIED, **header,
+        "files": listing.files(), "signatures": signatures(listing.root, header["root_digest"]),
+        "entries": {"total": total, "offset": offset, "shown": len(page),
+                    "rows": [entry_row(listing, e) for e in page]},
+    }
+
+
+def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:
+    """One entry in detail, with the release it belongs to named (nothing verified)."""
+    listing = Listing.open(root)
+    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "release": str(listing.root), "verified": False, "note": NOT_VERIFIED,
+            "root_digest": listing.header()["root_digest"], "entry": entry_detail(listing, entry_id)}

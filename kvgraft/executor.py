@@ -123,6 +123,10 @@ class Executor(ABC):
         `on_result(index, result)` is called in this process once per unit, as its result lands (a journal
         records it there, so an interrupted run loses no finished unit)."""
 
+    def fixed_threads(self) -> int | None:
+        """The torch thread count the user fixed for the units (--threads, a plan's executor.threads), or None."""
+        return None
+
     def replay_threads(self, threads: int | None) -> None:  # noqa: B027 - most executors set no threads
         """The torch thread count CPU units must run with (a release's recorded count), unless the user
         fixed one. Ray actors are sized and started with it; in this process `replay.applied` sets it."""
@@ -158,6 +162,9 @@ class LocalExecutor(Executor):
         if threads is not None and threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
         self.threads = threads
+
+    def fixed_threads(self) -> int | None:
+        return self.threads
 
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         from kvgraft.runtime import threads
@@ -326,6 +333,9 @@ class RayExecutor(Executor):
 
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return self.start()
+
+    def fixed_threads(self) -> int | None:
+        return self.spec.threads
 
     def replay_threads(self, threads: int | None) -> None:
         """Size the CPU actors to `threads` (num_cpus) and start them with that many torch threads.

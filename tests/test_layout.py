@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvgraft"
-CORE = ("kvgraft.release", "kvgraft.signing", "kvgraft.verify")
+CORE = ("kvgraft.release", "kvgraft.signing", "kvgraft.verify", "kvgraft.sampling")
 
 NO_TORCH = r"""
 import importlib, json, pkgutil, sys

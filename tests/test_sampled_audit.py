@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rewrite
 from typer.testing import CliRunner
 
 from kvgraft import capture, errors, recompute, sampling, verdict
@@ -20,6 +19,8 @@ from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import comparable
 from kvgraft.release.format import Release
+
+import rewrite
 
 runner = CliRunner()
 ENTRIES = 8

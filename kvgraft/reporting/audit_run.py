@@ -190,10 +190,8 @@ def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft import recompute
+    from kvgraft import recompute, sampling
     from kvgraft.reporting.claims import measured_from_recompute
-
-    from kvgraft import sampling
 
     sample = rc.get("sample")
     if rc.get("target_fraction") is not None:

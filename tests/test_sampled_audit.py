@@ -116,6 +116,20 @@ def test_cli_sample_rederives_and_checks(tiny_lm: Callable[[str], Any], model_di
     forged.write_text(json.dumps(result))
     r = runner.invoke(app, ["audit", "sample", str(release_dir), "--check", str(forged)])
     assert r.exit_code == errors.EXIT_FAILED and "NOT re-derived" in r.output
+    # Bad input: one line, exit 2, nothing written.
+    for bad, says in ((["--sample", "0"], "--sample 0"), (["--sample", "9"], "--sample 9: expected 1 to 8"),
+                      (["--sample", "2", "--nonce", "a b"], "--nonce 'a b'"), (["--nonce", "x"], "--nonce draws a sample"),
+                      (["--sample", "2", "--target-fraction", "0.5"], "exclude each other"),
+                      (["--target-fraction", "1.5"], "--target-fraction 1.5")):
+        r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), *bad,
+                                "--json", str(tmp_path / "bad.json"), "--quiet"])
+        assert r.exit_code == errors.EXIT_INPUT and says in r.output and "Traceback" not in r.output, (bad, r.output)
+        assert not (tmp_path / "bad.json").exists()
+    r = runner.invoke(app, ["audit", "sample", str(release_dir), "--check", str(tmp_path / "t.json")])
+    assert r.exit_code == errors.EXIT_INPUT  # no such file
+    (tmp_path / "nosample.json").write_text("{}")
+    r = runner.invoke(app, ["audit", "sample", str(release_dir), "--check", str(tmp_path / "nosample.json")])
+    assert r.exit_code == errors.EXIT_INPUT and "records no sample" in r.output
     # --target-fraction sizes the sample: with 8 entries a bound of 30% needs sampling.sample_size(0.3, 8).
     r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), "--target-fraction", "0.3",
                             "--nonce", "n1", "--json", str(tmp_path / "t.json"), "--quiet"])

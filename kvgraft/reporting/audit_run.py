@@ -201,6 +201,9 @@ def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
     ctx.say(f"recomputing fresh KV states and comparing ({f'a sample of {sample}' if sample else 'every entry'})")
     # Each judged entry is journaled as it lands: rerunning an interrupted plan on the same release resumes.
     journal = ctx.out / f"recompute-{str(ctx.release.manifest['root_digest'])[:16]}.journal"
+    for stale in ctx.out.glob("recompute-*.journal"):
+        if stale != journal:
+            stale.unlink()  # of another release (a rebuilt library): nothing of it can be resumed here
     overrides = {}
     fixed = ctx.ex.fixed_threads()
     if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):

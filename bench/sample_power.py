@@ -1,6 +1,7 @@
 """Power of a sampled recompute audit, measured: k bad entries planted among N, found by a sample of n how often?
 
-Run: .venv/bin/python bench/sample_power.py [--entries 1000] [--bad 10] [--nonces 2000] [--model tiny|SPEC] [--out F.json]
+Run: .venv/bin/python bench/sample_power.py [--entries 1000] [--bad 10] [--nonces 2000] [--model tiny|SPEC]
+     [--out F.json]
 
 1. Capture N short entries (the tests' tiny random Llama by default, or --model; recorded conditions), then, as a publisher would, change one
    element of one stored tensor by a factor 1 + 1e-2 in k entries chosen at random, rewriting every
@@ -118,7 +119,8 @@ def main() -> None:
             bounds = [sampling.upper_bound(f, n, args.entries) for f in found]
             covered = sum(1 for b in bounds if b >= args.bad) / len(bounds)
             rows.append({"n": n, "found_at_least_one": hit, "predicted": predicted, "standard_error": se,
-                         "z": (hit - predicted) / se if se else 0.0, "bound_if_none_found": sampling.upper_bound(0, n, args.entries),
+                         "z": (hit - predicted) / se if se else 0.0,
+                         "bound_if_none_found": sampling.upper_bound(0, n, args.entries),
                          "mean_bound": sum(bounds) / len(bounds), "bound_covers_true_k": covered})
         print(f"{args.nonces} nonces per sample size (draws: {t_draw:.1f} s)")
         print(f"{'n':>5} {'found >= 1':>11} {'hypergeom':>10} {'z':>6} {'bound if 0 found':>17} {'covers k':>9}")

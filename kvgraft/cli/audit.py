@@ -128,10 +128,14 @@ def recompute_cmd(
     if journal is not None:
         journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
     if not quiet:
+        from kvgraft.reporting.face import cost_line
         from kvgraft.reporting.render_report import check_renderables
 
         for r in check_renderables("recompute", result, out):
             out.print(r)
+        line = cost_line(result)
+        if line:
+            say(line)
     exit_with(result["status"])
 
 

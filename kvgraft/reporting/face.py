@@ -102,6 +102,12 @@ def _sample_figures(data: dict[str, Any]) -> list[str]:
                    "re-derive: kvgraft audit sample RELEASE --check REPORT")
     if drawn and data.get("bound"):
         out.append(f"bound: {sampling.sentence(data['bound'])}")
+    line = cost_line(data)
+    return out + ([line] if line else [])
+
+
+def cost_line(data: dict[str, Any]) -> str | None:
+    """The recompute's cost ledger in one line: tokens, wall time, tokens/s, the whole release projected."""
     cost = _dict(data.get("cost"))
     if cost.get("tokens_recomputed") is not None:
         rate = f", {num(round(cost['tokens_per_second']))} tokens/s" if cost.get("tokens_per_second") else ""
@@ -109,10 +115,10 @@ def _sample_figures(data: dict[str, Any]) -> list[str]:
             if cost.get("entries_resumed") else ""
         whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
                  f"about {_duration(cost['projected_library_seconds'])} on {cost.get('executor')}"
-                 f" ({num(cost.get('workers'))} workers)" if cost.get("projected_library_seconds") else "")
-        out.append(f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s"
-                   f"{rate}{resumed}{whole}")
-    return out
+                 f" ({cost.get('workers')} worker{'' if cost.get('workers') == 1 else 's'})"
+                 if cost.get("projected_library_seconds") else "")
+        return f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s{rate}{resumed}{whole}"
+    return None
 
 
 def _duration(seconds: float) -> str:

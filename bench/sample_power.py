@@ -3,9 +3,9 @@
 Run: .venv/bin/python bench/sample_power.py [--entries 1000] [--bad 10] [--nonces 2000] [--model tiny|SPEC]
      [--out F.json]
 
-1. Capture N short entries (the tests' tiny random Llama by default, or --model; recorded conditions), then, as a publisher would, change one
-   element of one stored tensor by a factor 1 + 1e-2 in k entries chosen at random, rewriting every
-   commitment (tests/rewrite.py): the release verifies, its root digest is the published one.
+1. Capture N short entries (the tests' tiny random Llama by default, or --model; recorded conditions),
+   then, as a publisher would, change one element of one stored tensor by a factor 1 + 1e-2 in k entries
+   chosen at random, rewriting every commitment (tests/rewrite.py): the release verifies, its root digest is the published one.
 2. Recompute every entry once (`recompute.audit`, as `kvgraft audit recompute` would, `--require exact`):
    the ground truth. The planted entries must fail, every other entry must be byte-exact.
 3. For each of R nonces, draw the sample (kvgraft.sampling, from the root and the nonce) and, reusing the

@@ -137,6 +137,31 @@ def test_cli_sample_rederives_and_checks(tiny_lm: Callable[[str], Any], model_di
     assert json.loads((tmp_path / "t.json").read_text())["sample"]["size"] == sampling.sample_size(0.3, ENTRIES)
 
 
+def test_progress_shows_tokens_per_second_and_eta() -> None:
+    from kvgraft.cli.audit import speed
+
+    state = {"done": 3, "total": 10, "tokens_done": 600, "tokens_total": 2000, "resumed": 1, "tokens_resumed": 200}
+    # 400 tokens recomputed in 2 s: 200 tokens/s; 1,400 left: 7 s. The resumed 200 took no time here.
+    assert speed(state, 2.0) == ("200 tokens/s (1 resumed)", "ETA 0:07")
+    assert speed({**state, "tokens_total": 2_000_000}, 2.0)[1] == "ETA 2:46:37"
+    assert speed({**state, "tokens_done": 200}, 2.0) == ("0 tokens/s (1 resumed)", "ETA -")
+
+
+def test_plan_executor_threads_override_the_record(tiny_lm: Callable[[str], Any], model_dir: Path,
+                                                   tmp_path: Path) -> None:
+    from kvgraft.reporting import audit_run, plan
+
+    rel = _capture(tiny_lm("llama"), tmp_path / "rel2", n=2, n_threads=2)
+    p = tmp_path / "plan.toml"
+    p.write_text('format = "kvgraft-audit-plan"\nformat_version = 1\nname = "t"\n'
+                 f'[model]\nspec = "{model_dir}"\ndevice = "cpu"\n[release]\npath = "{rel}"\n'
+                 '[checks.recompute]\n[executor]\nthreads = 1\n')
+    data = next(c for c in audit_run.run(plan.load(p), out_dir=tmp_path / "out").report["checks"]
+                if c["kind"] == "recompute")["data"]
+    assert data["conditions"]["overridden"] == {"threads": {"recorded": 2, "used": 1}}
+    assert data["environment"]["current"]["threads"] == 1
+
+
 class Interrupt(KeyboardInterrupt):
     pass
 

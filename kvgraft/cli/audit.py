@@ -151,15 +151,19 @@ def progress_bar(quiet: bool) -> Iterator[Callable[[dict[str, int]], None]]:
         task = bar.add_task("recomputing", total=None, rate="", eta="")
 
         def tick(s: dict[str, int]) -> None:
-            now = s["tokens_done"] - s["tokens_resumed"]
-            elapsed = time.perf_counter() - started
-            rate = now / elapsed if now and elapsed > 0 else 0.0
-            left = s["tokens_total"] - s["tokens_done"]
-            eta = f"ETA {_duration(left / rate)}" if rate else "ETA -"
-            resumed = f" ({s['resumed']} resumed)" if s["resumed"] else ""
-            bar.update(task, completed=s["done"], total=s["total"], rate=f"{rate:,.0f} tokens/s{resumed}", eta=eta)
+            rate, eta = speed(s, time.perf_counter() - started)
+            bar.update(task, completed=s["done"], total=s["total"], rate=rate, eta=eta)
 
         yield tick
+
+
+def speed(s: dict[str, int], elapsed: float) -> tuple[str, str]:
+    """(tokens/s, ETA) for the bar: the rate over tokens recomputed in this run (resumed ones took no time)."""
+    now = s["tokens_done"] - s["tokens_resumed"]
+    rate = now / elapsed if now and elapsed > 0 else 0.0
+    left = s["tokens_total"] - s["tokens_done"]
+    resumed = f" ({s['resumed']} resumed)" if s["resumed"] else ""
+    return f"{rate:,.0f} tokens/s{resumed}", (f"ETA {_duration(left / rate)}" if rate else "ETA -")
 
 
 def _duration(seconds: float) -> str:

@@ -40,6 +40,15 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
+def _result_line(line: bytes, where: str) -> Any:
+    """A judged unit as `record` wrote it. Python's own reader, not the strict one: this is the auditor's
+    own file, and a result may hold a non-finite float (json.dumps writes Infinity) that must read back."""
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: invalid journal line: {exc}") from None
+
+
 def header(path: Path) -> dict[str, Any] | None:
     """The run a journal records, or None when there is no journal at `path`."""
     if not path.exists():
@@ -83,7 +92,7 @@ class Journal:
                     if not line.endswith(b"\n"):
                         break  # torn by a kill mid-write: that unit is judged again
                     if lineno > 1:
-                        doc = loads_strict(line, f"{path}:{lineno}")
+                        doc = _result_line(line, f"{path}:{lineno}")
                         if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
                                 or doc.get("unit") not in units:
                             raise InputError(f"{path}:{lineno}: not a judged unit of this run")

@@ -248,14 +248,14 @@ def statements(result: dict[str, Any]) -> list[str]:
     ]
     if result["model"]["forced"]:
         out.append("The model's identity differs from the release's (forced): differences are expected.")
-    out.append(verdict_statement(result))
     drawn = result.get("sample")
-    if drawn:
+    if drawn:  # before the verdict, which stays the last statement
         out.append(f"Sample: {drawn['size']:,} of {drawn['population']:,} entries drawn by {drawn['method']} from the "
                    f"root digest and nonce {drawn['nonce']!r} ({drawn['nonce_source']}), {drawn['weighting']}; "
                    "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
-    if result.get("bound"):
-        out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+        if result.get("bound"):
+            out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+    out.append(verdict_statement(result))
     return out
 
 

@@ -32,12 +32,12 @@ def test_units_are_read_back_once_and_a_torn_tail_is_dropped(tmp_path: Path) -> 
 def test_a_journal_of_another_run_or_unit_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "j.journal"
     Journal.open(path, RUN, {"a", "b", "c"}).record("c", {"v": 1})
-    with pytest.raises(errors.InputError, match=r"another run \(run.schedule.chunk_tokens differs\)"):
+    with pytest.raises(errors.InputError, match=r"another run \(run\.schedule\.chunk_tokens differs\)"):
         Journal.open(path, {**RUN, "schedule": {"chunk_tokens": 4}}, {"a", "b", "c"})
-    with pytest.raises(errors.InputError, match="j.journal:2: not a judged unit of this run"):
+    with pytest.raises(errors.InputError, match=r"j\.journal:2: not a judged unit of this run"):
         Journal.open(path, RUN, {"a", "b"})  # "c" is no unit of this run
     path.write_bytes(path.read_bytes() + b"not json\n")
-    with pytest.raises(errors.InputError, match="j.journal:3: invalid journal line"):
+    with pytest.raises(errors.InputError, match=r"j\.journal:3: invalid journal line"):
         Journal.open(path, RUN, {"a", "b", "c"})
     (tmp_path / "other").write_text('{"kind": "something"}\n')
     with pytest.raises(errors.InputError, match="not a kvgraft journal"):

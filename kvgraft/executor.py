@@ -46,7 +46,9 @@ from kvgraft.release.format import MANIFEST, Release, safe_path
 KINDS = ("local", "ray")
 UnitFn = Callable[[LoadedModel, Release, Any], dict[str, Any]]
 Progress = Callable[[int, int, str], None]
-TIMING_KEYS = frozenset({"seconds", "created", "energy", "energy_joules"})
+OnResult = Callable[[int, dict[str, Any]], None]  # (unit index, its result), as each one lands
+# `cost` is the recompute's cost ledger: tokens per second and wall time, timing like `seconds`.
+TIMING_KEYS = frozenset({"seconds", "created", "energy", "energy_joules", "cost"})
 PLACEMENT_KEYS = frozenset({"placement", "executor"})
 # Ray errors that mean "the worker or its node is gone", not "the unit failed": the unit is retried elsewhere.
 _LOST = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "ObjectLostError", "OutOfMemoryError",
@@ -115,8 +117,19 @@ class Executor(ABC):
 
     @abstractmethod
     def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
-            labels: Sequence[str] | None = None, progress: Progress | None = None) -> list[dict[str, Any]]:
-        """`progress(done, total, label)`: `label` names a unit just started (local) or just finished (ray)."""
+            labels: Sequence[str] | None = None, progress: Progress | None = None,
+            on_result: OnResult | None = None) -> list[dict[str, Any]]:
+        """`progress(done, total, label)`: `label` names a unit just started (local) or just finished (ray).
+        `on_result(index, result)` is called in this process once per unit, as its result lands (a journal
+        records it there, so an interrupted run loses no finished unit)."""
+
+    def fixed_threads(self) -> int | None:
+        """The torch thread count the user fixed for the units (--threads, a plan's executor.threads), or None."""
+        return None
+
+    def replay_threads(self, threads: int | None) -> None:  # noqa: B027 - most executors set no threads
+        """The torch thread count CPU units must run with (a release's recorded count), unless the user
+        fixed one. Ray actors are sized and started with it; in this process `replay.applied` sets it."""
 
     @abstractmethod
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
@@ -150,6 +163,9 @@ class LocalExecutor(Executor):
             raise InputError(f"--threads must be >= 1, got {threads}")
         self.threads = threads
 
+    def fixed_threads(self) -> int | None:
+        return self.threads
+
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         from kvgraft.runtime import threads
 
@@ -165,7 +181,8 @@ class LocalExecutor(Executor):
             return record(lm.device, lm.dtype, lm.attn)
 
     def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
-            labels: Sequence[str] | None = None, progress: Progress | None = None) -> list[dict[str, Any]]:
+            labels: Sequence[str] | None = None, progress: Progress | None = None,
+            on_result: OnResult | None = None) -> list[dict[str, Any]]:
         from kvgraft._internal.ray_worker import node_placement, torch_device_name
         from kvgraft.environment import differences
 
@@ -186,6 +203,8 @@ class LocalExecutor(Executor):
                 result["placement"] = {**where, "release_root": str(release.root), "environment_differences": diffs,
                                        "attempt": 1}
                 out.append(result)
+                if on_result:
+                    on_result(i, result)
             if progress and n:
                 progress(n, n, names[-1])
         return out
@@ -227,6 +246,8 @@ class RayExecutor(Executor):
         self._shipped: dict[str, Any] = {}
         self._lm: LoadedModel | None = None
         self._cluster: dict[str, Any] = {}
+        self._replay_threads: int | None = None  # the release's recorded count, when the user fixed none
+        self._use_gpu = False
 
     # ------------------------------------------------------------ ray and the pool
 
@@ -264,7 +285,10 @@ class RayExecutor(Executor):
         if device == "cuda" and gpus == 0:
             raise InputError("--device cuda: the Ray cluster has no GPUs")
         use_gpu = device == "cuda" or (device == "auto" and gpus > 0)
-        threads = self.spec.threads if self.spec.threads is not None else (None if use_gpu else 1)
+        self._use_gpu = use_gpu
+        # CPU actors run with the thread count the units must replay (a release's record), else 1 each.
+        threads = self.spec.threads if self.spec.threads is not None else \
+            (None if use_gpu else self._replay_threads or 1)
         if use_gpu:
             n = self.workers or gpus
             if n > gpus:
@@ -310,6 +334,37 @@ class RayExecutor(Executor):
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return self.start()
 
+    def fixed_threads(self) -> int | None:
+        return self.spec.threads
+
+    def replay_threads(self, threads: int | None) -> None:
+        """Size the CPU actors to `threads` (num_cpus) and start them with that many torch threads.
+
+        Kept when `--threads` (the spec) fixed a count; a pool already started with another count is
+        restarted, so no unit runs with a thread count that changes its bytes.
+        """
+        if self.spec.threads is not None or threads is None or threads == self._replay_threads:
+            return
+        if threads < 1:
+            raise InputError(f"recorded thread count {threads} is not >= 1")
+        started = self._lm is not None
+        if started and self._use_gpu:
+            return  # GPU actors: the thread count does not decide their bytes here
+        self._replay_threads = threads
+        if started:
+            current = {i.get("threads") for i in self.infos}
+            if current != {threads}:
+                self._stop_actors()
+                self.start()
+
+    def _stop_actors(self) -> None:
+        ray = self.ray()
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(a, no_restart=True)
+        self.actors, self.infos, self.alive = [], [], []
+        self._lm = None
+
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
         self.start()
         return dict(self.infos[0]["environment"])
@@ -350,7 +405,8 @@ class RayExecutor(Executor):
     # ------------------------------------------------------------ the work
 
     def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
-            labels: Sequence[str] | None = None, progress: Progress | None = None) -> list[dict[str, Any]]:
+            labels: Sequence[str] | None = None, progress: Progress | None = None,
+            on_result: OnResult | None = None) -> list[dict[str, Any]]:
         self.start()
         ray = self.ray()
         lost_errors = self._lost_errors()
@@ -401,6 +457,8 @@ class RayExecutor(Executor):
                     result["placement"]["attempt"] = attempts[idx] + 1
                     results[idx] = result
                     done += 1
+                    if on_result:
+                        on_result(idx, result)
                     if progress:
                         progress(done, n, names[idx])
         missing = [i for i in range(n) if results[i] is None]

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import __version__, replay
+from kvgraft import __version__, replay, sampling
 from kvgraft.compare import TensorDiff, diff_tensors, distributions, fmt_kl
 from kvgraft.envelope import VERDICTS, Envelope, Judgement, calibrate, judge, worst
-from kvgraft.environment import differences
+from kvgraft.environment import SENSITIVE, differences
 from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.graft import check_model, restore
@@ -251,6 +251,13 @@ def statements(result: dict[str, Any]) -> list[str]:
     ]
     if result["model"]["forced"]:
         out.append("The model's identity differs from the release's (forced): differences are expected.")
+    drawn = result.get("sample")
+    if drawn:  # before the verdict, which stays the last statement
+        out.append(f"Sample: {drawn['size']:,} of {drawn['population']:,} entries drawn by {drawn['method']} from the "
+                   f"root digest and nonce {drawn['nonce']!r} ({drawn['nonce_source']}), {drawn['weighting']}; "
+                   "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
+        if result.get("bound"):
+            out.append(f"Bound: {sampling.sentence(result['bound'])}.")
     out.append(verdict_statement(result))
     return out
 
@@ -303,29 +310,78 @@ def passes(verdict: str, require: str) -> bool:
     return verdict == "byte-exact" or (require == "consistent" and verdict == "consistent")
 
 
+def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None = None,
+           nonce: str | None = None, nonce_source: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The entries to audit: the named ones, a sample (kvgraft.sampling: root digest + nonce), or all."""
+    if sample is None:
+        if nonce is not None:
+            raise InputError("--nonce draws a sample: pass --sample N (or --target-fraction F) too")
+        return ([rel.entry(e) for e in entries] if entries else rel.entries), None
+    if entries:
+        raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
+    source = nonce_source or ("given" if nonce is not None else "drawn")
+    nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
+    population = rel.entries
+    record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, population, sample, nonce_source=source)
+    return [population[i] for i in record["positions"]], record
+
+
+def failing(entry: dict[str, Any], require: str) -> bool:
+    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`."""
+    return not passes(entry["verdict"], require)
+
+
+FAIL_MEANS = {"exact": "not byte-exact", "consistent": "inconsistent"}
+
+
+def bound(result: dict[str, Any], population: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling)."""
+    judged = {e["id"] for e in result["entries"]}
+    rest = [int(e["num_tokens"]) for e in population if e["id"] not in judged]
+    b = sampling.bound([failing(e, result["require"]) for e in result["entries"]],
+                       [int(e["num_tokens"]) for e in result["entries"]], rest)
+    return b.as_dict(FAIL_MEANS[result["require"]])
+
+
 def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
           probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
-          overrides: dict[str, Any] | None = None, require: str = "exact") -> dict[str, Any]:
-    """Recompute and compare every (or the named) entries of a release.
+          overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
+          nonce: str | None = None, journal: Path | None = None,
+          on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, Any]:
+    """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
-    for the run (dtype and device are the loaded model's: `replay.load_options` picks them).
-    `overrides` (environment names → values) are explicit departures, recorded as such; `schedule`
-    overrides the recorded prefill schedule. Each entry gets a verdict (byte-exact, consistent,
-    inconsistent); `require` says which verdicts pass. `executor` runs the per-entry work
-    (kvgraft.executor; default: in this process); each entry records its placement.
+    for the run (dtype and device are the loaded model's: `replay.load_options` picks them; a Ray
+    executor sizes and starts its actors with the recorded thread count). `overrides` (environment
+    names → values) are explicit departures, recorded as such; `schedule` overrides the recorded
+    prefill schedule. Each entry gets a verdict (byte-exact, consistent, inconsistent); `require` says
+    which verdicts pass. `sample` entries are drawn from the root digest and `nonce` (kvgraft.sampling;
+    a fresh nonce when None, or the one `journal` records); the result then bounds how many entries of
+    the release fail. `executor` runs the per-entry work (kvgraft.executor; default: in this process);
+    each entry records its placement. With `journal`, each judged entry is appended as it lands and an
+    interrupted audit resumes from it (the caller removes the journal once it has written the result).
+    `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
     """
     from kvgraft.executor import LocalExecutor
+    from kvgraft.journal import Journal, header
 
     check_requirement(require)  # before any work
     rel = release if isinstance(release, Release) else Release.open(release)
     rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
-    chosen = [rel.entry(e) for e in entries] if entries else rel.entries
+    nonce_source = None
+    if journal is not None and sample is not None and nonce is None:
+        earlier = (header(journal) or {}).get("sample") or {}
+        if earlier.get("nonce"):  # resuming: the sample is the one the interrupted run drew
+            nonce, nonce_source = str(earlier["nonce"]), str(earlier.get("nonce_source", "drawn"))
+    chosen, drawn = choose(rel, entries=entries, sample=sample, nonce=nonce, nonce_source=nonce_source)
     ex = executor or LocalExecutor()
     recorded = rel.manifest["environment"]
     overrides = dict(overrides or {})
+    wanted_threads = overrides.get("threads", recorded.get("threads"))
+    if lm.device == "cpu" and isinstance(wanted_threads, int) and not isinstance(wanted_threads, bool):
+        ex.replay_threads(wanted_threads)
     with replay.applied(lm, recorded, overrides):
         current = ex.environment(lm)
         diffs = differences(recorded, current)
@@ -342,15 +398,71 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
             "require": require,
             "entries": [],
         }
-        unit = functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule)
-        result["entries"] = ex.map(unit, rel, chosen, lm=lm, labels=[e["id"] for e in chosen],
-                                   progress=(lambda i, n, _label: progress(i, n)) if progress else None)
+        ids = [str(e["id"]) for e in chosen]
+        # What decides each entry's verdict: a journal of any other run is refused, never mixed in.
+        run = {"release_root_digest": rel.manifest["root_digest"], "entries": ids,
+               "sample": {k: drawn[k] for k in ("method", "nonce", "nonce_source", "size")} if drawn else None,
+               "schedule": result["schedule"], "probe_text": probe_text, "force": force, "overrides": overrides,
+               "model_identity": lm.identity.sha256,
+               "environment": {k: current.get(k) for k in sorted(SENSITIVE)}}
+        jr = Journal.open(journal, run, set(ids)) if journal is not None else None
+        try:
+            result["entries"] = _judge(rel, lm, ex, chosen, jr, progress, on_progress,
+                                       functools.partial(entry_unit, probe_text=probe_text, force=force,
+                                                         schedule=schedule), result)
+        finally:
+            if jr is not None:
+                jr.close()
     result["executor"] = ex.describe()
+    result["cost"]["executor"] = ex.kind
+    result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
     result["verdict"] = worst([e["verdict"] for e in result["entries"]])
     result["passed"] = passes(result["verdict"], require)
+    if drawn is not None:
+        result["sample"] = drawn
+    if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
+        result["bound"] = bound(result, rel.entries)
     result["statements"] = statements(result)
     return result
+
+
+def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
+           progress: Callable[[int, int], None] | None, on_progress: Callable[[dict[str, int]], None] | None,
+           unit: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each chosen entry's result: from the journal where an earlier run judged it, else recomputed now."""
+    done: dict[str, dict[str, Any]] = dict(jr.done) if jr is not None else {}
+    todo = [e for e in chosen if e["id"] not in done]
+    tokens = {str(e["id"]): int(e["num_tokens"]) for e in chosen}
+    state = {"done": len(done), "total": len(chosen), "tokens_done": sum(tokens[i] for i in done),
+             "tokens_total": sum(tokens.values()), "resumed": len(done), "tokens_resumed": sum(tokens[i] for i in done)}
+    if on_progress:
+        on_progress(dict(state))
+
+    def landed(i: int, r: dict[str, Any]) -> None:
+        if jr is not None:
+            jr.record(str(todo[i]["id"]), r)
+        state["done"] += 1
+        state["tokens_done"] += tokens[str(todo[i]["id"])]
+        if on_progress:
+            on_progress(dict(state))
+
+    t0 = time.perf_counter()
+    fresh = ex.map(unit, rel, todo, lm=lm, labels=[e["id"] for e in todo], on_result=landed,
+                   progress=(lambda i, n, _label: progress(i, n)) if progress else None) if todo else []
+    wall = time.perf_counter() - t0
+    by_id = {str(e["id"]): r for e, r in zip(todo, fresh, strict=True)}
+    for i, r in done.items():
+        r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
+        by_id[i] = r
+    recomputed = sum(tokens[str(e["id"])] for e in todo)
+    rate = recomputed / wall if recomputed and wall > 0 else None
+    library = sum(int(e["num_tokens"]) for e in rel.entries)
+    result["cost"] = {"entries_recomputed": len(todo), "entries_resumed": len(done), "tokens_recomputed": recomputed,
+                      "tokens_resumed": state["tokens_resumed"], "wall_seconds": wall, "tokens_per_second": rate,
+                      "library_entries": len(rel.entries), "library_tokens": library,
+                      "projected_library_seconds": library / rate if rate else None}
+    return [by_id[str(e["id"])] for e in chosen]
 
 
 def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> dict[str, Any]:

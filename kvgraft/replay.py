@@ -44,14 +44,14 @@ def schedule_override(recorded: dict[str, Any], *, chunk: int | None, one_shot: 
     return Schedule.from_dict({**recorded, "chunk_tokens": chunk})
 
 
-def thread_count(recorded: dict[str, Any], device: str, *, threads: int | None, executor: str) -> int | None:
+def thread_count(recorded: dict[str, Any], device: str, *, threads: int | None) -> int | None:
     """Torch threads to recompute with on a CPU: --threads, else the recorded count; None leaves them alone.
 
-    Ray sizes each actor by its thread count, so there the count is a placement choice the user makes
-    (--threads); when it differs from the record, the result lists it as not replayed.
+    The same on every executor: Ray actors reserve that many CPUs (num_cpus) and run with that many torch
+    threads, so scale-out replays the record as a local run does; --threads is an override, recorded.
     """
-    n = threads if threads is not None or executor != "local" else recorded.get("threads")
-    return n if device == "cpu" and isinstance(n, int) else None
+    n = threads if threads is not None else recorded.get("threads")
+    return n if device == "cpu" and isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def overrides_given(recorded: dict[str, Any], **given: Any) -> dict[str, Any]:

@@ -33,11 +33,12 @@ ENTRIES = 6
 def strip_timing_and_placement(obj: Any) -> Any:
     """The comparison of the acceptance criteria, written out independently of kvgraft.executor.comparable.
 
-    Drops the keys `seconds`, `placement` and every key ending in `_seconds`; also `executor` (which
+    Drops the keys `seconds`, `placement` and every key ending in `_seconds`; also `cost` (the recompute cost
+    ledger: tokens per second and wall time), `executor` (which
     executor and workers: placement), `created` (a timestamp) and `energy` / `energy_joules` (energy is
     measured or estimated over wall time: timing).
     """
-    drop = {"seconds", "placement", "executor", "created", "energy", "energy_joules"}
+    drop = {"seconds", "placement", "executor", "created", "energy", "energy_joules", "cost"}
     if isinstance(obj, dict):
         return {k: strip_timing_and_placement(v) for k, v in obj.items() if k not in drop and not k.endswith("_seconds")}
     if isinstance(obj, list):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvgraft"
-CORE = ("kvgraft.release", "kvgraft.signing", "kvgraft.verify", "kvgraft.inspection")
+CORE = ("kvgraft.release", "kvgraft.signing", "kvgraft.verify", "kvgraft.inspection", "kvgraft.sampling")
 
 NO_TORCH = r"""
 import importlib, json, pkgutil, sys

@@ -145,7 +145,6 @@ def test_schedule_and_threads_replayed_unless_overridden() -> None:
     with pytest.raises(errors.InputError, match="exclude each other"):
         replay.schedule_override(recorded, chunk=16, one_shot=True)
     env = {"threads": 2}
-    assert replay.thread_count(env, "cpu", threads=None, executor="local") == 2
-    assert replay.thread_count(env, "cpu", threads=1, executor="local") == 1
-    assert replay.thread_count(env, "cpu", threads=None, executor="ray") is None  # Ray: the user's placement
-    assert replay.thread_count(env, "cuda", threads=None, executor="local") is None
+    assert replay.thread_count(env, "cpu", threads=None) == 2  # on every executor: Ray actors replay it too
+    assert replay.thread_count(env, "cpu", threads=1) == 1
+    assert replay.thread_count(env, "cuda", threads=None) is None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load_model, out
+from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load_model, out, say
+from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
     from kvgraft.executor import Executor
@@ -59,6 +63,16 @@ def recompute_cmd(
     = None,
     require_signature: Annotated[bool, typer.Option(
         "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
+    sample: Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest "
+                                                                "and --nonce (uniform over entries); the result bounds "
+                                                                "how many entries of the release fail.")] = None,
+    nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce for --sample (default: a fresh random "
+                                                              "one, recorded in the result).")] = None,
+    target_fraction: Annotated[float | None, typer.Option(
+        "--target-fraction", help="Sample as many entries as a 95% bound of F (e.g. 0.01) needs when none fail.")] = None,
+    journal: Annotated[Path | None, typer.Option(
+        "--journal", help="Record each judged entry here and resume from it (default with --json: OUT.json.journal).")]
+    = None,
 ) -> None:
     """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
 
@@ -67,29 +81,43 @@ def recompute_cmd(
     consistent (inside the noise envelope measured here) or inconsistent. Exit 0 when the --require
     is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
+    With --json (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
+    with the same command, resumes from it and judges no entry twice; no result is written until every
+    entry is judged.
     """
-    from rich.progress import Progress
-
-    from kvgraft import recompute, replay
+    from kvgraft import recompute, replay, sampling
+    from kvgraft.executor import NotAuditedError
     from kvgraft.verify import VerifyPolicy, verified
 
     recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
     rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
+    if target_fraction is not None:
+        if sample is not None:
+            raise InputError("--sample and --target-fraction exclude each other")
+        sample = sampling.sample_size(target_fraction, len(rel.entries))
+        say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {len(rel.entries):,} entries bounds the "
+            f"failing entries at {sampling.pct(target_fraction)} (95%) when none of them fails", error=True)
     override = replay.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
     recorded = rel.manifest["environment"]
     dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
     overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    n_threads = replay.thread_count(recorded, dev, threads=threads, executor=executor)
+    n_threads = replay.thread_count(recorded, dev, threads=threads)
+    journal = journal or (Path(f"{json_out}.journal") if json_out else None)
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
-                       threads=n_threads) as ex:
+                       threads=threads) as ex:
+        ex.replay_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
         lm = ex.model(lambda: load_model(model, dev, dt, at))
-        with Progress(console=err, transient=True, disable=quiet) as bar:
-            n = len(entry) if entry else len(rel.entries)
-            task = bar.add_task("recomputing", total=n)
-            result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
-                                     progress=lambda i, _n: bar.update(task, completed=i), executor=ex,
-                                     overrides=overrides, require=require)
+        with progress_bar(quiet) as tick:
+            try:
+                result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
+                                         on_progress=tick, executor=ex, overrides=overrides, require=require,
+                                         sample=sample, nonce=nonce, journal=journal)
+            except (KeyboardInterrupt, NotAuditedError):
+                if journal is not None and journal.exists():
+                    say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "
+                        "same command to resume (no result was written)", error=True)
+                raise
     from kvgraft.verdict import seal
 
     seal("recompute", result)
@@ -97,12 +125,98 @@ def recompute_cmd(
         from kvgraft._internal.jsonio import write_json
 
         write_json(json_out, result)
+    if journal is not None:
+        journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
     if not quiet:
+        from kvgraft.reporting.face import cost_line
         from kvgraft.reporting.render_report import check_renderables
 
         for r in check_renderables("recompute", result, out):
             out.print(r)
+        line = cost_line(result)
+        if line:
+            say(line)
     exit_with(result["status"])
+
+
+@contextlib.contextmanager
+def progress_bar(quiet: bool) -> Iterator[Callable[[dict[str, int]], None]]:
+    """A bar over entries on stderr, with tokens/s over this run's recomputed tokens and the ETA they give."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    started = time.perf_counter()
+    columns = (TextColumn("recomputing"), BarColumn(), MofNCompleteColumn(), TextColumn("entries"),
+               TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"))
+    with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
+        task = bar.add_task("recomputing", total=None, rate="", eta="")
+
+        def tick(s: dict[str, int]) -> None:
+            rate, eta = speed(s, time.perf_counter() - started)
+            bar.update(task, completed=s["done"], total=s["total"], rate=rate, eta=eta)
+
+        yield tick
+
+
+def speed(s: dict[str, int], elapsed: float) -> tuple[str, str]:
+    """(tokens/s, ETA) for the bar: the rate over tokens recomputed in this run (resumed ones took no time)."""
+    now = s["tokens_done"] - s["tokens_resumed"]
+    rate = now / elapsed if now and elapsed > 0 else 0.0
+    left = s["tokens_total"] - s["tokens_done"]
+    resumed = f" ({s['resumed']} resumed)" if s["resumed"] else ""
+    return f"{rate:,.0f} tokens/s{resumed}", (f"ETA {_duration(left / rate)}" if rate else "ETA -")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+@audit_app.command("sample")
+@handled
+def sample_cmd(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce.")] = None,
+    size: Annotated[int | None, typer.Option("--size", help="Sample size.")] = None,
+    check: Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
+                                                               "sample from this release and compare.")] = None,
+) -> None:
+    """Re-derive an audit's sample from the release's root digest and the nonce (kvgraft.sampling).
+
+    With --check, the sample a result or report records is derived again from this release and compared
+    (exit 0 when equal, 1 when not); with --nonce and --size, the sample is printed, one entry id a line.
+    Needs no model and no torch.
+    """
+    from kvgraft import sampling
+    from kvgraft._internal.jsonio import load_file
+    from kvgraft.release.format import Release
+
+    rel = Release.open(release)  # the root digest is checked against the manifest it commits to
+    root, entries = str(rel.manifest["root_digest"]), rel.entries
+    if check is None:
+        if nonce is None or size is None:
+            raise InputError("pass --nonce and --size, or --check RESULT.json")
+        for i in sampling.draw(root, sampling.check_nonce(nonce), len(entries), size):
+            say(entries[i]["id"])
+        return
+    doc = load_file(check)
+    recorded = _recorded_sample(doc, check)
+    problems = sampling.check_sample(recorded, root, entries)
+    if problems:
+        say(f"kvgraft: {check}: sample NOT re-derived: " + "; ".join(problems), error=True)
+        raise typer.Exit(1)
+    say(f"sample re-derived: {recorded['size']:,} of {recorded['population']:,} entries from root {root} and nonce "
+        f"{recorded['nonce']!r} ({recorded['method']}): identical")
+
+
+def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:
+    """The sample a recompute result, or an audit report's recompute check, records."""
+    if isinstance(doc, dict) and isinstance(doc.get("sample"), dict):
+        return cast(dict[str, Any], doc["sample"])
+    for c in doc.get("checks", []) if isinstance(doc, dict) else []:
+        data = c.get("data") if isinstance(c, dict) else None
+        if isinstance(data, dict) and c.get("kind") == "recompute" and isinstance(data.get("sample"), dict):
+            return cast(dict[str, Any], data["sample"])
+    raise InputError(f"{where}: records no sample (a recompute result or audit report from a sampled audit)")
 
 
 @audit_app.command("determinism")

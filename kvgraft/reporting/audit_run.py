@@ -190,18 +190,41 @@ def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft import recompute
+    from kvgraft import recompute, sampling
     from kvgraft.reporting.claims import measured_from_recompute
 
-    ctx.say("recomputing fresh KV states and comparing")
+    sample = rc.get("sample")
+    if rc.get("target_fraction") is not None:
+        if sample is not None:
+            raise InputError("checks.recompute: sample and target_fraction exclude each other")
+        sample = sampling.sample_size(float(rc["target_fraction"]), len(ctx.release.entries))
+    ctx.say(f"recomputing fresh KV states and comparing ({f'a sample of {sample}' if sample else 'every entry'})")
+    # Each judged entry is journaled as it lands: rerunning an interrupted plan on the same release resumes.
+    journal = ctx.out / f"recompute-{str(ctx.release.manifest['root_digest'])[:16]}.journal"
+    for stale in ctx.out.glob("recompute-*.journal"):
+        if stale != journal:
+            stale.unlink()  # of another release (a rebuilt library): nothing of it can be resumed here
+    overrides = {}
+    fixed = ctx.ex.fixed_threads()
+    if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
+        overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
     result = seal("recompute", recompute.audit(ctx.release, ctx.lm, entries=rc.get("entries") or None,
-                                               executor=ctx.ex, require=rc.get("require", "exact")))
+                                               executor=ctx.ex, require=rc.get("require", "exact"), sample=sample,
+                                               nonce=rc.get("nonce"), journal=journal, overrides=overrides))
+    journal.unlink(missing_ok=True)
     exact = sum(e["byte_exact"] for e in result["entries"])
     ctx.measured.update(measured_from_recompute(result))
     ctx.natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
+    cost = result["cost"]
+    rate = f", {cost['tokens_per_second']:,.0f} tokens/s" if cost["tokens_per_second"] else ""
+    projected = (f"; the whole release ({cost['library_tokens']:,} tokens) about "
+                 f"{cost['projected_library_seconds'] / 60:.1f} min on {cost['executor']}"
+                 if cost["projected_library_seconds"] else "")
     ctx.ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
-                               f"(required: {result['require']}), "
-                               f"{sum(e['seconds']['total'] for e in result['entries']):.1f} s")
+                               f"(required: {result['require']}); {cost['tokens_recomputed']:,} tokens recomputed in "
+                               f"{cost['wall_seconds']:.1f} s{rate}{projected}")
+    if result.get("sample"):
+        ctx.ledger["recompute bound"] = sampling.sentence(result["bound"])
     return make_check("recompute", "recompute", result["status"], "\n".join(result["statements"]), result)
 
 

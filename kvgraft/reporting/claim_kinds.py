@@ -513,6 +513,8 @@ def _measured_exactness(c: Claim, v: dict[str, Any], measured: dict[str, Any]) -
     if "byte_identical" in v:
         # Exactness is a fact about one machine and its conditions: say which, and what held otherwise.
         held = f" ({measured['restore_conditions']})" if isinstance(measured.get("restore_conditions"), str) else ""
+        if isinstance(measured.get("restore_bound"), str):  # a sampled audit: the bound on the whole release
+            held += f"; {measured['restore_bound']}"
         out.append(Finding("measurement", "supported" if v["byte_identical"] else "contradicted",
                            ("restored states byte-identical to a fresh compute" if v["byte_identical"]
                             else "restored states differ from a fresh compute") + held, data))

@@ -138,6 +138,10 @@ def measured_from_recompute(result: dict[str, Any]) -> dict[str, Any]:
                if result["verdict"] == "consistent" and not_replayed else "")
             + ("; recorded conditions overridden: " + ", ".join(sorted(result["conditions"]["overridden"]))
                if result["conditions"]["overridden"] else ""))
+    if isinstance(result.get("sample"), dict) and isinstance(result.get("bound"), dict):
+        from kvgraft import sampling
+
+        out["restore_bound"] = sampling.sentence(result["bound"])  # a sample: what it says of the whole release
     return out
 
 

@@ -96,7 +96,9 @@ def _recompute(data: dict[str, Any]) -> Face:
     entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
     rows = recompute_rows(data)
     word = data.get("verdict") or ("byte-exact" if data.get("all_byte_exact") else "not byte-exact")
-    verdict = f"{word}: {_entry_verdicts(entries)} against a fresh computation"
+    drawn = _dict(data.get("sample"))
+    of = f" (a sample of {num(drawn.get('population'))})" if drawn else ""
+    verdict = f"{word}: {_entry_verdicts(entries)}{of} against a fresh computation"
     if data.get("require"):
         verdict += f"; requirement {data['require']}: {'met' if data.get('passed') else 'NOT met'}"
     figures = []
@@ -121,7 +123,45 @@ def _recompute(data: dict[str, Any]) -> Face:
         figures.append(f"{r['id']} {r['verdict']}: {difference_size(r)}; first difference {r['first']}")
     if len(differing) > 3:
         figures.append(f"{len(differing) - 3} more entries not byte-exact: --detail lists each")
+    figures += _sample_figures(data)
     return Face(verdict, figures)
+
+
+def _sample_figures(data: dict[str, Any]) -> list[str]:
+    """The sample (how anyone re-derives it), the bound it gives on the whole release, and the cost ledger."""
+    from kvgraft import sampling
+
+    out = []
+    drawn = _dict(data.get("sample"))
+    if drawn:
+        out.append(f"sample: {num(drawn['size'])} of {num(drawn['population'])} entries drawn from the release root and "
+                   f"nonce {drawn['nonce']} ({drawn['nonce_source']}; {drawn['method']}, uniform over entries); "
+                   "re-derive: kvgraft audit sample RELEASE --check REPORT")
+    if drawn and data.get("bound"):
+        out.append(f"bound: {sampling.sentence(data['bound'])}")
+    line = cost_line(data)
+    return out + ([line] if line else [])
+
+
+def cost_line(data: dict[str, Any]) -> str | None:
+    """The recompute's cost ledger in one line: tokens, wall time, tokens/s, the whole release projected."""
+    cost = _dict(data.get("cost"))
+    if cost.get("tokens_recomputed") is not None:
+        rate = f", {num(round(cost['tokens_per_second']))} tokens/s" if cost.get("tokens_per_second") else ""
+        resumed = f"; {num(cost['entries_resumed'])} entries resumed from an interrupted run" \
+            if cost.get("entries_resumed") else ""
+        whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
+                 f"about {_duration(cost['projected_library_seconds'])} on {cost.get('executor')}"
+                 f" ({cost.get('workers')} worker{'' if cost.get('workers') == 1 else 's'})"
+                 if cost.get("projected_library_seconds") else "")
+        return f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s{rate}{resumed}{whole}"
+    return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _determinism(data: dict[str, Any]) -> Face:

@@ -177,6 +177,15 @@ def _recompute_html(c: dict[str, Any]) -> str:
                    "max ULP (same-sign normals)", "first difference", "KL max", "KL vs no cache"], rows,
                   num=(1, 3, 4, 5, 6, 7, 9, 10))
     out += "<h3>per-layer divergence (rows: entries, columns: layers)</h3>" + heatmap_svg(data)
+    drawn, bound = data.get("sample"), data.get("bound")
+    if isinstance(drawn, dict) and isinstance(bound, dict):
+        from kvgraft import sampling
+
+        out += "<h3>sample and bound</h3>" + _kv_html({
+            "sample": f"{drawn['size']:,} of {drawn['population']:,} entries ({drawn['weighting']})",
+            "drawn by": f"{drawn['method']}: root {drawn['root_digest']}, nonce {drawn['nonce']} ({drawn['nonce_source']})",
+            "re-derive": "kvgraft audit sample RELEASE --check REPORT.json",
+            "bound": sampling.sentence(bound), "method": bound["method"], "tokens": bound["token_method"]})
     if data.get("statements"):
         out += "<ul>" + "".join(f"<li>{_e(st)}</li>" for st in data["statements"]) + "</ul>"
     return out

@@ -1,0 +1,123 @@
+"""An audit's journal: each judged unit appended as it lands, so an interrupted audit resumes from it.
+
+A journal is JSON lines: a header `{"kind": "kvgraft-journal", "version": 1, "run": RUN}` binding it to
+one run (release root digest, which entries, the settings and environment that decide verdicts), then
+one line `{"unit": ID, "result": {...}}` per judged unit, flushed and fsynced before the next one is
+counted. Resuming reads the judged units back (a torn last line, from a kill mid-write, is dropped and
+recomputed) and refuses a journal whose run differs, naming the first differing field: units judged
+under other conditions are never mixed into a result. Nothing here decides whether a result is
+complete; the caller writes its report only when every unit is judged, then removes the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from kvgraft._internal.jsonio import loads_strict
+from kvgraft.errors import InputError
+
+KIND = "kvgraft-journal"
+VERSION = 1
+MAX_LINE = 64 * 1024 * 1024
+
+
+def _first_difference(a: Any, b: Any, path: str = "run") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k}"
+            d = _first_difference(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    return None if a == b else path
+
+
+def _plain(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _result_line(line: bytes, where: str) -> Any:
+    """A judged unit as `record` wrote it. Python's own reader, not the strict one: this is the auditor's
+    own file, and a result may hold a non-finite float (json.dumps writes Infinity) that must read back."""
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: invalid journal line: {exc}") from None
+
+
+def header(path: Path) -> dict[str, Any] | None:
+    """The run a journal records, or None when there is no journal at `path`."""
+    if not path.exists():
+        return None
+    with path.open("rb") as fh:
+        first = fh.readline(MAX_LINE)
+    if not first.endswith(b"\n"):
+        return None  # killed while writing the header: nothing was judged
+    doc = loads_strict(first, f"{path}:1")
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
+        raise InputError(f"{path}:1: not a kvgraft journal (version {VERSION})")
+    run = doc.get("run")
+    if not isinstance(run, dict):
+        raise InputError(f"{path}:1: journal header has no run")
+    return run
+
+
+class Journal:
+    """Judged units of one run, on disk; `record` appends one durably."""
+
+    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[str, dict[str, Any]]) -> None:
+        self.path = path
+        self.run = run
+        self._fh = fh
+        self.done = done  # unit id -> result, as judged by an earlier (interrupted) run
+
+    @classmethod
+    def open(cls, path: Path, run: dict[str, Any], units: set[str]) -> Journal:
+        """Open (resume) or create the journal of `run`; a journal of another run is refused."""
+        run = _plain(run)
+        done: dict[str, dict[str, Any]] = {}
+        recorded = header(path)
+        if recorded is not None:
+            diff = _first_difference(recorded, run)
+            if diff:
+                raise InputError(f"{path}: a journal of another run ({diff} differs); delete it to start afresh, "
+                                 "or rerun with the settings it records")
+            good = 0  # byte length of the valid prefix: a torn tail is cut off before appending
+            with path.open("rb") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.endswith(b"\n"):
+                        break  # torn by a kill mid-write: that unit is judged again
+                    if lineno > 1:
+                        doc = _result_line(line, f"{path}:{lineno}")
+                        if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
+                                or doc.get("unit") not in units:
+                            raise InputError(f"{path}:{lineno}: not a judged unit of this run")
+                        done.setdefault(str(doc["unit"]), doc["result"])  # kept once
+                    good += len(line)
+            fh2: IO[bytes] = path.open("r+b")
+            fh2.truncate(good)
+            fh2.seek(good)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh2 = path.open("wb")
+            fh2.write(json.dumps({"kind": KIND, "version": VERSION, "run": run}).encode() + b"\n")
+            fh2.flush()
+            os.fsync(fh2.fileno())
+        return cls(path, run, fh2, done)
+
+    def record(self, unit: str, result: dict[str, Any]) -> None:
+        self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def remove(self) -> None:
+        """The run is complete and its report written: the journal has done its job."""
+        self.close()
+        self.path.unlink(missing_ok=True)

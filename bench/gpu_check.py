@@ -167,11 +167,11 @@ def tiny_records() -> list[tuple[str, dict[str, Any]]]:
 
 
 def part_tiny(args: argparse.Namespace, device: str, budget: Budget) -> list[dict[str, Any]]:
-    """(a) and (b) for each tiny family."""
+    """(a) and (b) for each tiny family, while the 12B-class part's estimate still fits after it."""
     rows: list[dict[str, Any]] = []
     records = tiny_records()
     for family in tiny.FAMILIES:
-        if not budget.fits(args.tiny_estimate):
+        if not budget.fits(args.tiny_estimate + args.big_reserve):
             rows.append({"family": family, **budget.skipped(f"tiny {family}", args.tiny_estimate)})
             continue
         folder = args.work / "tiny" / family
@@ -437,6 +437,7 @@ def main() -> int:
     args.lengths = args.lengths or ([64, 256] if args.dry_run else [2048, 8192])
     # Estimates (s) a part needs to start: generous for the H200; the dry run's are its CPU times.
     args.tiny_estimate, args.big_estimate, big_build = (10.0, 30.0, 30.0) if args.dry_run else (30.0, 90.0, 60.0)
+    args.big_reserve = big_build + sum(args.big_estimate * n / max(args.lengths) for n in args.lengths)
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible to torch (use --dry-run on a CPU)", file=sys.stderr)

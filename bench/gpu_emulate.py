@@ -85,7 +85,9 @@ def check_absent(python: Path) -> None:
              f"seen = [m for m in {ABSENT!r} if importlib.util.find_spec(m) is not None]; "
              "sys.exit('importable without the wheel folder: ' + ', '.join(seen) if seen else 0)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([str(python), "-c", probe], check=True, env=env, cwd="/")
+    out = subprocess.run([str(python), "-c", probe], env=env, cwd="/", capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{python}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ on the CPU, saved to --work; the 12B-class model directly on the device in bfloa
 downloaded, and every figure is that of those random weights, named by their identity digest. Random
 weights decide neither the verdict machinery nor the throughput; accuracy figures stay with real models.
 
-  (a) tiny families captured on the device and recomputed there (float32, bfloat16): byte-exact?
+  (a) tiny families captured on the device and recomputed there (float32, bfloat16): byte-exact? Beside
+      it two controls on the same device: one planted element (must be inconsistent) and a benign
+      chunked rerun (must not be);
   (b) the same captured on the device machine's CPU, recomputed on the GPU (float32 with TF32 off, on;
       bfloat16): verdict and max share of the envelope (|diff| / allowed; over 1 is outside);
   (c) the 12B-class model at each --lengths: prefill tokens/s, recompute-audit tokens/s (the whole
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -55,6 +58,7 @@ from kvgraft.release import hashing  # noqa: E402
 from kvgraft.release.format import Release  # noqa: E402
 from kvgraft.verify import verified  # noqa: E402
 
+import rewrite  # noqa: E402  # tests/rewrite.py: change stored bytes and every commitment over them
 import tiny  # noqa: E402
 
 CLAIMS = ROOT / "audit" / "claims" / "kv-grafting-preprint.toml"
@@ -142,10 +146,10 @@ def tf32(on: bool) -> Iterator[None]:
         m.allow_tf32, c.allow_tf32 = before
 
 
-def audit_row(rel: Path, lm: models.LoadedModel, require: str, device: str) -> dict[str, Any]:
+def audit_row(rel: Path, lm: models.LoadedModel, require: str, device: str, **options: Any) -> dict[str, Any]:
     """One `recompute.audit` of a release, summarised; an exception becomes the row's error."""
     try:
-        res, secs = timed(lambda: recompute.audit(rel, lm, require=require), device)
+        res, secs = timed(lambda: recompute.audit(rel, lm, require=require, **options), device)
     except Exception as exc:  # recorded, and the run goes on: one failure must not cost the lease
         return error_of(exc)
     es = res["entries"]
@@ -164,6 +168,31 @@ def tiny_records() -> list[tuple[str, dict[str, Any]]]:
     texts = [r for r in recs if isinstance(r.get("text"), str)]
     long_text = " ".join(r["text"] for r in texts)
     return [(f"example:{i}", r) for i, r in enumerate(texts)] + [("long", {"id": "long", "text": long_text})]
+
+
+def controls(family: str, rel: Path, lm: models.LoadedModel, device: str) -> list[dict[str, Any]]:
+    """Beside (a)'s byte-exact: a planted change must come out inconsistent, a benign rerun consistent.
+
+    planted: one element of the last entry's layer-1 keys (middle stored position, head 0, dim 0)
+    moved by 1e-2 of its size, every commitment rewritten, so only a recompute can tell; benign: the
+    same release recomputed in chunks of 16 instead of one shot (other kernels, same computation).
+    """
+    base = {"family": family, "part": "control", "captured": f"{device} float32"}
+    planted = rel.with_name(rel.name + "-planted")
+    try:
+        shutil.copytree(rel, planted)
+        entries = json.loads((planted / "manifest.json").read_text())["entries"]
+        shape = entries[-1]["tensors"]["layer.1.keys"]["shape"]
+        index = rewrite.flat_index(shape, 0, shape[2] // 2, 0)
+        rewrite.element(planted, len(entries) - 1, "layer.1.keys", index, lambda v: v + 1e-2 * max(abs(v), 1e-3))
+        row = audit_row(planted, lm, "consistent", device)
+    except Exception as exc:
+        row = error_of(exc)
+    rows = [{**base, "recomputed": f"{device} float32; planted: 1 element + 1e-2 of its size", "expect": "inconsistent", **row}]
+    schedule = runtime.Schedule.from_dict({**json.loads((rel / "manifest.json").read_text())["schedule"], "chunk_tokens": 16})
+    rows.append({**base, "recomputed": f"{device} float32; benign: chunks of 16", "expect": "consistent or byte-exact",
+                 **audit_row(rel, lm, "consistent", device, schedule=schedule)})
+    return rows
 
 
 def part_tiny(args: argparse.Namespace, device: str, budget: Budget) -> list[dict[str, Any]]:
@@ -196,6 +225,8 @@ def part_tiny(args: argparse.Namespace, device: str, budget: Budget) -> list[dic
                     rows.append({"family": family, "part": "a", "captured": f"{where} {dtype}",
                                  "recomputed": f"{device} {dtype}", "identity": lm.identity.sha256,
                                  **audit_row(rel, lm, "exact", device)})
+                    if dtype == "float32":
+                        rows += [{**r, "identity": lm.identity.sha256} for r in controls(family, rel, lm, device)]
         for label, dtype, on in CPU_TO_DEVICE:
             if dtype not in cpu_releases:
                 continue
@@ -359,6 +390,8 @@ def markdown(res: dict[str, Any]) -> str:
              "of those weights (identity digests below), not of any released model.**", ""]
     tiny_rows = res.get("tiny", [])
     for part, title in (("a", "(a) captured on the device, recomputed on the device (recorded conditions replayed)"),
+                        ("control", "controls beside (a): a planted change (expect inconsistent), a benign rerun "
+                                    "(expect consistent or byte-exact), same device"),
                         ("b", "(b) captured on the device machine's CPU, recomputed on the device")):
         lines += [f"### {title}", "",
                   f"Tiny random models of tests/tiny.py (seed {res['seed']}); identity = sha256 of those weights, "
@@ -431,7 +464,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny models, short lengths")
     ap.add_argument("--big", default="gemma3-12b", choices=("gemma3-12b", "llama-8b"))
     ap.add_argument("--lengths", type=int, nargs="+", help="12B-class prefix lengths (default 2048 8192; dry run 64 256)")
-    ap.add_argument("--budget", type=float, default=480.0, help="seconds the parts may take in all (default 480)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds the parts may take in all (default 420)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     args.lengths = args.lengths or ([64, 256] if args.dry_run else [2048, 8192])
@@ -451,7 +484,7 @@ def main() -> int:
         "kind": "kvgraft-gpu-check", "dry_run": args.dry_run, "seed": args.seed,
         "command": " ".join(["bash bench/gpu_check.sh", *(["--dry-run"] if args.dry_run else []),
                              *([f"--big {args.big}"] if args.big != "gemma3-12b" else []),
-                             *([f"--budget {args.budget:g}"] if args.budget != 480.0 else [])]),
+                             *([f"--budget {args.budget:g}"] if args.budget != 420.0 else [])]),
         "started": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "library_tokens": library_tokens(),
         "machine": {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
                     f"CPU {cpu_name()}", "cpu": cpu_name(), "torch": str(torch.__version__),

@@ -100,6 +100,11 @@ def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tm
     assert sum(r["part"] == "a" for r in tiny) == 10 and sum(r["part"] == "b" for r in tiny) == 15
     # (a): captured and recomputed on the same device under the replayed conditions.
     assert all(r["verdict"] == "byte-exact" for r in tiny if r["part"] == "a")
+    # Its controls: a planted change is found, a benign rerun is not taken for one.
+    control = [r for r in tiny if r["part"] == "control"]
+    assert len(control) == 10
+    assert all(r["verdict"] == "inconsistent" for r in control if r["expect"] == "inconsistent")
+    assert all(r["verdict"] != "inconsistent" for r in control if r["expect"] != "inconsistent")
     lengths = res["big"]["lengths"]
     assert [r["length"] for r in lengths] == [64, 256]
     assert all(r["audit"]["verdict"] == "byte-exact" and r["audit_tokens_per_s"] > 0 and r["restore_gbps"] > 0

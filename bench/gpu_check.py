@@ -195,9 +195,9 @@ def controls(family: str, rel: Path, lm: models.LoadedModel, device: str) -> lis
     return rows
 
 
-def part_tiny(args: argparse.Namespace, device: str, budget: Budget) -> list[dict[str, Any]]:
+def part_tiny(args: argparse.Namespace, device: str, budget: Budget, rows: list[dict[str, Any]],
+              written: Callable[[], None]) -> None:
     """(a) and (b) for each tiny family, while the 12B-class part's estimate still fits after it."""
-    rows: list[dict[str, Any]] = []
     records = tiny_records()
     for family in tiny.FAMILIES:
         if not budget.fits(args.tiny_estimate + args.big_reserve):
@@ -241,7 +241,7 @@ def part_tiny(args: argparse.Namespace, device: str, budget: Budget) -> list[dic
         done = [r for r in rows if r["family"] == family]
         print(f"[{budget.elapsed():.0f} s] tiny {family}: " + "; ".join(
             f"{r.get('part')} {r.get('recomputed', '')} {r.get('verdict', r.get('error'))}" for r in done))
-    return rows
+        written()
 
 
 def build_big(args: argparse.Namespace, device: str) -> tuple[models.LoadedModel, dict[str, Any]]:
@@ -283,9 +283,9 @@ def hash_limit(nbytes: int) -> dict[str, float]:
     return {"one_core_gbps": one / 1e9, "cores": hashing.cores(), "limit_gbps": one * hashing.cores() / 1e9}
 
 
-def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel) -> list[dict[str, Any]]:
-    """(c) and (d) at each length: capture, prefill, audit, restore."""
-    rows: list[dict[str, Any]] = []
+def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,
+             rows: list[dict[str, Any]], written: Callable[[], None]) -> None:
+    """(c) and (d) at each length: capture, prefill, audit, restore; each row appended, then `written()`."""
     runtime.prefill(lm, prefix_ids(lm, 128), SCHEDULE)  # kernels, handles, allocator: out of every timing
     for length in args.lengths:
         need = args.big_estimate * length / max(args.lengths)
@@ -336,9 +336,9 @@ def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.L
         except Exception as exc:
             row.update(error_of(exc))
         rows.append(row)
+        written()
         print(f"[{budget.elapsed():.0f} s] {args.big} at {length} tokens: " +
               ", ".join(f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float)))
-    return rows
 
 
 def sample_sizes(entries: int) -> dict[str, int]:
@@ -498,14 +498,18 @@ def main() -> int:
         (args.out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
         (args.out / "gpu_check.md").write_text(markdown(res))
 
-    res["tiny"] = part_tiny(args, device, budget)
-    write()
+    res["tiny"] = []
+    part_tiny(args, device, budget, res["tiny"], write)
     if budget.fits(big_build + args.big_estimate):
         try:
             lm, info = build_big(args, device)
-            res["big"] = {"model": info}
-            res["big"]["lengths"] = part_big(args, device, budget, lm)
-            res["big"]["projection"] = projections(res["big"]["lengths"], res["library_tokens"])
+            res["big"] = {"model": info, "lengths": [], "projection": []}
+
+            def written() -> None:  # after each length: a call cut short keeps what it measured
+                res["big"]["projection"] = projections(res["big"]["lengths"], res["library_tokens"])
+                write()
+
+            part_big(args, device, budget, lm, res["big"]["lengths"], written)
         except Exception as exc:
             res["big_error"] = error_of(exc)["error"]
     else:

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvgraft-installed
 
-.PHONY: install demo test test-slow bench lint browser vllm-venv
+.PHONY: install demo test test-slow bench lint browser vllm-venv gpu-wheels gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -66,3 +66,37 @@ bench: $(STAMP)
 	$(BIN)/python bench/graft_vs_recompute.py
 	$(BIN)/python bench/recompute_overhead.py
 	$(BIN)/python bench/verify.py
+
+# The GPU check (bench/gpu_check.sh; README "GPU check"). The GPU machine reaches no package index, so
+# what the check imports beyond that machine's packages (bench/gpu_machine_packages.txt) travels as
+# wheels: exactly these, pinned, for CPython $(GPU_PY) on manylinux x86-64 (abi3 or pure Python where
+# PyPI has them; cffi and rpds-py exist only per Python version). sigstore and gguf are not among them:
+# the check never signs and loads no GGUF file, and kvgraft imports sigstore only to sign or verify a
+# Sigstore bundle (tests/test_gpu_check.py checks both). At most 30 MiB; the device tool carries
+# 64 MiB per call in all, working tree included.
+GPU_PY ?= 3.12
+GPU_WHEELS ?= bench/wheels/py$(GPU_PY)
+GPU_WHEEL_PINS := rfc8785==0.1.4 jsonschema-rs==0.61.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+  referencing==0.37.0 rpds-py==2026.9.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
+GPU_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1,--platform $(p)_x86_64)
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS).part && mkdir -p $(GPU_WHEELS).part
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+	  $(GPU_PLATFORMS) -d $(GPU_WHEELS).part $(GPU_WHEEL_PINS)
+	@n=$$(ls $(GPU_WHEELS).part/*.whl | wc -l); size=$$(du -cb $(GPU_WHEELS).part/*.whl | tail -1 | cut -f1); \
+	if [ $$n -ne $(words $(GPU_WHEEL_PINS)) ]; then echo "gpu-wheels: $$n wheels for $(words $(GPU_WHEEL_PINS)) pins" >&2; exit 1; fi; \
+	if [ $$size -gt 31457280 ]; then echo "gpu-wheels: $$size bytes, over 30 MiB" >&2; exit 1; fi; \
+	rm -rf $(GPU_WHEELS) && mv $(GPU_WHEELS).part $(GPU_WHEELS) && echo "$(GPU_WHEELS): $$n wheels, $$size bytes"
+
+# On the GPU machine: bash bench/gpu_check.sh (this target is the same, for a machine with make).
+gpu-check:
+	bash bench/gpu_check.sh
+
+# The same script here on the CPU, tiny models, from the wheel folder, in a venv that sees only the GPU
+# machine's packages (bench/gpu_emulate.py): what tests/test_gpu_check.py runs.
+GPU_DRY_VENV ?= out/gpu-dry/venv
+gpu-check-dry: $(STAMP)
+	$(MAKE) --no-print-directory gpu-wheels GPU_PY=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	$(BIN)/python bench/gpu_emulate.py $(GPU_DRY_VENV)
+	PY=$(GPU_DRY_VENV)/bin/python OUT=out/gpu-dry/out bash bench/gpu_check.sh --dry-run

@@ -48,11 +48,11 @@ def main(argv: list[str]) -> int:
             if rc == 1:
                 codes[key] = 1
                 killed += 1
+                meta.write_text(json.dumps(doc, indent=2))  # after each kill: a stopped retest keeps its results
                 print(f"killed   {key}", flush=True)
             else:
                 kept += 1
                 print(f"kept     {key} (exit {rc})", flush=True)
-        meta.write_text(json.dumps(doc, indent=2))
     print(f"{killed} killed by {', '.join(tests)}; {kept} unchanged")
     return 0
 

@@ -1,0 +1,145 @@
+"""`make mutate`: mutmut (pinned in the dev extra) over the security and verdict core, one module group at a time.
+
+Each group gets its own scratch copy of the project under .mutation/GROUP/ (kvgraft/, tests/, schemas/
+and a pyproject.toml whose [tool.mutmut] names what to mutate and the fast test files that cover it;
+no SmolLM2 test runs here), then `mutmut run` in it. The score is read from mutmut's own per-mutant
+records (mutants/**/*.meta): killed = a test failed (or timed out) with the mutant in place.
+Results: .mutation/GROUP/result.json and a summary line per group; docs/mutation.md records a run.
+
+    python mutation/run.py                 # every group
+    python mutation/run.py stats verify    # only these
+    python mutation/run.py --rescore stats # re-read after retesting mutants by name in .mutation/stats
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".mutation"
+
+# group -> (files to mutate, fast test files that cover them, extra pytest arguments)
+NO_MODEL = "not smollm2"
+# tests/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would
+# add ~20 s to every surviving mutant of verify_release, which they call only on the way to a model).
+MODEL_BITES = ("graft_refuses or recompute_comparison or worst_entry or nan_stored or another_shape "
+               "or attention_kernel or prefill_schedule")
+NO_TORCH_K = f"not smollm2 and not ({MODEL_BITES})"
+GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "stats": (["kvgraft/generalization/stats.py"], ["tests/test_stats.py", "tests/test_stats_bite.py"], []),
+    "verdict": (["kvgraft/envelope.py", "kvgraft/replay.py", "kvgraft/recompute.py", "kvgraft/verdict.py"],
+                ["tests/test_checks_bite.py", "tests/test_recompute.py", "tests/test_verdict.py"], ["-k", NO_MODEL]),
+    "verify": (["kvgraft/verify.py"],
+               ["tests/test_checks_bite.py", "tests/test_verify_bite.py", "tests/test_verify_tamper.py", "tests/test_oms.py",
+                "tests/test_attest.py"],
+               ["-k", NO_TORCH_K]),
+    "signing": (["kvgraft/signing/*"],
+                ["tests/test_checks_bite.py", "tests/test_verify_tamper.py", "tests/test_oms.py",
+                 "tests/test_sigstore_fixtures.py", "tests/test_attest.py"], ["-k", NO_TORCH_K]),
+    "release": (["kvgraft/release/*"],
+                ["tests/test_checks_bite.py", "tests/test_verify_tamper.py", "tests/test_hostile_release.py",
+                 "tests/test_hashing.py", "tests/test_fuzz_verify.py"], ["-k", NO_TORCH_K]),
+}
+# mutmut's exit codes per mutant (mutmut/__main__.py status_by_exit_code)
+KILLED = {1, 3, -24, 24, 36, 152, 255}  # a test failed, or the run timed out (counted as killed, as mutmut does)
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(group: str) -> Path:
+    files, tests, extra = GROUPS[group]
+    here = WORK / group
+    shutil.rmtree(here, ignore_errors=True)
+    here.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("kvgraft", "tests", "schemas"):
+        shutil.copytree(ROOT / name, here / name, ignore=ignore)
+    # A pyproject.toml of the copy, its pytest options kept, with the mutmut section for this group.
+    base = (ROOT / "pyproject.toml").read_text()
+    (here / "pyproject.toml").write_text(base + f"""
+[tool.mutmut]
+source_paths = ["kvgraft"]
+also_copy = ["schemas"]
+only_mutate = {_toml_list(files)}
+pytest_add_cli_args_test_selection = {_toml_list(tests)}
+pytest_add_cli_args = {_toml_list(["-p", "no:cacheprovider", *extra])}
+process_isolation = "forkserver"
+use_git_change_detection = false
+""")
+    return here
+
+
+def score(here: Path) -> dict[str, object]:
+    counts = {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0}
+    per_file: dict[str, dict[str, int]] = {}
+    survivors: list[str] = []
+    for meta in sorted((here / "mutants").rglob("*.meta")):
+        doc = json.loads(meta.read_text())
+        name = str(meta.relative_to(here / "mutants")).removesuffix(".meta")
+        fc = per_file.setdefault(name, {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0})
+        for key, code in doc.get("exit_code_by_key", {}).items():
+            kind = ("not_run" if code is None else "killed" if code in KILLED else "survived" if code in SURVIVED
+                    else "no_tests" if code in NO_TESTS else "other")
+            counts[kind] += 1
+            fc[kind] += 1
+            if kind in ("survived", "no_tests"):
+                survivors.append(f"{key} ({kind})")
+    return {"counts": counts, "per_file": per_file, "survivors": survivors}
+
+
+def rescore(group: str) -> dict[str, object]:
+    """Re-read a group's records after `mutmut run NAME...` retested some mutants in .mutation/GROUP."""
+    here = WORK / group
+    result = json.loads((here / "result.json").read_text())
+    result.update(score(here))
+    (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--rescore"]:
+        for group in argv[1:]:
+            print(group, rescore(group)["counts"])
+        return 0
+    groups = argv or list(GROUPS)
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        print(f"unknown group(s) {unknown}; groups: {', '.join(GROUPS)}")
+        return 2
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
+    if os.environ.get("KVGRAFT_MUTMUT_PATH"):  # mutmut installed outside the venv (a --target folder)
+        env["PYTHONPATH"] = os.environ["KVGRAFT_MUTMUT_PATH"]
+    worst = 0
+    for group in groups:
+        here = prepare(group)
+        t0 = time.perf_counter()
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=here, env=env,
+                             stdout=(here / "mutmut.log").open("w"), stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - t0
+        result = {"group": group, "files": GROUPS[group][0], "tests": GROUPS[group][1], "seconds": round(seconds),
+                  "mutmut_exit": run.returncode, **score(here)}
+        (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        c = result["counts"]
+        assert isinstance(c, dict)
+        judged = c["killed"] + c["survived"] + c["no_tests"]
+        pct = 100.0 * c["killed"] / judged if judged else 0.0
+        print(f"{group}: {c['killed']}/{judged} killed ({pct:.1f}%), {c['survived']} survived, {c['no_tests']} "
+              f"without a covering test, {c['not_run']} not run; {seconds / 60:.1f} min; mutmut exit "
+              f"{run.returncode}; {here / 'result.json'}", flush=True)
+        worst = max(worst, 0 if run.returncode == 0 else 1)
+    return worst
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

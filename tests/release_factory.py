@@ -40,13 +40,18 @@ def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "syn
 
 def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2, tokens: int = 6, head_dim: int = 8,
                  seed: int = 0, spec: str = "synthetic/tiny-test-model", overwrite: bool = False,
-                 progress: Any = None) -> dict[str, Any]:
+                 progress: Any = None, format_version: int = 1, shard_entries: int | None = None,
+                 keep_entries: bool = True) -> dict[str, Any]:
     """Write a release of `entries` entries, each with keys/values of shape [1, heads, tokens, head_dim] per layer.
 
-    Each entry file holds 2 * layers float32 tensors of heads * tokens * head_dim * 4 bytes. Returns the manifest.
+    Each entry file holds 2 * layers float32 tensors of heads * tokens * head_dim * 4 bytes. Returns the
+    manifest (Release.flat's shape). Format 1 by default: the tests that edit a manifest in place edit
+    the single-manifest layout; `format_version=2` writes the indexed one, as capture does.
     """
     gen = torch.Generator().manual_seed(seed)
-    writer = ReleaseWriter(Path(out), overwrite=overwrite)
+    extra: dict[str, Any] = {} if shard_entries is None else {"shard_entries": shard_entries}
+    writer = ReleaseWriter(Path(out), overwrite=overwrite, format_version=format_version, keep_entries=keep_entries,
+                           **extra)
     try:
         for i in range(entries):
             ids = [int(t) for t in torch.randint(1, 50_000, (tokens,), generator=gen)]

@@ -23,7 +23,6 @@ from kvgraft.signing.attest import (
     pae,
     statement,
     statement_bytes,
-    subjects,
     write_bundle,
 )
 from kvgraft.signing.keys import PrivateKey, key_id

@@ -79,6 +79,30 @@ def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2
         raise
 
 
+def as_format_1(root: Path) -> dict[str, Any]:
+    """Rewrite an (unsigned) format-2 release in the single-manifest layout, for tests that edit a
+    manifest in place; return the new manifest."""
+    import json
+    import shutil
+
+    from kvgraft.release.format import MANIFEST, Release, root_digest
+
+    flat = dict(Release.open(root).flat())
+    flat.pop("root_digest")
+    flat["format_version"] = 1
+    flat["root_digest"] = root_digest(flat)
+    (Path(root) / MANIFEST).write_text(json.dumps(flat, indent=2))
+    shutil.rmtree(Path(root) / "index", ignore_errors=True)
+    return flat
+
+
+def flat_manifest(root: Path) -> dict[str, Any]:
+    """A release's records as one document, either layout (Release.flat)."""
+    from kvgraft.release.format import Release
+
+    return Release.open(root).flat()
+
+
 def unsign(root: Path) -> None:
     """Remove a release's signatures: kvgraft's bundle and the OpenSSF model signing one beside it."""
     from kvgraft.signing import attest

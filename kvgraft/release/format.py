@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,17 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.hashing import digest_json, hash_file, sha256_hex
+from kvgraft.release.hashing import hash_file, sha256_hex
+from kvgraft.release.records import MANIFEST as MANIFEST
+from kvgraft.release.records import check_entry_record as check_entry_record
+from kvgraft.release.records import check_relpath as check_relpath
+from kvgraft.release.records import entry_digest as entry_digest
+from kvgraft.release.records import new_entry as new_entry
+from kvgraft.release.records import root_digest as root_digest
+from kvgraft.release.records import safe_path as safe_path
+from kvgraft.release.records import source_record as source_record
+from kvgraft.release.records import tensor_mismatch as tensor_mismatch
+from kvgraft.release.records import token_ids_digest as token_ids_digest
 from kvgraft.schema import CACHE_MANIFEST, CACHE_MANIFEST_V2, validate
 
 if TYPE_CHECKING:
@@ -29,63 +40,10 @@ if TYPE_CHECKING:
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
 FORMAT_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
 # Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
 BUNDLE_NAME = "release.sigstore.json"
 OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
-
-
-def entry_digest(entry: dict[str, Any]) -> str:
-    return digest_json({k: v for k, v in entry.items() if k != "digest"})
-
-
-def root_digest(manifest: dict[str, Any]) -> str:
-    return digest_json({k: v for k, v in manifest.items() if k != "root_digest"})
-
-
-def token_ids_digest(ids: list[int]) -> str:
-    return digest_json(ids)
-
-
-def source_record(kind: str, value: Any) -> dict[str, Any]:
-    """Where an entry's tokens came from: `text` (a string) or `messages` (a chat), with its digest."""
-    return {"kind": kind, "sha256": digest_json(value), kind: value}
-
-
-def new_entry(entry_id: str, token_ids: list[int], source: dict[str, Any], layers: list[dict[str, Any]],
-              next_token: dict[str, Any]) -> dict[str, Any]:
-    """An entry's manifest record before ReleaseWriter adds its file, tensors and digest; every capture
-    (kvgraft's own, the vLLM connector's) builds its entries here."""
-    return {"id": entry_id, "num_tokens": len(token_ids), "token_ids": token_ids,
-            "token_ids_sha256": token_ids_digest(token_ids), "source": source, "layers": layers,
-            "next_token": next_token}
-
-
-def check_relpath(name: Any, where: str) -> str:
-    """The one rule for a release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
-    if not isinstance(name, str):
-        raise InputError(f"{where}: file name {name!r} is not a string")
-    parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
-            or any(p in ("", ".", "..") for p in parts)):
-        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
-    return name
-
-
-def safe_path(root: Path, rel: str, what: str) -> Path:
-    """Resolve a release-relative path (check_relpath), refusing symlinks on the way."""
-    path = root
-    for part in check_relpath(rel, f"{root}: {what}").split("/"):
-        path = path / part
-        if path.is_symlink():
-            raise InputError(f"{path}: {what} is a symlink; releases may not contain links")
-    return path
-
-
-def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, expected: str) -> str:
-    """The one wording of a tensor whose bytes [start, end) do not hash to the manifest's sha256."""
-    return f"{where} tensor {name!r} bytes [{start}, {end}): sha256 {actual}, the manifest says {expected}"
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -110,26 +68,6 @@ def check_manifest(doc: Any, path: Path) -> dict[str, Any]:
         )
     validate(doc, CACHE_MANIFEST if doc["format_version"] == 1 else CACHE_MANIFEST_V2, str(path))
     return doc
-
-
-def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
-    """One entry record's own commitments: its digest, token ids, file listed, layers' tensors listed."""
-    eid = entry["id"]
-    if entry_digest(entry) != entry["digest"]:
-        raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
-                             f"({entry_digest(entry)})")
-    if entry["file"] not in files:
-        raise InputError(f"{where}: entry {eid!r}: file {entry['file']!r} is not listed in files")
-    if len(entry["token_ids"]) != entry["num_tokens"]:
-        raise InputError(f"{where}: entry {eid!r}: num_tokens {entry['num_tokens']} but "
-                         f"{len(entry['token_ids'])} token ids")
-    if token_ids_digest(entry["token_ids"]) != entry["token_ids_sha256"]:
-        raise IntegrityError(f"{where}: entry {eid!r}: token_ids_sha256 does not match the token ids")
-    for layer in entry["layers"]:
-        for key in ("keys", "values"):
-            if key in layer and layer[key] not in entry["tensors"]:
-                raise InputError(f"{where}: entry {eid!r} layer {layer['index']}: tensor "
-                                 f"{layer[key]!r} is not listed")
 
 
 def check_commitments(root: Path, manifest: dict[str, Any]) -> None:
@@ -301,6 +239,14 @@ class Release:
         seen = self._checked_headers.get(entry["id"])
         if seen is not None and (seen[0] is tensors or seen[0] == tensors) and seen[1] == raw:
             return seen[2]
+        want_header = entry.get("header_sha256")
+        if want_header is not None:
+            # The header's exact bytes are bound by the record: with the tensor digests and the check
+            # below that the tensors fill the rest of the file, every byte of the file is checked.
+            actual = sha256_hex(struct.pack("<Q", n) + raw)
+            if actual != want_header:
+                raise IntegrityError(f"{path}: entry {entry['id']!r}: safetensors header bytes [0, {8 + n}): sha256 "
+                                     f"{actual}, the manifest says {want_header}")
         parsed, _ = stfile.parse_header(path, size, n, raw)
         if set(parsed) != set(tensors):
             extra = sorted(set(parsed) - set(tensors))
@@ -313,6 +259,14 @@ class Release:
                 raise IntegrityError(
                     f"{path}: entry {entry['id']!r} tensor {name!r}: header says {info.dtype} {list(info.shape)} "
                     f"bytes [{info.start}, {info.end}), manifest says {t['dtype']} {t['shape']} bytes {t['byte_range']}")
+        if want_header is not None:
+            at = 8 + n
+            for info in sorted(parsed.values(), key=lambda i: (i.start, i.end)):
+                if info.start != at:
+                    break
+                at = info.end
+            if at != size:
+                raise IntegrityError(f"{path}: entry {entry['id']!r}: bytes [{at}, {size}) belong to no tensor")
         self._checked_headers[entry["id"]] = (tensors, raw, parsed)
         return parsed
 
@@ -386,6 +340,9 @@ class ReleaseWriter:
                    "sha256": tensor_sha256(t), "byte_range": [header[name].start, header[name].end]}
             for name, t in sorted(contiguous.items())
         }
+        if self.format_version == 2:
+            _, n, raw = stfile.read_raw_header(path)
+            entry["header_sha256"] = sha256_hex(struct.pack("<Q", n) + raw)
         entry["digest"] = entry_digest(entry)
         sha, size = hash_file(path)
         self._add_record(entry, rel, {"sha256": sha, "size": size})

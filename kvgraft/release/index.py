@@ -21,6 +21,7 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release.hashing import sha256_hex
+from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, safe_path
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
@@ -90,8 +91,6 @@ class Index:
     CACHED_SHARDS = 16
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
-        from kvgraft.release.format import MANIFEST, check_relpath
-
         self.root = root
         self.where = root / MANIFEST
         idx = manifest["index"]
@@ -135,8 +134,6 @@ class Index:
         return files
 
     def _read_checked(self, name: str, sha256: str, size: int, limit: int, what: str) -> bytes:
-        from kvgraft.release.format import safe_path
-
         path = safe_path(self.root, name, what)
         try:
             data = jsonio.read_bounded(path, max(limit, size), what)
@@ -160,7 +157,6 @@ class Index:
         if cached is not None:
             self._cache.move_to_end(k)
             return cached
-        from kvgraft.release.format import check_entry_record
         from kvgraft.schema import CACHE_INDEX_SHARD, validate
 
         meta = self.shards[k]

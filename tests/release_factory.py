@@ -109,3 +109,37 @@ def unsign(root: Path) -> None:
 
     for name in (attest.BUNDLE_NAME, attest.OMS_NAME):
         (Path(root) / name).unlink(missing_ok=True)
+
+
+def make_many(out: Path, *, entries: int, tokens: int = 4, layers: int = 1, heads: int = 1, head_dim: int = 1,
+              seed: int = 0, shard_entries: int | None = None) -> dict[str, Any]:
+    """A format-2 release of many entries written fast: every entry file holds the same random tensors
+    (one safetensors blob, written once per entry), each entry has its own id and token ids. For
+    tests and benchmarks of the index, where only the records and the files' presence matter."""
+    from safetensors.torch import save
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    layer_meta: list[dict[str, Any]] = []
+    for li in range(layers):
+        k, v = f"layer.{li}.keys", f"layer.{li}.values"
+        tensors[k] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+        tensors[v] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+        layer_meta.append({"index": li, "kind": "full", "keys": k, "values": v, "positions": [0, tokens]})
+    blob = save(tensors)
+    extra: dict[str, Any] = {} if shard_entries is None else {"shard_entries": shard_entries}
+    writer = ReleaseWriter(Path(out), format_version=2, keep_entries=False, **extra)
+    ids_all = torch.randint(1, 50_000, (entries, tokens), generator=gen).tolist()
+    try:
+        for i in range(entries):
+            ids = [int(t) for t in ids_all[i]]
+            text = f"synthetic record {i}"
+            writer.add_entry_file({
+                "id": f"rec-{i:03d}", "num_tokens": tokens, "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
+                "source": {"kind": "text", "sha256": digest_json(text), "text": text}, "layers": layer_meta,
+                "next_token": {"logits_sha256": hashlib.sha256(b"%d" % i).hexdigest(), "argmax": 0, "dtype": "float32"},
+            }, blob)
+        return writer.finish(fake_header(num_layers=layers))
+    except BaseException:
+        writer.abort()
+        raise

@@ -21,7 +21,7 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.hashing import hash_file, sha256_hex
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.records import MANIFEST as MANIFEST
 from kvgraft.release.records import check_entry_record as check_entry_record
 from kvgraft.release.records import check_relpath as check_relpath
@@ -319,33 +319,34 @@ class ReleaseWriter:
 
     def add_entry(self, entry: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Write one entry's tensors; fill in file, tensor table and digest; return the entry."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        from kvgraft.tensors import tensor_sha256
+        contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        return self.add_entry_file(entry, save(contiguous, metadata={"kvgraft_entry": entry["id"]}))
 
+    def add_entry_file(self, entry: dict[str, Any], data: bytes) -> dict[str, Any]:
+        """Write one entry's safetensors file as given; fill in file, tensor table (each tensor's
+        SHA-256 over its stored bytes) and digest; return the entry. Imports no torch."""
         if entry["id"] in self._ids:
             raise InputError(f"{self.out}: entry id {entry['id']!r} appears twice")
         rel = self._entry_name()
         path = self.tmp / rel
         path.parent.mkdir(exist_ok=True)
-        contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        save_file(contiguous, str(path), metadata={"kvgraft_entry": entry["id"]})
-        with path.open("rb") as fh:
-            os.fsync(fh.fileno())
+        path.write_bytes(data)  # made durable by finish, all files at once
         header, _ = stfile.read_header(path)
+        view = memoryview(data)
         entry = dict(entry)
         entry["file"] = rel
         entry["tensors"] = {
-            name: {"dtype": header[name].dtype, "shape": list(header[name].shape),
-                   "sha256": tensor_sha256(t), "byte_range": [header[name].start, header[name].end]}
-            for name, t in sorted(contiguous.items())
+            name: {"dtype": info.dtype, "shape": list(info.shape), "sha256": sha256_hex(view[info.start:info.end]),
+                   "byte_range": [info.start, info.end]}
+            for name, info in sorted(header.items())
         }
         if self.format_version == 2:
-            _, n, raw = stfile.read_raw_header(path)
-            entry["header_sha256"] = sha256_hex(struct.pack("<Q", n) + raw)
+            (n,) = struct.unpack_from("<Q", data, 0)
+            entry["header_sha256"] = sha256_hex(view[:8 + n])
         entry["digest"] = entry_digest(entry)
-        sha, size = hash_file(path)
-        self._add_record(entry, rel, {"sha256": sha, "size": size})
+        self._add_record(entry, rel, {"sha256": sha256_hex(data), "size": len(data)})
         return entry
 
     def _add_record(self, entry: dict[str, Any], rel: str, meta: dict[str, Any]) -> None:
@@ -369,7 +370,7 @@ class ReleaseWriter:
         doc = {"format": release_index.SHARD_FORMAT, "format_version": 2, "entries": self._shard,
                "files": self._shard_files}
         data = jsonio.canonical(doc)
-        jsonio.write_atomic(self.tmp / name, data)
+        (self.tmp / name).write_bytes(data)  # made durable by finish
         self._shards.append({"file": name, "sha256": sha256_hex(data), "size": len(data),
                              "ids": [e["id"] for e in self._shard]})
         self._shard, self._shard_files = [], {}
@@ -387,7 +388,7 @@ class ReleaseWriter:
         else:
             self._flush_shard()
             prefix = self._prefix.data()
-            jsonio.write_atomic(self.tmp / release_index.PREFIX_FILE, prefix)
+            (self.tmp / release_index.PREFIX_FILE).write_bytes(prefix)
             index = {"entries": self.count, "tokens": self.tokens, "shards": self._shards,
                      "prefix": {"file": release_index.PREFIX_FILE, "sha256": sha256_hex(prefix), "size": len(prefix),
                                 "block_tokens": self._prefix.block_tokens,
@@ -395,9 +396,10 @@ class ReleaseWriter:
             manifest = {**base, "index": index}
             manifest["root_digest"] = root_digest(manifest)
             validate(manifest, CACHE_MANIFEST_V2, str(self.out / MANIFEST))
+        # One flush of the file system before the release appears, instead of an fsync per entry file
+        # (6 ms each on this project's VM: 10 minutes for 100,000 entries); then the manifest.
+        os.sync()
         jsonio.write_json(self.tmp / MANIFEST, manifest)
-        for folder in sorted({p.parent for p in (self.tmp / "entries").rglob("*")} | {self.tmp / "entries"}):
-            jsonio.fsync_dir(folder)
         if self.out.exists():
             old = self.out.with_name(f".{self.out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -7,7 +7,7 @@ Releases are written by the project's own writer (kvgraft.release.format.Release
 signed with a fresh key; tensor contents are random bytes (I/O figures do not depend on them).
 
 many: ENTRIES small entries (2 layers, 16 tokens, float32): build time; then, each step in a fresh
-  process (peak RSS from getrusage of that child; the bare interpreter with kvgraft.release imported is
+  process (peak RSS: that child's VmHWM; the bare interpreter with kvgraft.release imported is
   printed as the baseline): open (verified: signature, statement, manifest) and find one entry;
   `verify --entry` of one entry; the vLLM connector scheduler's start-up work (verified, the prefix
   index loaded) and one prompt lookup (without vLLM and without the model identity, which depend on
@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -152,7 +151,9 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     else:
         raise SystemExit(f"unknown step {name}")
     out["seconds"] = time.perf_counter() - t0
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over exec from the forking parent.
+    hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
     return out
 
 

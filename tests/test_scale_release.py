@@ -266,3 +266,104 @@ def test_v2_full_verify_counts_every_file(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "r" / "entries" / "00000")
     with pytest.raises(IntegrityError, match="missing"):
         verify_release(tmp_path / "r", entries=["rec-001"])
+
+
+def test_prefix_graft_hit_miss_partial(tiny_lm: Any, tmp_path: Path) -> None:
+    """The transformers path: the longest block-aligned prefix of a prompt that an entry starts with
+    is grafted (rows [0, n) of the verified entry), a miss grafts nothing, a prompt that leaves the
+    entry after two blocks gets those two blocks; the graft records the schedule of those rows."""
+    import torch
+
+    from kvgraft import capture, graft
+    from kvgraft.runtime import encode
+
+    lm = tiny_lm("llama")
+    text = " ".join(f"w{i}" for i in range(60))
+    capture.capture(lm, [("t", {"id": "long", "text": text})], tmp_path / "rel", probe_tokens=0)
+    rel = Release.open(tmp_path / "rel")
+    entry = rel.entry("long")
+    ids = list(entry["token_ids"])
+    b = release_index.BLOCK_TOKENS
+    assert len(ids) >= 3 * b + 1
+    stored, _ = read_entry_tensors(rel, entry)
+
+    hit = graft.restore_prefix(rel, [*ids[:3 * b + 2], *encode(lm, " and more")], lm)
+    assert hit is not None and hit.prefix is not None
+    assert hit.prefix["tokens"] == 3 * b and hit.prefix["of"] == len(ids) and hit.entry["num_tokens"] == 3 * b
+    assert hit.prefix["schedule"] == rel.manifest["schedule"] and "one-shot prefill of all" in hit.prefix["rows"]
+    layer = hit.cache.layers[0]
+    assert layer.keys.shape[-2] == 3 * b
+    assert torch.equal(layer.keys, stored["layer.0.keys"][:, :, :3 * b, :])  # the verified rows, as stored
+
+    partial = graft.restore_prefix(rel, [*ids[:2 * b], ids[2 * b] + 1, *ids[2 * b + 1:]], lm)
+    assert partial is not None and partial.prefix is not None and partial.prefix["tokens"] == 2 * b
+
+    assert graft.restore_prefix(rel, [ids[0] + 1, *ids[1:]], lm) is None  # the first block differs: a miss
+    whole = graft.restore_prefix(rel, ids, lm)  # the whole prompt: one token is left to prefill
+    assert whole is not None and whole.prefix is not None and whole.prefix["tokens"] == (len(ids) - 1) // b * b
+
+
+def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -> None:
+    """Tiny Gemma 3 (window 8): a capture records its sliding layers as their window; a release that
+    stores every position of them grafts the same cache (the window is cut at graft) and can be
+    prefix-grafted, which a window-stored one cannot; a window record holding more is refused."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from kvgraft import capture, graft
+    from kvgraft.release.format import ReleaseWriter
+    from kvgraft.runtime import Schedule, layer_map, prefill
+
+    lm = tiny_lm("gemma3")
+    text = " ".join(f"w{i}" for i in range(40))
+    capture.capture(lm, [("t", {"id": "g", "text": text})], tmp_path / "win", probe_tokens=0)
+    win = Release.open(tmp_path / "win")
+    entry = win.entry("g")
+    sliding = [m for m in entry["layers"] if m["kind"] == "sliding"]
+    assert sliding and all(m["stores"] == "window" and m["positions"][1] - m["positions"][0] == m["sliding_window"] - 1
+                           for m in sliding)
+    assert all(m["stores"] == "all" for m in entry["layers"] if m["kind"] == "full")
+    n_tokens = entry["num_tokens"]
+
+    # the same prefill into a cache that keeps every position of every layer
+    with torch.no_grad():
+        full_cache, _ = prefill(lm, entry["token_ids"], Schedule(), cache=DynamicCache())
+    _, every = layer_map(lm, full_cache)  # all DynamicLayer: every position
+    layers = []
+    for m in entry["layers"]:
+        meta = dict(m)
+        if m["kind"] == "sliding":
+            meta.update(stores="all", positions=[0, n_tokens])
+        layers.append(meta)
+    record = {k: entry[k] for k in ("id", "num_tokens", "token_ids", "token_ids_sha256", "source", "next_token")}
+    writer = ReleaseWriter(tmp_path / "all")
+    writer.add_entry({**record, "layers": layers}, every)
+    writer.finish({k: win.manifest[k] for k in ("model", "schedule", "environment")})
+    alls = Release.open(tmp_path / "all")
+
+    a = graft.restore(win, "g", lm).cache
+    b = graft.restore(alls, "g", lm).cache
+    for m in sliding:
+        la, lb = a.layers[m["index"]], b.layers[m["index"]]
+        assert lb.keys.shape == la.keys.shape and torch.equal(lb.keys, la.keys) and torch.equal(lb.values, la.values)
+        assert lb.cumulative_length == la.cumulative_length == n_tokens
+
+    ids = entry["token_ids"]
+    b16 = release_index.BLOCK_TOKENS
+    cut = graft.restore_prefix(alls, [*ids[:b16], ids[b16] + 1], lm)
+    assert cut is not None and cut.prefix is not None and cut.prefix["tokens"] == b16
+    assert cut.cache.layers[sliding[0]["index"]].keys.shape[-2] == sliding[0]["sliding_window"] - 1
+    with torch.no_grad():
+        fresh, _ = prefill(lm, ids[:b16], Schedule())
+    w = sliding[0]["index"]  # the prefix's own window: its last positions, as a prefill of b16 tokens keeps
+    assert torch.allclose(cut.cache.layers[w].keys, fresh.layers[w].keys, atol=1e-5)
+    with pytest.raises(IntegrityError, match="a prefix graft needs every layer to hold every position"):
+        graft.restore_prefix(win, [*ids[:b16], ids[b16] + 1], lm)
+
+    def claim_window(m: dict[str, Any]) -> dict[str, Any]:
+        return {**m, "stores": "window"} if m["kind"] == "sliding" else m
+
+    liar = {**alls.entry("g"), "layers": [claim_window(m) for m in layers]}
+    tensors, _ = read_entry_tensors(alls, alls.entry("g"))
+    with pytest.raises(IntegrityError, match="stores its window of 7 positions but holds"):
+        graft.build_cache(lm, liar, tensors, "test")

@@ -367,3 +367,25 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
     tensors, _ = read_entry_tensors(alls, alls.entry("g"))
     with pytest.raises(IntegrityError, match="stores its window of 7 positions but holds"):
         graft.build_cache(lm, liar, tensors, "test")
+
+
+def test_prefix_index_naming_another_entry_never_grafts_it(tmp_path: Path) -> None:
+    """An (unsigned) release whose prefix index, manifest and root were rewritten consistently so that
+    an entry's block chain names another entry: the lookup compares the named record's token ids."""
+    import struct
+
+    root = tmp_path / "p"
+    make_release(root, entries=2, tokens=40, format_version=2)
+    path = root / release_index.PREFIX_FILE
+    data = bytearray(path.read_bytes())
+    for at in range(0, len(data), release_index.RECORD.size):
+        h, ordinal, k = release_index.RECORD.unpack_from(data, at)
+        struct.pack_into("<32sII", data, at, h, 1 - ordinal, k)  # every chain names the other entry
+    path.write_bytes(bytes(data))
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["index"]["prefix"]["sha256"] = sha256_hex(bytes(data))
+    manifest["root_digest"] = root_digest(manifest)
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    rel = verified(root)
+    with pytest.raises(IntegrityError, match="does not start with the prompt's first 32 tokens"):
+        rel.longest_prefix(rel.entry("rec-000")["token_ids"])

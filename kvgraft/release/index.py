@@ -115,11 +115,14 @@ class Index:
                 raise InputError(f"{self.where}: index shard {k}: file {name!r} is not a distinct file under {INDEX_DIR}/")
             names.add(name)
             self.starts.append(count)
-            for eid in shard["ids"]:
-                if eid in self.owner:
-                    raise InputError(f"{self.where}: entry id {eid!r} appears twice")
-                self.owner[eid] = k
+            self.owner.update(dict.fromkeys(shard["ids"], k))  # C speed: 100,000 ids in a few ms
             count += len(shard["ids"])
+        if len(self.owner) != count:
+            seen: set[str] = set()
+            for eid in (e for s in self.shards for e in s["ids"]):
+                if eid in seen:
+                    raise InputError(f"{self.where}: entry id {eid!r} appears twice")
+                seen.add(eid)
         if count != idx["entries"]:
             raise InputError(f"{self.where}: index says {idx['entries']} entries, its shards list {count}")
         self.count = count

@@ -389,3 +389,38 @@ def test_prefix_index_naming_another_entry_never_grafts_it(tmp_path: Path) -> No
     rel = verified(root)
     with pytest.raises(IntegrityError, match="does not start with the prompt's first 32 tokens"):
         rel.longest_prefix(rel.entry("rec-000")["token_ids"])
+
+
+def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path: Path) -> None:
+    """Rows [0, n) of a graft are judged against a fresh prefill of all T tokens (the graft's claim)
+    and compared with a prefill of the n tokens alone (recorded); an altered stored row is found."""
+    import torch
+
+    from kvgraft import capture
+    from kvgraft.prefix_audit import audit_prefix
+    from kvgraft.runtime import Schedule, layer_map, prefill
+
+    import rewrite
+    from release_factory import as_format_1
+
+    lm = tiny_lm("llama")
+    text = " ".join(f"w{i}" for i in range(50))
+    capture.capture(lm, [("t", {"id": "p", "text": text})], tmp_path / "rel", probe_tokens=0)
+    n = 32
+    result = audit_prefix(tmp_path / "rel", "p", n, lm)
+    assert result["verdict"] == "byte-exact" and result["under_recorded_schedule"]["byte_exact"]
+    assert result["schedule"].startswith(f"rows [0, {n}) of a one-shot prefill of all")
+    ids = Release.open(tmp_path / "rel").entry("p")["token_ids"]
+    with torch.no_grad():
+        whole, _ = prefill(lm, ids, Schedule())
+        alone, _ = prefill(lm, ids[:n], Schedule())
+    _, w = layer_map(lm, whole)
+    _, a = layer_map(lm, alone)
+    same = all(torch.equal(w[k][:, :, :n, :], a[k]) for k in a)  # this machine's answer, computed here
+    assert result["against_prefix_alone"]["byte_exact"] == same
+
+    as_format_1(tmp_path / "rel")
+    rewrite.element(tmp_path / "rel", 0, "layer.1.values", 3, lambda x: x + 0.5)  # row 0, within the prefix
+    altered = audit_prefix(tmp_path / "rel", "p", n, lm)
+    assert altered["verdict"] == "differs"
+    assert altered["under_recorded_schedule"]["first_differing_tensor"] == "layer.1.values"

@@ -424,3 +424,21 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     altered = audit_prefix(tmp_path / "rel", "p", n, lm)
     assert altered["verdict"] == "differs"
     assert altered["under_recorded_schedule"]["first_differing_tensor"] == "layer.1.values"
+
+
+def test_verify_cli_entry_option(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from kvgraft.cli import app
+
+    runner = CliRunner()
+    args = ["verify", str(signed_v2), "--key", str(keypair[1]), "--entry", "rec-002", "--entry", "rec-007", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["scope"] == "entries" and doc["checked_entries"] == ["rec-002", "rec-007"] and doc["entries"] == 10
+    entry = Release.open(signed_v2).entry("rec-007")
+    _flip(signed_v2 / entry["file"], entry["tensors"]["layer.0.keys"]["byte_range"][0])
+    assert runner.invoke(app, args).exit_code == 1
+    assert runner.invoke(app, [*args[:4], "--entry", "rec-002"]).exit_code == 0  # another entry: not read
+    assert runner.invoke(app, ["verify", str(signed_v2), "--key", str(keypair[1])]).exit_code == 1

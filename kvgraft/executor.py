@@ -397,7 +397,7 @@ class RayExecutor(Executor):
             return {"root": str(root), "root_digest": key, "shipped": None}
         if key not in self._shipped:
             files = {MANIFEST: (root / MANIFEST).read_bytes()}
-            for rel in release.manifest["files"]:
+            for rel in release.all_files():
                 files[rel] = safe_path(root, rel, "release file").read_bytes()
             self._shipped[key] = self.ray().put(files)
         return {"root": str(root), "root_digest": key, "shipped": self._shipped[key]}

@@ -32,6 +32,9 @@ class Restored:
     forced: bool
     conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
     warnings: list[str] = field(default_factory=list)  # from the release's verification (e.g. unsigned)
+    # A prefix graft: {"tokens": n, "of": T, "schedule": ...}: rows [0, n) of the entry's recorded
+    # prefill of all T tokens, which need not be byte-identical to a prefill of the n tokens alone.
+    prefix: dict[str, Any] | None = None
 
 
 def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
@@ -87,6 +90,23 @@ def read_entry_tensors(release: Release, entry: dict[str, Any],
     return tensors, total
 
 
+def window_of(entry: dict[str, Any], meta: dict[str, Any], k: torch.Tensor, v: torch.Tensor,
+              where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sliding layer's states as transformers keeps them (its last sliding_window - 1 positions),
+    from what the release says it stores: the window itself, or every position (then cut here)."""
+    cum, n, keep = int(meta["cumulative_length"]), int(k.shape[-2]), int(meta["sliding_window"]) - 1
+    stores = meta.get("stores", "window")
+    at = f"{where}: entry {entry['id']!r} layer {meta['index']}"
+    if stores == "all":
+        if n != cum or meta.get("positions", [0, cum]) != [0, cum]:
+            raise IntegrityError(f"{at}: stores every position but holds {n} of {cum} (positions {meta.get('positions')})")
+        return (k[:, :, -keep:, :], v[:, :, -keep:, :]) if n > keep else (k, v)
+    if n > keep or meta.get("positions", [cum - n, cum]) != [cum - n, cum]:
+        raise IntegrityError(f"{at}: stores its window of {keep} positions but holds {n} "
+                             f"(positions {meta.get('positions')}, {cum} seen)")
+    return k, v
+
+
 def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
     """A fresh cache of the model's own layer types, filled with the stored states."""
     from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
@@ -118,6 +138,8 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
             if int(layer.sliding_window) != meta["sliding_window"]:
                 raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: sliding window "
                                      f"{meta['sliding_window']}, the model's is {layer.sliding_window}")
+            k, v = window_of(entry, meta, k, v, where)
+            layer.keys, layer.values = k, v
             # Without the cumulative length the mask is built as if the layer were empty.
             layer.cumulative_length = meta["cumulative_length"]
     return cache
@@ -150,6 +172,66 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
     cache, conditions = built
     seconds = time.perf_counter() - t0
     return Restored(cache, entry, nbytes, seconds, forced, conditions, list(rel.verification.warnings))
+
+
+def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
+                 where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The first n tokens of an entry whose layers all hold every position: its record cut to n
+    tokens and views of rows [0, n) of its verified tensors. A sliding layer stored as its window is
+    refused (it holds the last positions of all T tokens, not those of the first n); one stored in
+    full is cut, and build_cache keeps the prefix's own window."""
+    if not 0 < n <= entry["num_tokens"]:
+        raise IntegrityError(f"{where}: entry {entry['id']!r}: a prefix of {n} tokens of {entry['num_tokens']}")
+    cut = dict(entry)
+    layers = []
+    out: dict[str, torch.Tensor] = {}
+    total = entry["num_tokens"]
+    for meta in entry["layers"]:
+        every = meta["kind"] != "shared" and meta.get("stores", "all" if meta["kind"] == "full" else "window") == "all" \
+            and meta.get("positions", [0, total]) == [0, total]
+        if meta["kind"] == "shared":
+            layers.append(dict(meta))
+            continue
+        if not every:
+            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {meta['index']}: stored as {meta['kind']} "
+                                 f"(positions {meta.get('positions')}, {meta.get('stores', 'window')}); a prefix graft "
+                                 f"needs every layer to hold every position")
+        cut_meta = {**meta, "positions": [0, n]}
+        if meta["kind"] == "sliding":
+            cut_meta["cumulative_length"] = n
+        layers.append(cut_meta)
+        for part in ("keys", "values"):
+            out[meta[part]] = tensors[meta[part]][:, :, :n, :]
+    cut.update(num_tokens=n, token_ids=entry["token_ids"][:n], layers=layers)
+    return cut, out
+
+
+def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: LoadedModel, *, force: bool = False,
+                   policy: VerifyPolicy | None = None) -> Restored | None:
+    """Graft the longest block-aligned prefix of `token_ids` that some entry starts with (at least one
+    token is left to prefill); None when no entry starts with the first block (a miss).
+
+    Found by chained block hashes (Release.longest_prefix); the entry's bytes are read and verified
+    whole, as `restore` does, and rows [0, n) of its layers are grafted. The schedule that produced
+    those rows is recorded in `Restored.prefix`.
+    """
+    rel = verified(release, policy)
+    hit = rel.longest_prefix(list(token_ids[:-1]))
+    if hit is None:
+        return None
+    entry, n = hit
+    forced = check_model(rel, lm, force=force)
+    t0 = time.perf_counter()
+    tensors, nbytes = read_entry_tensors(rel, entry)
+    cut, views = prefix_entry(entry, tensors, n, str(rel.root))
+    cache = build_cache(lm, cut, views, str(rel.root))
+    conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
+    sched = rel.manifest["schedule"]
+    how = "one-shot" if sched["mode"] == "one-shot" else f"chunked ({sched['chunk_tokens']} tokens)"
+    prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
+              "rows": f"rows [0, {n}) of a {how} prefill of all {entry['num_tokens']} tokens"}
+    return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
+                    list(rel.verification.warnings), prefix)
 
 
 def free_buffers() -> None:

@@ -202,10 +202,11 @@ def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[s
         n = int(keys.shape[-2])
         if isinstance(layer, DynamicSlidingWindowLayer):
             cum = int(layer.cumulative_length)
+            # transformers keeps the window (its last sliding_window - 1 positions): recorded as such
             meta.update(kind="sliding", sliding_window=int(layer.sliding_window), cumulative_length=cum,
-                        positions=[cum - n, cum])
+                        positions=[cum - n, cum], stores="window")
         elif type(layer) is DynamicLayer:
-            meta.update(kind="full", positions=[0, n])
+            meta.update(kind="full", positions=[0, n], stores="all")
         else:
             raise InputError(f"layer {i}: cache layer type {type(layer).__name__} is not supported")
         layers.append(meta)

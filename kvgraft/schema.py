@@ -10,6 +10,8 @@ from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import SchemaError
 
 CACHE_MANIFEST = "cache-manifest.v1.json"
+CACHE_MANIFEST_V2 = "cache-manifest.v2.json"
+CACHE_INDEX_SHARD = "cache-index-shard.v2.json"
 
 
 def schema_dir() -> Path:
@@ -22,10 +24,23 @@ def schema_dir() -> Path:
 
 
 @cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A schema file; one naming `x-kvgraft-defs-from` gets that schema's $defs, and its top-level
+    properties as `v1_<name>` defs, beside its own: the v2 release files reuse the v1 entry record."""
+    schema: dict[str, Any] = load_file(schema_dir() / name)
+    base = schema.get("x-kvgraft-defs-from")
+    if isinstance(base, str):
+        other = load_schema(base)
+        defs = {**other.get("$defs", {}), **{f"v1_{k}": v for k, v in other.get("properties", {}).items()}}
+        schema = {**schema, "$defs": {**defs, **schema.get("$defs", {})}}
+    return schema
+
+
+@cache
 def _validator(name: str) -> Any:
     from jsonschema import Draft202012Validator
 
-    schema = load_file(schema_dir() / name)
+    schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 
@@ -37,7 +52,7 @@ def _fast(name: str) -> Any:
         import jsonschema_rs
     except ImportError:
         return None
-    return jsonschema_rs.validator_for(load_file(schema_dir() / name))
+    return jsonschema_rs.validator_for(load_schema(name))
 
 
 def validate(doc: Any, name: str, where: str) -> None:

@@ -23,7 +23,6 @@ from kvgraft.signing.attest import (
     pae,
     statement,
     statement_bytes,
-    subjects,
     write_bundle,
 )
 from kvgraft.signing.keys import PrivateKey, key_id
@@ -45,13 +44,18 @@ def release_statement(root: Path) -> dict[str, Any]:
 
     A release whose files do not match its manifest is refused: signing it would attest damage.
     """
+    return _checked_statement(root)[0]
+
+
+def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The statement, and every file's digest (manifest.json included), of a release whose bytes were checked."""
     checked = check_release(Path(root))
-    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size)
+    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files
 
 
 def sign_release(root: Path, key: PrivateKey) -> Signed:
     """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
-    stmt = release_statement(root)
+    stmt, files = _checked_statement(root)
     payload = statement_bytes(stmt)
     signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
     kid = key_id(key)
@@ -59,7 +63,9 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     bundle = write_bundle(root, data)
     # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
     # now be stale, and is replaced or (for a key OMS cannot use) removed.
-    digests = {**subjects(stmt), BUNDLE_NAME: sha256_hex(data)}
+    # OMS lists every file of the folder (format 2: the entry files too, which the statement binds
+    # through the index shards).
+    digests = {**files, BUNDLE_NAME: sha256_hex(data)}
     written = oms.sign(root, key, digests)
     if written is None:
         (Path(root) / OMS_NAME).unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.hashing import sha256_hex
-from kvgraft.release.integrity import ManifestCheck, check_release
+from kvgraft.release.integrity import ManifestCheck, check_entry, check_release, open_release
 from kvgraft.signing import attest, keys
 from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
 
@@ -127,6 +128,8 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
     policy: VerifyPolicy = field(default_factory=VerifyPolicy)
     opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
+    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries
+    checked_entries: list[str] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -143,6 +146,7 @@ class VerifyResult:
             "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
             "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
             "statement": self.statement, "signature": asdict(self.signature), "warnings": list(self.warnings),
+            "scope": self.scope, "checked_entries": list(self.checked_entries),
         }
 
 
@@ -195,14 +199,24 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
 
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
                    issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
-                   policy: VerifyPolicy | None = None) -> VerifyResult:
+                   policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
+                   scope: str = "all") -> VerifyResult:
     """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
+
+    `scope`: "all" checks every file (steps 1-7); "open" checks step 1 and what opening a release
+    checks (`release.integrity.open_release`: manifest.json against the statement, the manifest, the
+    statement against it), reading no entry bytes. `entries`: "open", then those entries' files only
+    (size, SHA-256, header; `deep`: every tensor).
 
     `policy` (or, for short, `key`, `identity` + `issuer`, `trust`): see VerifyPolicy. `key`: a PEM
     public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore certificate
     identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
     """
     started = time.perf_counter()
+    if scope not in ("all", "open"):
+        raise ValueError(f"scope {scope!r}")
+    if entries is not None:
+        scope = "entries"
     if policy is None:
         policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=trust)
     elif (key, identity, issuer, trust) != (None, None, None, None):
@@ -276,7 +290,16 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                         f"were checked")
 
-    oms_read = _read_oms(oms_path, given, signature, bundle_raw is not None)
+    if (scope != "all" and bundle_raw is not None and oms_present and policy.oms_signature is None
+            and len(given) <= 1):
+        # Opening a release signed with kvgraft's bundle does not read model.sig: OMS lists every file
+        # of the folder (its cost grows with the entries), and the bundle already binds every byte.
+        # `kvgraft verify` (everything) and `model_signing verify` check it; so does opening with a
+        # second key given for it, or a detached OMS signature named.
+        signature.oms_signature = str(oms_path)
+        oms_read = None
+    else:
+        oms_read = _read_oms(oms_path, given, signature, bundle_raw is not None)
     oms_files = oms_read[0] if oms_read is not None else None
     if oms_files is not None and statement is None:
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
@@ -298,21 +321,45 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     # Files beside the release (a Hub card, README.md) are accepted only when an OMS signature lists them and
     # it was verified, or when nothing is verified at all (then nothing is authenticated, as the warnings say).
     beside_ok = signature.oms_verified or (not given and identity is None)
+    signed = signature.status == "verified"
     if statement is not None:
-        beside = ({n: d for n, d in oms_files.items() if n not in attest.subjects(statement)}
-                  if oms_files is not None and beside_ok else None)
-        checked = check_release(root, subjects=attest.subjects(statement), source=source, deep=deep,
-                                signed=signature.status == "verified", attested_root=statement["predicate"]["root_digest"],
-                                check_claims=_predicate_check(root, statement, source), beside=beside,
-                                beside_source=f"OMS signature ({oms_path.name})")
+        subjects, attested = attest.subjects(statement), statement["predicate"]["root_digest"]
+        claims = _predicate_check(root, statement, source)
+        if scope == "all":
+            beside = ({n: d for n, d in oms_files.items() if n not in subjects}
+                      if oms_files is not None and beside_ok else None)
+            checked = check_release(root, subjects=subjects, source=source, deep=deep, signed=signed,
+                                    attested_root=attested, check_claims=claims, beside=beside,
+                                    beside_source=f"OMS signature ({oms_path.name})")
+        else:
+            checked = open_release(root, subjects=subjects, source=source, signed=signed, attested_root=attested,
+                                   check_claims=claims)
+    elif scope == "all":
+        # An OMS file list (or none) plays the statement's part; it names every file of the folder.
+        checked = check_release(root, subjects=oms_files, source=source, deep=deep, signed=signed,
+                                subjects_beside=beside_ok and oms_files is not None, every_file=True)
     else:
-        checked = check_release(root, subjects=oms_files, source=source, deep=deep, signed=signature.status == "verified",
-                                subjects_beside=beside_ok and oms_files is not None)
+        # Signed with OMS alone: its list names every file; opening compares those opening reads
+        # (manifest.json, which binds the rest, and the index files), each entry's file when it is checked.
+        checked = open_release(root, subjects=oms_files, source=source, signed=signed, lists_more=True)
+    checked_entries: list[str] = []
+    tensors, hashed = checked.tensors, checked.bytes_hashed
+    for eid in entries or []:
+        one = check_entry(checked.release, eid, deep=deep)
+        tensors, hashed = tensors + one.tensors, hashed + one.bytes_hashed
+        checked_entries.append(eid)
+        if oms_files is not None:
+            meta = checked.release.file_meta(one.entry)
+            if oms_files.get(one.entry["file"]) != meta["sha256"]:
+                raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
+                                        f"{one.entry['file']} (entry {eid!r}) with sha256 "
+                                        f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
     if oms_read is not None:
         # After the release's own checks, which say more precisely what changed.
         oms_files, listed_bundle = oms_read
         has = {**checked.files, **checked.beside}
-        if oms_files != has:
+        compared = oms_files if scope == "all" else {n: sha for n, sha in oms_files.items() if n in has}
+        if compared != has:
             differs = sorted(n for n in set(oms_files) | set(has) if oms_files.get(n) != has.get(n))
             raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists other files "
                                     f"or digests than the release has ({', '.join(differs[:3])})")
@@ -327,30 +374,33 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     m = checked.manifest
     result = VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
-        entries=len(m["entries"]), files=len(checked.files), tensors=checked.tensors,
-        bytes_hashed=checked.bytes_hashed, seconds=time.perf_counter() - started, deep=deep,
+        entries=checked.release.num_entries, files=len(checked.files), tensors=tensors,
+        bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=signature, statement=statement is not None,
         model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
-        warnings=warnings, policy=policy, opened=checked.release,
+        warnings=warnings, policy=policy, opened=checked.release, scope=scope, checked_entries=checked_entries,
     )
     checked.release.verification = result
     return result
 
 
 def verified(release: Release | Path | str, policy: VerifyPolicy | None = None) -> Release:
-    """The one verification every consumer of a release's bytes goes through (graft, run, audits).
+    """The one verification every consumer of a release's bytes goes through (graft, run, audits,
+    the vLLM connector): what opening a release checks, under `policy` (docs/verification.md).
 
-    Runs `verify_release` under `policy` (default: VerifyPolicy(), as `kvgraft verify` without
-    options) unless `release` already passed it under the same policy, or under any policy when none
-    is asked for. A Release object passed in is marked verified in place, so that its later uses
-    (one graft per entry) do not verify again; later reads still check each tensor's digest and that
-    each safetensors header is the one verified. Raises as verify_release does.
+    Runs `verify_release(scope="open")` under `policy` (default: VerifyPolicy(), as `kvgraft verify`
+    without options) unless `release` already passed it under the same policy, or under any policy
+    when none is asked for: the signature, the statement and the manifest (format 2: its index);
+    no entry byte is read. Each entry's bytes are checked when read, before any is used, against the
+    digests the signed root binds (graft.read_entry_tensors: size, safetensors header against the
+    record's tensor table, every tensor's SHA-256 in the same pass as the read). A Release object
+    passed in is marked verified in place. Raises as verify_release does.
     """
     if (isinstance(release, Release) and release.verification is not None
             and (policy is None or release.verification.policy == policy)):
         return release
     root = release.root if isinstance(release, Release) else Path(release)
-    result = verify_release(root, policy=policy or VerifyPolicy())
+    result = verify_release(root, policy=policy or VerifyPolicy(), scope="open")
     assert result.opened is not None
     if not isinstance(release, Release):
         return result.opened
@@ -358,6 +408,5 @@ def verified(release: Release | Path | str, policy: VerifyPolicy | None = None) 
     if now != release.manifest["root_digest"]:
         raise IntegrityError(f"{root / MANIFEST}: the release changed after it was opened (root digest "
                              f"{release.manifest['root_digest']}, now {now})")
-    release._checked_headers = dict(result.opened._checked_headers)
     release.verification = result
     return release

@@ -40,13 +40,18 @@ def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "syn
 
 def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2, tokens: int = 6, head_dim: int = 8,
                  seed: int = 0, spec: str = "synthetic/tiny-test-model", overwrite: bool = False,
-                 progress: Any = None) -> dict[str, Any]:
+                 progress: Any = None, format_version: int = 1, shard_entries: int | None = None,
+                 keep_entries: bool = True) -> dict[str, Any]:
     """Write a release of `entries` entries, each with keys/values of shape [1, heads, tokens, head_dim] per layer.
 
-    Each entry file holds 2 * layers float32 tensors of heads * tokens * head_dim * 4 bytes. Returns the manifest.
+    Each entry file holds 2 * layers float32 tensors of heads * tokens * head_dim * 4 bytes. Returns the
+    manifest (Release.flat's shape). Format 1 by default: the tests that edit a manifest in place edit
+    the single-manifest layout; `format_version=2` writes the indexed one, as capture does.
     """
     gen = torch.Generator().manual_seed(seed)
-    writer = ReleaseWriter(Path(out), overwrite=overwrite)
+    extra: dict[str, Any] = {} if shard_entries is None else {"shard_entries": shard_entries}
+    writer = ReleaseWriter(Path(out), overwrite=overwrite, format_version=format_version, keep_entries=keep_entries,
+                           **extra)
     try:
         for i in range(entries):
             ids = [int(t) for t in torch.randint(1, 50_000, (tokens,), generator=gen)]
@@ -74,9 +79,67 @@ def make_release(out: Path, *, entries: int = 3, layers: int = 2, heads: int = 2
         raise
 
 
+def as_format_1(root: Path) -> dict[str, Any]:
+    """Rewrite an (unsigned) format-2 release in the single-manifest layout, for tests that edit a
+    manifest in place; return the new manifest."""
+    import json
+    import shutil
+
+    from kvgraft.release.format import MANIFEST, Release, root_digest
+
+    flat = dict(Release.open(root).flat())
+    flat.pop("root_digest")
+    flat["format_version"] = 1
+    flat["root_digest"] = root_digest(flat)
+    (Path(root) / MANIFEST).write_text(json.dumps(flat, indent=2))
+    shutil.rmtree(Path(root) / "index", ignore_errors=True)
+    return flat
+
+
+def flat_manifest(root: Path) -> dict[str, Any]:
+    """A release's records as one document, either layout (Release.flat)."""
+    from kvgraft.release.format import Release
+
+    return Release.open(root).flat()
+
+
 def unsign(root: Path) -> None:
     """Remove a release's signatures: kvgraft's bundle and the OpenSSF model signing one beside it."""
     from kvgraft.signing import attest
 
     for name in (attest.BUNDLE_NAME, attest.OMS_NAME):
         (Path(root) / name).unlink(missing_ok=True)
+
+
+def make_many(out: Path, *, entries: int, tokens: int = 4, layers: int = 1, heads: int = 1, head_dim: int = 1,
+              seed: int = 0, shard_entries: int | None = None) -> dict[str, Any]:
+    """A format-2 release of many entries written fast: every entry file holds the same random tensors
+    (one safetensors blob, written once per entry), each entry has its own id and token ids. For
+    tests and benchmarks of the index, where only the records and the files' presence matter."""
+    from safetensors.torch import save
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    layer_meta: list[dict[str, Any]] = []
+    for li in range(layers):
+        k, v = f"layer.{li}.keys", f"layer.{li}.values"
+        tensors[k] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+        tensors[v] = torch.randn(1, heads, tokens, head_dim, generator=gen)
+        layer_meta.append({"index": li, "kind": "full", "keys": k, "values": v, "positions": [0, tokens]})
+    blob = save(tensors)
+    extra: dict[str, Any] = {} if shard_entries is None else {"shard_entries": shard_entries}
+    writer = ReleaseWriter(Path(out), format_version=2, keep_entries=False, **extra)
+    ids_all = torch.randint(1, 50_000, (entries, tokens), generator=gen).tolist()
+    try:
+        for i in range(entries):
+            ids = [int(t) for t in ids_all[i]]
+            text = f"synthetic record {i}"
+            writer.add_entry_file({
+                "id": f"rec-{i:03d}", "num_tokens": tokens, "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
+                "source": {"kind": "text", "sha256": digest_json(text), "text": text}, "layers": layer_meta,
+                "next_token": {"logits_sha256": hashlib.sha256(b"%d" % i).hexdigest(), "argmax": 0, "dtype": "float32"},
+            }, blob)
+        return writer.finish(fake_header(num_layers=layers))
+    except BaseException:
+        writer.abort()
+        raise

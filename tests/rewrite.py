@@ -15,8 +15,18 @@ from kvgraft.release.format import entry_digest, root_digest, token_ids_digest
 from kvgraft.release.hashing import hash_file, sha256_hex
 
 
+def _single(rel: Path) -> None:
+    """A format-2 (indexed) release is first rewritten in the single-manifest layout, which is what
+    these rewrites edit (the same records; tests/release_factory.as_format_1)."""
+    if json.loads((rel / "manifest.json").read_text()).get("format_version") == 2:
+        from release_factory import as_format_1
+
+        as_format_1(rel)
+
+
 def manifest(rel: Path, change: Callable[[dict[str, Any]], None]) -> None:
     """Apply `change` to the manifest, then recompute token, entry and root digests."""
+    _single(rel)
     m = json.loads((rel / "manifest.json").read_text())
     change(m)
     for e in m["entries"]:
@@ -28,6 +38,7 @@ def manifest(rel: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 def tensors(rel: Path, entry_index: int, new: dict[str, bytes]) -> None:
     """Replace stored tensors' raw bytes (same sizes), then rewrite their, the file's and every other digest."""
+    _single(rel)
     m = json.loads((rel / "manifest.json").read_text())
     e = m["entries"][entry_index]
     f = rel / e["file"]
@@ -51,6 +62,7 @@ def tensors(rel: Path, entry_index: int, new: dict[str, bytes]) -> None:
 def element(rel: Path, entry_index: int, tensor: str, index: int,
             new_value: Callable[[float], float]) -> tuple[float, float]:
     """Set one float32 element of a stored tensor to `new_value(old)`; return (old, new)."""
+    _single(rel)
     m = json.loads((rel / "manifest.json").read_text())
     e = m["entries"][entry_index]
     t = e["tensors"][tensor]

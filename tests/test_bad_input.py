@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from kvgraft import capture, errors
 from kvgraft.cli import app
 
+from release_factory import as_format_1, flat_manifest
+
 runner = CliRunner()
 
 
@@ -40,7 +42,13 @@ def _one_line_error(res: Any) -> str:
 
 
 def _manifest(rel: Path) -> dict[str, Any]:
-    return json.loads((rel / "manifest.json").read_text())
+    """The records as one document, either layout (capture writes format 2)."""
+    return flat_manifest(rel)
+
+
+def _v1_manifest(rel: Path) -> dict[str, Any]:
+    """The release rewritten in the single-manifest layout, for the tests that edit manifest.json."""
+    return as_format_1(rel)
 
 
 def test_good_release_runs(release: tuple[Path, Path]) -> None:
@@ -89,7 +97,7 @@ def test_altered_tensor_byte_names_tensor_and_digests(release: tuple[Path, Path]
 
 def test_schema_failure_names_json_path(release: tuple[Path, Path]) -> None:
     rel, model = release
-    m = _manifest(rel)
+    m = _v1_manifest(rel)
     m["entries"][0]["num_tokens"] = "many"
     (rel / "manifest.json").write_text(json.dumps(m))
     res = _run(rel, model)
@@ -119,7 +127,7 @@ def test_duplicate_keys_refused(release: tuple[Path, Path]) -> None:
 
 def test_edited_manifest_breaks_root_digest(release: tuple[Path, Path]) -> None:
     rel, model = release
-    m = _manifest(rel)
+    m = _v1_manifest(rel)
     m["entries"][0]["answer"] = "42"
     (rel / "manifest.json").write_text(json.dumps(m))
     res = _run(rel, model)
@@ -193,11 +201,15 @@ def test_wrong_model_refused_then_forced(release: tuple[Path, Path], tmp_path: P
 
 
 def test_written_manifest_is_schema_valid(release: tuple[Path, Path]) -> None:
-    from kvgraft.schema import CACHE_MANIFEST, validate
+    from kvgraft.schema import CACHE_INDEX_SHARD, CACHE_MANIFEST, CACHE_MANIFEST_V2, validate
 
     rel, _ = release
+    written = json.loads((rel / "manifest.json").read_text())
+    validate(written, CACHE_MANIFEST_V2, "test")
+    for shard in written["index"]["shards"]:
+        validate(json.loads((rel / shard["file"]).read_text()), CACHE_INDEX_SHARD, shard["file"])
     m = _manifest(rel)
-    validate(m, CACHE_MANIFEST, "test")
+    validate(as_format_1(rel), CACHE_MANIFEST, "test")  # the same records in the format-1 layout
     env = m["environment"]
     for key in ("python", "torch", "transformers", "device_name", "dtype", "attn_implementation", "threads",
                 "deterministic_algorithms"):

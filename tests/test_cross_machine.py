@@ -21,6 +21,7 @@ from kvgraft.environment import cpu_isa, cpu_name, differences
 from kvgraft.schema import validate
 
 import rewrite
+from release_factory import flat_manifest
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def test_relabelled_sdpa_is_consistent_only_when_required(eager_release: Path, t
 def test_one_element_changed_by_one_percent_is_inconsistent_and_located(eager_release: Path, tmp_path: Path) -> None:
     rel = tmp_path / "planted"
     shutil.copytree(eager_release, rel)
-    shape = json.loads((rel / "manifest.json").read_text())["entries"][0]["tensors"]["layer.12.keys"]["shape"]
+    shape = flat_manifest(rel)["entries"][0]["tensors"]["layer.12.keys"]["shape"]
     head, position, dim = 2, 40, 17
     old, new = rewrite.element(rel, 0, "layer.12.keys", rewrite.flat_index(shape, head, position, dim),
                                lambda x: x * 1.01)

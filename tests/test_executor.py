@@ -23,6 +23,8 @@ from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecu
 from kvgraft.generalization import audit as gen
 from kvgraft.release.format import Release
 
+from release_factory import flat_manifest
+
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'kvgraft[ray]'); the Ray "
                                                     "executor tests need a local Ray instance")
@@ -260,7 +262,7 @@ def test_a_failing_unit_is_not_retried_and_keeps_its_exit_code(pool: RayExecutor
                                                                release_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "rel"
     shutil.copytree(release_dir, bad)
-    m = json.loads((bad / "manifest.json").read_text())
+    m = flat_manifest(bad)
     f = bad / m["entries"][2]["file"]
     data = bytearray(f.read_bytes())
     start = next(iter(m["entries"][2]["tensors"].values()))["byte_range"][0]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvgraft import capture, graft, runtime
+from kvgraft.errors import IntegrityError
 from kvgraft.runtime import Schedule
 
 import tiny
@@ -84,8 +85,11 @@ def test_forgetting_cumulative_length_is_caught(tiny_lm: Any, tmp_path: Path, mo
     fresh = _logits_after(lm, fresh_cache)
     try:
         bad = _logits_after(lm, graft.build_cache(lm, broken, tensors, "test"))
-    except RuntimeError:
-        return  # a shape error is also a caught fault; silent equality is what must not happen
+    except (RuntimeError, IntegrityError) as exc:
+        # a shape error is also a caught fault; silent equality is what must not happen. The graft
+        # now refuses the record itself: its positions say the window ends at a position it has not seen.
+        assert not isinstance(exc, IntegrityError) or "stores its window" in str(exc)
+        return
     assert not torch.equal(bad, fresh)
 
 

@@ -27,7 +27,7 @@ from kvgraft.release.format import entry_digest, root_digest
 from kvgraft.signing import attest, keys
 from kvgraft.verify import VerifyPolicy, verify_release
 
-from release_factory import make_release, unsign
+from release_factory import as_format_1, make_release, unsign
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -295,6 +295,7 @@ def captured(tiny_lm: Callable[[str], Any], tmp_path: Path) -> tuple[Path, Path,
     lm = tiny_lm("llama")
     root = tmp_path / "cap"
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight"})], root, probe_tokens=0)
+    as_format_1(root)  # the attacks below rewrite a single manifest (test_scale_release: the indexed layout's)
     private, public = keys.write_keypair(tmp_path / "k")
     signer.sign_release(root, keys.load_private_key(private))
     return root, public, lm

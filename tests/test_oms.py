@@ -29,11 +29,12 @@ MODEL_SIGNING = shutil.which("model_signing") or str(Path(__file__).resolve().pa
 needs_cli = pytest.mark.skipif(not Path(MODEL_SIGNING).exists(), reason="model_signing CLI not installed")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["format1", "format2"])
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A release of each format: OMS lists every file of both (format 2: index shards and entry files)."""
     folder = tmp_path_factory.mktemp("oms")
     private, public = keys.write_keypair(folder / "k")
-    make_release(folder / "rel", entries=3, seed=7)
+    make_release(folder / "rel", entries=3, seed=7, format_version=request.param)
     return folder / "rel", private, public
 
 
@@ -114,9 +115,10 @@ def test_model_signing_verifies_a_kvgraft_signed_release(release: tuple[Path, Pa
     sig = root / attest.OMS_NAME
     ok = _model_signing("verify", "key", "--signature", str(sig), "--public_key", str(public), str(root))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    _flip(sorted((root / "entries").iterdir())[1])
+    victim = sorted((root / "entries").rglob("*.safetensors"))[1]
+    _flip(victim)
     bad = _model_signing("verify", "key", "--signature", str(sig), "--public_key", str(public), str(root))
-    assert bad.returncode != 0 and "entries/00001.safetensors" in bad.stdout + bad.stderr
+    assert bad.returncode != 0 and victim.relative_to(root).as_posix() in bad.stdout + bad.stderr
 
 
 @needs_cli
@@ -130,7 +132,7 @@ def test_kvgraft_verifies_a_release_signed_by_model_signing(release: tuple[Path,
     doc: dict[str, Any] = json.loads(r.stdout)
     assert doc["signature"]["status"] == "verified" and doc["signature"]["oms_verified"] is True
     assert doc["signature"]["bundle"] is None
-    for victim in (root / "manifest.json", sorted((root / "entries").iterdir())[2], sig):
+    for victim in (root / "manifest.json", sorted((root / "entries").rglob("*.safetensors"))[2], sig):
         saved = victim.read_bytes()
         _flip(victim, len(saved) // 2)
         r = runner.invoke(app, ["verify", str(root), "--key", str(public)])

@@ -21,6 +21,7 @@ from kvgraft.errors import IntegrityError
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.tensors import from_buffer, split_views
+from kvgraft.verify import verify_release
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen"
 
@@ -52,14 +53,14 @@ def test_header_changed_after_a_restore_is_caught(rel: Release, tiny_lm: Callabl
     path = rel.entry_file(entry)
     _, raw = _header(path)
     _rewrite_header(path, raw.replace(b'"layer.0.keys"', b'"layer.0.kezs"'))
-    with pytest.raises(IntegrityError, match=r"safetensors header changed after the release was verified"):
+    with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256 [0-9a-f]{64}, the manifest says"):
         graft.restore(rel, "e", lm)
 
 
 def test_header_in_another_key_order_is_refused(rel: Release, tiny_lm: Callable[[str], Any]) -> None:
-    """Grafting verifies the release as `kvgraft verify` does: a rewritten header (same tensors, other
-    key order) changes the file's sha256, so the graft is refused, by a fresh Release and by the one
-    that was verified before the rewrite."""
+    """A rewritten header (same tensors, other key order) is not the header the signed record binds
+    (header_sha256), so the graft is refused, by a fresh Release and by the one that grafted before
+    the rewrite; `kvgraft verify` finds the file's sha256 changed."""
     lm = tiny_lm("llama")
     graft.restore(rel, "e", lm)
     path = rel.entry_file(rel.entry("e"))
@@ -68,10 +69,12 @@ def test_header_in_another_key_order_is_refused(rel: Release, tiny_lm: Callable[
     reordered = {k: dict(reversed(list(v.items()))) for k, v in reversed(list(doc.items()))}
     new = json.dumps(reordered, separators=(",", ":")).encode()
     _rewrite_header(path, new + b" " * (n - len(new)))
-    with pytest.raises(IntegrityError, match=r"00000.safetensors: sha256 [0-9a-f]{64} does not match the manifest"):
+    with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256"):
         graft.restore(Release.open(rel.root), "e", lm)
-    with pytest.raises(IntegrityError, match=r"header changed after the release was verified"):
+    with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256"):
         graft.restore(rel, "e", lm)
+    with pytest.raises(IntegrityError, match=r"000.safetensors: sha256 [0-9a-f]{64} does not match the manifest"):
+        verify_release(rel.root)
 
 
 def test_buffers_are_reused_only_when_free() -> None:

@@ -5,7 +5,8 @@
 
 Builds four releases with kvgraft's own capture (transformers, fp32) of the default model:
   good:     entry "a", verified and of the served model: must be grafted;
-  tampered: entry "b", one byte of a key tensor flipped after capture: must be refused at start-up;
+  tampered: entry "b", one byte of a key tensor flipped after capture: must be refused when its request
+            would graft it (start-up reads no entry bytes), and vLLM recompute those blocks;
   wrong:    entry "c", captured by the model with one weight perturbed (a valid release of another
             model, as in SGLang #24758): must be refused for its model identity;
   late:     entry "e", verified at start-up, one byte flipped after vLLM started: the read-time digest
@@ -55,8 +56,9 @@ NEW_TOKENS = 16
 
 def flip_one_byte(release: Path, entry_id: str) -> str:
     """Flip one byte inside the first key tensor of an entry; return the tensor's name."""
-    manifest = json.loads((release / "manifest.json").read_text())
-    entry = next(e for e in manifest["entries"] if e["id"] == entry_id)
+    from kvgraft.release.format import Release
+
+    entry = Release.open(release).entry(entry_id)
     name = entry["layers"][0]["keys"]
     start, _ = entry["tensors"][name]["byte_range"]
     path = release / entry["file"]
@@ -83,8 +85,9 @@ def build_releases(out: Path) -> dict[str, object]:
         lm.model.model.layers[3].mlp.down_proj.weight[0, 0] += 1e-3
     lm._identity = None
     capture(lm, [("c", {"id": "c", "text": TEXTS["c"]})], out / "release-c", probe_tokens=4)
-    info["tokens"] = {rid: json.loads((out / f"release-{rid}" / "manifest.json").read_text())["entries"][0]["token_ids"]
-                      for rid in ("a", "b", "c", "e")}
+    from kvgraft.release.format import Release
+
+    info["tokens"] = {rid: Release.open(out / f"release-{rid}").entry(rid)["token_ids"] for rid in ("a", "b", "c", "e")}
     info["tokens"]["d"] = [int(t) for t in lm.tokenizer(TEXTS["d"])["input_ids"]]  # in no release: captured by vLLM
     info["key"] = str(sign_copies(out))
     (out / "plan.json").write_text(json.dumps(info) + "\n")

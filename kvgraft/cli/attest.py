@@ -113,6 +113,8 @@ def verify(
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    entry: Annotated[list[str] | None, typer.Option(
+        "--entry", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
     require_signature: RequireSignatureOpt = False,
     oms_signature: Annotated[Path | None, typer.Option(
         "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,
@@ -128,7 +130,7 @@ def verify(
     policy = VerifyPolicy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity, issuer=issuer,
                           trust=trust, require_signature=require_signature, oms_signature=oms_signature)
     try:
-        result = verify_release(release, policy=policy, deep=deep)
+        result = verify_release(release, policy=policy, deep=deep, entries=entry or None)
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.
         code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
@@ -142,8 +144,13 @@ def verify(
     gib = result.bytes_hashed / 2**30
     say(f"verified {release}")
     say(f"  signature    {result.signature.describe()}")
-    say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
-        f"{' (every tensor re-hashed)' if deep else ''}")
+    if result.scope == "entries":
+        say(f"  entries      {len(result.checked_entries)} of {result.entries} checked ({', '.join(result.checked_entries[:5])}"
+            f"{', ...' if len(result.checked_entries) > 5 else ''}), {result.tensors} tensors"
+            f"{' (every tensor re-hashed)' if deep else ''}; the other entries' files were not read")
+    else:
+        say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
+            f"{' (every tensor re-hashed)' if deep else ''}")
     rate = result.throughput / 2**30
     say(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)")
     say(f"  root digest  {result.root_digest}")

@@ -39,7 +39,7 @@ def capture(
         task = bar.add_task("capturing", total=len(records))
         manifest = do_capture(lm, records, out_dir, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
                               overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i))
-    tokens = sum(e["num_tokens"] for e in manifest["entries"])
+    tokens = sum(e["num_tokens"] for e in manifest["entries"])  # the writer's whole-release document
     out.print(f"captured {len(manifest['entries'])} entries, {tokens} tokens → {out_dir}")
     out.print(f"root digest {manifest['root_digest']}")
 

@@ -102,7 +102,7 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
     other = by_sha.get(actual)
     if other is not None and other != name:
         return f"{base}: it has the content of {other} (files swapped or copied)"
-    entries = [e for e in rel.manifest["entries"] if e["file"] == name]
+    entries = [e for e in rel.entries if e["file"] == name] if name.startswith("entries/") or rel.index is None else []
     if not entries:
         return base
     try:
@@ -151,20 +151,23 @@ def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
 def check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
                   deep: bool = False, signed: bool = False, attested_root: str | None = None,
                   check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
-                  beside_source: str = "OMS signature", subjects_beside: bool = False) -> CheckedRelease:
+                  beside_source: str = "OMS signature", subjects_beside: bool = False,
+                  every_file: bool = False) -> CheckedRelease:
     """The release's bytes against `subjects` (if any) and the manifest (module docstring).
 
     `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
     names it in messages ("signed statement", ...); `attested_root`: the root digest it attests.
     `check_claims` checks the rest of what it states once the manifest is parsed, before the folder.
-    `beside`: files outside the manifest (name -> sha256) that `beside_source` lists, such as a Hub
-    card: present and hashed like the release's own, reported in CheckedRelease.beside. With
-    `subjects_beside`, the names `subjects` lists beyond the manifest are such files (an OMS signature
-    that is the statement).
     `signed`: its signature was verified, so the manifest it pins is as large as its signer made it;
     otherwise the manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
     Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
     disagree, InputError for unusable input.
+
+    `beside`: files outside the manifest (name -> sha256) that `beside_source` lists, such as a Hub
+    card: present and hashed like the release's own, reported in CheckedRelease.beside. With
+    `subjects_beside`, the names `subjects` lists beyond the manifest are such files (an OMS signature
+    that is the statement). `every_file`: `subjects` names every file of the release (an OMS list), not
+    manifest.json and the files the statement binds directly (format 2: the index files).
     """
     root = Path(root)
     if not jsonio.is_folder(root):
@@ -203,11 +206,114 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
                 for name, size in _files_to_prefetch(root, present, doc)}
     try:
         return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
-                      dict(beside or {}), beside_source if beside else source, subjects_beside)
+                      dict(beside or {}), beside_source if beside else source, subjects_beside, every_file)
     finally:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
             future.cancel()
+
+
+def _statement_matches(root: Path, manifest: dict[str, Any], msha: str, msize: int,
+                       stmt_subjects: dict[str, str] | None, source: str, check_claims: ManifestCheck | None,
+                       lists_more: bool = False, rel: Release | None = None,
+                       files: dict[str, dict[str, Any]] | None = None) -> Release:
+    """Step 3's statement half: the subjects a statement lists are manifest.json and the files the
+    manifest lists (format 2: its index files; `files`: these instead), with the same digests; then what
+    else it claims. `lists_more`: the subjects may name further files (an OMS list names every file of
+    the folder)."""
+    rel = rel if rel is not None else Release(root, manifest)
+    if stmt_subjects is not None:
+        listed = files if files is not None else rel.subject_files()
+        expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in listed.items()}}
+        for name in sorted(set(expected) if lists_more else set(stmt_subjects) | set(expected)):
+            if stmt_subjects.get(name) != expected.get(name):
+                raise VerificationError(
+                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
+                    f"{expected.get(name)}")
+    if check_claims is not None:
+        check_claims(manifest, msha, msize)
+    return rel
+
+
+def open_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
+                 signed: bool = False, attested_root: str | None = None,
+                 check_claims: ManifestCheck | None = None, lists_more: bool = False) -> CheckedRelease:
+    """What opening a release checks (docs/verification.md): manifest.json's bytes against the
+    statement's subject, its content (schema, commitments: format 1 every record, format 2 the index)
+    and the statement against it. Reads manifest.json only: no entry file, no index shard."""
+    root = Path(root)
+    if not jsonio.is_folder(root):
+        raise InputError(f"{root}: not a folder")
+    manifest_path = root / MANIFEST
+    if subjects is not None and MANIFEST not in subjects:
+        raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
+    st = jsonio.stat_or_none(manifest_path)
+    if st is None:
+        if subjects is not None:
+            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
+        raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        raise InputError(f"{manifest_path}: is a symlink; releases may not contain links")
+    limit = release_format.MAX_MANIFEST_BYTES
+    if not signed:
+        # Weighed against the data as check_release does, listing the folder only for a manifest above
+        # the floor (a format-2 manifest is far below it: ~30 bytes per entry).
+        limit = UNSIGNED_MANIFEST_FLOOR
+        with contextlib.suppress(OSError):
+            if manifest_path.lstat().st_size > UNSIGNED_MANIFEST_FLOOR:
+                limit = _unsigned_manifest_limit(root, release_folder_files(root))
+    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
+    msha, msize = sha256_hex(data), len(data)
+    if subjects is not None and msha != subjects[MANIFEST]:
+        theirs = f"; the statement attests the release with root digest {attested_root}" \
+            if attested_root is not None else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({subjects[MANIFEST]})"
+                             f"{theirs}")
+    doc = jsonio.loads_strict(data, str(manifest_path))
+    del data
+    manifest = release_format.check_manifest(doc, manifest_path)
+    rel = _statement_matches(root, manifest, msha, msize, subjects, source, check_claims, lists_more)
+    check_commitments(root, manifest)
+    files = {MANIFEST: msha, **{n: f["sha256"] for n, f in rel.subject_files().items()}}
+    return CheckedRelease(root, manifest, msha, msize, files, msize, 0, 0, rel)
+
+
+@dataclass
+class CheckedEntry:
+    entry: dict[str, Any]
+    bytes_hashed: int
+    tensors: int
+
+
+def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEntry:
+    """One entry's file: its size, SHA-256 (the one its record states, which the root digest binds),
+    its safetensors header against the record's tensor table and, with `deep`, every tensor's digest."""
+    entry = rel.entry(entry_id)
+    meta = rel.file_meta(entry)
+    path = rel.entry_file(entry)
+    try:
+        sha, size = hash_file(path, meta["size"])
+    except EOFError:
+        raise IntegrityError(f"{path}: entry {entry_id!r}: the file shrank while it was being verified") from None
+    except IntegrityError as exc:
+        raise IntegrityError(f"{exc}: entry {entry_id!r}") from None
+    if sha != meta["sha256"]:
+        raise IntegrityError(_locate(rel, entry["file"], sha, meta["sha256"], "manifest", {}))
+    rel.tensor_layout(entry)
+    hashed = size
+    if deep:
+        table = entry["tensors"]
+        order = sorted(table, key=lambda n: table[n]["byte_range"][0])
+        got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
+        for n, digest in zip(order, got, strict=True):
+            if digest != table[n]["sha256"]:
+                a, b = table[n]["byte_range"]
+                raise IntegrityError(tensor_mismatch(f"{path}: entry {entry_id!r}", n, a, b, digest, table[n]["sha256"]))
+            hashed += table[n]["byte_range"][1] - table[n]["byte_range"][0]
+    return CheckedEntry(entry, hashed, len(entry["tensors"]))
 
 
 def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:
@@ -239,38 +345,42 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
            msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
-           subjects_beside: bool) -> CheckedRelease:
+           subjects_beside: bool, every_file: bool) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
     # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
     # checks of step 4, so that a huge manifest that does not describe this folder is refused sooner
     manifest = release_format.check_manifest(doc, manifest_path)
     rel = Release(root, manifest)
-    expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in manifest["files"].items()}}
+    if rel.index is not None:
+        check_commitments(root, manifest)  # the root digest binds the shard digests about to be trusted
+    # Format 2: every shard is read and checked against the manifest here (their bytes are hashed
+    # again with the other files below, which also finds one that changed since).
+    all_files = rel.all_files()
+    expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in all_files.items()}}
     if stmt_subjects is not None and subjects_beside:
         beside.update({n: d for n, d in stmt_subjects.items() if n not in expected})
         stmt_subjects = {n: d for n, d in stmt_subjects.items() if n in expected}
+    # The release's own files are compared with the OMS list by the caller (format 2: a statement lists
+    # the index files, OMS every file); what is left is beside the manifest.
+    for name in [n for n in beside if n in expected]:
+        del beside[name]
     for name in beside:
         check_relpath(name, f"{root}: the {beside_source}")
-        if name in expected or name.split("/")[0] in release_format.REPOSITORY_METADATA:
-            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which has it "
-                                    f"or ignores it")
-    if stmt_subjects is not None:
-        for name in sorted(set(stmt_subjects) | set(expected)):
-            if stmt_subjects.get(name) != expected.get(name):
-                raise VerificationError(
-                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
-                    f"{expected.get(name)}")
-    if check_claims is not None:
-        check_claims(manifest, msha, msize)
+        if name.split("/")[0] in release_format.REPOSITORY_METADATA:
+            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which ignores "
+                                    f"it")
+    _statement_matches(root, manifest, msha, msize, stmt_subjects, source, check_claims, rel=rel,
+                       files=all_files if every_file else None)
+    entries = rel.entries
 
     # 4. the folder: names, missing, extra, sizes
-    for name in manifest["files"]:
+    for name in all_files:
         safe_path(root, name, "manifest file")
     missing = sorted((set(expected) | set(beside)) - present)
     extra = sorted(present - set(expected) - set(beside))
     users: dict[str, list[str]] = {}
-    for entry in manifest["entries"]:
+    for entry in entries:
         users.setdefault(entry["file"], []).append(entry["id"])
 
     def of(name: str) -> str:
@@ -288,24 +398,25 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         # Named by the first missing file's path when there is one: the line says where to look.
         head = root / missing[0] if missing else root
         raise IntegrityError(f"{head}: files differ from the {source}: {'; '.join(parts)}")
-    names = sorted(manifest["files"])
+    names = sorted(all_files)
     paths = [root / n for n in names]
     for name, path in zip(names, paths, strict=True):
         st = jsonio.stat_or_none(path)
         if st is None:
             raise IntegrityError(f"{path}: missing (removed while the release was verified)")
-        want, now = manifest["files"][name]["size"], st.st_size
-        if now != want:
-            how = "truncated" if now < want else "grown"
+        want, have = all_files[name]["size"], st.st_size
+        if have != want:
+            how = "truncated" if have < want else "grown"
             label = f": {of(name)}" if of(name) else ""
-            raise IntegrityError(f"{path}{label}: {now} bytes, the manifest says {want} ({how})")
+            raise IntegrityError(f"{path}{label}: {have} bytes, the manifest says {want} ({how})")
 
     for name in sorted(beside):
         safe_path(root, name, f"file the {beside_source} lists")
-    check_commitments(root, manifest)
+    if rel.index is None:
+        check_commitments(root, manifest)
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
-    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, manifest["files"][n]["size"], stop)
+    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, all_files[n]["size"], stop)
                for n in names}
     results = [_result(pending[n], root / n) for n in names]
     by_sha = {sha: n for n, sha in expected.items()}
@@ -324,14 +435,14 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
 
     # 6. safetensors headers against the manifest's tensor tables
     tensors = 0
-    for entry in manifest["entries"]:
+    for entry in entries:
         rel.tensor_layout(entry)
         tensors += len(entry["tensors"])
 
     # 7. optionally every tensor byte range against its own digest
     rehashed = 0
     if deep:
-        for entry in manifest["entries"]:
+        for entry in entries:
             table = entry["tensors"]
             order = sorted(table, key=lambda n: table[n]["byte_range"][0])
             path = root / entry["file"]
@@ -344,7 +455,7 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
 
     hashed = msize + sum(size for _, size in results) + sum(size for _, size in beside_digests.values())
     if deep:
-        hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in manifest["entries"] for t in e["tensors"].values())
+        hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in entries for t in e["tensors"].values())
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
     return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel,
                           {n: sha for n, (sha, _) in beside_digests.items()})

@@ -63,7 +63,7 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int) -> dict[str, Any]:
     """The in-toto Statement v1 of a release whose manifest file has this digest and size."""
     subjects = [{"name": MANIFEST, "digest": {"sha256": manifest_sha256}}]
-    subjects += [{"name": name, "digest": {"sha256": f["sha256"]}} for name, f in sorted(manifest["files"].items())]
+    subjects += [{"name": name, "digest": {"sha256": sha}} for name, sha in sorted(subject_files(manifest).items())]
     model = manifest["model"]
     predicate = {
         "release_format": FORMAT,
@@ -72,11 +72,23 @@ def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int
         "root_digest": manifest["root_digest"],
         "model": {"spec": model["spec"], "architecture": model["architecture"], "model_type": model["model_type"],
                   "identity": dict(model["identity"])},
-        "num_entries": len(manifest["entries"]),
+        "num_entries": len(manifest["entries"]) if manifest["format_version"] == 1 else manifest["index"]["entries"],
         "num_files": len(subjects),
         "kvgraft_version": __version__,
     }
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+
+
+def subject_files(manifest: dict[str, Any]) -> dict[str, str]:
+    """name -> sha256 of the files a statement lists beside manifest.json: every file of a format-1
+    release; the index files (shards, prefix index) of a format-2 one, whose records bind the entry files."""
+    if manifest["format_version"] == 1:
+        return {name: f["sha256"] for name, f in manifest["files"].items()}
+    index = manifest["index"]
+    files = {s["file"]: s["sha256"] for s in index["shards"]}
+    if "prefix" in index:
+        files[index["prefix"]["file"]] = index["prefix"]["sha256"]
+    return files
 
 
 def statement_bytes(stmt: dict[str, Any]) -> bytes:

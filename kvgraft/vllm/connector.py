@@ -8,12 +8,16 @@ Started the vLLM way::
 
 `release` is one folder or a list of folders; `key` (optional) a PEM public key every release must be
 signed with. At start-up, each release goes through `kvgraft.verify.verified` (the one verification
-every consumer uses), and the scheduler computes the served model's identity once
-(`kvgraft.models.fingerprint` of the folder vLLM loads, in the dtype vLLM serves) and compares it with
-each release's. A request whose prompt token ids start with all of an entry's token ids gets that
-entry's KV (the longest such entry; block-aligned, and at least one prompt token is left for vLLM to
-compute); vLLM computes the rest. Entry bytes are read once more when grafted and each tensor's
-SHA-256 is checked before any of its bytes are written into vLLM's cache.
+every consumer uses: signature, statement, manifest; no entry byte is read), and the scheduler
+computes the served model's identity once (`kvgraft.models.fingerprint` of the folder vLLM loads, in
+the dtype vLLM serves) and compares it with each release's. A request whose prompt token ids start
+with a block-aligned prefix of some entry's token ids gets that prefix's KV (the longest one any
+release offers, found by chained block hashes: `Release.longest_prefix`, one lookup per prompt block;
+at least one prompt token is left for vLLM to compute); vLLM computes the rest. An entry's record is
+checked for compatibility when it first matches; its bytes are read when grafted, and each tensor's
+SHA-256 is checked before any of its bytes are written into vLLM's cache. The grafted rows are rows
+[0, n) of the entry's recorded prefill of all its tokens (the log line says so): a prefix of a
+one-shot prefill, which need not be byte-identical to a prefill of the n tokens alone.
 
 Anything that fails (signature, digest, model identity, layout, dtype, sliding-window or shared
 layers) leaves the request to a normal prefill, with one log line naming release, entry, tensor and
@@ -89,6 +93,7 @@ class GraftLoad:
     start: int  # first token to write (tokens before it are in vLLM's own prefix cache)
     end: int  # one past the last token to write (block-aligned)
     block_ids: tuple[int, ...]
+    entry_digest: str = ""  # the record the scheduler matched: the worker grafts that record or nothing
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ class KvgraftMetadata(KVConnectorMetadata):  # type: ignore[misc]
 class _Refused:
     reason: str
     tensor: str
-    entries: list[dict[str, Any]]  # its entries when the manifest could be read, for per-request lines
+    opened: Release | None  # its manifest when it could be read, to name the entry a request would have used
 
 
 def served_identity(folder: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -165,10 +170,11 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._releases[i] = verified(root, self._policy)
             except KvgraftError as exc:
                 self._refuse_release(i, str(exc))
-        # Scheduler: what matches; worker: what it grafted and what failed.
-        self._index: list[tuple[tuple[int, ...], int, str]] = []  # (token ids, release, entry id), longest first
-        self._pending: dict[str, tuple[int, str, int, int]] = {}  # req id -> (release, entry, start, end)
-        self._need_load: dict[str, tuple[int, str, int, int]] = {}
+        # Scheduler: which entries were found compatible; worker: what it grafted and what failed.
+        self._compatible: dict[tuple[int, str], bool] = {}
+        # req id -> (release, entry, start, end, the entry record's digest)
+        self._pending: dict[str, tuple[int, str, int, int, str]] = {}
+        self._need_load: dict[str, tuple[int, str, int, int, str]] = {}
         self._load_errors: set[int] = set()
         self._maps: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._lock = threading.Lock()
@@ -180,16 +186,15 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # ------------------------------------------------------------------------------------ start-up
 
-    def _refuse_release(self, i: int, reason: str, tensor: str | None = None,
-                        entries: list[dict[str, Any]] | None = None) -> None:
+    def _refuse_release(self, i: int, reason: str, tensor: str | None = None, opened: Release | None = None) -> None:
         tensor = tensor or (m.group(1) if (m := _TENSOR_IN.search(reason)) else "-")
-        if entries is None:
+        if opened is None:
             try:  # the manifest alone, to name the entry when a request would have used it
-                entries = Release.open(self._roots[i]).entries
+                opened = Release.open(self._roots[i])
             except KvgraftError:
-                entries = []
+                opened = None
         self._releases.pop(i, None)
-        self._refused[i] = _Refused(_first_line(reason), tensor, entries)
+        self._refused[i] = _Refused(_first_line(reason), tensor, opened)
         entry = "*"
         if m := re.search(r"entry '([^']+)'", reason):
             entry = m.group(1)
@@ -198,7 +203,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         log.log(logging.WARNING if self.role == KVConnectorRole.SCHEDULER else logging.DEBUG, line)
 
     def _check_releases(self) -> None:
-        """Model identity (computed once) and per-entry compatibility; build the match index."""
+        """Model identity (computed once); each release's prefix index (index bytes, no entry bytes)."""
         if not self._releases:
             return
         try:
@@ -212,23 +217,43 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for i, rel in list(self._releases.items()):
             want = rel.manifest["model"]["identity"]
             if have is None:
-                self._refuse_release(i, why, "-", rel.entries)
+                self._refuse_release(i, why, "-", rel)
                 continue
             if want["sha256"] != have["sha256"]:
                 self._refuse_release(
                     i, f"model identity differs ({describe_identity_diff(want, have)}): release "
-                       f"{want['sha256'][:16]}…, served {self._model_dir} {have['sha256'][:16]}…", "-", rel.entries)
+                       f"{want['sha256'][:16]}…, served {self._model_dir} {have['sha256'][:16]}…", "-", rel)
                 continue
-            for entry in rel.entries:
+            try:
+                rel.prefix_table()
+            except KvgraftError as exc:
+                self._refuse_release(i, str(exc), "-", rel)
+        log.info("kvgraft: serving %d entries from %d of %d verified releases (model identity %s…)",
+                 sum(r.num_entries for r in self._releases.values()), len(self._releases), len(self._roots),
+                 have["sha256"][:16] if have else "?")
+
+    def _match(self, prompt: list[int]) -> tuple[int, dict[str, Any], int] | None:
+        """(release, entry, n): the longest block-aligned prefix of the prompt some compatible entry
+        starts with; an incompatible entry is named in one log line (once) and not used."""
+        found: list[tuple[int, int, dict[str, Any]]] = []
+        for i, rel in self._releases.items():
+            try:
+                hit = rel.longest_prefix(prompt, self._block_size)
+            except KvgraftError as exc:
+                log.warning(refusal(self._roots[i], "-", "-", _first_line(str(exc))))
+                continue
+            if hit is not None:
+                found.append((hit[1], i, hit[0]))
+        for n, i, entry in sorted(found, key=lambda f: (-f[0], f[1])):
+            key = (i, entry["id"])
+            if key not in self._compatible:
                 problem = self._incompatible(entry)
+                self._compatible[key] = problem is None
                 if problem is not None:
-                    tensor, reason = problem
-                    log.warning(refusal(self._roots[i], entry["id"], tensor, reason))
-                    continue
-                self._index.append((tuple(int(t) for t in entry["token_ids"]), i, entry["id"]))
-        self._index.sort(key=lambda item: -len(item[0]))
-        log.info("kvgraft: serving %d verified entries from %d of %d releases (model identity %s…)",
-                 len(self._index), len(self._releases), len(self._roots), have["sha256"][:16] if have else "?")
+                    log.warning(refusal(self._roots[i], entry["id"], problem[0], problem[1]))
+            if self._compatible[key]:
+                return i, entry, n
+        return None
 
     def _incompatible(self, entry: dict[str, Any]) -> tuple[str, str] | None:
         """(tensor, reason) when this entry cannot be grafted into the served model's cache."""
@@ -256,21 +281,26 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         params = getattr(request, "kv_transfer_params", None) or {}
         if params.get("kvgraft") == "off":
             return 0, False
-        prompt = list(request.prompt_token_ids or [])
+        prompt = [int(t) for t in request.prompt_token_ids or []]
         # At least one prompt token is left for vLLM to compute (it yields the first logits).
-        for ids, i, eid in self._index:
-            if len(ids) <= len(prompt) and tuple(prompt[:len(ids)]) == ids:
-                end = min(len(ids), len(prompt) - 1) // self._block_size * self._block_size
-                if end <= num_computed_tokens:
-                    return 0, False
-                self._pending[request.request_id] = (i, eid, num_computed_tokens, end)
-                return end - num_computed_tokens, False
+        match = self._match(prompt[:-1])
+        if match is not None:
+            i, entry, n = match
+            end = n // self._block_size * self._block_size
+            if end <= num_computed_tokens:
+                return 0, False
+            self._pending[request.request_id] = (i, entry["id"], num_computed_tokens, end, entry["digest"])
+            return end - num_computed_tokens, False
         for i, refused in self._refused.items():  # a prompt a refused release would have served
-            for entry in refused.entries:
-                stored: list[int] = entry.get("token_ids") or []
-                if stored and len(stored) <= len(prompt) and prompt[:len(stored)] == stored:
-                    log.warning(refusal(self._roots[i], entry["id"], refused.tensor, refused.reason))
-                    return 0, False
+            if refused.opened is None:
+                continue
+            try:
+                hit = refused.opened.longest_prefix(prompt[:-1], self._block_size)
+            except KvgraftError:
+                continue
+            if hit is not None:
+                log.warning(refusal(self._roots[i], hit[0]["id"], refused.tensor, refused.reason))
+                return 0, False
         return 0, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -283,8 +313,9 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for new in scheduler_output.scheduled_new_reqs:
             load = self._need_load.pop(new.req_id, None)
             if load is not None:
-                i, eid, start, end = load
-                meta.loads.append(GraftLoad(new.req_id, i, eid, start, end, tuple(int(b) for b in new.block_ids[0])))
+                i, eid, start, end, digest = load
+                meta.loads.append(GraftLoad(new.req_id, i, eid, start, end, tuple(int(b) for b in new.block_ids[0]),
+                                            digest))
         # A graft for a request not scheduled as new (preempted before its first step) is dropped: vLLM
         # then computes those tokens itself.
         self._need_load.clear()
@@ -420,6 +451,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         t0 = time.perf_counter()
         try:
             entry = rel.entry(load.entry_id)
+            if load.entry_digest and entry["digest"] != load.entry_digest:
+                self._fail(load, "-", f"the entry record is {entry['digest'][:16]}… here, the scheduler matched "
+                                      f"{load.entry_digest[:16]}… (the release changed between them)")
+                return
             # Every tensor's bytes are hashed as they are read; nothing is returned unless all match.
             tensors, _ = read_entry_tensors(rel, entry)
         except KvgraftError as exc:
@@ -453,9 +488,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         with self._lock:
             self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
         t2 = time.perf_counter()
-        log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) into %d blocks (read and hashed %.1f ms, "
-                 "written %.1f ms)", self._roots[load.release], load.entry_id, load.start, load.end, len(load.block_ids),
-                 (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) of %d (rows of the entry's recorded %s prefill "
+                 "of all %d tokens) into %d blocks (read and hashed %.1f ms, written %.1f ms)", self._roots[load.release],
+                 load.entry_id, load.start, load.end, entry["num_tokens"], rel.manifest["schedule"]["mode"],
+                 entry["num_tokens"], len(load.block_ids), (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where the backend puts key and value element [token-in-block, head, dim] inside one block.

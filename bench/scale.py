@@ -1,0 +1,330 @@
+"""A library at scale: what opening, finding, verifying and grafting one entry cost, against release size.
+
+    .venv/bin/python bench/scale.py many  [--entries 100000] [--dir DIR]
+    .venv/bin/python bench/scale.py large [--gib 20] [--entry-mib 96] [--dir DIR] [--repeat 2]
+
+Releases are written by the project's own writer (kvgraft.release.format.ReleaseWriter, format 2) and
+signed with a fresh key; tensor contents are random bytes (I/O figures do not depend on them).
+
+many: ENTRIES small entries (2 layers, 16 tokens, float32): build time; then, each step in a fresh
+  process (peak RSS: that child's VmHWM; the bare interpreter with kvgraft.release imported is
+  printed as the baseline): open (verified: signature, statement, manifest) and find one entry;
+  `verify --entry` of one entry; the vLLM connector scheduler's start-up work (verified, the prefix
+  index loaded) and one prompt lookup (without vLLM and without the model identity, which depend on
+  the model, not the release).
+large: a release of about GIB GiB of ENTRY-MIB MiB entries (48 layers of [1, 8, T, 256] bfloat16: the
+  Gemma 3 12B KV shape) and a 2-entry release of the same entries (~200 MB) beside it: verify of
+  everything in GB/s against (1) the hashing limit (cores x one core's hashlib.sha256 in memory) and
+  (2) a read + hash floor measured in the same run (one thread per core, each reading whole files
+  with os.preadv into a reused 8 MiB buffer and hashing them: the least any verifier of every byte
+  must do); verify of one entry, graft of one entry (read_entry_tensors: read + hash into memory),
+  start-up (verified), each on both releases (best of REPEAT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 8 * 1024 * 1024
+GB = 1e9
+
+
+def header(num_layers: int, dtype: str) -> dict[str, object]:
+    h = hashlib.sha256(b"bench/scale").hexdigest()
+    return {
+        "model": {"spec": "bench/scale", "architecture": "Gemma3ForCausalLM", "model_type": "gemma3",
+                  "num_hidden_layers": num_layers,
+                  "identity": {"sha256": h, "weights_sha256": h, "tokenizer_sha256": h, "config_sha256": h,
+                               "num_tensors": 0, "num_parameters": 0}},
+        "schedule": {"mode": "one-shot", "chunk_tokens": None, "batch_size": 1, "add_special_tokens": True,
+                     "add_generation_prompt": False},
+        "environment": {"python": sys.version.split()[0], "torch": "none", "transformers": "none", "kvgraft": "0.1.0",
+                        "platform": sys.platform, "device": "cpu", "device_name": "bench", "dtype": dtype,
+                        "attn_implementation": "sdpa", "threads": 1, "deterministic_algorithms": True},
+    }
+
+
+def safetensors_blob(layers: int, shape: list[int], dtype: str, seed: int) -> bytes:
+    """One entry file: `layers` x (keys, values) of `shape`, random bytes, written without torch."""
+    import random
+    import struct
+
+    code, size = {"float32": ("F32", 4), "bfloat16": ("BF16", 2)}[dtype]
+    n = size
+    for d in shape:
+        n *= d
+    table: dict[str, object] = {}
+    at = 0
+    for i in range(layers):
+        for part in ("keys", "values"):
+            table[f"layer.{i}.{part}"] = {"dtype": code, "shape": shape, "data_offsets": [at, at + n]}
+            at += n
+    head = json.dumps(table, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + random.Random(seed).randbytes(at)
+
+
+def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, blobs: int) -> float:
+    """Write and sign a release; return the seconds the writer took."""
+    import random
+
+    from kvgraft import signer
+    from kvgraft.release.format import ReleaseWriter, token_ids_digest
+    from kvgraft.release.hashing import digest_json
+    from kvgraft.signing import keys
+
+    pool = [safetensors_blob(layers, shape, dtype, s) for s in range(blobs)]
+    tokens = shape[2]
+    rng = random.Random(1)
+    layer_meta = [{"index": i, "kind": "full", "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
+                   "positions": [0, tokens]} for i in range(layers)]
+    t0 = time.perf_counter()
+    writer = ReleaseWriter(out, overwrite=True, keep_entries=False)
+    for i in range(entries):
+        ids = [rng.randrange(1, 50_000) for _ in range(tokens)]
+        text = f"bench entry {i}"
+        writer.add_entry_file({
+            "id": f"e{i:06d}", "num_tokens": tokens, "token_ids": ids, "token_ids_sha256": token_ids_digest(ids),
+            "source": {"kind": "text", "sha256": digest_json(text), "text": text}, "layers": layer_meta,
+            "next_token": {"logits_sha256": hashlib.sha256(b"").hexdigest(), "argmax": 0, "dtype": dtype},
+        }, pool[i % blobs])
+        if i % 1000 == 999:
+            print(f"\rbuilding {i + 1}/{entries}", end="", file=sys.stderr, flush=True)
+    writer.finish(header(layers, dtype))
+    seconds = time.perf_counter() - t0
+    print(file=sys.stderr)
+    private, _ = keys.write_keypair(out.parent / f"{out.name}-key", overwrite=True)
+    signer.sign_release(out, keys.load_private_key(private))
+    return seconds
+
+
+# ------------------------------------------------------------------------------------- child steps
+
+def step(name: str, root: str, arg: str) -> dict[str, object]:
+    """One measured step in this (fresh) process."""
+    from kvgraft.verify import VerifyPolicy, verified, verify_release
+
+    key = Path(root + "-key.pub.pem")
+    policy = VerifyPolicy(key=key, require_signature=True)
+    if name == "graft-one":
+        import kvgraft.graft  # noqa: F401 (torch: imported before the clock starts, as a served process has it)
+    t0 = time.perf_counter()
+    out: dict[str, object] = {}
+    if name == "baseline":
+        pass
+    elif name == "open":
+        rel = verified(root, policy)
+        t1 = time.perf_counter()
+        entry = rel.entry(arg)
+        out["find_s"] = time.perf_counter() - t1
+        out["entries"] = rel.num_entries
+        out["found"] = entry["id"]
+    elif name == "verify-one":
+        r = verify_release(root, policy=policy, entries=[arg])
+        out["bytes_hashed"] = r.bytes_hashed
+    elif name == "verify-all":
+        r = verify_release(root, policy=policy)
+        out["bytes_hashed"] = r.bytes_hashed
+    elif name == "startup":  # the connector scheduler's per-release start-up work, then one lookup
+        rel = verified(root, policy)
+        rel.prefix_table()
+        t1 = time.perf_counter()
+        out["startup_s"] = t1 - t0
+        prompt = [*rel.entry(arg)["token_ids"], 1, 2, 3]  # reads the entry's shard
+        t2 = time.perf_counter()
+        hit = rel.longest_prefix(prompt, 16)
+        out["lookup_s"] = time.perf_counter() - t2
+        out["hit"] = [hit[0]["id"], hit[1]] if hit else None
+    elif name == "graft-one":
+        from kvgraft.graft import read_entry_tensors
+
+        rel = verified(root, policy)
+        t1 = time.perf_counter()
+        _, n = read_entry_tensors(rel, rel.entry(arg))
+        out["read_hash_s"] = time.perf_counter() - t1
+        out["bytes"] = n
+    else:
+        raise SystemExit(f"unknown step {name}")
+    out["seconds"] = time.perf_counter() - t0
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over exec from the forking parent.
+    hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
+    return out
+
+
+def child(name: str, root: Path, arg: str = "") -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, __file__, "_step", name, str(root), arg], capture_output=True, text=True,
+                         env=env, timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"step {name} failed: {res.stderr[-2000:]}")
+    result: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    return result
+
+
+# ------------------------------------------------------------------------------------- floors
+
+def one_core_hash_rate(seconds: float = 2.0) -> float:
+    data = os.urandom(BLOCK)
+    h = hashlib.sha256()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        h.update(data)
+        n += len(data)
+    return n / (time.perf_counter() - t0)
+
+
+def read_hash_floor(paths: list[Path]) -> float:
+    """Bytes per second reading and hashing every file, one thread per core pulling whole files."""
+    import threading
+
+    cores = len(os.sched_getaffinity(0))
+    todo = iter(sorted(paths, key=lambda p: -p.stat().st_size))
+    lock = threading.Lock()
+    total = [0]
+
+    def work() -> None:
+        buf = bytearray(BLOCK)
+        view = memoryview(buf)
+        while True:
+            with lock:
+                path = next(todo, None)
+            if path is None:
+                return
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                h, pos = hashlib.sha256(), 0
+                while True:
+                    n = os.preadv(fd, [view], pos)
+                    if n == 0:
+                        break
+                    h.update(view[:n])
+                    pos += n
+                h.hexdigest()
+            finally:
+                os.close(fd)
+            with lock:
+                total[0] += pos
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(cores) as ex:
+        for f in [ex.submit(work) for _ in range(cores)]:
+            f.result()
+    return total[0] / (time.perf_counter() - t0)
+
+
+def files_of(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+# ------------------------------------------------------------------------------------- commands
+
+def many(args: argparse.Namespace) -> None:
+    root = Path(args.dir) / f"many-{args.entries}"
+    manifest_path = root / "manifest.json"
+    reuse = manifest_path.exists() and (root / "release.sigstore.json").exists() and \
+        json.loads(manifest_path.read_text())["index"]["entries"] == args.entries
+    seconds = 0.0 if reuse else build(root, args.entries, 2, [1, 2, 16, 8], "float32", 64)
+    size = sum(p.stat().st_size for p in files_of(root))
+    manifest = (root / "manifest.json").stat().st_size
+    print(f"release   {args.entries} entries (2 layers x [1, 2, 16, 8] float32 keys and values, random bytes), "
+          f"{size / 1e6:.0f} MB on disk, manifest.json {manifest / 1e6:.2f} MB, "
+          f"{len(list((root / 'index').iterdir()))} index files")
+    if reuse:
+        print(f"build     reused {root} (built and signed by an earlier run of this command)")
+    else:
+        print(f"build     {seconds:.1f} s with ReleaseWriter ({seconds / args.entries * 1e3:.2f} ms per entry), then signed")
+    probe = f"e{args.entries * 7 // 10:06d}"
+    base = child("baseline", root)
+    print(f"baseline  interpreter with kvgraft.release and kvgraft.verify imported: peak RSS {base['peak_rss_mb']:.0f} MB")
+    best: dict[str, dict[str, object]] = {}
+    for _ in range(args.repeat):
+        for name in ("open", "verify-one", "startup"):
+            r = child(name, root, probe)
+            if name not in best or float(r["seconds"]) < float(best[name]["seconds"]):  # type: ignore[arg-type]
+                best[name] = r
+    o, v, s = best["open"], best["verify-one"], best["startup"]
+    print(f"open      verified (signature, statement, manifest) + find {o['found']}: {o['seconds']:.3f} s "
+          f"(find {float(o['find_s']) * 1e3:.1f} ms), peak RSS {o['peak_rss_mb']:.0f} MB")  # type: ignore[arg-type]
+    print(f"verify 1  verify --entry {probe}: {v['seconds']:.3f} s, {v['bytes_hashed']} bytes hashed, "
+          f"peak RSS {v['peak_rss_mb']:.0f} MB")
+    print(f"startup   connector scheduler work (verified + prefix index): {float(s['startup_s']):.3f} s, one lookup "
+          f"{float(s['lookup_s']) * 1e3:.1f} ms -> {s['hit']}, peak RSS {s['peak_rss_mb']:.0f} MB")  # type: ignore[arg-type]
+
+
+def large(args: argparse.Namespace) -> None:
+    entry_bytes = args.entry_mib * 2**20
+    # Gemma 3 12B KV per token: 48 layers x K and V x 8 heads x 256 dims x 2 bytes = 384 KiB
+    tokens = max(16, entry_bytes // (48 * 2 * 8 * 256 * 2))
+    shape = [1, 8, tokens, 256]
+    n_big = max(2, round(args.gib * 2**30 / (tokens * 384 * 1024)))
+    big, small = Path(args.dir) / "large", Path(args.dir) / "small"
+    if not (big / "manifest.json").exists() or json.loads((big / "manifest.json").read_text())["index"]["entries"] != n_big:
+        print(f"building {n_big} entries of {tokens} tokens ...", file=sys.stderr)
+        build(big, n_big, 48, shape, "bfloat16", 4)
+    if not (small / "manifest.json").exists():
+        build(small, 2, 48, shape, "bfloat16", 4)
+    big_bytes = sum(p.stat().st_size for p in files_of(big))
+    small_bytes = sum(p.stat().st_size for p in files_of(small))
+    print(f"releases  large: {n_big} entries x {tokens} tokens (48 layers x [1, 8, {tokens}, 256] bfloat16, random), "
+          f"{big_bytes / GB:.2f} GB; small: 2 entries, {small_bytes / GB:.3f} GB")
+    cores = len(os.sched_getaffinity(0))
+    one = one_core_hash_rate()
+    print(f"hashing   one core {one / GB:.2f} GB/s in memory; limit {cores} x = {cores * one / GB:.2f} GB/s")
+    rows = []
+    for r in range(0 if args.only_steps else args.repeat):
+        floor = read_hash_floor(files_of(big))
+        v = child("verify-all", big)
+        rate = float(v["bytes_hashed"]) / float(v["seconds"])  # type: ignore[arg-type]
+        rows.append((floor, rate, v))
+        print(f"round {r + 1}   floor (read + hash, {cores} threads) {floor / GB:.2f} GB/s; kvgraft verify {rate / GB:.2f} GB/s "
+              f"({float(v['seconds']):.1f} s) = {rate / floor:.0%} of the floor, {rate / (cores * one):.0%} of the limit")  # type: ignore[arg-type]
+    if rows:
+        floor, rate, _ = max(rows, key=lambda x: x[1] / x[0])
+        print(f"verify    best round: {rate / GB:.2f} GB/s = {rate / floor:.0%} of the read + hash floor "
+              f"({floor / GB:.2f} GB/s), {rate / (cores * one):.0%} of the hashing limit")
+    probe = "e000001"
+    for name in ("startup", "verify-one", "graft-one"):
+        res = {}
+        for label, root in (("large", big), ("small", small)):
+            best = min((child(name, root, probe) for _ in range(args.repeat)),
+                       key=lambda x: float(x["startup_s" if name == "startup" else "seconds"]))  # type: ignore[arg-type]
+            res[label] = best
+        key = "startup_s" if name == "startup" else "seconds"  # startup: without the lookup's entry read
+        a, b = float(res["large"][key]), float(res["small"][key])  # type: ignore[arg-type]
+        print(f"{name:10}{a:.3f} s on {big_bytes / GB:.1f} GB vs {b:.3f} s on {small_bytes / GB:.2f} GB: {a / b:.2f}x; "
+              f"peak RSS {res['large']['peak_rss_mb']:.0f} / {res['small']['peak_rss_mb']:.0f} MB")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_step":
+        print(json.dumps(step(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("many")
+    m.add_argument("--entries", type=int, default=100_000)
+    m.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
+    m.add_argument("--repeat", type=int, default=2)
+    g = sub.add_parser("large")
+    g.add_argument("--gib", type=float, default=20.0)
+    g.add_argument("--entry-mib", type=int, default=96)
+    g.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
+    g.add_argument("--repeat", type=int, default=2)
+    g.add_argument("--only-steps", action="store_true", help="skip the verify-of-everything rounds")
+    args = p.parse_args()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    many(args) if args.cmd == "many" else large(args)
+
+
+if __name__ == "__main__":
+    main()

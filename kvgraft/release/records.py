@@ -1,0 +1,89 @@
+"""Entry records and release-relative paths: the digests a record carries and the checks it makes on its own.
+
+Shared by both release layouts (kvgraft.release.format, kvgraft.release.index). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, IntegrityError
+from kvgraft.release.hashing import digest_json
+
+MANIFEST = "manifest.json"
+
+
+def entry_digest(entry: dict[str, Any]) -> str:
+    return digest_json({k: v for k, v in entry.items() if k != "digest"})
+
+
+def root_digest(manifest: dict[str, Any]) -> str:
+    return digest_json({k: v for k, v in manifest.items() if k != "root_digest"})
+
+
+def token_ids_digest(ids: list[int]) -> str:
+    return digest_json(ids)
+
+
+def source_record(kind: str, value: Any) -> dict[str, Any]:
+    """Where an entry's tokens came from: `text` (a string) or `messages` (a chat), with its digest."""
+    return {"kind": kind, "sha256": digest_json(value), kind: value}
+
+
+def new_entry(entry_id: str, token_ids: list[int], source: dict[str, Any], layers: list[dict[str, Any]],
+              next_token: dict[str, Any]) -> dict[str, Any]:
+    """An entry's manifest record before ReleaseWriter adds its file, tensors and digest; every capture
+    (kvgraft's own, the vLLM connector's) builds its entries here."""
+    return {"id": entry_id, "num_tokens": len(token_ids), "token_ids": token_ids,
+            "token_ids_sha256": token_ids_digest(token_ids), "source": source, "layers": layers,
+            "next_token": next_token}
+
+
+def check_relpath(name: Any, where: str) -> str:
+    """The one rule for a release-relative file name: forward slashes, no '..', '.', empty parts or absolute paths."""
+    if not isinstance(name, str):
+        raise InputError(f"{where}: file name {name!r} is not a string")
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 4096
+            or any(p in ("", ".", "..") for p in parts)):
+        raise InputError(f"{where}: unsafe file name {name!r} (absolute, '..' or empty parts are refused)")
+    return name
+
+
+def safe_path(root: Path, rel: str, what: str) -> Path:
+    """Resolve a release-relative path (check_relpath), refusing symlinks on the way."""
+    path = root
+    for part in check_relpath(rel, f"{root}: {what}").split("/"):
+        path = path / part
+        st = jsonio.stat_or_none(path)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise InputError(f"{path}: {what} is a symlink; releases may not contain links")
+    return path
+
+
+def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, expected: str) -> str:
+    """The one wording of a tensor whose bytes [start, end) do not hash to the manifest's sha256."""
+    return f"{where} tensor {name!r} bytes [{start}, {end}): sha256 {actual}, the manifest says {expected}"
+
+
+def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
+    """One entry record's own commitments: its digest, token ids, file listed, layers' tensors listed."""
+    eid = entry["id"]
+    if entry_digest(entry) != entry["digest"]:
+        raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
+                             f"({entry_digest(entry)})")
+    if entry["file"] not in files:
+        raise InputError(f"{where}: entry {eid!r}: file {entry['file']!r} is not listed in files")
+    if len(entry["token_ids"]) != entry["num_tokens"]:
+        raise InputError(f"{where}: entry {eid!r}: num_tokens {entry['num_tokens']} but "
+                         f"{len(entry['token_ids'])} token ids")
+    if token_ids_digest(entry["token_ids"]) != entry["token_ids_sha256"]:
+        raise IntegrityError(f"{where}: entry {eid!r}: token_ids_sha256 does not match the token ids")
+    for layer in entry["layers"]:
+        for key in ("keys", "values"):
+            if key in layer and layer[key] not in entry["tensors"]:
+                raise InputError(f"{where}: entry {eid!r} layer {layer['index']}: tensor "
+                                 f"{layer[key]!r} is not listed")

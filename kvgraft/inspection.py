@@ -38,7 +38,8 @@ _FULCIO_ISSUER_V1 = "1.3.6.1.4.1.57264.1.1"
 class Listing:
     """What inspect reads of a release: its header, its entry count, a page of entries, one entry, a file's size.
 
-    Over `Release.open` (one manifest read). The only class here that knows how a release is stored.
+    Over `Release.open` (one manifest read; format 2: an index shard for each page's records, never an
+    entry file). The only class here that knows how a release is stored.
     """
 
     root: Path
@@ -55,21 +56,28 @@ class Listing:
                 **{k: m[k] for k in ("created", "model", "schedule", "environment", "root_digest")}}
 
     def count(self) -> int:
-        return len(self._release.manifest["entries"])
+        return self._release.num_entries
 
     def files(self) -> int:
-        return len(self._release.manifest["files"])
+        if self._release.index is None:
+            return len(self._release.manifest["files"])
+        # Format 2: the index files, and one file per entry (the writer's layout; counted without
+        # reading every shard).
+        return len(self._release.subject_files()) + self._release.num_entries
 
     def page(self, offset: int, limit: int | None) -> list[dict[str, Any]]:
-        entries = self._release.manifest["entries"]
-        return list(entries[offset:None if limit is None else offset + limit])
+        if self._release.index is None:
+            entries = self._release.manifest["entries"]
+            return list(entries[offset:None if limit is None else offset + limit])
+        ids = self._release.entry_ids()[offset:None if limit is None else offset + limit]
+        return [self._release.entry(eid) for eid in ids]
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         return self._release.entry(entry_id)
 
     def file_record(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
-        return dict(self._release.manifest["files"][entry["file"]])
+        return self._release.file_meta(entry)
 
 
 def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = PREVIEW_CHARS) -> str:

@@ -207,3 +207,24 @@ def test_preview_is_the_first_words() -> None:
                                                      {"role": "assistant", "content": "4"}]}) == "user: What is 2 + 2?"
     assert preview({"kind": "text", "text": "x" * 100}) == "x" * 60 + "…"
     assert preview({"kind": "messages", "messages": []}) == ""
+
+
+def test_format_2_pages_read_only_their_shards(tmp_path: Path) -> None:
+    """An indexed release: a page reads the shards that hold its records, never an entry file."""
+    from kvgraft.inspection import Listing
+
+    root = tmp_path / "rel2"
+    make_release(root, entries=200, seed=3, format_version=2, shard_entries=16)
+    for f in (root / "entries").rglob("*.safetensors"):
+        f.write_bytes(b"\xff" * 7)  # garbage: inspect must not need them
+    listing = Listing.open(root)
+    index = listing._release.index
+    assert index is not None and listing.count() == 200
+    ids = listing._release.entry_ids()
+    rows = listing.page(100, 5)
+    assert [r["id"] for r in rows] == ids[100:105]
+    shard_size = max(s["size"] for s in index.shards)
+    assert 0 < index.bytes_read <= 2 * shard_size  # records 100-104 live in one or two shards of 16
+    doc = inspect_json(str(root), "--limit", "3", "--offset", "197")
+    assert doc["entries"]["total"] == 200 and [r["id"] for r in doc["entries"]["rows"]] == ids[197:]
+    assert all(r["bytes"] > 7 for r in doc["entries"]["rows"])  # the record's size, not the file's

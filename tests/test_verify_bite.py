@@ -55,8 +55,9 @@ def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> 
     signer.sign_release(rel, keys.load_private_key(ecdsa[0]))
     assert verify_release(rel).signature.describe() == \
         "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
+    # Two signature files: which verified with which key (issue 23).
     assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
-        f"verified: key {_kid(ecdsa[1])}; OpenSSF model signing signature verified"
+        f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ecdsa[1])}; {attest.OMS_NAME} verified with key {_kid(ecdsa[1])}"
     (rel / attest.BUNDLE_NAME).unlink()
     oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
     assert verify_release(rel).signature.describe() == \
@@ -84,7 +85,7 @@ def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: 
     oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     status = verify_release(rel, key=ed[1]).signature
     assert (status.status, status.oms_verified, status.oms_signature) == ("verified", False, str(rel / attest.OMS_NAME))
-    assert status.describe() == f"verified: key {_kid(ed[1])}; OpenSSF model signing signature present"
+    assert status.describe() == f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ed[1])}; {attest.OMS_NAME} not checked"
 
 
 def test_an_ed25519_key_cannot_vouch_for_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path],

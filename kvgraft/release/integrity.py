@@ -186,17 +186,7 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
     if MANIFEST not in present:
         raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
     limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
-    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
-                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
-    data = jsonio.read_bounded(manifest_path, limit, what)
-    msha, msize = sha256_hex(data), len(data)
-    if stmt_subjects is not None and msha != stmt_subjects[MANIFEST]:
-        theirs = f"; the statement attests the release with root digest {attested_root}" \
-            if attested_root is not None else ""
-        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({stmt_subjects[MANIFEST]})"
-                             f"{theirs}")
-    doc = jsonio.loads_strict(data, str(manifest_path))
-    del data
+    doc, msha, msize = _read_manifest(manifest_path, limit, signed, stmt_subjects, source, attested_root)
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
@@ -211,6 +201,22 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
             future.cancel()
+
+
+def _read_manifest(manifest_path: Path, limit: int, signed: bool, subjects: dict[str, str] | None, source: str,
+                   attested_root: str | None) -> tuple[Any, str, int]:
+    """Step 2: manifest.json read once within `limit`, its bytes against the statement's subject, then
+    parsed (the bytes hashed are the bytes parsed). Returns (parsed document, sha256, size)."""
+    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    data = jsonio.read_bounded(manifest_path, limit, what)
+    msha, msize = sha256_hex(data), len(data)
+    if subjects is not None and msha != subjects[MANIFEST]:
+        theirs = f"; the statement attests the release with root digest {attested_root}" \
+            if attested_root is not None else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({subjects[MANIFEST]})"
+                             f"{theirs}")
+    return jsonio.loads_strict(data, str(manifest_path)), msha, msize
 
 
 def _statement_matches(root: Path, manifest: dict[str, Any], msha: str, msize: int,
@@ -263,17 +269,7 @@ def open_release(root: Path, *, subjects: dict[str, str] | None = None, source: 
         with contextlib.suppress(OSError):
             if manifest_path.lstat().st_size > UNSIGNED_MANIFEST_FLOOR:
                 limit = _unsigned_manifest_limit(root, release_folder_files(root))
-    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
-                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
-    data = jsonio.read_bounded(manifest_path, limit, what)
-    msha, msize = sha256_hex(data), len(data)
-    if subjects is not None and msha != subjects[MANIFEST]:
-        theirs = f"; the statement attests the release with root digest {attested_root}" \
-            if attested_root is not None else ""
-        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({subjects[MANIFEST]})"
-                             f"{theirs}")
-    doc = jsonio.loads_strict(data, str(manifest_path))
-    del data
+    doc, msha, msize = _read_manifest(manifest_path, limit, signed, subjects, source, attested_root)
     manifest = release_format.check_manifest(doc, manifest_path)
     rel = _statement_matches(root, manifest, msha, msize, subjects, source, check_claims, lists_more)
     check_commitments(root, manifest)

@@ -135,3 +135,16 @@ def test_every_check_a_plan_can_name_has_one_runner() -> None:
     schema = json.loads((schema_dir() / "audit-plan.v1.json").read_text())
     assert sorted(CHECKS) == sorted(schema["properties"]["checks"]["properties"])
     assert list(CHECKS)[-1] == "claims"  # it reads what the checks before it measured
+
+
+def test_verify_check_hashes_every_byte_of_the_release(signed_run: Path) -> None:
+    """The verify check is `kvgraft verify` of everything, not what opening the release read."""
+    report = json.loads((signed_run / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == "verify"]
+    rel = signed_run / "release"
+    signatures = {"release.sigstore.json", "model.sig"}
+    on_disk = [p for p in rel.rglob("*") if p.is_file() and p.name not in signatures]
+    assert check["data"]["scope"] == "all"
+    assert check["data"]["files"] == len(on_disk)
+    assert check["data"]["bytes_hashed"] >= sum(p.stat().st_size for p in on_disk)
+    assert check["data"]["tensors"] > 0

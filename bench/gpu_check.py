@@ -27,6 +27,7 @@ on the CPU with tiny models and short lengths (what tests/test_gpu_check.py runs
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import importlib.metadata as md
@@ -36,6 +37,7 @@ import os
 import platform
 import shutil
 import statistics
+import struct
 import sys
 import time
 import tomllib
@@ -51,7 +53,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tiny random model famili
 import torch  # noqa: E402
 from graft_vs_recompute import hash_in_memory  # noqa: E402
 
-from kvgraft import capture, graft, models, recompute, runtime  # noqa: E402
+from kvgraft import capture, graft, models, recompute, runtime, sampling  # noqa: E402
 from kvgraft.determinism import prefix_ids  # noqa: E402
 from kvgraft.environment import cpu_name  # noqa: E402
 from kvgraft.release import hashing  # noqa: E402
@@ -181,7 +183,7 @@ def controls(family: str, rel: Path, lm: models.LoadedModel, device: str) -> lis
     planted = rel.with_name(rel.name + "-planted")
     try:
         shutil.copytree(rel, planted)
-        entries = json.loads((planted / "manifest.json").read_text())["entries"]
+        entries = Release.open(planted).entries  # format 2: the records live in the index, not manifest.json
         shape = entries[-1]["tensors"]["layer.1.keys"]["shape"]
         index = rewrite.flat_index(shape, 0, shape[2] // 2, 0)
         rewrite.element(planted, len(entries) - 1, "layer.1.keys", index, lambda v: v + 1e-2 * max(abs(v), 1e-3))
@@ -341,6 +343,168 @@ def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.L
               ", ".join(f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float)))
 
 
+def kv_entry_bytes(cfg: Any, tokens: int, element_bytes: int = 2) -> int:
+    """Stored KV bytes of one entry of `tokens` tokens: full layers keep every position, sliding ones at
+    most their window (transformers keeps sliding_window - 1; counted as sliding_window, a bound)."""
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_position = 2 * cfg.num_key_value_heads * head_dim * element_bytes  # keys and values
+    window = getattr(cfg, "sliding_window", None) or tokens
+    return sum(per_position * (min(tokens, window) if t == "sliding_attention" else tokens) for t in types)
+
+
+def library_records(lm: models.LoadedModel, total: int, entry_tokens: int) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """Distinct records of about `entry_tokens` tokens each (the bundled example's text, rotated by a
+    different offset per entry, after "Entry i."), as many as make at least `total` tokens; and their tokens."""
+    base = prefix_ids(lm, 2 * entry_tokens)
+    records: list[tuple[str, dict[str, Any]]] = []
+    tokens = 0
+    while tokens < total:
+        i = len(records)
+        shift = (97 * i) % entry_tokens
+        text = f"Entry {i}. " + lm.tokenizer.decode(base[shift:shift + entry_tokens - 8])
+        records.append((f"library:{i}", {"id": f"lib{i:05d}", "text": text}))
+        tokens += len(runtime.encode(lm, text, add_special_tokens=SCHEDULE.add_special_tokens))
+    return records, tokens
+
+
+def library_folder(args: argparse.Namespace, need: int) -> tuple[Path | None, dict[str, Any]]:
+    """Where the library goes: --library-dir, else /dev/shm when it has room (memory-backed: no write-back
+    of tens of GB at the writer's sync), else --work; None when none has `need` bytes free (+ 10%, + 1 GB)."""
+    candidates = [args.library_dir] if args.library_dir else [Path("/dev/shm"), args.work]
+    seen = []
+    for c in candidates:
+        try:
+            free = shutil.disk_usage(c).free
+        except OSError:
+            continue
+        seen.append(f"{c}: {free / 1e9:.1f} GB free")
+        if free >= need * 1.1 + 1e9:
+            return c / "kvgraft-gpu-check-library", {"folder": str(c), "free_bytes": free, "filesystem": fs_type(c)}
+    return None, {"no_room": f"{need / 1e9:.1f} GB (+ 10%, + 1 GB) needed; " + "; ".join(seen)}
+
+
+def fs_type(path: Path) -> str:
+    """The file system `path` lies on (/proc/mounts: the longest mount point above it), or ''."""
+    best, kind = "", ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and str(path.resolve()).startswith(parts[1]) and len(parts[1]) >= len(best):
+                best, kind = parts[1], parts[2]
+    return kind
+
+
+def plant(rel: Path, position: int, tensor: str) -> dict[str, Any]:
+    """One element (head 0, middle stored position, dim 0) of `tensor` in the entry at `position` set to
+    v + max(|v|, 1), every commitment rewritten (tests/rewrite.py): only a recompute can tell."""
+    entry = Release.open(rel).entries[position]
+    t = entry["tensors"][tensor]
+    size = {"float32": 4, "bfloat16": 2, "BF16": 2, "F32": 4}[t["dtype"]]
+    start, end = t["byte_range"]
+    with open(rel / entry["file"], "rb") as f:
+        f.seek(start)
+        raw = bytearray(f.read(end - start))
+    at = rewrite.flat_index(t["shape"], 0, t["shape"][2] // 2, 0) * size
+    old = struct.unpack("<f", raw[at:at + 4] if size == 4 else b"\0\0" + raw[at:at + 2])[0]
+    new = struct.pack("<f", old + max(abs(old), 1.0))
+    raw[at:at + size] = new if size == 4 else new[2:]  # bfloat16: the upper half of the float32
+    rewrite.tensors(rel, position, {tensor: bytes(raw)})
+    return {"entry": entry["id"], "tensor": tensor, "element": at // size, "old": old,
+            "new": struct.unpack("<f", new if size == 4 else b"\0\0" + new[2:])[0]}
+
+
+def library_estimates(args: argparse.Namespace, lengths: list[dict[str, Any]], entry_bytes: int,
+                      entries: int) -> dict[str, Any]:
+    """Seconds the library part needs, from (c)'s measured capture and audit rates (its longest measured
+    length), else from --library-estimate: capture, one sampled entry's audit, the planted control."""
+    measured = [r for r in lengths if r.get("capture_seconds") and r.get("audit_tokens_per_s") and r.get("kv_bytes")]
+    if not measured:
+        return {"from": "--library-estimate (no measured rate)", "capture": args.library_estimate * 0.6,
+                "entry_audit": args.library_estimate * 0.2 / max(1, args.library_sample),
+                "control": args.library_estimate * 0.2}
+    r = max(measured, key=lambda r: r["tokens"])
+    capture_s = 1.5 * r["capture_seconds"] * entry_bytes * entries / r["kv_bytes"]
+    entry_s = 1.5 * args.library_entry_tokens / r["audit_tokens_per_s"]
+    # The control's audit also measures the envelope (about 4 more prefills) and rewrites one entry file.
+    return {"from": f"(c) at {r['tokens']} tokens, x1.5", "capture": capture_s, "entry_audit": entry_s,
+            "control": 5 * entry_s + 2 * entry_bytes / 0.5e9}
+
+
+def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,
+                 lengths: list[dict[str, Any]], out: dict[str, Any], written: Callable[[], None]) -> None:
+    """(e) a library of >= --library-tokens tokens captured on the device, then one sampled audit of it
+    (recompute.audit(sample=n): a fresh nonce, kvgraft.sampling's draw and bound), the sample re-derived
+    from the root and nonce, and a positive control: one planted element in a sampled entry, audited alone."""
+    records, tokens = library_records(lm, args.library_tokens, args.library_entry_tokens)
+    entry_bytes = kv_entry_bytes(lm.model.config.get_text_config(), args.library_entry_tokens)
+    need_bytes = entry_bytes * len(records)
+    out.update({"target_tokens": args.library_tokens, "entry_tokens": args.library_entry_tokens,
+                "entries": len(records), "tokens": tokens, "estimated_bytes": need_bytes,
+                "requested_sample": args.library_sample})
+    est = library_estimates(args, lengths, entry_bytes, len(records))
+    out["estimate"] = est
+    minimum = est["capture"] + args.library_min_sample * est["entry_audit"]
+    if not budget.fits(minimum):
+        out.update(budget.skipped(f"the {tokens:,}-token library (capture, a sample of {args.library_min_sample})", minimum))
+        return
+    folder, where = library_folder(args, need_bytes)
+    out["storage"] = where
+    if folder is None:
+        out["skipped"] = f"no room for the library: {where['no_room']}"
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        _, out["capture_seconds"] = timed(lambda: capture.capture(lm, records, folder, schedule=SCHEDULE, probe_tokens=1),
+                                          device)
+        rel = verified(Release.open(folder))
+        entries = rel.entries
+        out["release"] = {"entries": len(entries), "tokens": sum(int(e["num_tokens"]) for e in entries),
+                          "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+                          "root_digest": rel.manifest["root_digest"]}
+        print(f"[{budget.elapsed():.0f} s] library: {len(entries)} entries, {out['release']['tokens']:,} tokens, "
+              f"{out['release']['bytes'] / 1e9:.2f} GB in {out['capture_seconds']:.1f} s ({where['folder']})")
+        written()
+        # The sample: as many as the budget leaves (the control's time kept), at most --library-sample. The
+        # size is fixed before the nonce is drawn, so it does not depend on which entries the draw picks.
+        left = budget.seconds - budget.elapsed() - est["control"]
+        n = min(args.library_sample, len(entries), max(0, int(left // max(est["entry_audit"], 1e-9))))
+        if n < args.library_min_sample:
+            out.update(budget.skipped(f"a sample of {args.library_min_sample}",
+                                      args.library_min_sample * est["entry_audit"] + est["control"]))
+            return
+        if n < args.library_sample:
+            out["sample_reduced"] = f"sample of {n} instead of {args.library_sample}: what the budget left"
+        res, secs = timed(lambda: recompute.audit(rel, lm, require="exact", sample=n), device)  # a fresh nonce
+        es = res["entries"]
+        out["audit"] = {"verdict": res["verdict"], "passed": res["passed"], "seconds": secs,
+                        "sampled_tokens": sum(e["num_tokens"] for e in es),
+                        "verdicts": dict(collections.Counter(str(e["verdict"]) for e in es)),
+                        "not_replayed": sorted(res["conditions"]["not_replayed"]),
+                        "sample": {k: res["sample"][k] for k in ("method", "weighting", "nonce", "nonce_source",
+                                                                 "population", "population_tokens", "size", "entries")},
+                        "bound": res["bound"], "bound_sentence": sampling.sentence(res["bound"]),
+                        "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]), entries),
+                        "one_percent_sample": sampling.sample_size(BOUND, len(entries))}
+        out["audit"]["tokens_per_s"] = out["audit"]["sampled_tokens"] / secs
+        print(f"[{budget.elapsed():.0f} s] sampled audit: {out['audit']['bound_sentence']} ({secs:.1f} s)")
+        written()
+        first = res["sample"]["positions"][0]
+        if not budget.fits(est["control"]):
+            out["control"] = budget.skipped("the planted control", est["control"])
+            return
+        name = sorted(entries[first]["tensors"])[-1]  # the last by name: a values tensor
+        planted = plant(folder, first, name)
+        row = audit_row(folder, lm, "exact", device, entries=[planted["entry"]])
+        out["control"] = {**planted, "expect": "not byte-exact (fails --require exact)", **row,
+                          "failing": row.get("verdict") not in (None, "byte-exact")}
+    except Exception as exc:
+        out.update(error_of(exc))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # tens of GB, in memory when /dev/shm
+        written()
+
+
 def sample_sizes(entries: int) -> dict[str, int]:
     """Entries to audit, all passing, for 95% confidence that under 1% of the library's entries fail.
 
@@ -450,11 +614,59 @@ def markdown(res: dict[str, Any]) -> str:
                              f"{r['read_hash_gbps']:.2f} | {r['all_cores_hash_gbps']:.2f} | {r['limit_gbps']:.2f} "
                              f"({r['cores']} x {r['one_core_gbps']:.2f}) | {r['restore_gbps'] / r['limit_gbps']:.2f} |")
         lines.append("")
-    lines += ["A sampled audit inside the run (issue 24 item 4) is not part of this script: it needs the sampled "
-              "audit (`recompute --sample`) of its own issue.", ""]
+    lines += library_markdown(res)
     if res.get("errors"):
         lines += [f"**{res['errors']} step(s) raised**; see gpu_check.log.", ""]
     return "\n".join(lines)
+
+
+def library_markdown(res: dict[str, Any]) -> list[str]:
+    """(e)'s section: the library, the sampled audit and its bound, the planted control; or why not."""
+    lib = res.get("library")
+    name = res.get("big", {}).get("model", {}).get("name", "12B-class")
+    lines = [f"### (e) one sampled audit of a library of the {name}-shaped model", ""]
+    if not lib:
+        return [*lines, "Not run: " + (res.get("big_skipped") or res.get("big_error") or "the 12B-class model was not built"), ""]
+    lines += [f"A library of {lib['entries']:,} entries of about {lib['entry_tokens']:,} tokens ({lib['tokens']:,} tokens, "
+              f"at least {lib['target_tokens']:,} asked; about {lib['estimated_bytes'] / 1e9:.1f} GB of KV) captured on "
+              "the device by `capture.capture` (the project's writer, format 2) from the random-weight model above; then "
+              "one `recompute.audit(sample=n)` with a fresh nonce (kvgraft.sampling: sha256-rank-v1 draw from the root "
+              "digest and the nonce, uniform over entries; exact hypergeometric bound, 95% one-sided), recomputing only "
+              "the sampled entries (`--require exact`: failing = not byte-exact).", ""]
+    if "release" in lib:
+        r, st = lib["release"], lib.get("storage", {})
+        lines.append(f"Captured: {r['entries']:,} entries, {r['tokens']:,} tokens, {r['bytes'] / 1e9:.2f} GB in "
+                     f"{lib['capture_seconds']:.1f} s ({r['tokens'] / lib['capture_seconds']:,.0f} tokens/s, "
+                     f"{r['bytes'] / lib['capture_seconds'] / 1e9:.2f} GB/s) into {st.get('folder')} "
+                     f"({st.get('filesystem') or 'file system unknown'}); root digest {r['root_digest'][:16]}….")
+    a = lib.get("audit")
+    if a:
+        smp = a["sample"]
+        lines += ["", "| sampled | verdicts | audit s | audit tokens/s | nonce | re-derived from root + nonce | "
+                  "n for a 1% bound |", "|---|---|---|---|---|---|---|",
+                  f"| {smp['size']} of {smp['population']:,} ({a['sampled_tokens']:,} tokens) | "
+                  f"{', '.join(f'{v} {c}' for v, c in sorted(a['verdicts'].items()))} | {a['seconds']:.1f} | "
+                  f"{a['tokens_per_s']:,.0f} | `{smp['nonce']}` ({smp['nonce_source']}) | "
+                  f"{'yes' if not a['rederived'] else 'NO: ' + '; '.join(a['rederived'])} | {a['one_percent_sample']} |",
+                  "", f"**Bound: {a['bound_sentence']}.**"]
+        if lib.get("sample_reduced"):
+            lines.append(f"The {lib['sample_reduced']} (fixed before the nonce was drawn).")
+    c = lib.get("control")
+    if c and "verdict" in c:
+        lines += ["", f"Positive control: entry {c['entry']} (the first sampled), {c['tensor']} element {c['element']} "
+                  f"set from {c['old']:.4g} to {c['new']:.4g}, every commitment rewritten, audited alone: {c['verdict']} "
+                  f"(expect {c['expect']}: {'met' if c['failing'] else 'NOT MET'}); max share of envelope "
+                  f"{c['max_excess']:.3g}, {c['seconds']:.1f} s."]
+    elif c:
+        lines += ["", f"Positive control: {c.get('error') or c.get('skipped')}"]
+    for key in ("skipped", "error"):
+        if lib.get(key):
+            lines += ["", f"**{'Skipped' if key == 'skipped' else 'Error'}:** {lib[key]}"]
+    est = lib.get("estimate")
+    if est:
+        lines += ["", f"Budget estimate ({est['from']}): capture {est['capture']:.0f} s, {est['entry_audit']:.1f} s per "
+                  f"sampled entry, control {est['control']:.0f} s."]
+    return [*lines, ""]
 
 
 def main() -> int:
@@ -466,8 +678,19 @@ def main() -> int:
     ap.add_argument("--lengths", type=int, nargs="+", help="12B-class prefix lengths (default 2048 8192; dry run 64 256)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds the parts may take in all (default 420)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--library-tokens", type=int, help="(e): the library's tokens at least (default 200000; dry run 4096)")
+    ap.add_argument("--library-entry-tokens", type=int, help="(e): tokens of each entry (default 4096; dry run 128)")
+    ap.add_argument("--library-sample", type=int, help="(e): entries to sample at most (default 16; dry run 8)")
+    ap.add_argument("--library-min-sample", type=int, default=4, help="(e): skip the audit when fewer fit (default 4)")
+    ap.add_argument("--library-dir", type=Path, help="(e): where the library goes (default /dev/shm if it has room, "
+                    "else --work)")
     args = ap.parse_args()
     args.lengths = args.lengths or ([64, 256] if args.dry_run else [2048, 8192])
+    args.library_tokens = args.library_tokens or (4096 if args.dry_run else 200_000)
+    args.library_entry_tokens = args.library_entry_tokens or (128 if args.dry_run else 4096)
+    args.library_sample = args.library_sample or (8 if args.dry_run else 16)
+    # (e)'s need when (c) measured no rate to derive it from (s).
+    args.library_estimate = 60.0 if args.dry_run else 240.0
     # Estimates (s) a part needs to start: generous for the H200; the dry run's are its CPU times.
     args.tiny_estimate, args.big_estimate, big_build = (10.0, 30.0, 30.0) if args.dry_run else (30.0, 90.0, 60.0)
     args.big_reserve = big_build + sum(args.big_estimate * n / max(args.lengths) for n in args.lengths)
@@ -494,7 +717,9 @@ def main() -> int:
 
     def write() -> None:
         res["elapsed"] = budget.elapsed()
-        res["errors"] = sum("error" in r for r in res.get("tiny", []) + res.get("big", {}).get("lengths", []))
+        lib = res.get("library", {})
+        res["errors"] = sum("error" in r for r in [*res.get("tiny", []), *res.get("big", {}).get("lengths", []), lib,
+                                                   lib.get("control", {})])
         (args.out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
         (args.out / "gpu_check.md").write_text(markdown(res))
 
@@ -510,6 +735,8 @@ def main() -> int:
                 write()
 
             part_big(args, device, budget, lm, res["big"]["lengths"], written)
+            res["library"] = {}
+            part_library(args, device, budget, lm, res["big"]["lengths"], res["library"], written)
         except Exception as exc:
             res["big_error"] = error_of(exc)["error"]
     else:

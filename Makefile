@@ -81,12 +81,15 @@ bench: $(STAMP)
 # wheels: exactly these, pinned, for CPython $(GPU_PY) on manylinux x86-64 (abi3 or pure Python where
 # PyPI has them; cffi and rpds-py exist only per Python version). sigstore and gguf are not among them:
 # the check never signs and loads no GGUF file, and kvgraft imports sigstore only to sign or verify a
-# Sigstore bundle (tests/test_gpu_check.py checks both). At most 30 MiB; the device tool carries
-# 64 MiB per call in all, working tree included.
+# Sigstore bundle (tests/test_gpu_check.py checks both). transformers travels too: the GPU machine's
+# 5.17.0 lacks the cache internals kvgraft builds caches from (DummyLayer, the per-layer plan of
+# get_layer_types_and_kwargs); 5.24.0, the version kvgraft is tested with, takes that machine's
+# huggingface-hub 1.33, tokenizers 0.23.2 and safetensors 0.8.0. At most 30 MiB; the device tool
+# carries 64 MiB per call in all, working tree included.
 GPU_PY ?= 3.12
 GPU_WHEELS ?= bench/wheels/py$(GPU_PY)
 GPU_WHEEL_PINS := rfc8785==0.1.4 jsonschema-rs==0.61.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
-  referencing==0.37.0 rpds-py==2026.9.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
+  referencing==0.37.0 rpds-py==2026.9.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 transformers==5.24.0
 GPU_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1,--platform $(p)_x86_64)
 
 gpu-wheels:
@@ -103,7 +106,9 @@ gpu-check:
 	bash bench/gpu_check.sh
 
 # The same script here on the CPU, tiny models, from the wheel folder, in a venv that sees only the GPU
-# machine's packages (bench/gpu_emulate.py): what tests/test_gpu_check.py runs.
+# machine's packages, at that machine's versions where they are pinned in its list (transformers 5.17.0,
+# huggingface-hub 1.33.0: downloaded from PyPI into out/gpu-dry/machine-wheels; bench/gpu_emulate.py):
+# what tests/test_gpu_check.py runs.
 GPU_DRY_VENV ?= out/gpu-dry/venv
 gpu-check-dry: $(STAMP)
 	$(MAKE) --no-print-directory gpu-wheels GPU_PY=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')

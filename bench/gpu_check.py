@@ -461,6 +461,8 @@ def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: mode
         entries = rel.entries
         out["release"] = {"entries": len(entries), "tokens": sum(int(e["num_tokens"]) for e in entries),
                           "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+                          "kv_bytes": sum(t["byte_range"][1] - t["byte_range"][0] for e in entries
+                                          for t in e["tensors"].values()),
                           "root_digest": rel.manifest["root_digest"]}
         print(f"[{budget.elapsed():.0f} s] library: {len(entries)} entries, {out['release']['tokens']:,} tokens, "
               f"{out['release']['bytes'] / 1e9:.2f} GB in {out['capture_seconds']:.1f} s ({where['folder']})")

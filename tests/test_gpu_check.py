@@ -75,6 +75,8 @@ def _norm(name: str) -> str:
 
 @pytest.mark.slow
 def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tmp_path: Path) -> None:
+    from scipy.stats import hypergeom
+
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     wheels = tmp_path / "wheels"
     subprocess.run(["make", "-s", "gpu-wheels", f"GPU_PY={version}", f"GPU_WHEELS={wheels}"], cwd=ROOT, check=True)
@@ -111,8 +113,29 @@ def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tm
     assert all(r["audit"]["verdict"] == "byte-exact" and r["audit_tokens_per_s"] > 0 and r["restore_gbps"] > 0
                for r in lengths)
     assert [p["binomial"] for p in res["big"]["projection"]] == [299, 299]
+    # (e): the sampled audit of a library, scaled down (4,096 tokens in entries of about 128).
+    lib = res["library"]
+    assert "error" not in lib and "skipped" not in lib, lib
+    assert lib["release"]["tokens"] >= lib["target_tokens"] == 4096 and lib["release"]["entries"] == lib["entries"]
+    assert 0.8 <= lib["release"]["kv_bytes"] / lib["estimated_bytes"] <= 1.1  # the disk check's estimate
+    audit, drawn = lib["audit"], lib["audit"]["sample"]
+    assert drawn["size"] == 8 and drawn["population"] == lib["entries"] and drawn["nonce_source"] == "drawn"
+    assert drawn["population_tokens"] == lib["release"]["tokens"] and audit["rederived"] == []
+    # The draw re-derived here from the root digest and the nonce (entry ids name their positions).
+    from kvgraft import sampling
+
+    again = sampling.draw(lib["release"]["root_digest"], drawn["nonce"], drawn["population"], drawn["size"])
+    assert drawn["entries"] == [f"lib{i:05d}" for i in again]
+    assert audit["verdicts"] == {"byte-exact": 8} and audit["bound"]["failing"] == 0
+    # The bound: the largest D whose chance of 0 failing in the sample exceeds 5%, by scipy.
+    n, population = drawn["size"], drawn["population"]
+    d = max(d for d in range(population - n + 1) if hypergeom.pmf(0, population, d, n) > 0.05)
+    assert audit["bound"]["max_failing_entries"] == d
+    control = lib["control"]
+    assert control["entry"] == drawn["entries"][0] and control["verdict"] == "inconsistent" and control["failing"]
     md = (out / "gpu_check.md").read_text()
     assert "DRY RUN" in md and "seeded random weights" in md and res["big"]["model"]["identity"][:16] in md
+    assert f"**Bound: {audit['bound_sentence']}.**" in md
     # The wheel set is exactly what the run imported beyond the GPU machine's packages, plus what
     # those declare they need.
     machine = _bench("gpu_emulate").machine_packages()  # the GPU machine's list (and this machine's version skew)
@@ -123,6 +146,9 @@ def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tm
     needed = imported & set(carried)
     needed |= {r for name in needed for r in _requirements(carried[name])} & set(carried)
     assert set(carried) == needed, set(carried) - needed
+    # transformers ran at the carried version, not at the GPU machine's (the venv has that one: gpu_emulate).
+    assert res["machine"]["transformers"] == carried["transformers"].name.split("-")[1]
+    assert res["machine"]["transformers"] != _bench("gpu_emulate").machine_pins()["transformers"]
 
 
 @pytest.mark.slow
@@ -135,4 +161,6 @@ def test_a_run_out_of_budget_skips_every_part_and_still_writes_its_files(tmp_pat
     res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert [r["family"] for r in res["tiny"]] == ["llama", "qwen3", "gpt2", "gemma3", "gemma4"]
     assert all("skipped" in r for r in res["tiny"]) and "big_skipped" in res and "big" not in res
-    assert "of the budget left" in (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "library" not in res  # (e) needs the 12B-class model: the markdown says why it did not run
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "of the budget left" in md and "### (e)" in md and f"Not run: {res['big_skipped']}" in md

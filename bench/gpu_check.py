@@ -378,10 +378,22 @@ def library_folder(args: argparse.Namespace, need: int) -> tuple[Path | None, di
             free = shutil.disk_usage(c).free
         except OSError:
             continue
-        seen.append(f"{c}: {free / 1e9:.1f} GB free")
+        kind = fs_type(c)
+        if kind == "tmpfs":  # memory-backed: the process needs the rest (16 GB kept for it)
+            free = min(free, max(0, mem_available() - int(16e9)))
+        seen.append(f"{c}: {free / 1e9:.1f} GB free{' (tmpfs: memory available less 16 GB)' if kind == 'tmpfs' else ''}")
         if free >= need * 1.1 + 1e9:
-            return c / "kvgraft-gpu-check-library", {"folder": str(c), "free_bytes": free, "filesystem": fs_type(c)}
+            return c / "kvgraft-gpu-check-library", {"folder": str(c), "free_bytes": free, "filesystem": kind}
     return None, {"no_room": f"{need / 1e9:.1f} GB (+ 10%, + 1 GB) needed; " + "; ".join(seen)}
+
+
+def mem_available() -> int:
+    """MemAvailable of /proc/meminfo in bytes (0 when unreadable)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def fs_type(path: Path) -> str:

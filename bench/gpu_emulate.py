@@ -9,7 +9,7 @@ distributions of SITE_PACKAGES (default: this Python's) that the GPU machine als
 top-level file or folder of each such distribution, in VENV/gpu-machine-site, named by a .pth file.
 Everything else must come from the carried wheel folder, exactly as there. The list's NAME==VERSION
 lines are that machine's versions where they decide which code paths work (transformers 5.17.0,
-huggingface-hub 1.33.0 and what it imports): those are downloaded from PyPI (pure Python, into
+huggingface-hub 1.33.0 and what it imports, tokenizers 0.23.2): those are downloaded from PyPI (into
 --machine-wheels) and installed into VENV/gpu-machine-pinned, ahead of the links, instead of linking
 this machine's versions. It then checks that the packages the GPU machine lacks cannot be imported
 from VENV and that the pinned versions are the ones imported: a dry run that passes here would

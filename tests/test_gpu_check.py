@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the GPU audit path is: the modules bench/gpu_check.py runs (capture, recompute, graft, verify).
-GPU_PATH = "import kvgraft.capture, kvgraft.recompute, kvgraft.graft, kvgraft.verify, kvgraft.runtime"
+# What the GPU audit path is: the modules bench/gpu_check.py runs (capture, recompute, graft, verify, sampling).
+GPU_PATH = "import kvgraft.capture, kvgraft.recompute, kvgraft.graft, kvgraft.verify, kvgraft.runtime, kvgraft.sampling"
 
 
 def _bench(name: str):  # type: ignore[no-untyped-def]

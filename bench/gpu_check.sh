@@ -4,8 +4,9 @@
 #   bash bench/gpu_check.sh [--dry-run] [bench/gpu_check.py options]
 #
 # Runs on a bare, offline GPU machine from this tree plus the wheel folder `make gpu-wheels` builds
-# (bench/wheels/pyX.Y for that machine's python3; carry it, e.g. device `run` with carry
-# ["bench/wheels/py3.12"]): installs those wheels with --no-index into a scratch folder, puts it and
+# (bench/wheels/pyX.Y for that machine's python3; carry it: the device tool's `run` with carry
+# ["bench/wheels/py3.12"], command `OUT=$OUT bash bench/gpu_check.sh`, timeout_s 540, the --budget of
+# 420 s plus the install, imports and margin): installs those wheels with --no-index into a scratch folder, puts it and
 # this tree on PYTHONPATH (kvgraft is not installed) and runs bench/gpu_check.py, which builds its
 # models from configs on the device, downloads nothing, and writes gpu_check.md (ready for
 # bench/RESULTS.md), gpu_check.json and this log to $OUT (default out/gpu-check); releases and models

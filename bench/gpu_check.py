@@ -497,8 +497,8 @@ def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: mode
             out.update(budget.skipped(f"a sample of {args.library_min_sample}",
                                       args.library_min_sample * est["entry_audit"] + est["control"]))
             return
-        if n < args.library_sample:
-            out["sample_reduced"] = f"sample of {n} instead of {args.library_sample}: what the budget left"
+        if n < min(args.library_sample, len(entries)):
+            out["sample_reduced"] = f"sample of {n} instead of {min(args.library_sample, len(entries))}: what the budget left"
         res, secs = timed(lambda: recompute.audit(rel, lm, require="exact", sample=n), device)  # a fresh nonce
         es = res["entries"]
         out["audit"] = {"verdict": res["verdict"], "passed": res["passed"], "seconds": secs,

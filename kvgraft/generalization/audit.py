@@ -640,42 +640,12 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
     lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
                "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
-    from kvgraft.verdict import seal
-
-    return seal("generalization", aggregate(lm_info, rel, queries, results, settings, prepared=prepared,
-                                            energy=meter.result.as_dict(), context_length=int(ctx) if ctx else None,
-                                            seconds=time.perf_counter() - t0))
-
-
-def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
-    """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json)."""
-
-    def acc(name: str, a: dict[str, Any]) -> dict[str, Any] | None:
-        if not a["n"]:
-            return None
-        return {"name": name, "k": a["k"], "n": a["n"], "interval": a["interval"], "confidence": 0.95}
-
-    conditions = [x for c in result["conditions"] if (x := acc(c["label"], c)) is not None]
-    mcnemar = [{"a": LABELS[c["a"]], "b": f"{LABELS[c['b']]} [{c['scope']}]", "a_only": c["mcnemar"]["b"],
-                "b_only": c["mcnemar"]["c"], "p_value": c["mcnemar"]["p_exact"], "method": "exact McNemar (two-sided)"}
-               for c in result["comparisons"] if c["n"]]
-    split_data: dict[str, list[dict[str, Any]]] = {"clean": [], "contaminated": []}
-    for cond, sp in result["leakage"]["by_condition"].items():
-        for part in ("clean", "contaminated"):
-            for row in (acc(LABELS[cond], sp[part]), acc(f"a: no graft, same queries as {SHORT[cond]}", sp[part]["baseline"])):
-                if row is not None:
-                    split_data[part].append(row)
-    lg = result["ledger"]
-    ledger = {f"{SHORT[c]} decode tokens": v["decode_tokens"] for c, v in lg["per_condition"].items()}
-    ledger["library upstream tokens"] = lg["library"]["upstream_tokens"]
-    n = sum(result["plan"]["queries"].values())
-    data: dict[str, Any] = {"conditions": conditions, "mcnemar": mcnemar, "split": split_data, "ledger": ledger}
-    source = (result["plan"].get("source") or {}).get("source")
-    data["benchmark"] = {"name": str(source)} | ({"size": n} if n else {})
-    return data
+    # Unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal).
+    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
+                     context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
 
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query",
+    "prepare", "query_text", "run_query",
 ]

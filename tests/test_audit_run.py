@@ -84,7 +84,7 @@ def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyP
     from kvgraft.audit.checks import KINDS
 
     for c in report["checks"]:  # no face falls back to the summary on a real report
-        FACES[c["kind"]](c["data"])
+        KINDS[c["kind"]].face(c["data"])
 
 
 def test_any_edit_of_the_report_fails_verification(signed_run: Path, tmp_path: Path) -> None:

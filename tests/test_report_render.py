@@ -175,7 +175,7 @@ def test_face_each_check_once_nothing_cut(example: dict[str, Any], width: int) -
 
     for c in example["checks"]:  # called directly: the face's fallback to the summary must not hide a bug
         if c["kind"] in KINDS and c["status"] != "skipped":
-            assert FACES[c["kind"]](c["data"]).verdict
+            assert KINDS[c["kind"]].face(c["data"]).verdict
 
 
 def test_details_never_cut_at_80_columns(example: dict[str, Any]) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from kvgraft.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
 from kvgraft.audit.checks import KINDS
+from kvgraft.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
 from kvgraft.reporting.views import heatmap_model, recompute_rows
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from kvgraft.generalization import stats
 from kvgraft.audit.checks import KINDS
+from kvgraft.generalization import stats
 from kvgraft.reporting.render_html import to_html
 from kvgraft.reporting.render_report import print_report
 

@@ -81,10 +81,10 @@ def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyP
     report = json.loads((signed_run / "report.json").read_text())
     assert report["release_root_digest"] in res.stdout
     assert all(any(c["id"] in line and c["verdict"] in line for line in lines) for c in report["claims"])
-    from kvgraft.reporting.face import FACES
+    from kvgraft.audit.checks import KINDS
 
     for c in report["checks"]:  # no face falls back to the summary on a real report
-        FACES[c["kind"]](c["data"])
+        KINDS[c["kind"]].face(c["data"])
 
 
 def test_any_edit_of_the_report_fails_verification(signed_run: Path, tmp_path: Path) -> None:
@@ -129,7 +129,7 @@ def test_unsigned_report_refused(signed_run: Path, tmp_path: Path) -> None:
 
 
 def test_every_check_a_plan_can_name_has_one_runner() -> None:
-    from kvgraft.reporting.audit_run import CHECKS
+    from kvgraft.audit.checks import KINDS as CHECKS
     from kvgraft.schema import schema_dir
 
     schema = json.loads((schema_dir() / "audit-plan.v1.json").read_text())

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from kvgraft.audit.checks import KINDS
 from kvgraft.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
-from kvgraft.reporting.face import FACES
 from kvgraft.reporting.views import heatmap_model, recompute_rows
 
 
@@ -65,14 +65,14 @@ def test_face_and_tables_use_absolute_and_relative_where_ulp_means_nothing() -> 
     data = {"entries": [_entry(diff)], "verdict": "consistent"}
     row = recompute_rows(data)[0]
     assert row["max_ulp"] is None and row["max_rel"] is not None  # no ULP figure for a pair across zero
-    figures = " ".join(FACES["recompute"](data).figures)
+    figures = " ".join(KINDS["recompute"].face(data).figures)
     assert "max |diff| 7.8e-05" in figures and "relative 1.625" in figures and "x the envelope" in figures
     assert "ULP" not in figures
     assert heatmap_model(data)["metric"] == "abs"
     # A same-sign normal difference keeps its ULP figure, in the face and the heat map.
     ok = diff_tensors(torch.tensor([[[[1.0, 2.0]]]]), steps(torch.tensor([[[[1.0, 2.0]]]]), 3)).as_dict()
     data = {"entries": [_entry(ok)], "verdict": "consistent"}
-    assert "3 ULP between same-sign normal values" in " ".join(FACES["recompute"](data).figures)
+    assert "3 ULP between same-sign normal values" in " ".join(KINDS["recompute"].face(data).figures)
     assert heatmap_model(data)["metric"] == "ulp"
     # Mixed: one cell with no ULP figure draws the whole heat map by absolute difference.
     mixed = {"entries": [_entry(ok), {**_entry(diff), "id": "e1"}], "verdict": "consistent"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvgraft import verdict
+from kvgraft.audit import checks as registry
 from kvgraft.errors import InputError
 from kvgraft.generalization import controls
 from kvgraft.generalization.leakage import leakage_for
@@ -38,15 +38,15 @@ def _control(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def test_status_is_incomplete_when_a_control_misses() -> None:
-    assert verdict.status("controls", {"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
-    assert verdict.status("controls", {"controls": [_control("replay"), _control("related", shows=False),
+    assert registry.status("controls", {"controls": [_control("replay"), _control("related"), _control("null")]}) == "passed"
+    assert registry.status("controls", {"controls": [_control("replay"), _control("related", shows=False),
                                          _control("null")]}) == "incomplete"
 
 
 def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     controls.build(lm, tmp_path / "rel", n=6, seed=0)
-    r = controls.run(lm, Release.open(tmp_path / "rel"), n=6, seed=0, max_new_tokens=3)
+    r = registry.seal("controls", controls.run(lm, Release.open(tmp_path / "rel"), n=6, seed=0, max_new_tokens=3))
     validate(r, controls.SCHEMA, "controls")
     assert [c["name"] for c in r["controls"]] == ["replay", "related", "null"]
     assert all(c["n"] == 6 for c in r["controls"])
@@ -57,9 +57,9 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
     assert r["status"] == ("passed" if all(c["shows"] for c in r["controls"]) else "incomplete")
     assert any(not c["shows"] for c in (replay, related)) and r["status"] == "incomplete"
     assert all("detectable" in c and c["detectable"]["n"] == 6 for c in r["controls"])
-    from kvgraft.reporting.face import FACES
+    from kvgraft.audit.checks import KINDS
 
-    face = FACES["controls"](r)  # what a report shows of it: each control, and that one does NOT show its effect
+    face = KINDS["controls"].face(r)  # what a report shows of it: each control, and that one does NOT show its effect
     lines = [f for f in face.figures if f.split(":")[0] in ("replay", "related", "null")]
     assert len(lines) == 3 and "does NOT show it" in " ".join(face.figures)
 
@@ -67,7 +67,7 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
 @pytest.mark.slow
 def test_controls_show_their_planted_effects_on_the_default_model(smollm2: Any, tmp_path: Path) -> None:
     controls.build(smollm2, tmp_path / "rel", n=20, seed=0)
-    r = controls.run(smollm2, Release.open(tmp_path / "rel"), n=20, seed=0)
+    r = registry.seal("controls", controls.run(smollm2, Release.open(tmp_path / "rel"), n=20, seed=0))
     replay, related, null = r["controls"]
     assert replay["shows"] and replay["significant"] and replay["graft"]["k"] > replay["baseline"]["k"]
     assert related["shows"] and related["significant"] and related["graft"]["k"] > related["baseline"]["k"]

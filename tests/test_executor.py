@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, verdict
+from kvgraft import capture, errors, recompute
+from kvgraft.audit import checks as registry
 from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecutor, comparable, from_options, plan_options
@@ -325,7 +326,7 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     # the command's result carries its own status (kvgraft.verdict); the library result it wraps does not yet
-    assert result["status"] == verdict.status("recompute", local_result) == "passed"
+    assert result["status"] == registry.status("recompute", local_result) == "passed"
     assert_same_apart_from_timing_and_placement({**local_result, "status": result["status"]}, result)
     assert result["executor"]["ship"] is True and len(result["executor"]["workers"]) == 2
     assert all(e["placement"]["executor"] == "ray" for e in result["entries"])
@@ -334,8 +335,8 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
 
 @needs_ray
 def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, model_dir: Path, tmp_path: Path) -> None:
-    from kvgraft.reporting import audit_run as auditrun
-    from kvgraft.reporting import plan
+    from kvgraft.audit import plan
+    from kvgraft.audit import run as auditrun
 
     _close_pool()
     (tmp_path / "plan.toml").write_text(

@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
+from kvgraft.audit.checks import KINDS
 from kvgraft.generalization import stats
-from kvgraft.reporting.face import FACES
 from kvgraft.reporting.render_html import to_html
 from kvgraft.reporting.render_report import print_report
 
@@ -39,7 +39,7 @@ def expected(n: int) -> tuple[str, str]:
 
 
 def test_controls_face_words_the_power_figure_and_the_null() -> None:
-    face = FACES["controls"](controls_data())
+    face = KINDS["controls"].face(controls_data())
     text = " ".join(face.figures)
     power, null = expected(20)
     assert text.count(power) == 2
@@ -53,12 +53,12 @@ def test_generalization_face_words_the_power_figure_and_the_null() -> None:
                 "mcnemar": {"correct_a": 1, "correct_b": 1, "p_exact": 1.0 if not significant else 0.01},
                 "detectable": stats.detectable_effect(n)}
 
-    face = FACES["generalization"]({"result": {"comparisons": [comp("replay", False, 6), comp("held-out", True, 6)]},
+    face = KINDS["generalization"].face({"result": {"comparisons": [comp("replay", False, 6), comp("held-out", True, 6)]},
                                     "conditions": []})
     power, null = expected(6)
     assert sum(power in f for f in face.figures) == 2 and sum(null in f for f in face.figures) == 1
     # Nothing non-significant: no null line.
-    face = FACES["generalization"]({"result": {"comparisons": [comp("held-out", True, 6)]}, "conditions": []})
+    face = KINDS["generalization"].face({"result": {"comparisons": [comp("held-out", True, 6)]}, "conditions": []})
     assert not any(null in f for f in face.figures)
 
 

@@ -315,7 +315,9 @@ def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, A
 
     report_schema = json.loads((schema_dir() / "audit-report.v1.json").read_text())
     sub = {"$schema": report_schema["$schema"], "$defs": report_schema["$defs"], "$ref": "#/$defs/generalization"}
-    data = gen.report_check_data(tiny_result)
+    from kvgraft.audit.checks.generalization import report_check_data
+
+    data = report_check_data(tiny_result)
     errors = list(Draft202012Validator(sub).iter_errors(data))
     assert not errors, errors[0].message
     assert len(data["conditions"]) == len(tiny_result["conditions"])
@@ -338,9 +340,9 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
                    "context accounting", "ESTIMATE", "decode / budget"):
         assert needle in text, needle
     assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
-    from kvgraft.reporting.face import FACES
+    from kvgraft.audit.checks import KINDS
 
-    face = FACES["generalization"]({"result": tiny_result})  # a report's face of this result
+    face = KINDS["generalization"].face({"result": tiny_result})  # a report's face of this result
     assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
 

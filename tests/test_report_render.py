@@ -24,7 +24,8 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.reporting import report as rp
 from kvgraft.reporting.render_html import to_html
-from kvgraft.reporting.render_report import interval_bar, print_report
+from kvgraft.reporting.render_report import print_report
+from kvgraft.reporting.terminal import interval_bar
 from kvgraft.reporting.views import HEAT, heatmap_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report-example.json"
@@ -170,11 +171,11 @@ def test_face_each_check_once_nothing_cut(example: dict[str, Any], width: int) -
     flat = " ".join(text.split())  # the failing entry, sized and located
     assert "aime25-II-07 differs: max |diff| 0.000124" in flat and "; first difference layer 9" in flat
     assert "FAILED:" in lines[1] and "--detail NAME" in text
-    from kvgraft.reporting.face import FACES
+    from kvgraft.audit.checks import KINDS
 
     for c in example["checks"]:  # called directly: the face's fallback to the summary must not hide a bug
-        if c["kind"] in FACES and c["status"] != "skipped":
-            assert FACES[c["kind"]](c["data"]).verdict
+        if c["kind"] in KINDS and c["status"] != "skipped":
+            assert KINDS[c["kind"]].face(c["data"]).verdict
 
 
 def test_details_never_cut_at_80_columns(example: dict[str, Any]) -> None:
@@ -370,8 +371,8 @@ def test_heatmap_shared_and_mismatched_layers() -> None:
         {"index": 3, "kind": "full", "keys": {"equal": False, "differing": 5, "max_ulp": 3, "max_abs": 1e-6},
          "values": {"equal": True, "differing": 0}}]}]}
     console = Console(file=io.StringIO(), width=80, record=True)
-    from kvgraft.reporting.render_html import heatmap_svg
-    from kvgraft.reporting.render_report import heatmap_text
+    from kvgraft.reporting.html_parts import heatmap_svg
+    from kvgraft.reporting.terminal import heatmap_text
     from kvgraft.reporting.views import recompute_rows
 
     console.print(heatmap_text(data))

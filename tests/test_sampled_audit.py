@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, sampling, verdict
+from kvgraft import capture, errors, recompute, sampling
+from kvgraft.audit import checks as registry
 from kvgraft.cli import app
 from kvgraft.determinism import threads
 from kvgraft.executor import comparable
@@ -53,7 +54,7 @@ def _root(rel: Path) -> str:
 def test_a_sampled_audit_audits_the_drawn_entries_and_bounds_the_release(tiny_lm: Callable[[str], Any],
                                                                           release_dir: Path) -> None:
     lm = tiny_lm("llama")
-    result = verdict.seal("recompute", recompute.audit(release_dir, lm, sample=3, nonce="auditor-1"))  # schema-checked
+    result = registry.seal("recompute", recompute.audit(release_dir, lm, sample=3, nonce="auditor-1"))  # schema-checked
     rel = Release.open(release_dir)
     positions = sampling.draw(_root(release_dir), "auditor-1", ENTRIES, 3)
     assert [e["id"] for e in result["entries"]] == [rel.entries[i]["id"] for i in positions]
@@ -149,7 +150,8 @@ def test_progress_shows_tokens_per_second_and_eta() -> None:
 
 def test_plan_executor_threads_override_the_record(tiny_lm: Callable[[str], Any], model_dir: Path,
                                                    tmp_path: Path) -> None:
-    from kvgraft.reporting import audit_run, plan
+    from kvgraft.audit import plan
+    from kvgraft.audit import run as audit_run
 
     rel = _capture(tiny_lm("llama"), tmp_path / "rel2", n=2, n_threads=2)
     p = tmp_path / "plan.toml"
@@ -238,7 +240,9 @@ def test_cli_interrupted_audit_writes_no_result_and_resumes(tiny_lm: Callable[[s
 
 def test_sampled_audit_in_the_report_face_html_and_claim(tiny_lm: Callable[[str], Any], model_dir: Path,
                                                          release_dir: Path, tmp_path: Path) -> None:
-    from kvgraft.reporting import audit_run, face, plan
+    from kvgraft.audit import plan
+    from kvgraft.audit import run as audit_run
+    from kvgraft.reporting import face
     from kvgraft.reporting.render_html import to_html
 
     claims = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"

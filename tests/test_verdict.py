@@ -12,10 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgraft import errors, verdict
+from kvgraft.audit import checks as registry
+from kvgraft.audit import claims
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.generalization import audit as gen
-from kvgraft.reporting import claims
 
 from sample_problems import PROBLEMS
 
@@ -33,7 +34,7 @@ def test_exit_codes_of_statuses() -> None:
 
 def test_recompute_status() -> None:
     def status(result: dict[str, Any]) -> str:
-        return verdict.status("recompute", result)
+        return registry.status("recompute", result)
 
     # The requirement decides: a consistent release passes `--require consistent`, fails `exact`.
     assert status({"verdict": "byte-exact", "require": "exact", "passed": True}) == "passed"
@@ -43,20 +44,20 @@ def test_recompute_status() -> None:
 
 def test_seal_refuses_a_result_its_schema_does_not_allow() -> None:
     with pytest.raises(SchemaError):
-        verdict.seal("recompute", {"all_byte_exact": True, "passed": True})
+        registry.seal("recompute", {"all_byte_exact": True, "passed": True})
 
 
 def test_claims_status_incomplete_when_nothing_could_be_judged(tmp_path: Path) -> None:
     p = tmp_path / "c.toml"
     p.write_text('format = "kvgraft-claims"\nformat_version = 1\n[source]\ntitle = "t"\n[[claims]]\nid = "e"\n'
                  'kind = "exactness"\ntext = "exact"\nmeasure = { byte_identical = "restore_byte_identical" }\n')
-    r = claims.check_files(p)
+    r = registry.seal("claims", claims.check_files(p))
     assert r["status"] == "incomplete"
     res = runner.invoke(app, ["audit", "claims", str(p)])
     assert res.exit_code == errors.EXIT_INCOMPLETE, res.output
     m = tmp_path / "m.json"
     m.write_text(json.dumps({"restore_byte_identical": False}))
-    assert claims.check_files(p, m)["status"] == "failed"
+    assert registry.seal("claims", claims.check_files(p, m))["status"] == "failed"
     assert runner.invoke(app, ["audit", "claims", str(p), "--measured", str(m)]).exit_code == errors.EXIT_NOT_EXACT
 
 

@@ -118,7 +118,7 @@ def recompute_cmd(
                     say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "
                         "same command to resume (no result was written)", error=True)
                 raise
-    from kvgraft.verdict import seal
+    from kvgraft.audit.checks import seal
 
     seal("recompute", result)
     if json_out:
@@ -128,7 +128,7 @@ def recompute_cmd(
     if journal is not None:
         journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
     if not quiet:
-        from kvgraft.reporting.face import cost_line
+        from kvgraft.audit.checks.recompute import cost_line
         from kvgraft.reporting.render_report import check_renderables
 
         for r in check_renderables("recompute", result, out):
@@ -234,12 +234,14 @@ def determinism_cmd(
     from rich.progress import Progress
 
     from kvgraft import determinism
+    from kvgraft.audit.checks import seal
     from kvgraft.reporting.render_report import check_renderables
 
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)
         result = determinism.matrix(model, length=length, include_gpu=gpu,
                                     progress=lambda i, n: bar.update(task, completed=i, total=n))
+    seal("determinism", result)
     if json_out:
         from kvgraft._internal.jsonio import write_json
 

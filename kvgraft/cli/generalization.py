@@ -146,6 +146,7 @@ def generalization_cmd(
     3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
     With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
     """
+    from kvgraft.audit.checks import seal
     from kvgraft.generalization import audit as gen
     from kvgraft.release.format import Release
     from kvgraft.reporting.render_generalization import renderables
@@ -166,6 +167,7 @@ def generalization_cmd(
                 bar.update(task, completed=i, total=n, description=f"auditing {label}")
 
             result = gen.audit(lm, rel, queries, settings, prepared=prepared, progress=tick, executor=ex)
+    seal("generalization", result)
     if json_out:
         from kvgraft._internal.jsonio import write_json
 

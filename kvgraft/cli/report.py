@@ -27,9 +27,10 @@ def claims_cmd(
     Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
     could be judged), 2 on unusable input.
     """
-    from kvgraft.reporting import claims
+    from kvgraft.audit import claims
+    from kvgraft.audit.checks import seal
 
-    result = claims.check_files(claims_file, measured)
+    result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
     if as_json:
         typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
     else:

@@ -37,8 +37,8 @@ def run_cmd(
 
     from rich.text import Text
 
-    from kvgraft.reporting import audit_run as auditrun
-    from kvgraft.reporting import plan
+    from kvgraft.audit import plan
+    from kvgraft.audit import run as auditrun
 
     p = plan.load(plan_file)
     t0 = time.perf_counter()

@@ -403,25 +403,21 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query], results: Sequence[dict[str, Any]],
-              settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
-              context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
-    """Per-run results → the audit result (valid against schemas/generalization-result.v1.json)."""
-    prepared = prepared or {}
-    lib = Library(release)
-    by = {(r["query_id"], r["condition"]): r for r in results}
-    qids = [q.problem.id for q in queries]
-    conds = [c for c in CONDITIONS if any(r["condition"] == c for r in results)]
-
-    # accuracy per condition, overall and per group
+def _accuracies(results: Sequence[dict[str, Any]], conds: Sequence[str], settings: Settings) -> list[dict[str, Any]]:
+    """Accuracy per condition, overall and per group (with pass@k over the samples)."""
     conditions: list[dict[str, Any]] = []
     for c in conds:
         rows = [r for r in results if r["condition"] == c]
         groups = {g: _acc([r for r in rows if r["group"] == g]) for g in GROUPS if any(r["group"] == g for r in rows)}
         conditions.append({"condition": c, "label": LABELS[c], **_acc(rows), **_pass(rows, settings.samples),
                            "groups": groups})
+    return conditions
 
-    # paired comparisons
+
+def _comparisons(by: dict[tuple[str, str], dict[str, Any]], queries: Sequence[Query], conds: Sequence[str],
+                 settings: Settings) -> list[dict[str, Any]]:
+    """The paired comparisons against no graft (a): replay (b), and the other entry (c) per query group."""
+    qids = [q.problem.id for q in queries]
     own_ids = [q for q in qids if (q, "own") in by]
     in_group = {g: [q.problem.id for q in queries if q.group == g] for g in GROUPS}
     comparisons: list[dict[str, Any]] = []
@@ -433,8 +429,11 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
                                     settings))
         comparisons.append(_compare(by, in_group["library"], "other", "library queries, other entry (a vs c)", "library",
                                     settings))
+    return comparisons
 
-    # (d) equals (b) / (c) token for token
+
+def _equality(by: dict[tuple[str, str], dict[str, Any]], qids: Sequence[str], conds: Sequence[str]) -> dict[str, Any]:
+    """(d) equals (b) / (c) token for token: each prompt-text condition against its graft, first difference of each."""
     equality: dict[str, Any] = {}
     for g, t in AS_TEXT.items():
         pairs = [q for q in qids if (q, g) in by and (q, t) in by]
@@ -450,8 +449,12 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
         if pairs or g in conds:
             equality[g] = {"graft": g, "text": t, "n": len(pairs), "equal": len(pairs) - len(mismatches),
                            "mismatches": mismatches}
+    return equality
 
-    # leakage: clean / contaminated split per grafted condition, with (a) on the same queries
+
+def _leakage(results: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]],
+             conds: Sequence[str]) -> dict[str, Any]:
+    """The clean / contaminated split per grafted condition, with (a) on the same queries."""
     leakage: dict[str, Any] = {"method": f"lm-evaluation-harness janitor {NGRAM}-grams of problem and solution, and the "
                                          "gold answer as a standalone token (kvgraft.generalization.leakage)",
                                "by_condition": {}}
@@ -459,8 +462,45 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
         if c == "none":
             continue
         leakage["by_condition"][c] = _split_rows([r for r in results if r["condition"] == c], by)
+    return leakage
 
-    # ledger
+
+def _condition_ledger(rows: Sequence[dict[str, Any]], budget_of: dict[str, float], amortized: float | None,
+                      uses_library: bool) -> dict[str, Any]:
+    """One condition's totals, per-query means and ratios to the decode budget (upstream cost attributed, amortized)."""
+    n = len(rows)
+    dec = _sum(rows, lambda r: r["tokens"]["decode"])
+    up_attr = _sum(rows, lambda r: r["upstream_tokens"])
+    bud = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: budget_of[r["query_id"]])
+    dec_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["tokens"]["decode"])
+    up_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["upstream_tokens"])
+    n_b = sum(1 for r in rows if r["query_id"] in budget_of)
+    totals = {
+        "queries": n,
+        "decode_tokens": int(dec),
+        "prefill_tokens": int(_sum(rows, lambda r: r["tokens"]["prefill"])),
+        "restored_tokens": int(_sum(rows, lambda r: r["tokens"]["restored"])),
+        "kv_bytes_restored": int(_sum(rows, lambda r: r["kv_bytes_restored"])),
+        "upstream_tokens_attributed": int(up_attr),
+        "seconds": _sum(rows, lambda r: r["seconds"]["total"]),
+        "restore_seconds": _sum(rows, lambda r: r["seconds"]["restore"]),
+        "prefill_seconds": _sum(rows, lambda r: r["seconds"]["prefill"]),
+        "decode_seconds": _sum(rows, lambda r: r["seconds"]["decode"]),
+        "energy_joules": _sum(rows, lambda r: r["energy"]["joules"]),
+    }
+    per_query = {k: (v / n if n else None) for k, v in totals.items() if k != "queries"}
+    budget = {
+        "budget_tokens": int(bud),
+        "decode_vs_budget": _ratio(dec_b, bud),
+        "with_upstream_attributed": _ratio(dec_b + (up_b if uses_library else 0.0), bud),
+        "with_upstream_amortized": _ratio(dec_b + ((amortized or 0.0) * n_b if uses_library else 0.0), bud),
+    }
+    return {**totals, "per_query": per_query, **budget}
+
+
+def _ledger(lib: Library, results: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]],
+            qids: Sequence[str], conds: Sequence[str], settings: Settings) -> dict[str, Any]:
+    """Tokens, time and energy per condition, against the decode budget, with and without the library's upstream cost."""
     up_entries = [e["meta"].get("upstream", {}) for e in lib.entries]
     served = sorted({r["query_id"] for r in results if r["condition"] != "none"})
     lib_up = int(sum(u.get("tokens", 0) for u in up_entries))
@@ -472,38 +512,8 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
             budget_of[q] = float(settings.budget * settings.samples)
         elif (q, "none") in by:
             budget_of[q] = float(by[(q, "none")]["tokens"]["decode"])
-    per_condition: dict[str, Any] = {}
-    for c in conds:
-        rows = [r for r in results if r["condition"] == c]
-        n = len(rows)
-        dec = _sum(rows, lambda r: r["tokens"]["decode"])
-        up_attr = _sum(rows, lambda r: r["upstream_tokens"])
-        bud = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: budget_of[r["query_id"]])
-        dec_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["tokens"]["decode"])
-        up_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["upstream_tokens"])
-        n_b = sum(1 for r in rows if r["query_id"] in budget_of)
-        totals = {
-            "queries": n,
-            "decode_tokens": int(dec),
-            "prefill_tokens": int(_sum(rows, lambda r: r["tokens"]["prefill"])),
-            "restored_tokens": int(_sum(rows, lambda r: r["tokens"]["restored"])),
-            "kv_bytes_restored": int(_sum(rows, lambda r: r["kv_bytes_restored"])),
-            "upstream_tokens_attributed": int(up_attr),
-            "seconds": _sum(rows, lambda r: r["seconds"]["total"]),
-            "restore_seconds": _sum(rows, lambda r: r["seconds"]["restore"]),
-            "prefill_seconds": _sum(rows, lambda r: r["seconds"]["prefill"]),
-            "decode_seconds": _sum(rows, lambda r: r["seconds"]["decode"]),
-            "energy_joules": _sum(rows, lambda r: r["energy"]["joules"]),
-        }
-        per_query = {k: (v / n if n else None) for k, v in totals.items() if k != "queries"}
-        uses_library = c != "none"
-        budget = {
-            "budget_tokens": int(bud),
-            "decode_vs_budget": _ratio(dec_b, bud),
-            "with_upstream_attributed": _ratio(dec_b + (up_b if uses_library else 0.0), bud),
-            "with_upstream_amortized": _ratio(dec_b + ((amortized or 0.0) * n_b if uses_library else 0.0), bud),
-        }
-        per_condition[c] = {**totals, "per_query": per_query, **budget}
+    per_condition = {c: _condition_ledger([r for r in results if r["condition"] == c], budget_of, amortized, c != "none")
+                     for c in conds}
     ledger = {
         "per_condition": per_condition,
         "library": {
@@ -534,8 +544,11 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
             "with_upstream_amortized": "(decode + library upstream_tokens / queries_served per query) / budget",
         },
     }
+    return ledger
 
-    # context accounting
+
+def _context(lib: Library, results: Sequence[dict[str, Any]], context_length: int | None) -> dict[str, Any]:
+    """Context accounting: library size against what is attended at once and the model's context, peak memory."""
     graft_rows = [r for r in results if r["condition"] != "none"]
     peaks = [r["memory"]["peak_rss_bytes"] for r in results if r["condition"] in GRAFTED and r["memory"]["peak_rss_bytes"]]
     before = [r["memory"]["rss_before_bytes"] for r in results if r["memory"]["rss_before_bytes"]]
@@ -554,8 +567,13 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
         "rss_before_bytes_min": min(before) if before else None,
         "memory_method": MEMORY_METHOD if not notes_mem else f"{MEMORY_METHOD}; {'; '.join(notes_mem)}",
     }
+    return context
 
-    # statements
+
+def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]], equality: dict[str, Any],
+                leakage: dict[str, Any], results: Sequence[dict[str, Any]], energy: dict[str, Any] | None,
+                settings: Settings) -> list[str]:
+    """The result's sentences: preparation notes, each comparison's verdict, (d) vs graft, leakage, caveats."""
     statements: list[str] = list(prepared.get("notes", []))
     for comp in comparisons:
         statements.append(comp["verdict"])
@@ -584,7 +602,26 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
     if settings.samples > 1:
         statements.append(f"{settings.samples} samples per query ({settings.decoding}); k/n, Wilson intervals and McNemar "
                           "use the first sample of each query, pass@1 averages all samples")
+    return statements
 
+
+def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query], results: Sequence[dict[str, Any]],
+              settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+              context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+    """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed)."""
+    prepared = prepared or {}
+    lib = Library(release)
+    by = {(r["query_id"], r["condition"]): r for r in results}
+    qids = [q.problem.id for q in queries]
+    conds = [c for c in CONDITIONS if any(r["condition"] == c for r in results)]
+    conditions = _accuracies(results, conds, settings)
+    comparisons = _comparisons(by, queries, conds, settings)
+    equality = _equality(by, qids, conds)
+    leakage = _leakage(results, by, conds)
+    ledger = _ledger(lib, results, by, qids, conds, settings)
+    context = _context(lib, results, context_length)
+    statements = _statements(prepared, comparisons, equality, leakage, results, energy, settings)
+    library_tokens = context["library_tokens"]
     return {
         "kind": RESULT_KIND,
         "format_version": FORMAT_VERSION,
@@ -614,6 +651,8 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
     }
 
 
+
+
 # ---------------------------------------------------------------- the whole audit
 
 
@@ -640,42 +679,12 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
     lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
                "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
-    from kvgraft.verdict import seal
-
-    return seal("generalization", aggregate(lm_info, rel, queries, results, settings, prepared=prepared,
-                                            energy=meter.result.as_dict(), context_length=int(ctx) if ctx else None,
-                                            seconds=time.perf_counter() - t0))
-
-
-def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
-    """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json)."""
-
-    def acc(name: str, a: dict[str, Any]) -> dict[str, Any] | None:
-        if not a["n"]:
-            return None
-        return {"name": name, "k": a["k"], "n": a["n"], "interval": a["interval"], "confidence": 0.95}
-
-    conditions = [x for c in result["conditions"] if (x := acc(c["label"], c)) is not None]
-    mcnemar = [{"a": LABELS[c["a"]], "b": f"{LABELS[c['b']]} [{c['scope']}]", "a_only": c["mcnemar"]["b"],
-                "b_only": c["mcnemar"]["c"], "p_value": c["mcnemar"]["p_exact"], "method": "exact McNemar (two-sided)"}
-               for c in result["comparisons"] if c["n"]]
-    split_data: dict[str, list[dict[str, Any]]] = {"clean": [], "contaminated": []}
-    for cond, sp in result["leakage"]["by_condition"].items():
-        for part in ("clean", "contaminated"):
-            for row in (acc(LABELS[cond], sp[part]), acc(f"a: no graft, same queries as {SHORT[cond]}", sp[part]["baseline"])):
-                if row is not None:
-                    split_data[part].append(row)
-    lg = result["ledger"]
-    ledger = {f"{SHORT[c]} decode tokens": v["decode_tokens"] for c, v in lg["per_condition"].items()}
-    ledger["library upstream tokens"] = lg["library"]["upstream_tokens"]
-    n = sum(result["plan"]["queries"].values())
-    data: dict[str, Any] = {"conditions": conditions, "mcnemar": mcnemar, "split": split_data, "ledger": ledger}
-    source = (result["plan"].get("source") or {}).get("source")
-    data["benchmark"] = {"name": str(source)} | ({"size": n} if n else {})
-    return data
+    # Unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal).
+    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
+                     context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
 
 
 __all__ = [
     "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
-    "prepare", "query_text", "report_check_data", "run_query",
+    "prepare", "query_text", "run_query",
 ]

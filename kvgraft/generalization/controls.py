@@ -152,8 +152,6 @@ def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens:
         executor: Executor | None = None) -> dict[str, Any]:
     """Run the three controls against the fact library `release` (built by `build` with the same n and seed)."""
     from kvgraft.generalization import audit as gen
-    from kvgraft.verdict import seal
-
     cs = problems(n, seed)
 
     def settings(policy: str) -> gen.Settings:
@@ -179,4 +177,4 @@ def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens:
               "controls": outcomes, "statements": statements, "seconds": time.perf_counter() - t0,
               "decode_tokens": sum(c["decode_tokens"] for g in (replay, related, null)
                                    for c in g["ledger"]["per_condition"].values())}
-    return seal("controls", result)
+    return result  # unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,15 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     lo = 0.0 if k == 0 else max(0.0, centre - half)
     hi = 1.0 if k == n else min(1.0, centre + half)
     return lo, hi
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of k/n at `confidence`; over `wilson`."""
+    if n <= 0 or not 0 <= k <= n:
+        raise InputError(f"wilson_interval: need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    if not 0 < confidence < 1:
+        raise InputError(f"wilson_interval: confidence must be in (0, 1), got {confidence}")
+    return wilson(k, n, z=NormalDist().inv_cdf(1 - (1 - confidence) / 2))
 
 
 def mcnemar_exact(b: int, c: int) -> float:

@@ -1,1 +1,1 @@
-"""Audit plans, the audit run, reports, claims and verdict readings, their signatures and renderings."""
+"""Audit reports: building, validating and signing them, rendering them (terminal, HTML), and the renderers' parts."""

@@ -1,4 +1,4 @@
-"""The audit report: statistics helpers, building, verdict logic, loading and validation.
+"""The audit report: building, verdict logic, loading and validation.
 
 A report is a JSON object valid against schemas/audit-report.v1.json. Its `verdict` is derived from its
 checks and claim verdicts (see `compute_verdict`); `validate_report` refuses a report whose stored verdict
@@ -8,13 +8,14 @@ or binding disagrees with its own content, so a renderer never shows a verdict t
 from __future__ import annotations
 
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 from kvgraft import __version__
 from kvgraft._internal.jsonio import canonical, load_file, write_json
+from kvgraft.audit.checks import KINDS, OTHER
+from kvgraft.audit.claims import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
 from kvgraft.errors import InputError
-from kvgraft.generalization.stats import mcnemar_exact, wilson
+from kvgraft.generalization.stats import mcnemar_exact, wilson_interval
 from kvgraft.release.format import now_utc
 from kvgraft.release.hashing import sha256_hex
 from kvgraft.schema import validate
@@ -25,23 +26,8 @@ REPORT_SCHEMA = "audit-report.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
 REPORT_FORMAT_VERSION = 1
 
-CHECK_KINDS = ("recompute", "generalization", "determinism", "verify", "claims", "controls", "other")
+CHECK_KINDS = (*KINDS, OTHER)  # the registry's kinds (kvgraft.audit.checks), and checks other tools write
 CHECK_STATUSES = ("passed", "failed", "incomplete", "skipped")
-# Claim verdicts, most severe first. The claims checker uses the same words.
-CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
-FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
-
-
-# --- statistics ------------------------------------------------------------------------------------------------
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of k/n at `confidence`; the one implementation lives in kvgraft.generalization.stats."""
-    if n <= 0 or not 0 <= k <= n:
-        raise InputError(f"wilson_interval: need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    if not 0 < confidence < 1:
-        raise InputError(f"wilson_interval: confidence must be in (0, 1), got {confidence}")
-    return wilson(k, n, z=NormalDist().inv_cdf(1 - (1 - confidence) / 2))
 
 
 # --- building --------------------------------------------------------------------------------------------------
@@ -60,12 +46,6 @@ def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, 
     if reason:
         check["reason"] = reason
     return check
-
-
-def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
-    """The report's `claims` list from a claims-check result (kvgraft.reporting.claims.check)."""
-    return [{"id": c["id"], "text": c["text"], "kind": c["kind"], "claimed": c["claimed"], "verdict": c["verdict"],
-             "reason": c["reason"]} for c in claims_check["claims"]]
 
 
 def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:

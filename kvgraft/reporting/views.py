@@ -161,7 +161,7 @@ def acc_interval(a: dict[str, Any]) -> tuple[float, float] | None:
     if isinstance(iv, list) and len(iv) == 2:
         return float(iv[0]), float(iv[1])
     try:
-        from kvgraft.reporting.report import wilson_interval
+        from kvgraft.generalization.stats import wilson_interval
 
         return wilson_interval(int(a["k"]), int(a["n"]), float(a.get("confidence", 0.95)))
     except Exception:
@@ -188,15 +188,3 @@ CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wi
 def readings_lines(result: dict[str, Any]) -> list[str]:
     """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
     return [f"reading: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
-
-
-# The data members the detail renderers draw; any other member is listed by name, not dropped.
-KNOWN_DATA = {"recompute": ("entries", "reference", "all_byte_exact", "statements"),
-              "generalization": ("benchmark", "conditions", "mcnemar", "split", "ledger"),
-              "determinism": ("conditions", "rows", "notes", "baseline", "length"),
-              "verify": ("ok", "error", "details", "root_digest", "entries", "files", "tensors", "bytes_hashed", "deep",
-                         "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"),
-              "claims": ("readings", "claims", "counts", "failed", "status", "format", "format_version", "kvgraft_version"),
-              "controls": ("controls", "statements", "status", "kind", "format_version", "kvgraft_version", "model",
-                           "library", "generator", "settings", "seconds", "decode_tokens")}
-

@@ -2,7 +2,7 @@
 
 A claims file (TOML, `format = "kvgraft-claims"`) lists benchmarks and claims. What is checked for each kind of
 claim, the roles it can be measured by and how a measurement judges it are one entry per kind in
-kvgraft.reporting.claim_kinds.KINDS; this module loads and validates claims files and measurements, and runs
+kvgraft.audit.claim_kinds.KINDS; this module loads and validates claims files and measurements, and runs
 the check.
 
 `measure` maps the roles of a claim's kind to keys of a measured-results JSON (a flat object), e.g.
@@ -17,15 +17,14 @@ from typing import Any
 
 from kvgraft import __version__
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
-from kvgraft.errors import InputError
-from kvgraft.release.hashing import sha256_hex
-from kvgraft.reporting.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
+from kvgraft.audit.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
 
 # Callers and tests have always found these here; the arithmetic now lives with the kinds that use it.
-from kvgraft.reporting.claim_kinds import fmt as fmt
-from kvgraft.reporting.claim_kinds import k_of_n as k_of_n
-from kvgraft.reporting.claim_kinds import stated_decimals as stated_decimals
-from kvgraft.reporting.report import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
+from kvgraft.audit.claim_kinds import fmt as fmt
+from kvgraft.audit.claim_kinds import k_of_n as k_of_n
+from kvgraft.audit.claim_kinds import stated_decimals as stated_decimals
+from kvgraft.errors import InputError
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.schema import validate
 
 CLAIMS_SCHEMA = "claims.v1.json"
@@ -33,6 +32,9 @@ CLAIMS_FORMAT = "kvgraft-claims"
 CHECK_FORMAT = "kvgraft-claims-check"
 MAX_CLAIMS_BYTES = 4 * 1024 * 1024
 METADATA_KEYS = ("note", "source", "format", "format_version")
+# Claim verdicts, most severe first; the report (kvgraft.reporting.report) counts claims by the same words.
+CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
+FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
 
 # Finding verdicts: internal checks give consistent/inconsistent/unsupported/needs-measurement; measurements give
 # supported/contradicted/unsupported/not-testable. A claim's verdict is the first of its findings in this order: a
@@ -202,9 +204,7 @@ def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where
         "unused_measurements": sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
         "failed": any(counts[v] for v in FAILING_CLAIM_VERDICTS),
     }
-    from kvgraft.verdict import seal
-
-    return seal("claims", result, "claims check result")
+    return result
 
 
 def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:

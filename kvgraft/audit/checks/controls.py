@@ -1,0 +1,75 @@
+"""The controls check: planted effects on a generated fact library show that the audit finds what is there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from kvgraft.audit.checks.kind import CheckKind, Ran
+from kvgraft.audit.context import Context
+from kvgraft.reporting.figures import Face, detectable, null_meaning
+from kvgraft.reporting.html_parts import esc, table
+from kvgraft.reporting.render import hanging, kn, num, styled
+from kvgraft.reporting.render import table as text_table
+from kvgraft.reporting.views import CONTROLS_HEAD, controls_rows
+
+
+def run(ctx: Context, kc: dict[str, Any]) -> Ran:
+    from kvgraft.generalization import controls
+    from kvgraft.release.format import Release
+
+    n, seed = kc.get("n", 20), kc.get("seed", 0)
+    ctx.say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
+    controls.build(ctx.lm, ctx.out / "controls-release", n=n, seed=seed, overwrite=True)
+    k = controls.run(ctx.lm, Release.open(ctx.out / "controls-release"), n=n, seed=seed,
+                     max_new_tokens=kc.get("max_new_tokens", 32), executor=ctx.ex)
+    shown = sum(c["shows"] for c in k["controls"])
+    ctx.ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+                              "(its own release, out/…/controls-release, not signed)")
+    return Ran(k, f"{shown}/{len(k['controls'])} controls show what they expect "
+                  f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})")
+
+
+def status(result: dict[str, Any]) -> str:
+    """passed when every control shows what it expects; incomplete when one does not (the audit could not
+    show its power, or reported a difference where none was planted); failed is left to the checks that
+    judge the graft itself."""
+    return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"
+
+
+def face(data: dict[str, Any]) -> Face:
+    controls = [c for c in data.get("controls", []) if isinstance(c, dict)]
+    shows = sum(1 for c in controls if c.get("shows"))
+    verdict = f"{shows}/{len(controls)} controls show what they expect (an effect where one is planted, none where not)"
+    figures = []
+    nulls = []
+    for c in controls:
+        graft = "b" if c.get("condition") == "own" else "c"
+        det = c.get("detectable") or {}
+        power = f" ({detectable(det)})" if det else ""
+        if det and not c.get("significant", True):
+            nulls.append(det)
+        figures.append(f"{c['name']}: {graft} {kn(c['graft'])} vs a {kn(c['baseline'])}, p = {num(c['mcnemar']['p_exact'])}: "
+                       f"{'shows it' if c.get('shows') else 'does NOT show it'}{power}")
+    if nulls:
+        figures.append(null_meaning(nulls))
+    return Face(verdict, figures)
+
+
+def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+    rows = controls_rows(data)
+    out = [text_table(console, "controls: planted effects on a generated fact library", CONTROLS_HEAD, rows)]
+    return out + [styled(hanging("•", s, console.width, indent=0)) for s in data.get("statements", [])]
+
+
+def html(data: dict[str, Any]) -> str:
+    notes = "".join(f"<li>{esc(x)}</li>" for x in data.get("statements", []))
+    return table(CONTROLS_HEAD, [[esc(x) for x in row] for row in controls_rows(data)]) + f"<ul>{notes}</ul>"
+
+
+KIND = CheckKind(
+    name="controls", schema="controls-result.v1.json", status=status, stamps_status=True, run=run, face=face,
+    details=details, html=html,
+    known_data=("controls", "statements", "status", "kind", "format_version", "kvgraft_version", "model", "library",
+                "generator", "settings", "seconds", "decode_tokens"))

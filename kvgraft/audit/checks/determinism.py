@@ -1,0 +1,95 @@
+"""The determinism check: which conditions (threads, chunking, batching, dtype, kernel, device) change KV bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from kvgraft.audit.checks.kind import CheckKind, Ran
+from kvgraft.audit.context import Context
+from kvgraft.reporting.figures import Face
+from kvgraft.reporting.html_parts import esc, table
+from kvgraft.reporting.render import hanging, num, styled
+from kvgraft.reporting.render import table as text_table
+from kvgraft.reporting.views import determinism_model
+
+
+def run(ctx: Context, dc: dict[str, Any]) -> Ran:
+    from kvgraft import determinism
+
+    ctx.say("running the determinism matrix")
+    d = determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128), include_gpu=True)
+    return Ran(d, "\n".join(d["notes"]))
+
+
+def status(result: dict[str, Any]) -> str:
+    """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
+    return "passed" if len(result["conditions"]) >= 2 else "incomplete"
+
+
+def face(data: dict[str, Any]) -> Face:
+    conds = [c for c in data.get("conditions", []) if isinstance(c, dict)]
+    classes: dict[str, list[str]] = {}
+    for c in conds:
+        classes.setdefault(str(c.get("class", "?")), []).append(str(c.get("name")))
+    env = data.get("environment") or {}
+    where = f" on {env.get('device_name')}" if isinstance(env, dict) and env.get("device_name") else ""
+    verdict = (f"{len(classes)} distinct KV byte classes among {len(conds)} conditions{where} "
+               "(it describes; it fails nothing)")
+    baseline = str(data.get("baseline", ""))
+    figures = []
+    for label, names in classes.items():
+        if baseline in names:
+            others = len(names) - 1
+            figures.append(f"{label}: the baseline ({baseline})" + (f" and {others} more conditions" if others else ""))
+        else:
+            figures.append(f"{label}: {'; '.join(names)}")
+    return Face(verdict, figures)
+
+
+def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+    m = determinism_model(data)
+    out: list[RenderableType] = []
+    if m["conditions"]:
+        rows = [[str(x["name"]), str(x.get("class", "?")), num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl"))]
+                for x in m["conditions"]]
+        out.append(text_table(console, f"KV byte classes: {m['classes']} among {len(m['conditions'])} conditions "
+                                       "(same class = same bytes)", ["condition", "class", "max ULP", "max |diff|", "KL"],
+                              rows))
+    if m["rows"]:
+        headers = ["entry"] + [str(x["name"]) for x in m["conditions"]]
+        rows = [[row["entry"]] + [lab for lab, _ in row["cells"]] for row in m["rows"]]
+        out.append(text_table(console, "per entry (same letter in a row = same bytes)", headers, rows))
+    return out + [styled(hanging("•", n, console.width, indent=0)) for n in data.get("notes", [])]
+
+
+def html(data: dict[str, Any]) -> str:
+    m = determinism_model(data)
+    out = ""
+
+    def chip(label: str, colour: str) -> str:
+        return f'<span class="mono" style="background:{colour};padding:1px 8px;border-radius:3px">{esc(label)}</span>'
+
+    if m["conditions"]:
+        rows = [[esc(x["name"]), chip(str(x.get("class", "?")), m["colour"].get(str(x.get("class", "?")), "#ddd")),
+                 num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl")),
+                 f'<code>{esc(json.dumps(x.get("condition", {}), sort_keys=True))}</code>' if x.get("condition") else ""]
+                for x in m["conditions"]]
+        out += (f'<p class="muted">{m["classes"]} KV byte classes among {len(m["conditions"])} conditions; '
+                "same class = byte-identical states.</p>")
+        out += table(["condition", "class", "max ULP", "max |diff|", "KL", "settings"], rows, num=(2, 3, 4))
+    if m["rows"]:
+        headers = ["entry"] + [str(x["name"]) for x in m["conditions"]]
+        out += "<h3>per entry (same label in a row = same bytes)</h3>" + table(
+            headers, [[esc(row["entry"])] + [chip(lab, col) for lab, col in row["cells"]] for row in m["rows"]])
+    notes = data.get("notes", [])
+    if notes:
+        out += "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+    return out
+
+
+KIND = CheckKind(
+    name="determinism", schema="determinism-result.v1.json", status=status, stamps_status=True, run=run, face=face,
+    details=details, html=html, known_data=("conditions", "rows", "notes", "baseline", "length"))

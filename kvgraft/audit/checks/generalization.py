@@ -1,0 +1,176 @@
+"""The generalization check: does a graft help on problems whose solution is not in the cache, or is it replay?
+
+Its report entry's `data` (a short form for renderers written before the whole result was kept, plus the
+whole result under `result`) is built here: the generalization audit itself knows nothing of reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from kvgraft.audit.checks.kind import CheckKind, Ran
+from kvgraft.audit.context import Context
+from kvgraft.generalization.conditions import LABELS, SHORT
+from kvgraft.reporting.figures import Face, as_dict, detectable, null_meaning
+from kvgraft.reporting.html_parts import accuracy_html, badge, esc, kv_html, table
+from kvgraft.reporting.render import kn, num
+from kvgraft.reporting.render import table as text_table
+from kvgraft.reporting.terminal import accuracy_view, mapping_view
+
+
+def run(ctx: Context, gc: dict[str, Any]) -> Ran:
+    from kvgraft.generalization import audit as gen
+
+    ctx.say("generalization audit: conditions a-d on library, held-out and synthetic problems")
+    queries, prepared = gen.prepare(ctx.release, synthetic_n=gc.get("synthetic", 0))
+    settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
+                            samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
+    g = gen.audit(ctx.lm, ctx.release, queries, settings, prepared=prepared, executor=ctx.ex)
+    ctx.ledger.update(ledger_lines(g))
+    return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g})
+
+
+def status(result: dict[str, Any]) -> str:
+    """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
+    computation as its text); incomplete when nothing ran; else passed."""
+    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+        return "failed"
+    return "passed" if result["runs"] else "incomplete"
+
+
+def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
+    """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json), less `result`."""
+
+    def acc(name: str, a: dict[str, Any]) -> dict[str, Any] | None:
+        if not a["n"]:
+            return None
+        return {"name": name, "k": a["k"], "n": a["n"], "interval": a["interval"], "confidence": 0.95}
+
+    conditions = [x for c in result["conditions"] if (x := acc(c["label"], c)) is not None]
+    mcnemar = [{"a": LABELS[c["a"]], "b": f"{LABELS[c['b']]} [{c['scope']}]", "a_only": c["mcnemar"]["b"],
+                "b_only": c["mcnemar"]["c"], "p_value": c["mcnemar"]["p_exact"], "method": "exact McNemar (two-sided)"}
+               for c in result["comparisons"] if c["n"]]
+    split_data: dict[str, list[dict[str, Any]]] = {"clean": [], "contaminated": []}
+    for cond, sp in result["leakage"]["by_condition"].items():
+        for part in ("clean", "contaminated"):
+            for row in (acc(LABELS[cond], sp[part]), acc(f"a: no graft, same queries as {SHORT[cond]}", sp[part]["baseline"])):
+                if row is not None:
+                    split_data[part].append(row)
+    lg = result["ledger"]
+    ledger = {f"{SHORT[c]} decode tokens": v["decode_tokens"] for c, v in lg["per_condition"].items()}
+    ledger["library upstream tokens"] = lg["library"]["upstream_tokens"]
+    n = sum(result["plan"]["queries"].values())
+    data: dict[str, Any] = {"conditions": conditions, "mcnemar": mcnemar, "split": split_data, "ledger": ledger}
+    source = (result["plan"].get("source") or {}).get("source")
+    data["benchmark"] = {"name": str(source)} | ({"size": n} if n else {})
+    return data
+
+
+def ledger_lines(g: dict[str, Any]) -> dict[str, str]:
+    """One readable line per condition for the report's ledger; the full ledger stays in the check's data."""
+    lines: dict[str, str] = {}
+    for cond, v in g["ledger"]["per_condition"].items():
+        line = (f"{v['decode_tokens']:,} decode, {v['prefill_tokens']:,} prefill, {v['restored_tokens']:,} restored tokens "
+                f"over {v['queries']} queries")
+        if v.get("decode_vs_budget") is not None:
+            line += f"; decode/budget {v['decode_vs_budget']:.2f}"
+        if v.get("with_upstream_amortized") is not None and v["restored_tokens"]:
+            line += f", {v['with_upstream_amortized']:.2f} with the library's upstream cost amortized"
+        lines[LABELS.get(cond, cond)] = line
+    lib = g["ledger"]["library"]
+    lines["library upstream"] = (f"{lib['upstream_tokens']:,} tokens, {lib['amortized_upstream_tokens_per_query']:.1f} per query "
+                                 f"over {lib['queries_served']} queries")
+    energy = g.get("energy") or {}
+    if energy:
+        kind = "ESTIMATE" if energy.get("method") == "estimate" else "measured"
+        lines["energy"] = f"{energy.get('joules', 0):,.0f} J ({kind}, {energy.get('method')})"
+    return lines
+
+
+def face(data: dict[str, Any]) -> Face:
+    result = as_dict(data.get("result"))
+    equality = result.get("equality") or {}
+    if equality:
+        same = [f"{SHORT.get(q['text'], q['text'])} = {SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
+                for q in equality.values()]
+        ok = all(q["equal"] == q["n"] for q in equality.values())
+        verdict = ("the same tokens as prompt text reproduce each graft's output" if ok else
+                   "the same tokens as prompt text do NOT reproduce a graft's output") + ": " + ", ".join(same)
+    else:
+        verdict = "no prompt-text condition to compare with the grafts"
+    bench = (data.get("benchmark") or {}).get("name")
+    accs = ", ".join(f"{str(a['name']).split(':')[0]} {kn(a)}" for a in data.get("conditions", []))
+    figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
+    comps = result.get("comparisons") or []
+    nulls = []
+    for c in comps:
+        m = c.get("mcnemar") or {}
+        sig = "significant" if c.get("significant") else "not significant"
+        det = c.get("detectable") or {}
+        n = c.get("n")
+        power = f"; {detectable(det)}" if det else ""
+        if det and n and not c.get("significant"):
+            nulls.append(det)
+        figures.append(f"{c['name']}: {SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
+                       f"{SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
+                       f"{sig} at {m.get('alpha', 0.05)}{power}")
+    if nulls:
+        figures.append(null_meaning(nulls))
+    if not comps:
+        for m in data.get("mcnemar", []):
+            figures.append(f"{m['b']} vs {m['a']}: exact McNemar p = {num(m['p_value'])}")
+    for cond, leak in ((result.get("leakage") or {}).get("by_condition") or {}).items():
+        dirty, clean = leak.get("contaminated") or {}, leak.get("clean") or {}
+        if dirty.get("n") and not cond.endswith("_text"):  # a text condition shares its graft's entries
+            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean.get('n', 0)} {SHORT.get(cond, cond)} queries "
+                           f"have their answer or text in the grafted entry; right there {kn(dirty)}, "
+                           f"on clean ones {kn(clean) if clean.get('n') else 'none to count'}")
+    return Face(verdict, figures)
+
+
+def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+    result = data.get("result")
+    if isinstance(result, dict) and result.get("kind") == "generalization":
+        from kvgraft.reporting.render_generalization import renderables
+
+        return renderables(result, console)
+    bench = data.get("benchmark", {})
+    out = [accuracy_view(console, "accuracy" + (f" on {bench['name']}" if bench.get("name") else ""),
+                         data.get("conditions", []))]
+    if data.get("mcnemar"):
+        rows = [[str(m["a"]), str(m["b"]), str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}"]
+                for m in data["mcnemar"]]
+        out.append(text_table(console, "paired comparisons (exact McNemar)", ["a", "b", "only a", "only b", "p"], rows))
+    for part in ("clean", "contaminated"):
+        if (data.get("split") or {}).get(part):
+            out.append(accuracy_view(console, f"{part} problems", data["split"][part]))
+    if isinstance(data.get("ledger"), dict):
+        out.append(mapping_view(console, "generalization ledger", data["ledger"]))
+    return out
+
+
+def html(data: dict[str, Any]) -> str:
+    bench = data.get("benchmark", {})
+    title = "accuracy" + (f" on {bench.get('name')}" if bench.get("name") else "")
+    title += f" ({bench['size']} problems)" if bench.get("size") else ""
+    out = accuracy_html(title, data.get("conditions", []))
+    if data.get("mcnemar"):
+        rows = [[esc(m["a"]), esc(m["b"]), str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}",
+                 badge("supported", "significant at 0.05") if m["p_value"] < 0.05
+                 else badge("unsupported", "not significant at 0.05")] for m in data["mcnemar"]]
+        out += "<h3>paired comparisons (exact McNemar)</h3>" + table(["a", "b", "solved only by a", "solved only by b", "p", ""],
+                                                                     rows, num=(2, 3, 4))
+    split = data.get("split") or {}
+    for part in ("clean", "contaminated"):
+        if split.get(part):
+            out += accuracy_html(f"{part} problems", split[part])
+    if isinstance(data.get("ledger"), dict):
+        out += "<h3>ledger</h3>" + kv_html(data["ledger"])
+    return out
+
+
+KIND = CheckKind(
+    name="generalization", schema="generalization-result.v1.json", status=status, stamps_status=True, run=run,
+    face=face, details=details, html=html, known_data=("benchmark", "conditions", "mcnemar", "split", "ledger"))

@@ -1,0 +1,45 @@
+"""The one protocol every check kind implements: run, status rule, result schema, face, details, HTML, known data.
+
+Why one dataclass and not seven tables: a check kind was spread over the audit run, the verdict module, the
+report's kind list, the face, the terminal details, the HTML page and the list of data members the renderers
+draw. Each kind is now one module under kvgraft/audit/checks/ that builds one `CheckKind`; the registry
+(kvgraft/audit/checks/__init__.py) lists them, and verdict, face and both renderers dispatch through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from kvgraft.audit.context import Context
+    from kvgraft.reporting.figures import Face
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a check's run returns: its result (sealed by the registry afterwards, not by the run), the summary
+    line of its report entry, and the entry's `data` when that is not the result itself (generalization keeps
+    a short form beside the whole result, which it holds by reference, so sealing the result reaches it)."""
+
+    result: dict[str, Any]
+    summary: str
+    data: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CheckKind:
+    """Every part of one check kind. A kind without one of these parts is refused (tests/test_check_kinds.py)."""
+
+    name: str  # the kind's word in plans, reports and the report schema's `kind` enum
+    schema: str  # the JSON schema its result satisfies (schemas/…)
+    status: Callable[[dict[str, Any]], str]  # passed | failed | incomplete, from its result alone
+    stamps_status: bool  # whether its result carries its status as a member (verify's document does not)
+    run: Callable[[Context, dict[str, Any]], Ran]  # run it under an audit plan's settings
+    face: Callable[[dict[str, Any]], Face]  # its verdict line and deciding figures, from the report check's data
+    details: Callable[[dict[str, Any], Console], list[RenderableType]]  # terminal details (`report show --detail`)
+    html: Callable[[dict[str, Any]], str]  # its details section of the HTML page
+    known_data: tuple[str, ...]  # the data members details and HTML draw; others are listed by name, not dropped

@@ -1,0 +1,67 @@
+"""The verify check: every byte of the release hashed against its manifest, its statement and signature checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from kvgraft.audit.checks.kind import CheckKind, Ran
+from kvgraft.audit.context import Context
+from kvgraft.reporting.figures import Face, as_dict
+from kvgraft.reporting.html_parts import esc
+from kvgraft.reporting.render import hanging, num
+from kvgraft.reporting.views import verify_lines
+
+
+def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
+    from kvgraft.verify import verify_release
+
+    ctx.say("verifying the release (hashes, statement, signature)")
+    # Every byte, as `kvgraft verify` does: opening the release (verified(), in the run) read none of the
+    # entries, and the other checks verify only the entries they read.
+    v = verify_release(ctx.release.root, policy=ctx.release.verification.policy)
+    return Ran(v.as_dict(), f"{v.files} files, {v.bytes_hashed:,} bytes hashed; signature: {v.signature.describe()}")
+
+
+def status(result: dict[str, Any]) -> str:
+    """passed when the release verified; a release that does not verify stops the run before (VerificationError)."""
+    return "passed" if result["ok"] else "failed"
+
+
+def face(data: dict[str, Any]) -> Face:
+    if not data.get("ok"):
+        return Face(f"release refused: {data.get('error') or 'see details'}")
+    verdict = (f"release intact: {num(data.get('entries'))} entries, {num(data.get('files'))} files, "
+               f"{num(data.get('tensors'))} tensors, {num(data.get('bytes_hashed'))} bytes hashed against its manifest"
+               + ("; every tensor re-hashed" if data.get("deep") else ""))
+    sig = as_dict(data.get("signature"))
+    if sig.get("status") == "verified":
+        who = (f"key {sig.get('key_id')}" if sig.get("method") == "key"
+               else f"{sig.get('identity')} via {sig.get('issuer')} (Sigstore)")
+        signed = f"signature verified: {who}"
+    else:
+        signed = "signature not checked" + ("" if sig.get("bundle") else ": the release is unsigned")
+    return Face(verdict, [signed] + [f"warning: {w}" for w in data.get("warnings", [])])
+
+
+def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+    result, lines = verify_lines(data)
+    out: list[RenderableType] = [Text(f"result: {result}", style="green" if data.get("ok") else "red")]
+    return out + [Text("\n".join(hanging("", d, console.width))) for d in lines]
+
+
+def html(data: dict[str, Any]) -> str:
+    result, lines = verify_lines(data)
+    out = f"<p>result: <b>{esc(result)}</b></p>"
+    if lines:
+        out += "<ul>" + "".join(f"<li>{esc(d)}</li>" for d in lines) + "</ul>"
+    return out
+
+
+KIND = CheckKind(
+    name="verify", schema="verify-result.v1.json", status=status, stamps_status=False, run=run, face=face,
+    details=details, html=html,
+    known_data=("ok", "error", "details", "root_digest", "entries", "files", "tensors", "bytes_hashed", "deep",
+                "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"))

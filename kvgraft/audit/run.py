@@ -1,0 +1,169 @@
+"""`kvgraft audit run PLAN`: every check a plan names, one report, signed and bound to the release.
+
+The checks are the registry's kinds (kvgraft.audit.checks), run in its order; each result is sealed once, here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import models
+from kvgraft.audit.checks import KINDS, seal, status
+from kvgraft.audit.context import Context, Progress
+from kvgraft.audit.plan import Plan
+from kvgraft.errors import InputError
+from kvgraft.executor import Executor
+from kvgraft.release.hashing import hash_file
+from kvgraft.reporting.report import make_check
+
+
+@dataclass
+class Outcome:
+    report: dict[str, Any]
+    report_path: Path
+    bundle_path: Path | None
+    public_key: Path | None
+    release: Path
+    html: Path
+
+
+def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
+    from kvgraft.capture import capture, read_records
+    from kvgraft.runtime import Schedule
+
+    spec = plan.doc["release"]
+    if "path" in spec:
+        path = plan.resolve(spec["path"])
+        from kvgraft.release.format import Release
+
+        rel = Release.open(path)
+        if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
+            raise InputError(f"{path}: root digest {rel.manifest['root_digest']} is not the plan's {spec['root_digest']}")
+        return path, {"kind": "existing", "path": str(path)}
+    target = out / "release"
+    schedule = Schedule(chunk_tokens=spec.get("chunk"))
+    if "records" in spec:
+        from kvgraft.determinism import EXAMPLE
+
+        src = EXAMPLE if spec["records"] == "example" else plan.resolve(spec["records"])
+        say(f"capturing {src.name}")
+        capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
+        return target, {"kind": "records", "records": str(src)}
+    from kvgraft.generalization import library
+
+    lib = spec["library"]
+    say(f"building a verified-solution library from {lib['source']}")
+    problems, source = library.load_problems(lib["source"], lib.get("limit"))
+    built = library.build(lm, problems, target, library_fraction=lib.get("library_fraction", 0.5),
+                          salt=lib.get("salt", "kvgraft"), source=source, schedule=schedule,
+                          settings=library.BuildSettings(attempts=lib.get("attempts", 0), generate=lib.get("attempts", 0) > 0),
+                          probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
+    return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unverified")}}
+
+
+def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
+    from kvgraft.signing import keys
+
+    signing = plan.doc.get("signing", {})
+    name = signing.get("key")
+    if not name:
+        return None, None
+    if name == "ephemeral":
+        private, public = keys.write_keypair(out / "keys" / "ephemeral", overwrite=True)
+        return keys.load_private_key(private), public
+    path = plan.resolve(name)
+    return keys.load_private_key(path), None
+
+
+def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
+        say: Progress = lambda _m: None, executor: dict[str, Any] | None = None) -> Outcome:
+    """Run every enabled check of `plan`; write, sign and render the report under the output folder.
+
+    Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
+    address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
+    """
+    from kvgraft.executor import ModelSpec, from_options, plan_options
+
+    o = plan_options(plan.doc.get("executor"), executor)
+    m = plan.doc["model"]
+    spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
+                     o.get("threads"))
+    with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
+                      max_retries=o.get("max_retries", 2)) as ex:
+        return _run(plan, out_dir=out_dir, device=device, say=say, ex=ex)
+
+
+def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
+    from kvgraft import signer
+    from kvgraft.environment import record as environment
+    from kvgraft.reporting.render_html import to_html
+    from kvgraft.reporting.report import new_report, write_report
+    from kvgraft.signing import attest
+
+    started = time.perf_counter()
+    out = plan.out_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("report.json", "report.sigstore.json", "report.html"):
+        (out / stale).unlink(missing_ok=True)  # a failed run must not leave an older report looking current
+    m = plan.doc["model"]
+    say(f"loading {m['spec']}")
+    lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
+                     attn=m.get("attn", "sdpa"))
+    release, release_info = _release(plan, lm, out, say)
+    key, pub = _signing_key(plan, out)
+    attestation_digest = None
+    if key is not None:
+        say("signing the release")
+        signer.sign_release(release, key)
+    if (release / attest.BUNDLE_NAME).is_file():
+        attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
+    # Opened once under the plan's policy (with its key when it signs): every check below reads the
+    # release through it, and each entry's bytes are checked when read; the verify check hashes all.
+    from kvgraft.verify import VerifyPolicy, verified
+
+    ctx = Context(plan, lm, out, say, ex, verified(release, VerifyPolicy(key=pub)))
+    build = release_info.get("build")
+    if build:
+        c, t = build["counts"], build["totals"]
+        ctx.ledger["library"] = (f"{c['reference'] + c['model']} verified entries, {t['entry_tokens']:,} tokens "
+                                 f"({c['reference']} reference traces, {c['model']} model-generated, "
+                                 f"{c['unverified']} unverified); upstream cost {t['upstream_tokens']:,} tokens")
+    checks: list[dict[str, Any]] = []
+    for name, kind in KINDS.items():  # in the registry's order: claims read what recompute measured
+        settings = plan.check(name)
+        if settings is not None:
+            ran = kind.run(ctx, settings)
+            result = seal(name, ran.result)  # the one place a result gets its status
+            checks.append(make_check(name, name, status(name, result), ran.summary,
+                                     ran.data if ran.data is not None else result))
+    wall = time.perf_counter() - started
+    limit = plan.doc.get("limits", {}).get("max_minutes")
+    ctx.ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
+    report = new_report(
+        plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
+        model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
+               "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
+        release_root_digest=_root(release), checks=checks, ledger=ctx.ledger, claims=ctx.claims,
+        release_attestation_digest=attestation_digest)
+    report_path = out / "report.json"
+    write_report(report_path, report)
+    bundle = None
+    if key is not None:
+        from kvgraft.reporting.signing import sign_report
+
+        say("signing the report")
+        bundle = sign_report(report_path, key)
+    html = out / "report.html"
+    from kvgraft._internal.jsonio import write_atomic
+
+    write_atomic(html, to_html(report).encode())
+    return Outcome(report, report_path, bundle, pub, release, html)
+
+
+def _root(release: Path) -> str:
+    from kvgraft.release.format import load_manifest
+
+    return str(load_manifest(release)["root_digest"])

@@ -51,12 +51,13 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tiny random model famili
 import torch  # noqa: E402
 from graft_vs_recompute import hash_in_memory  # noqa: E402
 
-from kvgraft import capture, graft, models, recompute, runtime  # noqa: E402
-from kvgraft.determinism import prefix_ids  # noqa: E402
-from kvgraft.environment import cpu_name  # noqa: E402
+from kvgraft.inference import capture, graft, models, runtime  # noqa: E402
+from kvgraft.inference.environment import cpu_name  # noqa: E402
+from kvgraft.recompute import audit as recompute  # noqa: E402
+from kvgraft.recompute.determinism import prefix_ids  # noqa: E402
 from kvgraft.release import hashing  # noqa: E402
 from kvgraft.release.format import Release  # noqa: E402
-from kvgraft.verify import verified  # noqa: E402
+from kvgraft.signing.verify import verified  # noqa: E402
 
 import rewrite  # noqa: E402  # tests/rewrite.py: change stored bytes and every commitment over them
 import tiny  # noqa: E402

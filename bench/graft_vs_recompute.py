@@ -28,11 +28,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvgraft CLI runs
 
 import torch
 
-from kvgraft import capture, graft, models, runtime
-from kvgraft.determinism import prefix_ids
+from kvgraft.inference import capture, graft, models, runtime
+from kvgraft.recompute.determinism import prefix_ids
 from kvgraft.release import hashing
 from kvgraft.release.format import Release
-from kvgraft.verify import verified
+from kvgraft.signing.verify import verified
 
 
 def seconds(fn: Callable[[], Any]) -> float:
@@ -51,7 +51,7 @@ def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
     ids = prefix_ids(lm, n)
     capture.capture(lm, [("bench", {"id": "p", "text": lm.tokenizer.decode(ids)})], folder,
                     schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
-    # Verified once here, as every consumer does on first use (kvgraft.verify.verified): the columns
+    # Verified once here, as every consumer does on first use (kvgraft.signing.verify.verified): the columns
     # time the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
     return verified(Release.open(folder))
 

@@ -33,9 +33,10 @@ MODEL_BITES = ("graft_refuses or recompute_comparison or worst_entry or nan_stor
 NO_TORCH_K = f"not smollm2 and not ({MODEL_BITES})"
 GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "stats": (["kvgraft/generalization/stats.py"], ["tests/test_stats.py", "tests/test_stats_bite.py"], []),
-    "verdict": (["kvgraft/envelope.py", "kvgraft/replay.py", "kvgraft/recompute.py", "kvgraft/verdict.py"],
+    "verdict": (["kvgraft/recompute/noise.py", "kvgraft/inference/reapply.py", "kvgraft/recompute/audit.py",
+                 "kvgraft/verdict.py"],
                 ["tests/test_checks_bite.py", "tests/test_recompute.py", "tests/test_verdict.py"], ["-k", NO_MODEL]),
-    "verify": (["kvgraft/verify.py"],
+    "verify": (["kvgraft/signing/verify.py"],
                ["tests/test_checks_bite.py", "tests/test_verify_bite.py", "tests/test_verify_tamper.py", "tests/test_oms.py",
                 "tests/test_attest.py"],
                ["-k", NO_TORCH_K]),

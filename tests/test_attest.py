@@ -18,12 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft.cli import app
 from kvgraft.errors import ExistsError, InputError
 from kvgraft.schema import schema_dir
-from kvgraft.signing import attest, keys
-from kvgraft.verify import verify_release
+from kvgraft.signing import attest, keys, sign
+from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
 
@@ -122,7 +121,7 @@ def test_pae_matches_the_dsse_spec_example() -> None:
 
 def test_statement_lists_every_file_and_the_manifest(release: Path) -> None:
     key = keys.generate()
-    signed = signer.sign_release(release, key)
+    signed = sign.sign_release(release, key)
     stmt = signed.statement
     assert stmt["_type"] == "https://in-toto.io/Statement/v1"
     assert stmt["predicateType"] == attest.PREDICATE_TYPE == "https://kvgraft.dev/attestation/cache-release/v1"
@@ -148,7 +147,7 @@ def test_statement_lists_every_file_and_the_manifest(release: Path) -> None:
 
 def test_key_bundle_is_a_sigstore_bundle_v03_with_a_public_key_hint(release: Path) -> None:
     key = keys.generate()
-    signer.sign_release(release, key)
+    sign.sign_release(release, key)
     doc = read_bundle_json(release)
     assert doc["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
     assert doc["verificationMaterial"] == {"publicKey": {"hint": keys.key_id(key)}, "tlogEntries": []}
@@ -168,7 +167,7 @@ def test_key_bundle_is_a_sigstore_bundle_v03_with_a_public_key_hint(release: Pat
 def test_independent_dsse_check_with_cryptography_only(release: Path, tmp_path: Path, algorithm: str) -> None:
     """The DSSE signature verifies from the bundle JSON alone, following the DSSE spec, without kvgraft code."""
     private, public = keys.write_keypair(tmp_path / "k", algorithm=algorithm)
-    signer.sign_release(release, keys.load_private_key(private))
+    sign.sign_release(release, keys.load_private_key(private))
 
     # --- from here on: json, base64, hashlib and cryptography only ---
     bundle = json.loads((release / "release.sigstore.json").read_bytes())
@@ -209,7 +208,7 @@ def test_independent_dsse_check_with_cryptography_only(release: Path, tmp_path: 
 @pytest.mark.parametrize("algorithm", ["ecdsa-p256", "ed25519"])
 def test_sign_then_verify(release: Path, tmp_path: Path, algorithm: str) -> None:
     private, public = keys.write_keypair(tmp_path / "k", algorithm=algorithm)
-    signed = signer.sign_release(release, keys.load_private_key(private))
+    signed = sign.sign_release(release, keys.load_private_key(private))
     assert signed.bundle == release / attest.BUNDLE_NAME
     result = verify_release(release, key=public)
     assert result.signature.status == "verified" and result.signature.method == "key"
@@ -226,15 +225,15 @@ def test_sign_then_verify(release: Path, tmp_path: Path, algorithm: str) -> None
 
 def test_resigning_replaces_the_bundle(release: Path) -> None:
     first, second = keys.generate(), keys.generate("ed25519")
-    signer.sign_release(release, first)
-    signer.sign_release(release, second)  # the old bundle is not a release file
+    sign.sign_release(release, first)
+    sign.sign_release(release, second)  # the old bundle is not a release file
     assert read_bundle_json(release)["verificationMaterial"]["publicKey"]["hint"] == keys.key_id(second)
 
 
 def test_a_statement_with_another_predicate_type_is_refused(release: Path, tmp_path: Path) -> None:
     private, public = keys.write_keypair(tmp_path / "k")
     key = keys.load_private_key(private)
-    stmt = signer.release_statement(release)
+    stmt = sign.release_statement(release)
     stmt["predicateType"] = "https://slsa.dev/provenance/v1"
     payload = attest.statement_bytes(stmt)
     bundle = attest.key_bundle(payload, keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload)), keys.key_id(key))
@@ -274,7 +273,7 @@ def test_cli_keygen_sign_verify(release: Path, tmp_path: Path) -> None:
 def test_cli_verify_json_matches_its_schema(release: Path, tmp_path: Path) -> None:
     validator = schema_validator("verify-result.v1.json")
     private, public = keys.write_keypair(tmp_path / "k")
-    signer.sign_release(release, keys.load_private_key(private))
+    sign.sign_release(release, keys.load_private_key(private))
     r = runner.invoke(app, ["verify", str(release), "--key", str(public), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -347,7 +346,7 @@ def test_keyless_signing_wiring_without_network(release: Path, monkeypatch: pyte
     monkeypatch.setattr(sigstore.oidc, "detect_credential", lambda client_id="sigstore": "ambient-jwt")
     monkeypatch.setattr(sigstore.oidc, "IdentityToken", FakeToken)
 
-    signed = signer.sign_release_sigstore(release, staging=True)
+    signed = sign.sign_release_sigstore(release, staging=True)
     assert seen["token"].raw == "ambient-jwt" and signed.signer == "ci@example.com"
     assert seen["payload"] == attest.statement_bytes(signed.statement)
     assert seen["pae"] == attest.pae(attest.PAYLOAD_TYPE, seen["payload"])
@@ -363,6 +362,6 @@ def test_keyless_signing_failure_is_one_line(release: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(sigstore.models.ClientTrustConfig, "production", classmethod(offline))
     with pytest.raises(InputError, match="Sigstore signing failed") as info:
-        signer.sign_release_sigstore(release)
+        sign.sign_release_sigstore(release)
     assert "\n" not in info.value.diagnostics()
     assert not (release / attest.BUNDLE_NAME).exists()

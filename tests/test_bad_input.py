@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors
+from kvgraft import errors
 from kvgraft.cli import app
+from kvgraft.inference import capture
 
 from release_factory import as_format_1, flat_manifest
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft.runtime import Schedule, new_cache, prefill
+from kvgraft.inference.runtime import Schedule, new_cache, prefill
 
 from tiny import FAMILIES
 
@@ -47,7 +47,7 @@ def test_new_cache_fills_like_transformers(tiny_lm: Callable[[str], Any]) -> Non
 @pytest.mark.parametrize("family", FAMILIES)
 def test_grafted_layers_have_prefilled_state(family: str, tiny_lm: Callable[[str], Any], tmp_path: Any) -> None:
     """build_cache sets layer state by hand; every attribute must equal what a prefill leaves."""
-    from kvgraft import capture, graft
+    from kvgraft.inference import capture, graft
     from kvgraft.release.format import Release
 
     lm = tiny_lm(family)

@@ -20,12 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvgraft import signer
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.hashing import sha256_hex
-from kvgraft.signing import attest, keys, oms
-from kvgraft.verify import VerifyPolicy, verified, verify_release
+from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
 
 import rewrite
 from release_factory import make_release
@@ -119,7 +118,7 @@ def test_control_a_statement_signed_over_the_release_itself_verifies(rel: Path, 
 
 def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
     """verify.py: the OMS resources against the release's files, when a kvgraft bundle is the statement."""
-    signed = signer.sign_release(rel, keys.load_private_key(keypair[0]))
+    signed = sign.sign_release(rel, keys.load_private_key(keypair[0]))
     assert signed.oms is not None
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
     _sign_oms_statement(rel, keypair[0], {**_files(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
@@ -175,7 +174,7 @@ def test_stale_root_digest_is_refused(rel: Path) -> None:
 
 def test_verified_does_not_reuse_a_verification_under_another_policy(rel: Path, keypair: tuple[Path, Path],
                                                                      other_key: tuple[Path, Path]) -> None:
-    signer.sign_release(rel, keys.load_private_key(keypair[0]))
+    sign.sign_release(rel, keys.load_private_key(keypair[0]))
     opened = verified(Release.open(rel))  # no key: the signature is not checked
     assert opened.verification.signature.status == "not checked"
     with pytest.raises(VerificationError, match="does not verify with key"):
@@ -208,7 +207,7 @@ def _text(n: int) -> str:
 @pytest.fixture(scope="module")
 def captured(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three entries of the tiny llama, one-shot, sdpa (this machine's bytes)."""
-    from kvgraft import capture
+    from kvgraft.inference import capture
 
     root = tmp_path_factory.mktemp("cap") / "rel"
     records = [("t", {"id": name, "text": _text(40 + 8 * i)}) for i, name in enumerate("abc")]
@@ -231,7 +230,7 @@ def _flip_tensor_byte(root: Path, entry: dict[str, Any], tensor: str) -> None:
 
 def test_graft_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[str], Any], cap: Path) -> None:
     """graft.read_entry_tensors: each tensor's SHA-256 on read, the check that guards a verified release."""
-    from kvgraft import graft
+    from kvgraft.inference import graft
 
     lm = tiny_lm("llama")
     rel = verified(cap)
@@ -244,8 +243,8 @@ def test_graft_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[st
 def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[str], Any],
                                                                           cap: Path) -> None:
     """recompute's stored-tensor read checks each digest: the comparison never judges unverified bytes."""
-    from kvgraft import recompute
-    from kvgraft.runtime import Schedule, prefill
+    from kvgraft.inference.runtime import Schedule, prefill
+    from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
     rel = verified(cap)
@@ -264,7 +263,7 @@ def _next_ulp(x: float) -> float:
 
 def test_release_verdict_is_its_worst_entry(tiny_lm: Callable[[str], Any], cap: Path) -> None:
     """a byte-exact, b one ulp off in one element (consistent), c one element doubled (inconsistent)."""
-    from kvgraft import recompute
+    from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
     rewrite.element(cap, 1, "layer.1.keys", 5, _next_ulp)
@@ -280,7 +279,7 @@ def test_release_verdict_is_its_worst_entry(tiny_lm: Callable[[str], Any], cap: 
 
 
 def test_a_nan_stored_where_fresh_is_finite_is_outside_the_envelope(tiny_lm: Callable[[str], Any], cap: Path) -> None:
-    from kvgraft import recompute
+    from kvgraft.recompute import audit as recompute
 
     rewrite.element(cap, 0, "layer.0.values", 3, lambda x: float("nan"))
     e = recompute.audit(cap, tiny_lm("llama"), require="consistent")["entries"][0]
@@ -291,9 +290,10 @@ def test_a_nan_stored_where_fresh_is_finite_is_outside_the_envelope(tiny_lm: Cal
 
 def test_a_tensor_stored_in_another_shape_is_inconsistent(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     """A shape mismatch alone (every other tensor byte-exact) is not the same computation."""
-    from kvgraft import capture, recompute
+    from kvgraft.inference import capture
+    from kvgraft.inference.runtime import Schedule, prefill
+    from kvgraft.recompute import audit as recompute
     from kvgraft.release.format import ReleaseWriter
-    from kvgraft.runtime import Schedule, prefill
 
     lm = tiny_lm("llama")
     entry, tensors = capture.capture_entry(lm, {"id": "s", "text": _text(40)}, Schedule(), 0, "t")
@@ -316,8 +316,9 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
                                                                        tmp_path: Path) -> None:
     """A release captured with eager attention, recomputed on a model loaded with sdpa: eager is
     replayed (byte-exact), also while another condition is overridden; overriding it differs (control)."""
-    from kvgraft import capture, recompute, replay
-    from kvgraft.envelope import attention
+    from kvgraft.inference import capture, reapply
+    from kvgraft.recompute import audit as recompute
+    from kvgraft.recompute.noise import attention
 
     lm = tiny_lm("llama")
     with attention(lm, "eager"):
@@ -326,8 +327,8 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
     recorded = json.loads((tmp_path / "rel" / MANIFEST).read_text())["environment"]
     assert recorded["attn_implementation"] == "eager"
     # What the CLI loads the model with: the recorded kernel unless --attn says otherwise.
-    assert replay.load_options(recorded) == ("cpu", "float32", "eager")
-    assert replay.load_options(recorded, attn="sdpa")[2] == "sdpa"
+    assert reapply.load_options(recorded) == ("cpu", "float32", "eager")
+    assert reapply.load_options(recorded, attn="sdpa")[2] == "sdpa"
     for overrides in ({}, {"threads": 1}, {"deterministic_algorithms": False}):
         r = recompute.audit(tmp_path / "rel", lm, overrides=overrides)
         assert r["environment"]["current"]["attn_implementation"] == "eager", overrides
@@ -340,8 +341,9 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
 
 def test_recorded_prefill_schedule_is_replayed(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     """Captured in chunks of 4 tokens: replayed byte-exact; recomputed one-shot it differs (control)."""
-    from kvgraft import capture, recompute
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference import capture
+    from kvgraft.inference.runtime import Schedule
+    from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
     capture.capture(lm, [("t", {"id": "k", "text": _text(60)})], tmp_path / "rel", schedule=Schedule(chunk_tokens=4),

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kvgraft.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
+from kvgraft.recompute.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
 from kvgraft.reporting.face import FACES
 from kvgraft.reporting.views import heatmap_model, recompute_rows
 

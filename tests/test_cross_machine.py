@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, runtime
+from kvgraft import errors
 from kvgraft.cli import app
-from kvgraft.environment import cpu_isa, cpu_name, differences
+from kvgraft.inference import capture, runtime
+from kvgraft.inference.environment import cpu_isa, cpu_name, differences
+from kvgraft.recompute import audit as recompute
 from kvgraft.schema import validate
 
 import rewrite
@@ -44,7 +46,7 @@ def _audit_cli(rel: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def eager_release(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2 states captured with eager attention (the CLI's default is sdpa)."""
-    from kvgraft.envelope import attention
+    from kvgraft.recompute.noise import attention
 
     out = tmp_path_factory.mktemp("eager") / "rel"
     with attention(smollm2, "eager"):

@@ -16,11 +16,21 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, verdict
+from kvgraft import errors, verdict
 from kvgraft.cli import app
-from kvgraft.determinism import threads
-from kvgraft.executor import LocalExecutor, ModelSpec, NotAuditedError, RayExecutor, comparable, from_options, plan_options
+from kvgraft.execution.executor import (
+    LocalExecutor,
+    ModelSpec,
+    NotAuditedError,
+    RayExecutor,
+    comparable,
+    from_options,
+    plan_options,
+)
 from kvgraft.generalization import audit as gen
+from kvgraft.inference import capture
+from kvgraft.recompute import audit as recompute
+from kvgraft.recompute.determinism import threads
 from kvgraft.release.format import Release
 
 from release_factory import flat_manifest
@@ -33,7 +43,7 @@ ENTRIES = 6
 
 
 def strip_timing_and_placement(obj: Any) -> Any:
-    """The comparison of the acceptance criteria, written out independently of kvgraft.executor.comparable.
+    """The comparison of the acceptance criteria, written out independently of kvgraft.execution.executor.comparable.
 
     Drops the keys `seconds`, `placement` and every key ending in `_seconds`; also `cost` (the recompute cost
     ledger: tokens per second and wall time), `executor` (which
@@ -234,7 +244,7 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
     from test_generalization import PROBLEMS, _jsonl
 
     from kvgraft.generalization import library
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference.runtime import Schedule
     from kvgraft.schema import validate
 
     lm = tiny_lm("llama")

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import signer
-from kvgraft.signing import keys
+from kvgraft.signing import keys, sign
 
 from release_factory import make_release
 
@@ -148,7 +147,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     private, public = keys.write_keypair(folder / "k")
     # Entries of 64 KiB: room for a same-size header with tens of thousands of dimensions (issue 23).
     make_release(folder / "rel", entries=3, layers=2, heads=4, tokens=64, head_dim=16, seed=SEED)
-    signer.sign_release(folder / "rel", keys.load_private_key(private))
+    sign.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 

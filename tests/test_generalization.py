@@ -18,8 +18,8 @@ from kvgraft.generalization import audit as gen
 from kvgraft.generalization import library
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.inference.runtime import Schedule
 from kvgraft.release.format import Release
-from kvgraft.runtime import Schedule
 from kvgraft.schema import schema_dir, validate
 
 from sample_problems import PROBLEMS

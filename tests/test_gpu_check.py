@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the GPU audit path is: the modules bench/gpu_check.py runs (capture, recompute, graft, verify).
-GPU_PATH = "import kvgraft.capture, kvgraft.recompute, kvgraft.graft, kvgraft.verify, kvgraft.runtime"
+GPU_PATH = ("import kvgraft.inference.capture, kvgraft.recompute.audit, kvgraft.inference.graft, kvgraft.signing.verify, "
+            "kvgraft.inference.runtime")
 
 
 def _bench(name: str):  # type: ignore[no-untyped-def]

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import capture, graft, runtime
 from kvgraft.errors import IntegrityError
-from kvgraft.runtime import Schedule
+from kvgraft.inference import capture, graft, runtime
+from kvgraft.inference.runtime import Schedule
 
 import tiny
 

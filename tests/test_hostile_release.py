@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, graft, signer
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.inference import capture, graft
 from kvgraft.release import hashing
 from kvgraft.release.format import entry_digest, root_digest
-from kvgraft.signing import attest, keys
-from kvgraft.verify import VerifyPolicy, verify_release
+from kvgraft.signing import attest, keys, sign
+from kvgraft.signing.verify import VerifyPolicy, verify_release
 
 from release_factory import as_format_1, make_release, unsign
 
@@ -39,7 +39,7 @@ def signed_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("signed")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=2, heads=4, seed=13)
-    signer.sign_release(folder / "rel", keys.load_private_key(private))
+    sign.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 
@@ -297,7 +297,7 @@ def captured(tiny_lm: Callable[[str], Any], tmp_path: Path) -> tuple[Path, Path,
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight"})], root, probe_tokens=0)
     as_format_1(root)  # the attacks below rewrite a single manifest (test_scale_release: the indexed layout's)
     private, public = keys.write_keypair(tmp_path / "k")
-    signer.sign_release(root, keys.load_private_key(private))
+    sign.sign_release(root, keys.load_private_key(private))
     return root, public, lm
 
 
@@ -363,7 +363,7 @@ def test_require_signature(captured: tuple[Path, Path, Any]) -> None:
 
 
 def test_recompute_audit_verifies_the_release(captured: tuple[Path, Path, Any]) -> None:
-    from kvgraft import recompute
+    from kvgraft.recompute import audit as recompute
 
     root, _, lm = captured
     _zero_first_tensor(root)
@@ -439,7 +439,7 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
                                                         change: Callable[[dict[str, Any]], None]) -> None:
     root, _ = signed
     private, public = keys.write_keypair(tmp_path / "other")
-    stmt = signer.release_statement(root)
+    stmt = sign.release_statement(root)
     change(stmt["predicate"])
     payload = attest.statement_bytes(stmt)
     key = keys.load_private_key(private)

@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.signing import keys
-from kvgraft.verify import verify_release
+from kvgraft.signing import keys, sign
+from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release, unsign
 
@@ -32,7 +31,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("round2")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=2, heads=4, tokens=64, seed=23)
-    signer.sign_release(folder / "rel", keys.load_private_key(private))
+    sign.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public
 
 

@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft.cli import app
 from kvgraft.release.format import root_digest
 from kvgraft.reporting.render import plain
-from kvgraft.signing import keys
+from kvgraft.signing import keys, sign
 
 runner = CliRunner()
 HOSTILE = "[/x] [conceal]hidden[/conceal] \x1b[31mred\x1b[0m line1\nline2"
@@ -61,7 +60,7 @@ def hostile(tiny_dir: Callable[[str], Path], tmp_path_factory: pytest.TempPathFa
     manifest["root_digest"] = root_digest(manifest)
     (rel / "manifest.json").write_text(json.dumps(manifest, indent=2))
     private, public = keys.write_keypair(folder / "k")
-    signer.sign_release(rel, keys.load_private_key(private))
+    sign.sign_release(rel, keys.load_private_key(private))
     problems = folder / "problems.jsonl"
     problems.write_text("".join(json.dumps({"id": f"{HOSTILE} {i}", "problem": f"{HOSTILE} Mia has {i} apples.",
                                             "answer": str(i), "solution": f"{HOSTILE} She has {i}. #### {i}"}) + "\n"

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kvgraft import models
+from kvgraft.inference import models
 
 
 def test_same_weights_resaved_elsewhere_same_fingerprint(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_converted_default_model_is_a_plain_hugging_face_folder(smollm2: Any) ->
 
     from safetensors import safe_open
 
-    from kvgraft.models import ensure_smollm2
+    from kvgraft.inference.models import ensure_smollm2
 
     folder = ensure_smollm2()
     cfg = json.loads((folder / "config.json").read_text())

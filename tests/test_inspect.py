@@ -16,9 +16,8 @@ from test_verify_no_torch import CLI, FIXTURES
 from test_verify_no_torch import run as run_blocked
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft.cli import app
-from kvgraft.signing import keys
+from kvgraft.signing import keys, sign
 
 import rewrite
 from release_factory import make_release, unsign
@@ -44,7 +43,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     private, _public = keys.write_keypair(base / "k")
     root = base / "rel"
     make_release(root, entries=7, seed=5)
-    signer.sign_release(root, keys.load_private_key(private))
+    sign.sign_release(root, keys.load_private_key(private))
     return root, keys.key_id(keys.load_private_key(private))
 
 

@@ -1,4 +1,4 @@
-"""The audit journal (kvgraft.journal): judged units read back once each, a torn tail dropped, another run refused."""
+"""The audit journal (kvgraft.execution.journal): judged units read back once each, a torn tail dropped, another run refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgraft import errors
-from kvgraft.journal import Journal, header
+from kvgraft.execution.journal import Journal, header
 
 RUN = {"release_root_digest": "ab" * 32, "entries": ["a", "b", "c"], "schedule": {"chunk_tokens": None}}
 

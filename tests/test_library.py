@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import runtime
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, library
 from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.inference import runtime
 from kvgraft.release.format import Release
 
 from sample_problems import PROBLEMS as ALL_PROBLEMS

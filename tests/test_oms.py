@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft.cli import app
 from kvgraft.errors import VerificationError
-from kvgraft.signing import attest, keys, oms
-from kvgraft.verify import verify_release
+from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
 
@@ -56,7 +55,7 @@ def _model_signing(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_sign_writes_an_oms_statement_over_every_file(release: tuple[Path, Path, Path]) -> None:
     root, private, public = release
-    signed = signer.sign_release(root, keys.load_private_key(private))
+    signed = sign.sign_release(root, keys.load_private_key(private))
     assert signed.oms == root / attest.OMS_NAME
     doc = json.loads(signed.oms.read_text())
     stmt = json.loads(base64.b64decode(doc["dsseEnvelope"]["payload"]))
@@ -78,7 +77,7 @@ def test_sign_writes_an_oms_statement_over_every_file(release: tuple[Path, Path,
 
 def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Path, Path, Path]) -> None:
     root, private, public = release
-    signer.sign_release(root, keys.load_private_key(private))
+    sign.sign_release(root, keys.load_private_key(private))
     sig = root / attest.OMS_NAME
     original = sig.read_bytes()
     doc = json.loads(original)
@@ -90,7 +89,7 @@ def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Pa
     # kvgraft's own bundle re-signed by another key: the OMS list no longer matches it
     other, _ = keys.write_keypair(root.parent / "other")
     bundle = (root / attest.BUNDLE_NAME).read_bytes()
-    signer.sign_release(root, keys.load_private_key(other))
+    sign.sign_release(root, keys.load_private_key(other))
     (root / attest.OMS_NAME).write_bytes(original)
     assert (root / attest.BUNDLE_NAME).read_bytes() != bundle
     with pytest.raises(VerificationError, match=f"lists {attest.BUNDLE_NAME} with sha256"):
@@ -99,10 +98,10 @@ def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Pa
 
 def test_an_ed25519_key_writes_no_oms_signature_and_removes_a_stale_one(release: tuple[Path, Path, Path]) -> None:
     root, private, _ = release
-    signer.sign_release(root, keys.load_private_key(private))
+    sign.sign_release(root, keys.load_private_key(private))
     assert (root / attest.OMS_NAME).is_file()
     ed_private, ed_public = keys.write_keypair(root.parent / "ed", algorithm="ed25519")
-    signed = signer.sign_release(root, keys.load_private_key(ed_private))
+    signed = sign.sign_release(root, keys.load_private_key(ed_private))
     assert signed.oms is None and not (root / attest.OMS_NAME).exists()
     assert verify_release(root, key=ed_public).signature.oms_signature is None
 

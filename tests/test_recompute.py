@@ -11,8 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, runtime
+from kvgraft import errors
 from kvgraft.cli import app
+from kvgraft.inference import capture, runtime
+from kvgraft.recompute import audit as recompute
 
 import rewrite
 
@@ -40,7 +42,7 @@ def test_matching_release_is_exact_with_zero_kl(tiny_lm: Callable[[str], Any], t
 
 def test_chunked_release_vs_one_shot_recompute_is_located(smollm2: Any, tmp_path: Path) -> None:
     """Measured here: with 2 threads, 64-token chunks change SmolLM2's KV bytes vs one-shot."""
-    from kvgraft.determinism import prefix_ids, threads
+    from kvgraft.recompute.determinism import prefix_ids, threads
 
     lm = smollm2
     ids = prefix_ids(lm, 200)
@@ -80,7 +82,7 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
 
 
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
-    from kvgraft import models
+    from kvgraft.inference import models
 
     import tiny
 
@@ -98,7 +100,7 @@ def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[s
 
 
 def test_determinism_matrix_on_tiny_model(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
-    from kvgraft import determinism
+    from kvgraft.recompute import determinism
     from kvgraft.schema import validate
 
     result = determinism.matrix(str(tiny_dir("qwen3")), length=40, include_gpu=False)
@@ -136,15 +138,15 @@ def test_recompute_holds_torch_equal_logits(tiny_lm: Callable[[str], Any], tmp_p
 
 
 def test_schedule_and_threads_replayed_unless_overridden() -> None:
-    from kvgraft import replay
+    from kvgraft.inference import reapply
 
     recorded = runtime.Schedule(chunk_tokens=64, add_special_tokens=False).as_dict()
-    assert replay.schedule_override(recorded, chunk=None, one_shot=False) is None  # the record is replayed
-    assert replay.schedule_override(recorded, chunk=None, one_shot=True) == runtime.Schedule(None, False)
-    assert replay.schedule_override(recorded, chunk=16, one_shot=False) == runtime.Schedule(16, False)
+    assert reapply.schedule_override(recorded, chunk=None, one_shot=False) is None  # the record is replayed
+    assert reapply.schedule_override(recorded, chunk=None, one_shot=True) == runtime.Schedule(None, False)
+    assert reapply.schedule_override(recorded, chunk=16, one_shot=False) == runtime.Schedule(16, False)
     with pytest.raises(errors.InputError, match="exclude each other"):
-        replay.schedule_override(recorded, chunk=16, one_shot=True)
+        reapply.schedule_override(recorded, chunk=16, one_shot=True)
     env = {"threads": 2}
-    assert replay.thread_count(env, "cpu", threads=None) == 2  # on every executor: Ray actors replay it too
-    assert replay.thread_count(env, "cpu", threads=1) == 1
-    assert replay.thread_count(env, "cuda", threads=None) is None
+    assert reapply.thread_count(env, "cpu", threads=None) == 2  # on every executor: Ray actors replay it too
+    assert reapply.thread_count(env, "cpu", threads=1) == 1
+    assert reapply.thread_count(env, "cuda", threads=None) is None

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from kvgraft import recompute
+from kvgraft.recompute import audit as recompute
 
 REFERENCE = Path(__file__).resolve().parents[1] / "manifests" / "smollm2-135m-example" / "manifest.json"
 

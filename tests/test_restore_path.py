@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft import capture, graft
 from kvgraft._internal import buffers
 from kvgraft.errors import IntegrityError
+from kvgraft.inference import capture, graft
+from kvgraft.inference.tensors import from_buffer, split_views
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.tensors import from_buffer, split_views
-from kvgraft.verify import verify_release
+from kvgraft.signing.verify import verify_release
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import graft, models
 from kvgraft.cli import app
+from kvgraft.inference import graft, models
 
 runner = CliRunner()
 

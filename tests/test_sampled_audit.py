@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import capture, errors, recompute, sampling, verdict
+from kvgraft import errors, sampling, verdict
 from kvgraft.cli import app
-from kvgraft.determinism import threads
-from kvgraft.executor import comparable
+from kvgraft.execution.executor import comparable
+from kvgraft.inference import capture
+from kvgraft.recompute import audit as recompute
+from kvgraft.recompute.determinism import threads
 from kvgraft.release.format import Release
 
 import rewrite
@@ -203,7 +205,7 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
     again["statements"] = [st.replace("(given)", "(drawn)") for st in again["statements"]]
     assert comparable(json.loads(json.dumps(result, default=str))) == comparable(json.loads(json.dumps(again, default=str)))
     # A journal of another run (another schedule) is refused, never mixed in.
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference.runtime import Schedule
 
     with pytest.raises(errors.InputError, match=r"journal of another run \(run.schedule"):
         recompute.audit(release_dir, lm, sample=6, journal=journal, schedule=Schedule(chunk_tokens=4))

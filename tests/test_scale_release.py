@@ -16,15 +16,14 @@ from typing import Any
 
 import pytest
 
-from kvgraft import signer
 from kvgraft._internal.jsonio import canonical
 from kvgraft.errors import IntegrityError, VerificationError
-from kvgraft.graft import read_entry_tensors
+from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
 from kvgraft.release.format import MANIFEST, Release, entry_digest, root_digest, token_ids_digest
 from kvgraft.release.hashing import sha256_hex
-from kvgraft.signing import keys
-from kvgraft.verify import VerifyPolicy, verified, verify_release
+from kvgraft.signing import keys, sign
+from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
 
 from release_factory import make_many, make_release
 
@@ -84,7 +83,7 @@ def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def signed_v2(tmp_path: Path, keypair: tuple[Path, Path]) -> Path:
     rel = tmp_path / "rel"
     make_release(rel, entries=10, tokens=40, format_version=2, shard_entries=4)
-    signer.sign_release(rel, keys.load_private_key(keypair[0]))
+    sign.sign_release(rel, keys.load_private_key(keypair[0]))
     return rel
 
 
@@ -274,8 +273,8 @@ def test_prefix_graft_hit_miss_partial(tiny_lm: Any, tmp_path: Path) -> None:
     entry after two blocks gets those two blocks; the graft records the schedule of those rows."""
     import torch
 
-    from kvgraft import capture, graft
-    from kvgraft.runtime import encode
+    from kvgraft.inference import capture, graft
+    from kvgraft.inference.runtime import encode
 
     lm = tiny_lm("llama")
     text = " ".join(f"w{i}" for i in range(60))
@@ -310,9 +309,9 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from kvgraft import capture, graft
+    from kvgraft.inference import capture, graft
+    from kvgraft.inference.runtime import Schedule, layer_map, prefill
     from kvgraft.release.format import ReleaseWriter
-    from kvgraft.runtime import Schedule, layer_map, prefill
 
     lm = tiny_lm("gemma3")
     text = " ".join(f"w{i}" for i in range(40))
@@ -396,9 +395,9 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     and compared with a prefill of the n tokens alone (recorded); an altered stored row is found."""
     import torch
 
-    from kvgraft import capture
-    from kvgraft.prefix_audit import audit_prefix
-    from kvgraft.runtime import Schedule, layer_map, prefill
+    from kvgraft.inference import capture
+    from kvgraft.inference.runtime import Schedule, layer_map, prefill
+    from kvgraft.recompute.prefix import audit_prefix
 
     import rewrite
     from release_factory import as_format_1

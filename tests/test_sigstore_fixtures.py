@@ -18,7 +18,7 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.signing import attest
 from kvgraft.signing.sigstore import SigstoreTrust, sigstore_verifier, verify_sigstore_bundle
-from kvgraft.verify import verify_release
+from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import signer
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.signing import attest, keys, oms
-from kvgraft.verify import SignatureStatus, failure_dict, verified, verify_release
+from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.verify import SignatureStatus, failure_dict, verified, verify_release
 
 import rewrite
 from release_factory import make_release
@@ -52,7 +51,7 @@ def _kid(public: Path) -> str:
 
 def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> None:
     assert verify_release(rel).signature.describe() == "not checked: the release is unsigned (no release.sigstore.json)"
-    signer.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
     assert verify_release(rel).signature.describe() == \
         "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
     # Two signature files: which verified with which key (issue 23).
@@ -79,7 +78,7 @@ def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: 
                                                                             ed: tuple[Path, Path]) -> None:
     from kvgraft.release.hashing import sha256_hex
 
-    signed = signer.sign_release(rel, keys.load_private_key(ed[0]))
+    signed = sign.sign_release(rel, keys.load_private_key(ed[0]))
     assert signed.oms is None and not (rel / attest.OMS_NAME).exists()  # OMS cannot use an Ed25519 key
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
     oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})

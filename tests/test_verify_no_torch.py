@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import signer
-from kvgraft.signing import keys
+from kvgraft.signing import keys, sign
 
 from release_factory import make_release
 
@@ -49,7 +48,7 @@ report(code=code)
 
 LIBRARY = PRELUDE + r"""
 from pathlib import Path
-from kvgraft.verify import verify_release
+from kvgraft.signing.verify import verify_release
 r = verify_release(Path(sys.argv[1]), key=Path(sys.argv[2]), deep=True)
 report(status=r.signature.status, files=r.files)
 """
@@ -71,7 +70,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     private, public = keys.write_keypair(base / "k")
     root = base / "rel"
     make_release(root, entries=2, seed=11)
-    signer.sign_release(root, keys.load_private_key(private))
+    sign.sign_release(root, keys.load_private_key(private))
     return root, public
 
 

@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import signer
 from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release.format import entry_digest, root_digest
-from kvgraft.signing import attest, keys
-from kvgraft.verify import verify_release
+from kvgraft.signing import attest, keys, sign
+from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release, unsign
 
@@ -41,7 +40,7 @@ def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> Path:
     root = tmp_path_factory.mktemp("base") / "rel"
     make_release(root, entries=3, seed=1)
-    signer.sign_release(root, keys.load_private_key(keypair[0]))
+    sign.sign_release(root, keys.load_private_key(keypair[0]))
     return root
 
 
@@ -49,7 +48,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path])
 def other_signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> Path:
     root = tmp_path_factory.mktemp("other") / "rel"
     make_release(root, entries=3, seed=2)
-    signer.sign_release(root, keys.load_private_key(keypair[0]))
+    sign.sign_release(root, keys.load_private_key(keypair[0]))
     return root
 
 
@@ -256,7 +255,7 @@ def test_deep_catches_a_signed_manifest_whose_tensor_digest_is_wrong(tmp_path: P
     entry["digest"] = entry_digest(entry)
     manifest["root_digest"] = root_digest(manifest)
     jsonio.write_json(root / "manifest.json", manifest)
-    signer.sign_release(root, keys.load_private_key(keypair[0]))
+    sign.sign_release(root, keys.load_private_key(keypair[0]))
     assert verify_release(root, key=keypair[1]).signature.status == "verified"
     a, b = entry["tensors"]["layer.0.values"]["byte_range"]
     fails(root, IntegrityError, "entries/00001.safetensors", "'rec-001'", "'layer.0.values'", f"bytes [{a}, {b})",
@@ -389,7 +388,7 @@ def test_signing_refuses_a_damaged_release(rel: Path, keypair: tuple[Path, Path]
     flip_bit(rel / "entries/00001.safetensors", 200)
     before = (rel / attest.BUNDLE_NAME).read_bytes()
     with pytest.raises(IntegrityError, match=re.escape("entries/00001.safetensors")):
-        signer.sign_release(rel, keys.load_private_key(keypair[0]))
+        sign.sign_release(rel, keys.load_private_key(keypair[0]))
     assert (rel / attest.BUNDLE_NAME).read_bytes() == before
     result = runner.invoke(app, ["sign", str(rel), "--key", str(keypair[0])])
     assert result.exit_code == 1

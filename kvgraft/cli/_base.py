@@ -99,7 +99,7 @@ def exit_with(status: str) -> None:
 
 
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
-    from kvgraft import models
+    from kvgraft.inference import models
 
     return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(Text(plain(m), style="dim")))
 

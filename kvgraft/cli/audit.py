@@ -14,7 +14,7 @@ from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load
 from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
-    from kvgraft.executor import Executor
+    from kvgraft.execution.executor import Executor
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
                                                              "model (a local Ray instance, or the cluster of --ray-address).")]
@@ -27,7 +27,7 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", help="Ray workers (
 
 def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, address: str | None, workers: int | None,
                   ship: bool, threads: int | None = None) -> Executor:
-    from kvgraft.executor import ModelSpec, from_options
+    from kvgraft.execution.executor import ModelSpec, from_options
 
     return from_options(kind, ModelSpec(model, device, dtype, attn, threads), address=address, workers=workers, ship=ship)
 
@@ -85,9 +85,11 @@ def recompute_cmd(
     with the same command, resumes from it and judges no entry twice; no result is written until every
     entry is judged.
     """
-    from kvgraft import recompute, replay, sampling
-    from kvgraft.executor import NotAuditedError
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft import sampling
+    from kvgraft.execution.executor import NotAuditedError
+    from kvgraft.inference import reapply
+    from kvgraft.recompute import audit as recompute
+    from kvgraft.signing.verify import VerifyPolicy, verified
 
     recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
@@ -98,11 +100,11 @@ def recompute_cmd(
         sample = sampling.sample_size(target_fraction, len(rel.entries))
         say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {len(rel.entries):,} entries bounds the "
             f"failing entries at {sampling.pct(target_fraction)} (95%) when none of them fails", error=True)
-    override = replay.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
+    override = reapply.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
     recorded = rel.manifest["environment"]
-    dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
-    overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    n_threads = replay.thread_count(recorded, dev, threads=threads)
+    dev, dt, at = reapply.load_options(recorded, device=device, dtype=dtype, attn=attn)
+    overrides = reapply.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
+    n_threads = reapply.thread_count(recorded, dev, threads=threads)
     journal = journal or (Path(f"{json_out}.journal") if json_out else None)
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
                        threads=threads) as ex:
@@ -233,7 +235,7 @@ def determinism_cmd(
     """
     from rich.progress import Progress
 
-    from kvgraft import determinism
+    from kvgraft.recompute import determinism
     from kvgraft.reporting.render_report import check_renderables
 
     with Progress(console=err, transient=True) as bar:

@@ -1,6 +1,6 @@
 """Release integrity: a release folder's files, sizes and digests against its manifest and what a signature lists.
 
-Steps 2-7 of `kvgraft.verify`'s docstring. Knows no signature format: the subjects a statement or
+Steps 2-7 of `kvgraft.signing.verify`'s docstring. Knows no signature format: the subjects a statement or
 signature lists, and any further check of what it states, come from the caller. Imports no torch.
 """
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvgraft import models
 from kvgraft.errors import InputError
-from kvgraft.executor import Executor
+from kvgraft.execution.executor import Executor
+from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
 from kvgraft.reporting.plan import Plan
 from kvgraft.reporting.report import make_check
@@ -33,8 +33,8 @@ class Outcome:
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
-    from kvgraft.capture import capture, read_records
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference.capture import capture, read_records
+    from kvgraft.inference.runtime import Schedule
 
     spec = plan.doc["release"]
     if "path" in spec:
@@ -48,7 +48,7 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
     target = out / "release"
     schedule = Schedule(chunk_tokens=spec.get("chunk"))
     if "records" in spec:
-        from kvgraft.determinism import EXAMPLE
+        from kvgraft.recompute.determinism import EXAMPLE
 
         src = EXAMPLE if spec["records"] == "example" else plan.resolve(spec["records"])
         say(f"capturing {src.name}")
@@ -87,7 +87,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
     address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
     """
-    from kvgraft.executor import ModelSpec, from_options, plan_options
+    from kvgraft.execution.executor import ModelSpec, from_options, plan_options
 
     o = plan_options(plan.doc.get("executor"), executor)
     m = plan.doc["model"]
@@ -99,11 +99,10 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
-    from kvgraft import signer
-    from kvgraft.environment import record as environment
+    from kvgraft.inference.environment import record as environment
     from kvgraft.reporting.render_html import to_html
     from kvgraft.reporting.report import new_report, write_report
-    from kvgraft.signing import attest
+    from kvgraft.signing import attest, sign
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
@@ -119,12 +118,12 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     attestation_digest = None
     if key is not None:
         say("signing the release")
-        signer.sign_release(release, key)
+        sign.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # Opened once under the plan's policy (with its key when it signs): every check below reads the
     # release through it, and each entry's bytes are checked when read; the verify check hashes all.
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft.signing.verify import VerifyPolicy, verified
 
     ctx = Context(plan, lm, out, say, ex, verified(release, VerifyPolicy(key=pub)))
     build = release_info.get("build")
@@ -183,7 +182,7 @@ Check = Callable[[Context, dict[str, Any]], dict[str, Any]]
 
 
 def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft.verify import verify_release
+    from kvgraft.signing.verify import verify_release
 
     ctx.say("verifying the release (hashes, statement, signature)")
     # Every byte, as `kvgraft verify` does: opening the release (verified(), above) read none of the
@@ -194,7 +193,8 @@ def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft import recompute, sampling
+    from kvgraft import sampling
+    from kvgraft.recompute import audit as recompute
     from kvgraft.reporting.claims import measured_from_recompute
 
     sample = rc.get("sample")
@@ -233,7 +233,7 @@ def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _determinism(ctx: Context, dc: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft import determinism
+    from kvgraft.recompute import determinism
 
     ctx.say("running the determinism matrix")
     d = seal("determinism", determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128),

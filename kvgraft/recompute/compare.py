@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvgraft.tensors import tensor_sha256
+from kvgraft.inference.tensors import tensor_sha256
 
 _ORDERED_INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
                 torch.float64: torch.int64}

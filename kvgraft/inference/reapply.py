@@ -6,10 +6,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from kvgraft.environment import SENSITIVE, differences
 from kvgraft.errors import InputError
-from kvgraft.models import ATTNS, DTYPES, LoadedModel
-from kvgraft.runtime import Schedule
+from kvgraft.inference.environment import SENSITIVE, differences
+from kvgraft.inference.models import ATTNS, DTYPES, LoadedModel
+from kvgraft.inference.runtime import Schedule
 
 # What a recompute sets from the release's environment unless an option says otherwise.
 REPLAYED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
@@ -66,8 +66,8 @@ def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]
     """Set the switchable conditions (attention, threads, deterministic algorithms) for the run, then restore."""
     import torch
 
-    from kvgraft.envelope import attention
-    from kvgraft.runtime import threads
+    from kvgraft.inference.runtime import threads
+    from kvgraft.recompute.noise import attention
 
     def wanted(key: str) -> Any:
         return overrides.get(key, recorded.get(key))

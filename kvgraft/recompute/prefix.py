@@ -1,6 +1,6 @@
 """The recompute audit of a prefix graft: its rows against their own schedule and against the prefix alone.
 
-A prefix graft of n tokens (kvgraft.graft.restore_prefix, the vLLM connector) is rows [0, n) of the
+A prefix graft of n tokens (kvgraft.inference.graft.restore_prefix, the vLLM connector) is rows [0, n) of the
 entry's recorded prefill of all T tokens. Kernel blocking can depend on T (bench/prefix_schedule.py
 measures it), so the audit judges those rows twice, on this machine, under the recorded conditions:
 
@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from kvgraft import replay
-from kvgraft.compare import diff_tensors
-from kvgraft.graft import check_model, prefix_entry, read_entry_tensors
-from kvgraft.models import LoadedModel
+from kvgraft.inference import reapply
+from kvgraft.inference.graft import check_model, prefix_entry, read_entry_tensors
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, layer_map, prefill
+from kvgraft.recompute.compare import diff_tensors
 from kvgraft.release.format import Release
-from kvgraft.runtime import Schedule, layer_map, prefill
-from kvgraft.verify import VerifyPolicy, verified
+from kvgraft.signing.verify import VerifyPolicy, verified
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def audit_prefix(release: Release | Path | str, entry_id: str, n: int, lm: Loade
     _, rows = prefix_entry(entry, stored, n, str(rel.root))
     schedule = Schedule.from_dict(rel.manifest["schedule"])
     ids = list(entry["token_ids"])
-    with replay.applied(lm, rel.manifest["environment"], {}), torch.no_grad():
+    with reapply.applied(lm, rel.manifest["environment"], {}), torch.no_grad():
         whole, _ = prefill(lm, ids, schedule)
         _, fresh_whole = layer_map(lm, whole)
         alone, _ = prefill(lm, ids[:n], schedule)

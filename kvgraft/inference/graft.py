@@ -12,15 +12,15 @@ from typing import Any
 import torch
 
 from kvgraft._internal import buffers
-from kvgraft.environment import differences
-from kvgraft.environment import record as environment
 from kvgraft.errors import InputError, IntegrityError, ModelMismatchError
-from kvgraft.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
+from kvgraft.inference.environment import differences
+from kvgraft.inference.environment import record as environment
+from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
+from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cache
+from kvgraft.inference.tensors import split_views
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import decode, encode, eos_ids, forward, new_cache
-from kvgraft.tensors import split_views
-from kvgraft.verify import VerifyPolicy, verified
+from kvgraft.signing.verify import VerifyPolicy, verified
 
 
 @dataclass
@@ -149,7 +149,7 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
             policy: VerifyPolicy | None = None) -> Restored:
     """Verify and graft one entry; refuses a different model unless forced (recorded).
 
-    The release goes through `kvgraft.verify.verified` first (once per Release object), exactly as
+    The release goes through `kvgraft.signing.verify.verified` first (once per Release object), exactly as
     `kvgraft verify` checks it under `policy`: nothing is grafted from a release that verify refuses.
     """
     rel = verified(release, policy)
@@ -255,11 +255,11 @@ class Continuation:
 def model_for(release: Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
               dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
     """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
-    device where this machine has it), as `audit recompute` does (`kvgraft.replay.load_options`)."""
-    from kvgraft import models, replay
+    device where this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
+    from kvgraft.inference import models, reapply
 
     rel = release if isinstance(release, Release) else Release.open(release)
-    dev, dt, at = replay.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    dev, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
@@ -274,9 +274,9 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
     that it counts as overridden, and must be the model's. The ledger's `conditions` says, as `audit
     recompute` does, which recorded conditions were replayed, which were overridden and which differ here.
     """
-    from kvgraft import replay
-    from kvgraft.envelope import attention
-    from kvgraft.models import ATTNS
+    from kvgraft.inference import reapply
+    from kvgraft.inference.models import ATTNS
+    from kvgraft.recompute.noise import attention
 
     rel = verified(release, policy)
     recorded = rel.manifest["environment"]
@@ -285,7 +285,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         kernel = lm.attn
     if dtype is not None and dtype != lm.dtype:
         raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
-    overrides = replay.overrides_given(recorded, attn=attn, dtype=dtype)
+    overrides = reapply.overrides_given(recorded, attn=attn, dtype=dtype)
     with attention(lm, str(kernel)):
         restored = restore(rel, entry_id, lm, force=force, policy=policy)
         ids = encode(lm, prompt) if prompt else []
@@ -299,7 +299,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         t1 = time.perf_counter()
         out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
         t2 = time.perf_counter()
-        conditions = replay.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
+        conditions = reapply.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
     ledger = {
         "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
         "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,

@@ -70,8 +70,7 @@ def sign(
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
-    from kvgraft import signer
-    from kvgraft.signing import keys
+    from kvgraft.signing import keys, sign
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):
@@ -86,9 +85,9 @@ def sign(
             if not sys.stdin.isatty():
                 raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
             private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
-        signed = signer.sign_release(release, private)
+        signed = sign.sign_release(release, private)
     else:
-        signed = signer.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+        signed = sign.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
     say(f"signed {release} ({files} files, root digest {root_digest})")
@@ -122,7 +121,7 @@ def verify(
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
     from kvgraft.signing.sigstore import SigstoreTrust
-    from kvgraft.verify import VerifyPolicy, failure_dict, verify_release
+    from kvgraft.signing.verify import VerifyPolicy, failure_dict, verify_release
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 
 from kvgraft._internal.jsonio import read_jsonl
-from kvgraft.environment import record as environment
 from kvgraft.errors import InputError
-from kvgraft.models import LoadedModel
+from kvgraft.inference.environment import record as environment
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, decode, layer_map, new_cache, prefill, tokenize
+from kvgraft.inference.tensors import dtype_name, tensor_sha256
 from kvgraft.release.format import ReleaseWriter, new_entry
-from kvgraft.runtime import Schedule, decode, layer_map, new_cache, prefill, tokenize
-from kvgraft.tensors import dtype_name, tensor_sha256
 
 
 def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, probe_tokens: int,

@@ -7,7 +7,7 @@ record: which node, process and device computed it, that device's environment, a
 environment differs from the one the release recorded (so drift on a mixed cluster shows per entry).
 
 - `LocalExecutor` runs the units one after another in this process, on the model already loaded.
-- `RayExecutor` keeps a pool of Ray actors (`kvgraft._internal.ray_worker.Worker`), each started with
+- `RayExecutor` keeps a pool of Ray actors (`kvgraft.execution.ray_worker.Worker`), each started with
   the model spec, device, dtype, attention implementation and torch thread count; each loads the
   model once and keeps it. One actor per GPU (num_gpus=1) when the cluster has GPUs and the device
   allows them, else one per CPU slot of `threads` CPUs (default 1 thread per actor). Units are
@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
-from kvgraft.models import Identity, LoadedModel
+from kvgraft.inference.models import Identity, LoadedModel
 from kvgraft.release.format import MANIFEST, Release, safe_path
 
 KINDS = ("local", "ray")
@@ -133,7 +133,7 @@ class Executor(ABC):
 
     @abstractmethod
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
-        """The environment the units run in (kvgraft.environment.record), for the result's `current`."""
+        """The environment the units run in (kvgraft.inference.environment.record), for the result's `current`."""
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
@@ -167,7 +167,7 @@ class LocalExecutor(Executor):
         return self.threads
 
     def _threads(self) -> contextlib.AbstractContextManager[None]:
-        from kvgraft.runtime import threads
+        from kvgraft.inference.runtime import threads
 
         return threads(self.threads)
 
@@ -175,7 +175,7 @@ class LocalExecutor(Executor):
         return load()
 
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
-        from kvgraft.environment import record
+        from kvgraft.inference.environment import record
 
         with self._threads():
             return record(lm.device, lm.dtype, lm.attn)
@@ -183,8 +183,8 @@ class LocalExecutor(Executor):
     def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
             on_result: OnResult | None = None) -> list[dict[str, Any]]:
-        from kvgraft._internal.ray_worker import node_placement, torch_device_name
-        from kvgraft.environment import differences
+        from kvgraft.execution.ray_worker import node_placement, torch_device_name
+        from kvgraft.inference.environment import differences
 
         if lm is None:
             raise InputError("the local executor needs a loaded model")
@@ -300,7 +300,7 @@ class RayExecutor(Executor):
             if n * slot > cpus:
                 raise InputError(f"--workers {n} with {slot} thread(s) each needs {n * slot} CPUs; the Ray cluster has {cpus}")
             options = {"num_cpus": slot, "num_gpus": 0}
-        from kvgraft._internal.ray_worker import Worker
+        from kvgraft.execution.ray_worker import Worker
 
         actor_cls = ray.remote(Worker).options(max_restarts=0, max_task_retries=0, **options)
         spec = {"spec": self.spec.spec, "device": "cuda" if use_gpu else "cpu", "dtype": self.spec.dtype,

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from kvgraft.models import LoadedModel
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
+from kvgraft.inference.tensors import tensor_sha256
 from kvgraft.release.hashing import cores
-from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
-from kvgraft.tensors import tensor_sha256
 
 FACTOR = 64.0
 VERDICTS = ("byte-exact", "consistent", "inconsistent")

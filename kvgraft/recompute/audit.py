@@ -11,22 +11,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import __version__, replay, sampling
-from kvgraft.compare import TensorDiff, diff_tensors, distributions, fmt_kl
-from kvgraft.envelope import VERDICTS, Envelope, Judgement, calibrate, judge, worst
-from kvgraft.environment import SENSITIVE, differences
-from kvgraft.environment import record as environment
+from kvgraft import __version__, sampling
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.graft import check_model, restore
-from kvgraft.models import LoadedModel
+from kvgraft.inference import reapply
+from kvgraft.inference.environment import SENSITIVE, differences
+from kvgraft.inference.environment import record as environment
+from kvgraft.inference.graft import check_model, restore
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
+from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
+from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
+from kvgraft.recompute.noise import VERDICTS, Envelope, Judgement, calibrate, judge, worst
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
-from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
-from kvgraft.verify import verified
+from kvgraft.signing.verify import verified
 
 if TYPE_CHECKING:
-    from kvgraft.executor import Executor
+    from kvgraft.execution.executor import Executor
 
 RESULT_KIND = "kvgraft-recompute-result"
 
@@ -161,7 +162,7 @@ def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) ->
 @torch.inference_mode()
 def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
     """What a user computes without any cache: one forward pass over prefix + probe."""
-    from kvgraft.runtime import cache_kw
+    from kvgraft.inference.runtime import cache_kw
 
     x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
     out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_kw(lm): new_cache(lm)})
@@ -352,19 +353,19 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
-    for the run (dtype and device are the loaded model's: `replay.load_options` picks them; a Ray
+    for the run (dtype and device are the loaded model's: `reapply.load_options` picks them; a Ray
     executor sizes and starts its actors with the recorded thread count). `overrides` (environment
     names → values) are explicit departures, recorded as such; `schedule` overrides the recorded
     prefill schedule. Each entry gets a verdict (byte-exact, consistent, inconsistent); `require` says
     which verdicts pass. `sample` entries are drawn from the root digest and `nonce` (kvgraft.sampling;
     a fresh nonce when None, or the one `journal` records); the result then bounds how many entries of
-    the release fail. `executor` runs the per-entry work (kvgraft.executor; default: in this process);
+    the release fail. `executor` runs the per-entry work (kvgraft.execution.executor; default: in this process);
     each entry records its placement. With `journal`, each judged entry is appended as it lands and an
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
     """
-    from kvgraft.executor import LocalExecutor
-    from kvgraft.journal import Journal, header
+    from kvgraft.execution.executor import LocalExecutor
+    from kvgraft.execution.journal import Journal, header
 
     check_requirement(require)  # before any work
     rel = release if isinstance(release, Release) else Release.open(release)
@@ -382,7 +383,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     wanted_threads = overrides.get("threads", recorded.get("threads"))
     if lm.device == "cpu" and isinstance(wanted_threads, int) and not isinstance(wanted_threads, bool):
         ex.replay_threads(wanted_threads)
-    with replay.applied(lm, recorded, overrides):
+    with reapply.applied(lm, recorded, overrides):
         current = ex.environment(lm)
         diffs = differences(recorded, current)
         result: dict[str, Any] = {
@@ -394,7 +395,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
             "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
             "environment": {"recorded": recorded, "current": current,
                             "differences": {k: list(v) for k, v in diffs.items()}},
-            "conditions": replay.describe(recorded, current, overrides),
+            "conditions": reapply.describe(recorded, current, overrides),
             "require": require,
             "entries": [],
         }

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from kvgraft.errors import InputError
-from kvgraft.models import LoadedModel
+from kvgraft.inference.models import LoadedModel
 from kvgraft.release.format import source_record
 from kvgraft.release.hashing import cores
 

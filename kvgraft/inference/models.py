@@ -196,7 +196,7 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, spec: str) 
 
 
 def _tensor_record(name: str, t: torch.Tensor) -> dict[str, Any]:
-    from kvgraft.tensors import tensor_sha256
+    from kvgraft.inference.tensors import tensor_sha256
 
     return {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
             "sha256": tensor_sha256(t)}

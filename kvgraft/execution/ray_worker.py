@@ -1,4 +1,4 @@
-"""The Ray actor of `kvgraft.executor.RayExecutor`: one loaded model, many work units.
+"""The Ray actor of `kvgraft.execution.executor.RayExecutor`: one loaded model, many work units.
 
 `Worker` is a plain class; the executor turns it into an actor with `ray.remote(Worker).options(...)`,
 so importing this module needs no Ray. An actor is started with the model spec, device, dtype,
@@ -64,9 +64,9 @@ class Worker:
             self.error = exc
 
     def _load(self) -> None:
-        from kvgraft import models
-        from kvgraft.environment import record
-        from kvgraft.runtime import set_threads
+        from kvgraft.inference import models
+        from kvgraft.inference.environment import record
+        from kvgraft.inference.runtime import set_threads
 
         threads = self.model_spec.get("threads")
         if threads:
@@ -153,7 +153,7 @@ class Worker:
 
     def run(self, fn: UnitFn, handle: dict[str, Any], unit: Any) -> dict[str, Any]:
         """One work unit → its result with `placement` added (environment differences vs the release's)."""
-        from kvgraft.environment import differences
+        from kvgraft.inference.environment import differences
 
         self._check()
         rel = self.release(handle)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tiny random model famili
 import torch  # noqa: E402
 from graft_vs_recompute import hash_in_memory  # noqa: E402
 
+from kvgraft._internal.cores import cores  # noqa: E402
 from kvgraft.inference import capture, graft, models, runtime  # noqa: E402
 from kvgraft.inference.environment import cpu_name  # noqa: E402
 from kvgraft.recompute import audit as recompute  # noqa: E402
@@ -281,7 +282,7 @@ def hash_limit(nbytes: int) -> dict[str, float]:
         hashlib.sha256(block).digest()
         rates.append(len(block) / (time.perf_counter() - t0))
     one = statistics.median(rates)
-    return {"one_core_gbps": one / 1e9, "cores": hashing.cores(), "limit_gbps": one * hashing.cores() / 1e9}
+    return {"one_core_gbps": one / 1e9, "cores": cores(), "limit_gbps": one * cores() / 1e9}
 
 
 def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,

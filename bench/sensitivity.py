@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kvgraft.inference import capture, models
-from kvgraft.inference.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
+from kvgraft.inference.runtime import Schedule, attention, layer_map, padded_batch_row, prefill, threads
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import noise
 from kvgraft.recompute.determinism import prefix_ids
@@ -87,10 +87,10 @@ def audit(rel: Path, lm: models.LoadedModel, force: bool = False) -> dict[str, A
 
 def states_under(lm: models.LoadedModel, ids: list[int], how: str) -> dict[str, torch.Tensor]:
     if how.startswith("eager attention, "):
-        with noise.attention(lm, "eager"):
+        with attention(lm, "eager"):
             return states_under(lm, ids, how.removeprefix("eager attention, "))
     if how == "eager attention":
-        with noise.attention(lm, "eager"):
+        with attention(lm, "eager"):
             return layer_map(lm, prefill(lm, ids, Schedule())[0])[1]
     if how == "1 thread":
         with threads(1):

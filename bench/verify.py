@@ -105,8 +105,9 @@ def main() -> None:
     folder = args.dir or Path(f"/tmp/kvgraft-bench-verify/{args.entries}x{args.mib}MiB-{args.layers}l-{args.tokens}t")
 
     sys.path.insert(0, str(ROOT))
+    from kvgraft._internal.cores import cores
     from kvgraft.release.format import check_commitments, load_manifest
-    from kvgraft.release.hashing import cores, hash_files
+    from kvgraft.release.hashing import hash_files
     from kvgraft.signing.verify import verify_release
 
     rel = ensure_release(folder, args.entries, args.mib, args.layers, args.tokens)

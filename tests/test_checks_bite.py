@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import attest, keys, oms, sign
 from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
 
@@ -317,8 +317,8 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
     """A release captured with eager attention, recomputed on a model loaded with sdpa: eager is
     replayed (byte-exact), also while another condition is overridden; overriding it differs (control)."""
     from kvgraft.inference import capture, reapply
+    from kvgraft.inference.runtime import attention
     from kvgraft.recompute import audit as recompute
-    from kvgraft.recompute.noise import attention
 
     lm = tiny_lm("llama")
     with attention(lm, "eager"):

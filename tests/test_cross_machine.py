@@ -46,7 +46,7 @@ def _audit_cli(rel: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def eager_release(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2 states captured with eager attention (the CLI's default is sdpa)."""
-    from kvgraft.recompute.noise import attention
+    from kvgraft.inference.runtime import attention
 
     out = tmp_path_factory.mktemp("eager") / "rel"
     with attention(smollm2, "eager"):

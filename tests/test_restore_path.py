@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft._internal import buffers
 from kvgraft.errors import IntegrityError
-from kvgraft.inference import capture, graft
+from kvgraft.inference import buffers, capture, graft
 from kvgraft.inference.tensors import from_buffer, split_views
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash

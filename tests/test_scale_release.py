@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import canonical
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
 from kvgraft.release.format import MANIFEST, Release, entry_digest, root_digest, token_ids_digest
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import keys, sign
 from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
 

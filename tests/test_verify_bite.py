@@ -68,7 +68,7 @@ def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> 
 
 
 def _digests(root: Path) -> dict[str, str]:
-    from kvgraft.release.hashing import sha256_hex
+    from kvgraft._internal.digest import sha256_hex
 
     m = json.loads((root / MANIFEST).read_text())
     return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
@@ -76,7 +76,7 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: Path, ecdsa: tuple[Path, Path],
                                                                             ed: tuple[Path, Path]) -> None:
-    from kvgraft.release.hashing import sha256_hex
+    from kvgraft._internal.digest import sha256_hex
 
     signed = sign.sign_release(rel, keys.load_private_key(ed[0]))
     assert signed.oms is None and not (rel / attest.OMS_NAME).exists()  # OMS cannot use an Ed25519 key
@@ -107,7 +107,7 @@ def test_verify_json_document(rel: Path) -> None:
 
 
 def _resign(root: Path, private: Path, change: object) -> None:
-    from kvgraft.release.hashing import sha256_hex
+    from kvgraft._internal.digest import sha256_hex
 
     data = (root / MANIFEST).read_bytes()
     stmt = attest.statement(json.loads(data), sha256_hex(data), len(data))

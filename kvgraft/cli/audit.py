@@ -1,8 +1,12 @@
-"""Audit commands: recompute and determinism."""
+"""The `audit` commands on a release and on claims: `audit recompute`, `audit sample`, `audit determinism`, `audit claims`.
+
+(`audit run` is in audit_run.py, `audit generalization` in generalization.py.)
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -219,6 +223,32 @@ def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:
         if isinstance(data, dict) and c.get("kind") == "recompute" and isinstance(data.get("sample"), dict):
             return cast(dict[str, Any], data["sample"])
     raise InputError(f"{where}: records no sample (a recompute result or audit report from a sampled audit)")
+
+
+@audit_app.command("claims")
+@handled
+def claims_cmd(
+    claims_file: Annotated[Path, typer.Argument(help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="Measured-results JSON: keys named by each claim's `measure`.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/claims.v1.json).")] = False,
+) -> None:
+    """Check claims for internal consistency and, with --measured, against measurements.
+
+    Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
+    could be judged), 2 on unusable input.
+    """
+    from kvgraft.reporting import claims
+
+    result = claims.check_files(claims_file, measured)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from kvgraft.reporting.render_report import claims_check_renderables
+
+        for r in claims_check_renderables(result, out):
+            out.print(r)
+    exit_with(result["status"])
 
 
 @audit_app.command("determinism")

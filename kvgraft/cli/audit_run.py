@@ -1,4 +1,4 @@
-"""`audit run` (the main job) and `report verify`."""
+"""`audit run`: the main job."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, plain, report_app, say
+from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, plain
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 
 
 @audit_app.command("run")
 @handled
-def run_cmd(
+def audit_run_cmd(
     plan_file: Annotated[Path, typer.Argument(help="Audit plan TOML, e.g. audit/demo.toml.")],
     out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default: the plan's, else out/NAME).")] = None,
     device: DeviceOpt = "auto",
@@ -65,29 +65,3 @@ def run_cmd(
             out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}",
                       soft_wrap=True)
     exit_with(outcome.report["verdict"]["status"])
-
-
-@report_app.command("verify")
-@handled
-def report_verify_cmd(
-    report: Annotated[Path, typer.Argument(help="Audit report JSON; its signature is REPORT.sigstore.json beside it.")],
-    key: Annotated[Path | None, typer.Option("--key", help="Public key PEM the report must be signed with.")] = None,
-    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore signer identity.")] = None,
-    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore OIDC issuer.")] = None,
-    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
-    offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
-    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
-    release: Annotated[Path | None, typer.Option("--release", help="Also check the binding to this release.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
-    from kvgraft.reporting.signing import verify_report
-    from kvgraft.signing.sigstore import SigstoreTrust
-
-    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
-    result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
-    if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
-        return
-    bound = " and bound to the release" if result.release_checked else ""
-    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")

@@ -1,4 +1,4 @@
-"""Commands on attestations: keygen, sign, verify. None of them imports torch."""
+"""The signing commands: `keygen`, `sign` and `verify` a release. None of them imports torch."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from kvgraft._internal import buffers
 from kvgraft.errors import InputError, IntegrityError, ModelMismatchError
+from kvgraft.inference import buffers
 from kvgraft.inference.environment import differences
 from kvgraft.inference.environment import record as environment
 from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
@@ -276,7 +276,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
     """
     from kvgraft.inference import reapply
     from kvgraft.inference.models import ATTNS
-    from kvgraft.recompute.noise import attention
+    from kvgraft.inference.runtime import attention
 
     rel = verified(release, policy)
     recorded = rel.manifest["environment"]

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvgraft._internal.digest import digest_json, sha256_hex
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import digest_json, pool, sha256_hex
+from kvgraft.release.hashing import pool
 
 if TYPE_CHECKING:
     import torch

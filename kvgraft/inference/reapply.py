@@ -1,4 +1,6 @@
-"""Recorded conditions: which a recompute replays, which an option overrides, which this machine cannot."""
+"""A release's recorded conditions re-applied to a run: which are set from the record, which an option overrides,
+which this machine cannot set. (Results call those set "replayed", JSON key `replayed`; README's "replay" is
+condition (b) of the generalization audit.)"""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from kvgraft.inference.models import ATTNS, DTYPES, LoadedModel
 from kvgraft.inference.runtime import Schedule
 
 # What a recompute sets from the release's environment unless an option says otherwise.
-REPLAYED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
+REAPPLIED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
 
 
 def load_options(recorded: dict[str, Any], *, device: str | None = None, dtype: str | None = None,
@@ -66,8 +68,7 @@ def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]
     """Set the switchable conditions (attention, threads, deterministic algorithms) for the run, then restore."""
     import torch
 
-    from kvgraft.inference.runtime import threads
-    from kvgraft.recompute.noise import attention
+    from kvgraft.inference.runtime import attention, threads
 
     def wanted(key: str) -> Any:
         return overrides.get(key, recorded.get(key))

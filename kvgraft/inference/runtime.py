@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
 from kvgraft.inference.models import LoadedModel
 from kvgraft.release.format import source_record
-from kvgraft.release.hashing import cores
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,22 @@ def set_threads(n: int) -> int:
     before = torch.get_num_threads()
     torch.set_num_threads(n or cores())
     return before
+
+
+@contextlib.contextmanager
+def attention(lm: LoadedModel, attn: str) -> Iterator[None]:
+    """Run with another attention implementation, restored afterwards (the model is shared)."""
+    before = lm.attn
+    if attn == before:
+        yield
+        return
+    lm.model.set_attn_implementation(attn)
+    lm.attn = attn
+    try:
+        yield
+    finally:
+        lm.model.set_attn_implementation(before)
+        lm.attn = before
 
 
 @contextlib.contextmanager

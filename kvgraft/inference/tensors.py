@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvgraft.release.hashing import sha256_hex
+from kvgraft._internal.digest import sha256_hex
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,

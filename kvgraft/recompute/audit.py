@@ -21,7 +21,7 @@ from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
 from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
-from kvgraft.recompute.noise import VERDICTS, Envelope, Judgement, calibrate, judge, worst
+from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.signing.verify import verified
@@ -54,12 +54,12 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
 
 
 def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
-                   envelope: Callable[[], Envelope] | None = None,
+                   noise_bound: Callable[[], NoiseBound] | None = None,
                    fresh_digests: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location.
 
-    With `envelope` (measured on first use), each differing tensor is also judged against the
-    numerical-noise envelope: how many elements lie outside it, and the largest excess and where.
+    With `noise_bound` (measured on first use), each differing tensor is also judged against the
+    numerical-noise bound: how many elements lie outside it, and the largest excess and where.
     `fresh_digests` (by tensor name) are the fresh tensors' SHA-256 when the caller has them already.
     """
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
@@ -91,8 +91,8 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
                              else diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha,
                                                fresh_sha256=fresh_sha, position_offset=offset))
                     row[part] = d.as_dict()
-                    if not d.equal and d.shape_mismatch is None and fresh is not None and envelope is not None:
-                        j = judge(_as_tensor(stored, info), fresh, envelope().allowed(name, fresh))
+                    if not d.equal and d.shape_mismatch is None and fresh is not None and noise_bound is not None:
+                        j = judge(_as_tensor(stored, info), fresh, noise_bound().allowed(name, fresh))
                         row[part].update(_judged(j, offset))
                     del stored
             rows.append(row)
@@ -114,7 +114,7 @@ def _named(loc: list[int] | None) -> dict[str, int] | None:
 
 
 def classify(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
-    """The entry's verdict from judged rows, and where it lies outside the envelope (None if nowhere)."""
+    """The entry's verdict from judged rows, and where it lies outside the noise bound (None if nowhere)."""
     tensors = [(r["index"], p, r[p]) for r in rows for p in ("keys", "values") if p in r]
     if all(t["equal"] for _, _, t in tensors) and not any("layout_mismatch" in r for r in rows):
         return "byte-exact", None
@@ -181,17 +181,17 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
     t_prefill = time.perf_counter() - t0
-    measured: list[Envelope] = []
+    measured: list[NoiseBound] = []
     reference = layer_map(lm, fresh_cache)[1]
-    # Hashed once here: the comparison and the envelope's memo key both need them.
+    # Hashed once here: the comparison and the noise bound's memo key both need them.
     digests = {name: tensor_sha256(t) for name, t in reference.items()}
 
-    def envelope() -> Envelope:  # measured only when some tensor differs
+    def noise_bound() -> NoiseBound:  # measured only when some tensor differs
         if not measured:
             measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests))
         return measured[0]
 
-    rows = compare_layers(rel, entry, lm, fresh_cache, envelope, fresh_digests=digests)
+    rows = compare_layers(rel, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
     reference.clear()
     t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
     verdict, outside = classify(rows)

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
+from kvgraft._internal.digest import digest_json
 from kvgraft.inference import models
 from kvgraft.inference.environment import record as environment
 from kvgraft.inference.runtime import Schedule, encode, layer_map, padded_batch_row, prefill, threads
 from kvgraft.inference.tensors import tensor_sha256
 from kvgraft.recompute.compare import distributions
 from kvgraft.recompute.compare import max_ulp as ulp_max
-from kvgraft.release.hashing import digest_json
 
 EXAMPLE = Path(__file__).parents[1] / "data" / "example.jsonl"
 PAD = 16

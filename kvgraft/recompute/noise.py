@@ -1,4 +1,6 @@
-"""The numerical-noise envelope of one computation, measured on this machine, and the three verdicts.
+"""The numerical-noise bound of one computation, measured on this machine, and the three verdicts.
+
+(Results and the face call it the noise "envelope", JSON key `envelope`; in the code that word means DSSE only.)
 
 Stored KV states that differ from a fresh recompute in bytes are either the same computation run with
 other kernels (another CPU, thread count, chunking, attention kernel, engine) or a different one
@@ -11,7 +13,7 @@ position), how far each lands from the replayed recompute:
   implementation of the same arithmetic sits within a small multiple of it;
 - the other attention kernel, another thread count, another chunking, a padded batch row.
 
-An element is outside the envelope when |stored - fresh| > FACTOR * max(noise of its row, one ulp
+An element is outside the bound when |stored - fresh| > FACTOR * max(noise of its row, one ulp
 of the row's largest value). `FACTOR` and its measurement are in docs/cross-machine.md: benign states
 left out of the calibration lay up to 16x their row's noise on SmolLM2-135M (eager attention at 300
 tokens); 64 leaves a margin of 4 for kernels this machine cannot run (another CPU), while a 1e-2
@@ -20,21 +22,20 @@ change of a typical element is still far outside (bench/RESULTS.md).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from kvgraft._internal.cores import cores
 from kvgraft.inference.models import LoadedModel
-from kvgraft.inference.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
+from kvgraft.inference.runtime import Schedule, attention, layer_map, padded_batch_row, prefill, threads
 from kvgraft.inference.tensors import tensor_sha256
-from kvgraft.release.hashing import cores
 
 FACTOR = 64.0
 VERDICTS = ("byte-exact", "consistent", "inconsistent")
@@ -45,22 +46,6 @@ _COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 def worst(verdicts: list[str]) -> str:
     """The release's verdict: the worst of its entries' ('byte-exact' for none)."""
     return max(verdicts, key=VERDICTS.index, default="byte-exact")
-
-
-@contextlib.contextmanager
-def attention(lm: LoadedModel, attn: str) -> Iterator[None]:
-    """Run with another attention implementation, restored afterwards (the model is shared)."""
-    before = lm.attn
-    if attn == before:
-        yield
-        return
-    lm.model.set_attn_implementation(attn)
-    lm.attn = attn
-    try:
-        yield
-    finally:
-        lm.model.set_attn_implementation(before)
-        lm.attn = before
 
 
 def _higher_precision(lm: LoadedModel) -> LoadedModel | None:
@@ -134,7 +119,7 @@ def _switched_matmul(fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, tor
 
 
 @dataclass
-class Envelope:
+class NoiseBound:
     """Per-row noise of a recompute: the largest benign difference of each row, per tensor."""
 
     noise: dict[str, torch.Tensor]  # name -> [batch, heads, positions, 1], float64
@@ -155,11 +140,11 @@ class Envelope:
 
 def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
               only: set[str] | None = None, skip: set[str] | None = None,
-              digests: dict[str, str] | None = None) -> Envelope:
-    """Measure the envelope of `reference` (the replayed recompute) from benign reruns of `ids`.
+              digests: dict[str, str] | None = None) -> NoiseBound:
+    """Measure the noise bound of `reference` (the replayed recompute) from benign reruns of `ids`.
 
     Reused for the same model object, conditions, tokens, schedule and reference bytes (the same
-    computation gives the same envelope; entries of the same length but other tokens do not, since
+    computation gives the same bound; entries of the same length but other tokens do not, since
     the noise is per row). `only`/`skip` choose perturbations by name (leave-one-out studies).
     `digests`: the reference tensors' SHA-256 by name, when the caller hashed them already.
     """
@@ -176,11 +161,11 @@ def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: di
     return dataclasses.replace(memo[key], seconds=0.0, reused=True)
 
 
-_MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Envelope]] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NoiseBound]] = weakref.WeakKeyDictionary()
 
 
 def _measure(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
-             only: set[str] | None, skip: set[str] | None) -> Envelope:
+             only: set[str] | None, skip: set[str] | None) -> NoiseBound:
     t0 = time.perf_counter()
     noise = {name: torch.zeros((*t.shape[:-1], 1), dtype=torch.float64) for name, t in reference.items()}
     runs: list[dict[str, Any]] = []
@@ -203,12 +188,12 @@ def _measure(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dic
         del got
         runs.append({"name": label, "seconds": time.perf_counter() - t, "tensors_differing": differing,
                      "max_abs": max_abs})
-    return Envelope(noise, runs, time.perf_counter() - t0)
+    return NoiseBound(noise, runs, time.perf_counter() - t0)
 
 
 @dataclass
 class Judgement:
-    """How far one stored tensor lies from the fresh one, measured in envelopes."""
+    """How far one stored tensor lies from the fresh one, measured in noise bounds."""
 
     outside: int
     max_excess: float
@@ -218,7 +203,7 @@ class Judgement:
 
 
 def judge(stored: torch.Tensor, fresh: torch.Tensor, allowed: torch.Tensor) -> Judgement:
-    """Elements outside the envelope; a non-finite stored value where the fresh one is finite is outside."""
+    """Elements outside the bound; a non-finite stored value where the fresh one is finite is outside."""
     s, f = stored.double(), fresh.double().to(stored.device)
     diff = (s - f).abs()
     bad = ~torch.isfinite(s) & torch.isfinite(f)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.records import MANIFEST as MANIFEST
 from kvgraft.release.records import check_entry_record as check_entry_record
 from kvgraft.release.records import check_relpath as check_relpath

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
@@ -30,7 +31,7 @@ from kvgraft.release.format import (
     safe_path,
     tensor_mismatch,
 )
-from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
+from kvgraft.release.hashing import hash_file, hash_ranges, pool
 
 MAX_RELEASE_FILES = 1_000_000
 # What a statement says about a release beyond its file digests, checked against the parsed manifest

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
+from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.reporting.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
 
 # Callers and tests have always found these here; the arithmetic now lives with the kinds that use it.

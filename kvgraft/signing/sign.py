@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.integrity import check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (

@@ -36,9 +36,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.integrity import ManifestCheck, check_entry, check_release, open_release
 from kvgraft.signing import attest, keys
 from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle

@@ -350,10 +350,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Turn the worker's staged KV of a finished request into a release `capture/<entry id>/`."""
         from safetensors import safe_open
 
+        from kvgraft._internal.digest import sha256_hex
         from kvgraft.inference.environment import record
         from kvgraft.inference.runtime import Schedule
         from kvgraft.release.format import ReleaseWriter, new_entry, source_record, token_ids_digest
-        from kvgraft.release.hashing import sha256_hex
 
         assert self._capture is not None and self._identity is not None
         staged = self._capture / ".staging" / f"{_safe(request.request_id)}"

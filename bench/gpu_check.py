@@ -300,7 +300,7 @@ def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.L
             text = lm.tokenizer.decode(prefix_ids(lm, length))
             _, row["capture_seconds"] = timed(lambda: capture.capture(
                 lm, [("big", {"id": f"p{length}", "text": text})], rel_dir, schedule=SCHEDULE, probe_tokens=4), device)  # noqa: B023
-            rel = verified(Release.open(rel_dir))
+            rel = verified(Release.open(rel_dir)).release
             entry = rel.entries[0]
             row["tokens"] = n = entry["num_tokens"]
             prefills = [timed(lambda: runtime.prefill(lm, entry["token_ids"], SCHEDULE), device)[1]  # noqa: B023

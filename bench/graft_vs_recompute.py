@@ -54,7 +54,7 @@ def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
                     schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
     # Verified once here, as every consumer does on first use (kvgraft.signing.verify.verified): the columns
     # time the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
-    return verified(Release.open(folder))
+    return verified(Release.open(folder)).release
 
 
 def main() -> None:

@@ -110,10 +110,11 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
 
 def step(name: str, root: str, arg: str) -> dict[str, object]:
     """One measured step in this (fresh) process."""
-    from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified, verify_release
 
     key = Path(root + "-key.pub.pem")
-    policy = VerifyPolicy(key=key, require_signature=True)
+    policy = verify_policy(key=key, require_signature=True)
     if name == "graft-one":
         import kvgraft.inference.graft  # noqa: F401 (torch: imported before the clock starts, as a served process has it)
     t0 = time.perf_counter()
@@ -121,7 +122,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     if name == "baseline":
         pass
     elif name == "open":
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         t1 = time.perf_counter()
         entry = rel.entry(arg)
         out["find_s"] = time.perf_counter() - t1
@@ -134,7 +135,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         r = verify_release(root, policy=policy)
         out["bytes_hashed"] = r.bytes_hashed
     elif name == "startup":  # the connector scheduler's per-release start-up work, then one lookup
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         rel.prefix_table()
         t1 = time.perf_counter()
         out["startup_s"] = t1 - t0
@@ -146,7 +147,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     elif name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
 
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         t1 = time.perf_counter()
         _, n = read_entry_tensors(rel, rel.entry(arg))
         out["read_hash_s"] = time.perf_counter() - t1

@@ -52,12 +52,13 @@ def run(out: Path) -> None:
     from vllm.inputs import TokensPrompt
 
     from kvgraft.inference.graft import read_entry_tensors
-    from kvgraft.signing.verify import VerifyPolicy, verified
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
     plan = json.loads((out / "plan.json").read_text())
     release = out / "release"
     t = time.perf_counter()
-    rel = verified(release, VerifyPolicy())
+    rel = verified(release, verify_policy()).release
     verify_s = time.perf_counter() - t
     entries = {e["id"]: e for e in rel.entries}
     hash_ms: dict[str, float] = {}

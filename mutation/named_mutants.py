@@ -82,7 +82,11 @@ MUTANTS: list[tuple[str, list[tuple[str, str, str]], str]] = [
      T + "test_a_tensor_stored_in_another_shape_is_inconsistent"),
     ("verify.verified: a verification reused under another policy",
      [("kvgraft/signing/verify.py",
-       "            and (policy is None or release.verification.policy == policy)):", "            ):")],
+       "        if policy is None or release.policy == policy:\n            return release",
+       "        if True:\n            return release"),
+      ("kvgraft/signing/verify.py",
+       "        if earlier is not None and (policy is None or earlier.policy == policy):",
+       "        if earlier is not None:")],
      T + "test_verified_does_not_reuse_a_verification_under_another_policy"),
 ]
 

@@ -24,7 +24,8 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.signing import attest, keys, oms, sign
-from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
+from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
+from kvgraft.signing.verify import verified, verify_release
 
 import rewrite
 from release_factory import make_release
@@ -175,24 +176,27 @@ def test_stale_root_digest_is_refused(rel: Path) -> None:
 def test_verified_does_not_reuse_a_verification_under_another_policy(rel: Path, keypair: tuple[Path, Path],
                                                                      other_key: tuple[Path, Path]) -> None:
     sign.sign_release(rel, keys.load_private_key(keypair[0]))
-    opened = verified(Release.open(rel))  # no key: the signature is not checked
-    assert opened.verification.signature.status == "not checked"
+    release = Release.open(rel)
+    opened = verified(release)  # no key: the signature is not checked
+    assert opened.checked.signature.status == "not checked" and opened.policy == SignatureNotChecked()
     with pytest.raises(VerificationError, match="does not verify with key"):
-        verified(opened, VerifyPolicy(key=other_key[1]))
-    checked = verified(opened, VerifyPolicy(key=keypair[1]))
-    assert checked.verification.signature.status == "verified"
-    assert checked.verification.policy == VerifyPolicy(key=keypair[1])
+        verified(opened, verify_policy(key=other_key[1]))
+    with pytest.raises(VerificationError, match="does not verify with key"):
+        verified(release, verify_policy(key=other_key[1]))  # nor through the Release object it holds
+    checked = verified(opened, verify_policy(key=keypair[1]))
+    assert checked.release is release and checked.checked.signature.status == "verified"
+    assert checked.policy == SignedWithKeys((keypair[1],))
     # And the other way round: a release verified with a key is reused when no policy is asked for.
-    assert verified(checked) is checked and checked.verification.signature.status == "verified"
+    assert verified(checked) is checked and checked.checked.signature.status == "verified"
 
 
 def test_verified_with_require_signature_refuses_an_unsigned_release_verified_before(rel: Path) -> None:
     from kvgraft.errors import InputError
 
     opened = verified(Release.open(rel))
-    assert opened.verification.warnings  # unsigned: a warning only
+    assert opened.warnings  # unsigned: a warning only
     with pytest.raises(InputError, match="--require-signature needs --key"):
-        verified(opened, VerifyPolicy(require_signature=True))
+        verified(opened, verify_policy(require_signature=True))
 
 
 # ------------------------------------------------------------------------------ tiny model: graft, recompute
@@ -233,7 +237,7 @@ def test_graft_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[st
     from kvgraft.inference import graft
 
     lm = tiny_lm("llama")
-    rel = verified(cap)
+    rel = verified(cap).release
     assert graft.restore(rel, "a", lm).entry["id"] == "a"  # control: intact, it grafts
     _flip_tensor_byte(cap, rel.entry("b"), "layer.1.values")
     with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.1.values' bytes \[\d+, \d+\): sha256"):
@@ -247,7 +251,7 @@ def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_l
     from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
-    rel = verified(cap)
+    rel = verified(cap).release
     entry = rel.entry("b")
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
     assert recompute.classify(recompute.compare_layers(rel, entry, lm, fresh)) == ("byte-exact", None)  # control
@@ -301,7 +305,7 @@ def test_a_tensor_stored_in_another_shape_is_inconsistent(tiny_lm: Callable[[str
     writer = ReleaseWriter(tmp_path / "rel")
     writer.add_entry(entry, tensors)
     writer.finish(capture.header(lm, Schedule()))
-    rel = verified(tmp_path / "rel")
+    rel = verified(tmp_path / "rel").release
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
     rows = recompute.compare_layers(rel, rel.entry("s"), lm, fresh)
     assert sum(not r[p]["equal"] for r in rows for p in ("keys", "values")) == 1

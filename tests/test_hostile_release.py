@@ -25,7 +25,8 @@ from kvgraft.inference import capture, graft
 from kvgraft.release import hashing
 from kvgraft.release.format import entry_digest, root_digest
 from kvgraft.signing import attest, keys, sign
-from kvgraft.signing.verify import VerifyPolicy, verify_release
+from kvgraft.signing.policy import SignedWithKeys, verify_policy
+from kvgraft.signing.verify import verify_release
 
 from release_factory import as_format_1, make_release, unsign
 
@@ -321,7 +322,7 @@ def test_graft_refuses_what_verify_refuses_zeroed_tensor_with_stale_bundle(captu
     assert cli("verify", str(root)).exit_code == 1  # the stale bundle's statement no longer matches
     for call in (lambda: graft.load_cache(root, "e", lm, force=True),
                  lambda: graft.run(root, "e", lm, "x", max_new_tokens=1, force=True),
-                 lambda: graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public))):
+                 lambda: graft.load_cache(root, "e", lm, policy=SignedWithKeys((public,)))):
         with pytest.raises((IntegrityError, VerificationError)):
             call()
 
@@ -350,12 +351,12 @@ def test_kvgraft_run_refuses_before_loading_a_model(captured: tuple[Path, Path, 
 
 def test_require_signature(captured: tuple[Path, Path, Any]) -> None:
     root, public, lm = captured
-    assert graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True)) is not None
+    assert graft.load_cache(root, "e", lm, policy=verify_policy(key=public, require_signature=True)) is not None
     with pytest.raises(InputError, match="--require-signature needs --key"):
-        graft.load_cache(root, "e", lm, policy=VerifyPolicy(require_signature=True))
+        graft.load_cache(root, "e", lm, policy=verify_policy(require_signature=True))
     unsign(root)
     with pytest.raises(VerificationError, match="unsigned"):
-        graft.load_cache(root, "e", lm, policy=VerifyPolicy(key=public, require_signature=True))
+        graft.load_cache(root, "e", lm, policy=verify_policy(key=public, require_signature=True))
     restored = graft.restore(root, "e", lm)  # no policy: an unsigned release grafts, with a recorded warning
     assert any("unsigned" in w for w in restored.warnings)
     r = cli("verify", str(root), "--require-signature", "--key", str(public), "--json")

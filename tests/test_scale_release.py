@@ -23,7 +23,8 @@ from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
 from kvgraft.release.format import MANIFEST, Release, entry_digest, root_digest, token_ids_digest
 from kvgraft.signing import keys, sign
-from kvgraft.signing.verify import VerifyPolicy, verified, verify_release
+from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.verify import verified, verify_release
 
 from release_factory import make_many, make_release
 
@@ -88,7 +89,7 @@ def signed_v2(tmp_path: Path, keypair: tuple[Path, Path]) -> Path:
 
 
 def test_startup_reads_no_entry_bytes(signed_v2: Path, keypair: tuple[Path, Path], counter: ReadCounter) -> None:
-    rel = verified(signed_v2, VerifyPolicy(key=keypair[1], require_signature=True))
+    rel = verified(signed_v2, verify_policy(key=keypair[1], require_signature=True)).release
     assert counter.under(signed_v2 / "entries") == 0
     assert counter.under(signed_v2 / "index") == 0  # not even a shard: opening reads manifest.json
     assert counter.bytes[os.path.realpath(signed_v2 / MANIFEST)] == (signed_v2 / MANIFEST).stat().st_size
@@ -103,7 +104,7 @@ def test_startup_reads_no_entry_bytes(signed_v2: Path, keypair: tuple[Path, Path
 
 def test_v1_release_opens_without_entry_bytes(tmp_path: Path, counter: ReadCounter) -> None:
     make_release(tmp_path / "v1", entries=4, format_version=1)
-    rel = verified(tmp_path / "v1")
+    rel = verified(tmp_path / "v1").release
     assert rel.format_version == 1 and counter.under(tmp_path / "v1" / "entries") == 0
     read_entry_tensors(rel, rel.entry("rec-002"))
     assert counter.under(tmp_path / "v1" / "entries") > 0
@@ -116,8 +117,8 @@ def _flip(path: Path, offset: int) -> None:
 
 
 def test_tampered_entry_refused_when_used(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
-    policy = VerifyPolicy(key=keypair[1])
-    rel = verified(signed_v2, policy)
+    policy = verify_policy(key=keypair[1])
+    rel = verified(signed_v2, policy).release
     victim = rel.entry("rec-003")
     name = sorted(victim["tensors"])[1]
     start = victim["tensors"][name]["byte_range"][0]
@@ -134,7 +135,7 @@ def test_tampered_entry_refused_when_used(signed_v2: Path, keypair: tuple[Path, 
 
 
 def test_swapped_entry_files_refused(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
-    rel = verified(signed_v2, VerifyPolicy(key=keypair[1]))
+    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
     a, b = rel.entry("rec-001"), rel.entry("rec-002")
     pa, pb = signed_v2 / a["file"], signed_v2 / b["file"]
     tmp = pa.with_suffix(".tmp")
@@ -150,7 +151,7 @@ def test_swapped_entry_files_refused(signed_v2: Path, keypair: tuple[Path, Path]
 
 
 def test_truncated_and_rewritten_after_open(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
-    rel = verified(signed_v2, VerifyPolicy(key=keypair[1]))
+    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
     entry = rel.entry("rec-004")
     read_entry_tensors(rel, entry)  # read once: its header is now known
     path = signed_v2 / entry["file"]
@@ -180,7 +181,7 @@ def test_signed_root_binds_every_record(signed_v2: Path, keypair: tuple[Path, Pa
     data = canonical(doc)
     assert len(data) == (signed_v2 / release_index.shard_name(0)).stat().st_size
     shard_path.write_bytes(data)
-    rel = verified(signed_v2, VerifyPolicy(key=keypair[1]))
+    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
     rel.entry("rec-004")  # another shard: served
     with pytest.raises(IntegrityError, match=r"index shard 0: sha256 .* does not match the manifest"):
         rel.entry("rec-001")
@@ -189,11 +190,11 @@ def test_signed_root_binds_every_record(signed_v2: Path, keypair: tuple[Path, Pa
     manifest["root_digest"] = root_digest(manifest)
     (signed_v2 / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match=r"manifest.json: sha256 .* does not match the signed statement"):
-        verified(signed_v2, VerifyPolicy(key=keypair[1]))
+        verified(signed_v2, verify_policy(key=keypair[1]))
     # Unsigned, the consistent rewrite opens: only a signature (or a recompute) can tell.
     (signed_v2 / "release.sigstore.json").unlink()
     (signed_v2 / "model.sig").unlink(missing_ok=True)
-    assert verified(signed_v2).entry("rec-001")["token_ids"][0] == doc["entries"][1]["token_ids"][0]
+    assert verified(signed_v2).release.entry("rec-001")["token_ids"][0] == doc["entries"][1]["token_ids"][0]
 
 
 def test_oms_only_release_per_entry(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
@@ -202,7 +203,7 @@ def test_oms_only_release_per_entry(signed_v2: Path, keypair: tuple[Path, Path])
         pytest.skip("the test key makes no OMS signature")
     # model.sig lists release.sigstore.json: without it the list differs, which the open check sees
     with pytest.raises(VerificationError, match=r"release\.sigstore\.json"):
-        verified(signed_v2, VerifyPolicy(key=keypair[1]))
+        verified(signed_v2, verify_policy(key=keypair[1]))
 
 
 def test_ten_thousand_entries_open_bounded_by_index(tmp_path: Path, counter: ReadCounter) -> None:
@@ -385,7 +386,7 @@ def test_prefix_index_naming_another_entry_never_grafts_it(tmp_path: Path) -> No
     manifest["index"]["prefix"]["sha256"] = sha256_hex(bytes(data))
     manifest["root_digest"] = root_digest(manifest)
     (root / MANIFEST).write_text(json.dumps(manifest))
-    rel = verified(root)
+    rel = verified(root).release
     with pytest.raises(IntegrityError, match="does not start with the prompt's first 32 tokens"):
         rel.longest_prefix(rel.entry("rec-000")["token_ids"])
 

@@ -17,7 +17,7 @@ import pytest
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.signing import attest, keys, oms, sign
-from kvgraft.signing.verify import SignatureStatus, failure_dict, verified, verify_release
+from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
 
 import rewrite
 from release_factory import make_release
@@ -140,9 +140,12 @@ def test_predicate_mismatch_names_the_member_and_both_values(rel: Path, ecdsa: t
 
 def test_verified_on_a_path_and_on_a_release(rel: Path) -> None:
     opened = verified(str(rel))
-    assert isinstance(opened, Release) and opened.verification is not None
+    assert isinstance(opened, VerifiedRelease) and isinstance(opened.release, Release)
+    assert opened.checked.scope == "open" and opened.root == rel
     fresh = Release.open(rel)
-    assert verified(fresh) is fresh and fresh.verification is not None
+    again = verified(fresh)
+    assert again.release is fresh and again.checked is not opened.checked
+    assert verified(fresh).checked is again.checked  # the same object, verified once
     # The headers verified are handed to the Release: reading an entry's layout works and reuses them.
     entry = fresh.entries[0]
     assert set(fresh.tensor_layout(entry)) == set(entry["tensors"])
@@ -157,3 +160,22 @@ def test_verified_refuses_a_release_changed_after_it_was_opened(rel: Path) -> No
         verified(early)
     assert str(info.value) == (f"{rel / MANIFEST}: the release changed after it was opened (root digest {before}, "
                                f"now {now})")
+
+
+def test_policies_name_one_kind_each_and_refuse_what_means_nothing(tmp_path: Path) -> None:
+    from kvgraft.errors import InputError
+    from kvgraft.signing.policy import SignatureNotChecked, SignedByIdentity, SignedWithKeys, verify_policy
+
+    key = tmp_path / "k.pub.pem"
+    assert verify_policy() == SignatureNotChecked()
+    assert verify_policy(key=key, more_keys=(key,)) == SignedWithKeys((key, key))
+    assert verify_policy(identity="me", issuer="https://issuer") == SignedByIdentity("me", "https://issuer")
+    assert verify_policy(key=key) != verify_policy(key=key, require_signature=True) != verify_policy()
+    for given, message in [({"identity": "me"}, "must be given together"),
+                           ({"more_keys": (key,)}, "more keys given without a first one"),
+                           ({"key": key, "identity": "me", "issuer": "i"}, "not both"),
+                           ({"require_signature": True}, "--require-signature needs --key")]:
+        with pytest.raises(InputError, match=message):
+            verify_policy(**given)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="at least one --key"):
+        SignedWithKeys(())

@@ -93,11 +93,13 @@ def recompute_cmd(
     from kvgraft.execution.executor import NotAuditedError
     from kvgraft.inference import reapply
     from kvgraft.recompute import audit as recompute
-    from kvgraft.signing.verify import VerifyPolicy, verified
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
     recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
-    rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
+    checked = verified(release, verify_policy(key=key, require_signature=require_signature))
+    rel = checked.release
     if target_fraction is not None:
         if sample is not None:
             raise InputError("--sample and --target-fraction exclude each other")
@@ -116,7 +118,7 @@ def recompute_cmd(
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
             try:
-                result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
+                result = recompute.audit(checked, lm, entries=entry, probe_text=probe, force=force, schedule=override,
                                          on_progress=tick, executor=ex, overrides=overrides, require=require,
                                          sample=sample, nonce=nonce, journal=journal)
             except (KeyboardInterrupt, NotAuditedError):

@@ -74,19 +74,21 @@ def run_cmd(
     as `audit recompute` does, and says which recorded conditions differ here.
     """
     from kvgraft.inference import graft, reapply
+    from kvgraft.signing.policy import verify_policy
     from kvgraft.signing.sigstore import SigstoreTrust
-    from kvgraft.signing.verify import VerifyPolicy, verified
+    from kvgraft.signing.verify import verified
 
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
-    policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                          require_signature=require_signature)
-    rel = verified(release, policy)
+    policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+                           require_signature=require_signature)
+    checked = verified(release, policy)
+    rel = checked.release
     rel.entry(entry)  # an unknown entry is refused before the model loads
     _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     lm = load_model(model, device, dt, at)
-    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
+    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
                        dtype=dtype)
-    for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
+    for warning in checked.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
     say(f"kvgraft: note: conditions: {reapply.summary(result.ledger['conditions'])}", error=True)
     if as_json:

@@ -120,15 +120,16 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
+    from kvgraft.signing.policy import verify_policy
     from kvgraft.signing.sigstore import SigstoreTrust
-    from kvgraft.signing.verify import VerifyPolicy, failure_dict, verify_release
+    from kvgraft.signing.verify import failure_dict, verify_release
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
     given = list(key or [])  # each key must verify one of the signatures, so a stray one fails
-    policy = VerifyPolicy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity, issuer=issuer,
-                          trust=trust, require_signature=require_signature, oms_signature=oms_signature)
     try:
+        policy = verify_policy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity,
+                               issuer=issuer, trust=trust, require_signature=require_signature, oms_signature=oms_signature)
         result = verify_release(release, policy=policy, deep=deep, entries=entry or None)
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.

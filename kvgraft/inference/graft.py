@@ -20,7 +20,8 @@ from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cach
 from kvgraft.inference.tensors import split_views
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.signing.verify import VerifyPolicy, verified
+from kvgraft.signing.policy import VerifyPolicy
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 
 @dataclass
@@ -145,14 +146,15 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
     return cache
 
 
-def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+def restore(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
             policy: VerifyPolicy | None = None) -> Restored:
     """Verify and graft one entry; refuses a different model unless forced (recorded).
 
-    The release goes through `kvgraft.signing.verify.verified` first (once per Release object), exactly as
+    The release goes through `kvgraft.signing.verify.verified` first (not again for a VerifiedRelease), exactly as
     `kvgraft verify` checks it under `policy`: nothing is grafted from a release that verify refuses.
     """
-    rel = verified(release, policy)
+    checked = verified(release, policy)
+    rel = checked.release
     forced = check_model(rel, lm, force=force)
     entry = rel.entry(entry_id)
     t0 = time.perf_counter()
@@ -171,7 +173,7 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
         build(tensors)
     cache, conditions = built
     seconds = time.perf_counter() - t0
-    return Restored(cache, entry, nbytes, seconds, forced, conditions, list(rel.verification.warnings))
+    return Restored(cache, entry, nbytes, seconds, forced, conditions, list(checked.warnings))
 
 
 def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
@@ -206,8 +208,8 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     return cut, out
 
 
-def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: LoadedModel, *, force: bool = False,
-                   policy: VerifyPolicy | None = None) -> Restored | None:
+def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: list[int], lm: LoadedModel, *,
+                   force: bool = False, policy: VerifyPolicy | None = None) -> Restored | None:
     """Graft the longest block-aligned prefix of `token_ids` that some entry starts with (at least one
     token is left to prefill); None when no entry starts with the first block (a miss).
 
@@ -215,7 +217,8 @@ def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: Load
     whole, as `restore` does, and rows [0, n) of its layers are grafted. The schedule that produced
     those rows is recorded in `Restored.prefix`.
     """
-    rel = verified(release, policy)
+    checked = verified(release, policy)
+    rel = checked.release
     hit = rel.longest_prefix(list(token_ids[:-1]))
     if hit is None:
         return None
@@ -231,7 +234,7 @@ def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: Load
     prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
               "rows": f"rows [0, {n}) of a {how} prefill of all {entry['num_tokens']} tokens"}
     return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
-                    list(rel.verification.warnings), prefix)
+                    list(checked.warnings), prefix)
 
 
 def free_buffers() -> None:
@@ -239,7 +242,7 @@ def free_buffers() -> None:
     buffers.clear()
 
 
-def load_cache(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+def load_cache(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
                policy: VerifyPolicy | None = None) -> Any:
     """A transformers Cache holding the entry's verified states, ready for generation (see `restore`)."""
     return restore(release, entry_id, lm, force=force, policy=policy).cache
@@ -252,18 +255,19 @@ class Continuation:
     ledger: dict[str, Any]
 
 
-def model_for(release: Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
+def model_for(release: VerifiedRelease | Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
               dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
     """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
     device where this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
     from kvgraft.inference import models, reapply
 
-    rel = release if isinstance(release, Release) else Release.open(release)
+    rel = (release.release if isinstance(release, VerifiedRelease)
+           else release if isinstance(release, Release) else Release.open(release))
     dev, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
-def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
+def run(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
         max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
         attn: str | None = None, dtype: str | None = None) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
@@ -278,8 +282,8 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
     from kvgraft.inference.models import ATTNS
     from kvgraft.inference.runtime import attention
 
-    rel = verified(release, policy)
-    recorded = rel.manifest["environment"]
+    checked = verified(release, policy)
+    recorded = checked.release.manifest["environment"]
     kernel = attn if attn is not None else recorded.get("attn_implementation")
     if kernel not in ATTNS:
         kernel = lm.attn
@@ -287,7 +291,7 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
     overrides = reapply.overrides_given(recorded, attn=attn, dtype=dtype)
     with attention(lm, str(kernel)):
-        restored = restore(rel, entry_id, lm, force=force, policy=policy)
+        restored = restore(checked, entry_id, lm, force=force, policy=policy)
         ids = encode(lm, prompt) if prompt else []
         t0 = time.perf_counter()
         if ids:

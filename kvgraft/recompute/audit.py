@@ -24,7 +24,7 @@ from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, f
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.signing.verify import verified
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
@@ -344,7 +344,7 @@ def bound(result: dict[str, Any], population: list[dict[str, Any]]) -> dict[str,
     return b.as_dict(FAIL_MEANS[result["require"]])
 
 
-def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
+def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
           probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
           overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
@@ -368,8 +368,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     from kvgraft.execution.journal import Journal, header
 
     check_requirement(require)  # before any work
-    rel = release if isinstance(release, Release) else Release.open(release)
-    rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
+    rel = verified(release).release  # as `kvgraft verify` does; a release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
     nonce_source = None
     if journal is not None and sample is not None and nonce is None:

@@ -23,7 +23,8 @@ from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, layer_map, prefill
 from kvgraft.recompute.compare import diff_tensors
 from kvgraft.release.format import Release
-from kvgraft.signing.verify import VerifyPolicy, verified
+from kvgraft.signing.policy import VerifyPolicy
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int) -> dict[str, Any]:
@@ -39,10 +40,10 @@ def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: i
             "differing_elements": differing}
 
 
-def audit_prefix(release: Release | Path | str, entry_id: str, n: int, lm: LoadedModel, *, force: bool = False,
+def audit_prefix(release: VerifiedRelease | Release | Path | str, entry_id: str, n: int, lm: LoadedModel, *, force: bool = False,
                  policy: VerifyPolicy | None = None) -> dict[str, Any]:
     """Judge a graft of entry `entry_id`'s first n tokens (module docstring)."""
-    rel = verified(release, policy)
+    rel = verified(release, policy).release
     forced = check_model(rel, lm, force=force)
     entry = rel.entry(entry_id)
     stored, _ = read_entry_tensors(rel, entry)

@@ -101,9 +101,6 @@ class Release:
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
     _checked_headers: dict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
         default_factory=dict, repr=False, compare=False)
-    # The kvgraft.signing.verify.VerifyResult this release passed (verify.verified sets it): its signature,
-    # statement and manifest; each entry's bytes are checked when read (docs/verification.md).
-    verification: Any = field(default=None, repr=False, compare=False)
     _index: release_index.Index | None = field(default=None, repr=False, compare=False)
     _by_id: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     _prefix: release_index.PrefixTable | None = field(default=None, repr=False, compare=False)

@@ -123,9 +123,10 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # Opened once under the plan's policy (with its key when it signs): every check below reads the
     # release through it, and each entry's bytes are checked when read; the verify check hashes all.
-    from kvgraft.signing.verify import VerifyPolicy, verified
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
-    ctx = Context(plan, lm, out, say, ex, verified(release, VerifyPolicy(key=pub)))
+    ctx = Context(plan, lm, out, say, ex, verified(release, verify_policy(key=pub)).release)
     build = release_info.get("build")
     if build:
         c, t = build["counts"], build["totals"]
@@ -182,12 +183,12 @@ Check = Callable[[Context, dict[str, Any]], dict[str, Any]]
 
 
 def _verify(ctx: Context, _settings: dict[str, Any]) -> dict[str, Any]:
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.verify import verified, verify_release
 
     ctx.say("verifying the release (hashes, statement, signature)")
     # Every byte, as `kvgraft verify` does: opening the release (verified(), above) read none of the
     # entries, and the other checks verify only the entries they read.
-    v = verify_release(ctx.release.root, policy=ctx.release.verification.policy)
+    v = verify_release(ctx.release.root, policy=verified(ctx.release).policy)
     return make_check("verify", "verify", "passed", f"{v.files} files, {v.bytes_hashed:,} bytes hashed; "
                       f"signature: {v.signature.describe()}", v.as_dict())
 

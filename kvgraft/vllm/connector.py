@@ -54,7 +54,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
-from kvgraft.signing.verify import VerifyPolicy, verified
+from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.verify import verified
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -142,7 +143,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(roots, list) or not roots or not all(isinstance(r, str) for r in roots):
             raise ValueError('KvgraftConnector: kv_connector_extra_config needs "release": a folder or a list of folders')
         key = extra.get("key")
-        self._policy = VerifyPolicy(key=Path(key), require_signature=True) if key else VerifyPolicy()
+        self._policy = verify_policy(key=Path(key) if key else None, require_signature=bool(key))
         self._block_size = int(vllm_config.cache_config.block_size)
         model_config = vllm_config.model_config
         self._model_dir = str(model_config.model)
@@ -167,7 +168,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._refused: dict[int, _Refused] = {}
         for i, root in enumerate(self._roots):
             try:
-                self._releases[i] = verified(root, self._policy)
+                self._releases[i] = verified(root, self._policy).release
             except KvgraftError as exc:
                 self._refuse_release(i, str(exc))
         # Scheduler: which entries were found compatible; worker: what it grafted and what failed.

@@ -63,7 +63,7 @@ test-slow: $(STAMP)
 
 # Mutation testing (docs/mutation.md; slow: about an hour per module group on 2 busy cores). First every check
 # named in issue 26 broken by hand, each against the test that must kill it; then mutmut (pinned in the dev
-# extra) over release/, signing/, verify.py, the envelope, recompute and replay, and the statistics, each
+# extra) over release/, signing/ (verify included), the noise bound, recompute and reapply, and the statistics, each
 # group with the fast tests that cover it. `make mutate GROUPS="stats verify"` runs some groups only.
 GROUPS ?=
 mutate: $(STAMP)

@@ -114,7 +114,7 @@ def recompute_cmd(
     journal = journal or (Path(f"{json_out}.journal") if json_out else None)
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
                        threads=threads) as ex:
-        ex.replay_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
+        ex.reapply_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
             try:

@@ -127,7 +127,7 @@ class Executor(ABC):
         """The torch thread count the user fixed for the units (--threads, a plan's executor.threads), or None."""
         return None
 
-    def replay_threads(self, threads: int | None) -> None:  # noqa: B027 - most executors set no threads
+    def reapply_threads(self, threads: int | None) -> None:  # noqa: B027 - most executors set no threads
         """The torch thread count CPU units must run with (a release's recorded count), unless the user
         fixed one. Ray actors are sized and started with it; in this process `replay.applied` sets it."""
 
@@ -246,7 +246,7 @@ class RayExecutor(Executor):
         self._shipped: dict[str, Any] = {}
         self._lm: LoadedModel | None = None
         self._cluster: dict[str, Any] = {}
-        self._replay_threads: int | None = None  # the release's recorded count, when the user fixed none
+        self._reapplied_threads: int | None = None  # the release's recorded count, when the user fixed none
         self._use_gpu = False
 
     # ------------------------------------------------------------ ray and the pool
@@ -288,7 +288,7 @@ class RayExecutor(Executor):
         self._use_gpu = use_gpu
         # CPU actors run with the thread count the units must replay (a release's record), else 1 each.
         threads = self.spec.threads if self.spec.threads is not None else \
-            (None if use_gpu else self._replay_threads or 1)
+            (None if use_gpu else self._reapplied_threads or 1)
         if use_gpu:
             n = self.workers or gpus
             if n > gpus:
@@ -337,20 +337,20 @@ class RayExecutor(Executor):
     def fixed_threads(self) -> int | None:
         return self.spec.threads
 
-    def replay_threads(self, threads: int | None) -> None:
+    def reapply_threads(self, threads: int | None) -> None:
         """Size the CPU actors to `threads` (num_cpus) and start them with that many torch threads.
 
         Kept when `--threads` (the spec) fixed a count; a pool already started with another count is
         restarted, so no unit runs with a thread count that changes its bytes.
         """
-        if self.spec.threads is not None or threads is None or threads == self._replay_threads:
+        if self.spec.threads is not None or threads is None or threads == self._reapplied_threads:
             return
         if threads < 1:
             raise InputError(f"recorded thread count {threads} is not >= 1")
         started = self._lm is not None
         if started and self._use_gpu:
             return  # GPU actors: the thread count does not decide their bytes here
-        self._replay_threads = threads
+        self._reapplied_threads = threads
         if started:
             current = {i.get("threads") for i in self.infos}
             if current != {threads}:

@@ -381,7 +381,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     overrides = dict(overrides or {})
     wanted_threads = overrides.get("threads", recorded.get("threads"))
     if lm.device == "cpu" and isinstance(wanted_threads, int) and not isinstance(wanted_threads, bool):
-        ex.replay_threads(wanted_threads)
+        ex.reapply_threads(wanted_threads)
     with reapply.applied(lm, recorded, overrides):
         current = ex.environment(lm)
         diffs = differences(recorded, current)

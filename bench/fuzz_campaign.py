@@ -1,4 +1,4 @@
-"""A fuzz campaign on `kvgraft verify --key`: the mutations of tests/test_fuzz_verify.py, many more cases.
+"""A fuzz campaign on `kvgraft verify --key`: the mutations of tests/signing/test_fuzz_verify.py, many more cases.
 
     .venv/bin/python bench/fuzz_campaign.py [--cases 1200] [--seed 2323] [--case-timeout 30]
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "signing"))  # test_fuzz_verify.py
 
 import test_fuzz_verify as fuzz  # noqa: E402  (the driver and its checks live with the test)
 

@@ -21,7 +21,7 @@ weights decide neither the verdict machinery nor the throughput; accuracy figure
 Writes gpu_check.md (tables for bench/RESULTS.md) and gpu_check.json to --out after every part, so a
 run cut short keeps what it measured; each part starts only if --budget seconds leave time for it.
 Exit 1 if any step raised (each is recorded and the run goes on), else 0. --dry-run: the same steps
-on the CPU with tiny models and short lengths (what tests/test_gpu_check.py runs).
+on the CPU with tiny models and short lengths (what tests/bench/test_gpu_check.py runs).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-T = "tests/test_checks_bite.py::"
+T = "tests/core/test_checks_bite.py::"
 
 # name, [(file, original, mutant)], killing test
 MUTANTS: list[tuple[str, list[tuple[str, str, str]], str]] = [

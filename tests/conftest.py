@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+# Helpers (tiny.py, release_factory.py, rewrite.py, ...) live here; tests live in tests/<package>/, one folder
+# per kvgraft package, and a few import each other by module name (test_attest's schema validator).
+sys.path[:0] = [str(HERE), *(str(d) for d in sorted(HERE.iterdir()) if d.is_dir() and any(d.glob("test_*.py")))]
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -1,4 +1,4 @@
-"""Scenarios for tests/test_vllm.py: one vLLM start for all of them.
+"""Scenarios for tests/serving/test_vllm.py: one vLLM start for all of them.
 
     .venv/bin/python tests/vllm_scenarios.py build OUT_DIR       # kvgraft's venv: capture needs its transformers
     .venv-vllm/bin/python tests/vllm_scenarios.py serve OUT_DIR  # the vLLM venv (`make vllm-venv`)

@@ -131,7 +131,7 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
         if move:
             k, v = k.to(device), v.to(device)
         # What `lazy_initialization` sets, without the two empty placeholder tensors it builds
-        # (10 us a layer); tests/test_cache_plan.py checks the layer state against a prefilled one.
+        # (10 us a layer); tests/inference/test_cache_plan.py checks the layer state against a prefilled one.
         layer.device, layer.keys, layer.values, layer.is_initialized = k.device, k, v, True
         if kind == "sliding":
             if move:

@@ -47,7 +47,7 @@ def new_cache(lm: LoadedModel) -> Any:
     """An empty `DynamicCache` with the model's layer types, as `DynamicCache(config=...)` builds it.
 
     The per-layer plan is read from the config once per model: deriving it took half a millisecond,
-    a third of a graft's bookkeeping. tests/test_cache_plan.py checks the result against transformers'.
+    a third of a graft's bookkeeping. tests/inference/test_cache_plan.py checks the result against transformers'.
     """
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicCache, get_layer_types_and_kwargs
 

@@ -16,7 +16,7 @@ from kvgraft.reporting.face import FACES
 from kvgraft.reporting.render_html import to_html
 from kvgraft.reporting.render_report import print_report
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report-example.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 
 
 def _control(name: str, k_graft: int, k_base: int, p: float, significant: bool, n: int = 20) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """generalization.stats against independent references and its exact boundaries (issue 26, `make mutate`).
 
-Each assertion here was added for a mutant mutmut left alive in tests/test_stats.py's run: messages that
+Each assertion here was added for a mutant mutmut left alive in tests/generalization/test_stats.py's run: messages that
 name the argument, the exact edges of every range check, the bootstrap against a direct resampling,
 and McNemar at a p exactly equal to alpha. The references are computed here (scipy, Fractions, a
 plain loop), not copied from a run.

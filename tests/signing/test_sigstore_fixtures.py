@@ -22,7 +22,7 @@ from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sigstore"
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "sigstore"
 pytestmark = pytest.mark.skipif(
     not FIXTURES.is_dir(),
     reason=f"Sigstore fixture bundles not present at {FIXTURES} (they live in ../shared, outside the repo)")

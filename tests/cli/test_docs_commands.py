@@ -18,7 +18,7 @@ import pytest
 
 from release_factory import make_release
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 needs_cli = pytest.mark.skipif(not (shutil.which("model_signing") or (BIN / "model_signing").exists()),
                                reason="model_signing CLI not installed")

@@ -99,7 +99,7 @@ def test_unusable_keys_are_refused(tmp_path: Path) -> None:
     junk.write_text("not a key")
     with pytest.raises(InputError, match="not a PEM"):
         keys.load_public_key(junk)
-    # P-384 and P-521 are read (OMS allows them: tests/test_oms_published.py); a curve OMS does not allow is not.
+    # P-384 and P-521 are read (OMS allows them: tests/signing/test_oms_published.py); a curve OMS does not allow is not.
     k1 = ec.generate_private_key(ec.SECP256K1())
     other = tmp_path / "k1.pub.pem"
     other.write_bytes(k1.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))

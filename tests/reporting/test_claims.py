@@ -15,7 +15,7 @@ from kvgraft.reporting import claims
 from kvgraft.reporting.report import mcnemar_exact
 from kvgraft.schema import validate
 
-PREPRINT = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"
+PREPRINT = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
 
 
 @pytest.fixture(scope="module")

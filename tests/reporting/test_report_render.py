@@ -27,7 +27,7 @@ from kvgraft.reporting.render_html import to_html
 from kvgraft.reporting.render_report import interval_bar, print_report
 from kvgraft.reporting.views import HEAT, heatmap_model
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report-example.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

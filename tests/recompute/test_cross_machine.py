@@ -26,7 +26,7 @@ import rewrite
 from release_factory import flat_manifest
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The project's own captures on two CPU kinds (tests/fixtures/cross-machine/README.md says where from).
 FIXTURES = ROOT / "tests" / "fixtures" / "cross-machine"
 CPU_KINDS = ("amd-epyc", "intel-xeon")

@@ -21,9 +21,9 @@ import pytest
 import rewrite
 from release_factory import as_format_1, flat_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
-SCENARIOS = Path(__file__).parent / "vllm_scenarios.py"
+SCENARIOS = Path(__file__).resolve().parents[1] / "vllm_scenarios.py"
 
 
 def cpu_lacks() -> str | None:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kvgraft"
 CORE = ("kvgraft._internal", "kvgraft.release", "kvgraft.signing", "kvgraft.inspection", "kvgraft.sampling")
 # At most this many modules lie flat in kvgraft/ (its __init__ included); the rest live in role packages.
@@ -90,6 +90,21 @@ def test_readme_layout_matches_the_tree() -> None:
     assert not present - named, f"in the tree, not in the README's Layout: {sorted(present - named)}"
     stale = sorted(n for n in named if not (ROOT / n).is_file())
     assert not stale, f"in the README, not in the tree: {stale}"
+
+
+# Test folders beside those named for a kvgraft package: the flat modules and the layout, the vLLM connector, bench/.
+TEST_FOLDERS_BESIDE_PACKAGES = {"core", "serving", "bench"}
+
+
+def test_tests_are_arranged_by_package() -> None:
+    tests = ROOT / "tests"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not flat, f"test files directly in tests/ (place each in tests/<package>/): {flat}"
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    stray = sorted(folders - packages - TEST_FOLDERS_BESIDE_PACKAGES)
+    assert not stray, f"test folders named for no kvgraft package: {stray}"
+    assert len(folders) >= 8  # every package's tests were found
 
 
 def cycles() -> list[list[str]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # What the GPU audit path is: the modules bench/gpu_check.py runs (capture, recompute, graft, verify).
 GPU_PATH = ("import kvgraft.inference.capture, kvgraft.recompute.audit, kvgraft.inference.graft, kvgraft.signing.verify, "
             "kvgraft.inference.runtime")

@@ -18,7 +18,7 @@ from kvgraft.signing import keys, sign
 
 from release_factory import make_release
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sigstore"
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "sigstore"
 
 PRELUDE = r"""
 import json, sys

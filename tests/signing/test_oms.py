@@ -24,7 +24,7 @@ from kvgraft.signing.verify import verify_release
 from release_factory import make_release
 
 runner = CliRunner()
-MODEL_SIGNING = shutil.which("model_signing") or str(Path(__file__).resolve().parents[1] / ".venv/bin/model_signing")
+MODEL_SIGNING = shutil.which("model_signing") or str(Path(__file__).resolve().parents[2] / ".venv/bin/model_signing")
 needs_cli = pytest.mark.skipif(not Path(MODEL_SIGNING).exists(), reason="model_signing CLI not installed")
 
 

@@ -2,7 +2,7 @@
 
 Bytes are asserted equal only where the recorded conditions match this machine's; elsewhere the test
 checks the model identity and reports which conditions differ (the verdict for other machines comes
-from the envelope: tests/test_cross_machine.py).
+from the envelope: tests/recompute/test_cross_machine.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from kvgraft.recompute import audit as recompute
 
-REFERENCE = Path(__file__).resolve().parents[1] / "manifests" / "smollm2-135m-example" / "manifest.json"
+REFERENCE = Path(__file__).resolve().parents[2] / "manifests" / "smollm2-135m-example" / "manifest.json"
 
 
 def test_reference_manifest_recomputes_bit_for_bit_where_conditions_match(smollm2: Any) -> None:

@@ -243,7 +243,7 @@ def test_sampled_audit_in_the_report_face_html_and_claim(tiny_lm: Callable[[str]
     from kvgraft.reporting import audit_run, face, plan
     from kvgraft.reporting.render_html import to_html
 
-    claims = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"
+    claims = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
     p = tmp_path / "plan.toml"
     p.write_text('format = "kvgraft-audit-plan"\nformat_version = 1\nname = "sampled"\n'
                  f'[model]\nspec = "{model_dir}"\ndevice = "cpu"\n[release]\npath = "{release_dir}"\n'

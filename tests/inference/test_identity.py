@@ -68,6 +68,6 @@ def test_converted_default_model_is_a_plain_hugging_face_folder(smollm2: Any) ->
         names = set(f.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     # The identity the reference releases were recorded under (no `architectures` in their folder).
-    reference = json.loads((Path(__file__).resolve().parents[1] / "manifests" / "smollm2-135m-example"
+    reference = json.loads((Path(__file__).resolve().parents[2] / "manifests" / "smollm2-135m-example"
                             / "manifest.json").read_text())
     assert smollm2.identity.sha256 == reference["model"]["identity"]["sha256"]

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from kvgraft.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # Every command takes --help; `kvgraft --version` is the root's own, not a command's.
 IMPLIED = {"--help"}

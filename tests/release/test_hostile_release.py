@@ -31,7 +31,7 @@ from kvgraft.signing.verify import verify_release
 from release_factory import as_format_1, make_release, unsign
 
 runner = CliRunner()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KVGRAFT = [sys.executable, "-c", "from kvgraft.cli import entrypoint; entrypoint()"]
 
 

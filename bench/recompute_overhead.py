@@ -14,10 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvgraft import capture, models, recompute, runtime
-from kvgraft.determinism import prefix_ids
+from kvgraft.inference import capture, models, runtime
+from kvgraft.inference.runtime import Schedule
+from kvgraft.recompute import audit as recompute
+from kvgraft.recompute.determinism import prefix_ids
 from kvgraft.release.format import Release
-from kvgraft.runtime import Schedule
 
 
 def status_kb(key: str) -> int:

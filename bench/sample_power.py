@@ -30,7 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kvgraft import capture, models, recompute, sampling
+from kvgraft import sampling
+from kvgraft.inference import capture, models
+from kvgraft.recompute import audit as recompute
 from kvgraft.release.format import Release
 
 import rewrite  # tests/rewrite.py: rewrite bytes and every commitment over them

@@ -77,10 +77,9 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
     """Write and sign a release; return the seconds the writer took."""
     import random
 
-    from kvgraft import signer
+    from kvgraft._internal.digest import digest_json
     from kvgraft.release.format import ReleaseWriter, token_ids_digest
-    from kvgraft.release.hashing import digest_json
-    from kvgraft.signing import keys
+    from kvgraft.signing import keys, sign
 
     pool = [safetensors_blob(layers, shape, dtype, s) for s in range(blobs)]
     tokens = shape[2]
@@ -103,7 +102,7 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
     seconds = time.perf_counter() - t0
     print(file=sys.stderr)
     private, _ = keys.write_keypair(out.parent / f"{out.name}-key", overwrite=True)
-    signer.sign_release(out, keys.load_private_key(private))
+    sign.sign_release(out, keys.load_private_key(private))
     return seconds
 
 
@@ -111,18 +110,19 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
 
 def step(name: str, root: str, arg: str) -> dict[str, object]:
     """One measured step in this (fresh) process."""
-    from kvgraft.verify import VerifyPolicy, verified, verify_release
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified, verify_release
 
     key = Path(root + "-key.pub.pem")
-    policy = VerifyPolicy(key=key, require_signature=True)
+    policy = verify_policy(key=key, require_signature=True)
     if name == "graft-one":
-        import kvgraft.graft  # noqa: F401 (torch: imported before the clock starts, as a served process has it)
+        import kvgraft.inference.graft  # noqa: F401 (torch: imported before the clock starts, as a served process has it)
     t0 = time.perf_counter()
     out: dict[str, object] = {}
     if name == "baseline":
         pass
     elif name == "open":
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         t1 = time.perf_counter()
         entry = rel.entry(arg)
         out["find_s"] = time.perf_counter() - t1
@@ -135,7 +135,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         r = verify_release(root, policy=policy)
         out["bytes_hashed"] = r.bytes_hashed
     elif name == "startup":  # the connector scheduler's per-release start-up work, then one lookup
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         rel.prefix_table()
         t1 = time.perf_counter()
         out["startup_s"] = t1 - t0
@@ -145,9 +145,9 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         out["lookup_s"] = time.perf_counter() - t2
         out["hit"] = [hit[0]["id"], hit[1]] if hit else None
     elif name == "graft-one":
-        from kvgraft.graft import read_entry_tensors
+        from kvgraft.inference.graft import read_entry_tensors
 
-        rel = verified(root, policy)
+        rel = verified(root, policy).release
         t1 = time.perf_counter()
         _, n = read_entry_tensors(rel, rel.entry(arg))
         out["read_hash_s"] = time.perf_counter() - t1
@@ -245,7 +245,7 @@ def many(args: argparse.Namespace) -> None:
         print(f"build     {seconds:.1f} s with ReleaseWriter ({seconds / args.entries * 1e3:.2f} ms per entry), then signed")
     probe = f"e{args.entries * 7 // 10:06d}"
     base = child("baseline", root)
-    print(f"baseline  interpreter with kvgraft.release and kvgraft.verify imported: peak RSS {base['peak_rss_mb']:.0f} MB")
+    print(f"baseline  interpreter with kvgraft.release and signing.verify imported: peak RSS {base['peak_rss_mb']:.0f} MB")
     best: dict[str, dict[str, object]] = {}
     for _ in range(args.repeat):
         for name in ("open", "verify-one", "startup"):

@@ -13,7 +13,7 @@ tokenizer) and a release of ENTRIES entries of TOKENS tokens captured with 1 tor
    wall time from submitting the first entry to the last result (actors already started).
 
 Speed-up = A's time / B's time (best of the rounds, median also printed; target >= 1.6x). The results of
-A, B and local must be identical apart from timing and placement (kvgraft.executor.comparable). Printed
+A, B and local must be identical apart from timing and placement (kvgraft.execution.executor.comparable). Printed
 too: actor start-up time, the CPU seconds the workers used, and the CPU seconds every other process used
 meanwhile (Ray's daemons, other sessions): this benchmark wants a quiet machine, so before each round it
 waits up to QUIET_WAIT seconds for the machine to be idle (under 0.25 busy CPUs over 2 s).
@@ -66,7 +66,7 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
     import torch
     import transformers as tf
 
-    from kvgraft import capture, models, runtime
+    from kvgraft.inference import capture, models, runtime
 
     import tiny
 
@@ -105,8 +105,9 @@ def main() -> None:
     import ray
     import torch
 
-    from kvgraft import models, recompute
-    from kvgraft.executor import LocalExecutor, ModelSpec, RayExecutor, comparable
+    from kvgraft.execution.executor import LocalExecutor, ModelSpec, RayExecutor, comparable
+    from kvgraft.inference import models
+    from kvgraft.recompute import audit as recompute
 
     model_dir, rel = build(args.dir, args.entries, args.tokens)
     n_tokens = [e["num_tokens"] for e in json.loads((rel / "manifest.json").read_text())["entries"]]

@@ -35,10 +35,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kvgraft import capture, envelope, models, recompute
-from kvgraft.determinism import prefix_ids
+from kvgraft.inference import capture, models
+from kvgraft.inference.runtime import Schedule, attention, layer_map, padded_batch_row, prefill, threads
+from kvgraft.recompute import audit as recompute
+from kvgraft.recompute import noise
+from kvgraft.recompute.determinism import prefix_ids
 from kvgraft.release.format import Release
-from kvgraft.runtime import Schedule, layer_map, padded_batch_row, prefill, threads
 
 import rewrite  # tests/rewrite.py: rewrite bytes and every commitment over them
 
@@ -85,10 +87,10 @@ def audit(rel: Path, lm: models.LoadedModel, force: bool = False) -> dict[str, A
 
 def states_under(lm: models.LoadedModel, ids: list[int], how: str) -> dict[str, torch.Tensor]:
     if how.startswith("eager attention, "):
-        with envelope.attention(lm, "eager"):
+        with attention(lm, "eager"):
             return states_under(lm, ids, how.removeprefix("eager attention, "))
     if how == "eager attention":
-        with envelope.attention(lm, "eager"):
+        with attention(lm, "eager"):
             return layer_map(lm, prefill(lm, ids, Schedule())[0])[1]
     if how == "1 thread":
         with threads(1):
@@ -127,7 +129,7 @@ def main() -> None:
         r = {"group": group, "case": label, **audit(rel, lm, force=force), **extra}
         rows.append(r)
         print(f"{group:10} {label:48} {r['verdict']:12} max/env {r['max_excess']:.3g} "
-              f"({r['max_excess'] * envelope.FACTOR:.3g}x row noise)  toploc "
+              f"({r['max_excess'] * noise.FACTOR:.3g}x row noise)  toploc "
               f"{'pass' if r['toploc'] else 'FAIL'}", flush=True)
         return r
 
@@ -156,7 +158,7 @@ def main() -> None:
             case("benign", f"{eid}: {how}", rel, bytes_differ=differs)
             if not differs:
                 continue
-            env = envelope.calibrate(lm, ids, Schedule(), ref, skip={how})
+            env = noise.calibrate(lm, ids, Schedule(), ref, skip={how})
             worst = 0.0
             for name, t in states.items():
                 allowed = env.allowed(name, ref[name]) / env.factor  # one row's noise
@@ -192,7 +194,7 @@ def main() -> None:
                                                                           w.get("dim")) == (head, pos, dim))
                 hits += located
                 toploc_hits += not res["toploc"]
-                noise_units.append(res["max_excess"] * envelope.FACTOR)
+                noise_units.append(res["max_excess"] * noise.FACTOR)
                 shutil.rmtree(rel)
             rows.append({"group": "planted", "case": f"one element +{r:g} x |{'x' if mode == 'element' else 'row rms'}|",
                          "detected_and_located": hits, "trials": args.elements, "toploc_detected": toploc_hits,
@@ -246,10 +248,10 @@ def main() -> None:
           f"(benign and unchanged releases)")
     if loo:
         print(f"leave-one-out: largest excess {max(x['excess_in_row_noise'] for x in loo):.2f}x row noise "
-              f"(FACTOR = {envelope.FACTOR:g})")
+              f"(FACTOR = {noise.FACTOR:g})")
     print(f"total {time.perf_counter() - t_start:.0f} s; model {lm.spec}, torch threads {torch.get_num_threads()}")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "leave_one_out": loo, "factor": envelope.FACTOR,
+        args.out.write_text(json.dumps({"rows": rows, "leave_one_out": loo, "factor": noise.FACTOR,
                                         "false_alarms": false_alarms, "toploc_false_alarms": toploc_false},
                                        indent=1, default=str) + "\n")
     shutil.rmtree(tmp)

@@ -8,7 +8,7 @@ never imports torch. Then, on the same page-cached bytes:
 
 1. single-core rate: hashlib.sha256 over every entry file's bytes held in memory, 8 MiB updates, one thread;
 2. limit: cores x that rate (cores = the CPUs this process may run on);
-3. verify: `kvgraft.verify.verify_release(RELEASE, key=PUB)`, wall time, bytes hashed / second
+3. verify: `kvgraft.signing.verify.verify_release(RELEASE, key=PUB)`, wall time, bytes hashed / second
    (signature, manifest, commitments, folder walk, every file hashed, every safetensors header);
 4. ratio verify / limit (target >= 90 %). Best of REPEAT interleaved rounds for both rates.
 
@@ -41,8 +41,7 @@ GiB = float(2**30)
 def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> None:
     """Runs in a subprocess: write the release and a signing key."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from kvgraft import signer
-    from kvgraft.signing import keys
+    from kvgraft.signing import keys, sign
 
     from release_factory import make_release  # type: ignore[import-not-found, unused-ignore]
 
@@ -53,7 +52,7 @@ def build(folder: Path, entries: int, mib: int, layers: int, tokens: int) -> Non
     started = time.perf_counter()
     make_release(folder / "rel", entries=entries, layers=layers, heads=heads, tokens=tokens, head_dim=64, seed=0,
                  overwrite=True, progress=lambda i, n: print(f"\rbuilding {i}/{n}", end="", file=sys.stderr, flush=True))
-    signer.sign_release(folder / "rel", keys.load_private_key(private))
+    sign.sign_release(folder / "rel", keys.load_private_key(private))
     print(f"\rbuilt {entries} entries in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
 
@@ -106,9 +105,10 @@ def main() -> None:
     folder = args.dir or Path(f"/tmp/kvgraft-bench-verify/{args.entries}x{args.mib}MiB-{args.layers}l-{args.tokens}t")
 
     sys.path.insert(0, str(ROOT))
+    from kvgraft._internal.cores import cores
     from kvgraft.release.format import check_commitments, load_manifest
-    from kvgraft.release.hashing import cores, hash_files
-    from kvgraft.verify import verify_release
+    from kvgraft.release.hashing import hash_files
+    from kvgraft.signing.verify import verify_release
 
     rel = ensure_release(folder, args.entries, args.mib, args.layers, args.tokens)
     pub = folder / "bench.pub.pem"

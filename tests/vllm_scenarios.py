@@ -1,4 +1,4 @@
-"""Scenarios for tests/test_vllm.py: one vLLM start for all of them.
+"""Scenarios for tests/serving/test_vllm.py: one vLLM start for all of them.
 
     .venv/bin/python tests/vllm_scenarios.py build OUT_DIR       # kvgraft's venv: capture needs its transformers
     .venv-vllm/bin/python tests/vllm_scenarios.py serve OUT_DIR  # the vLLM venv (`make vllm-venv`)
@@ -72,8 +72,8 @@ def flip_one_byte(release: Path, entry_id: str) -> str:
 def build_releases(out: Path) -> dict[str, object]:
     import torch
 
-    from kvgraft import models
-    from kvgraft.capture import capture
+    from kvgraft.inference import models
+    from kvgraft.inference.capture import capture
 
     folder = models.ensure_smollm2()
     lm = models.load(str(folder), device="cpu")
@@ -96,15 +96,14 @@ def build_releases(out: Path) -> dict[str, object]:
 
 def sign_copies(out: Path) -> Path:
     """Copies of release "a" for serve-signed: signed by the key served, by another key, and unsigned."""
-    from kvgraft import signer
-    from kvgraft.signing import keys
+    from kvgraft.signing import keys, sign
 
     served_key, public = keys.write_keypair(out / "served")
     other_key, _ = keys.write_keypair(out / "other")
     for name, key in (("signed", served_key), ("other-signer", other_key), ("unsigned", None)):
         shutil.copytree(out / "release-a", out / f"release-{name}")
         if key is not None:
-            signer.sign_release(out / f"release-{name}", keys.load_private_key(key))
+            sign.sign_release(out / f"release-{name}", keys.load_private_key(key))
     return public
 
 

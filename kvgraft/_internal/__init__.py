@@ -1,1 +1,1 @@
-"""Private helpers: strict bounded JSON, reusable restore buffers, the Ray worker of the executor."""
+"""The ground floor: strict bounded JSON, digests, core counts, reusable restore buffers; imports nothing above errors."""

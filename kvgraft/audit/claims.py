@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
+from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.audit.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
 
@@ -24,7 +25,6 @@ from kvgraft.audit.claim_kinds import fmt as fmt
 from kvgraft.audit.claim_kinds import k_of_n as k_of_n
 from kvgraft.audit.claim_kinds import stated_decimals as stated_decimals
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.schema import validate
 
 CLAIMS_SCHEMA = "claims.v1.json"

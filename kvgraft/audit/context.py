@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvgraft import models
 from kvgraft.audit.plan import Plan
-from kvgraft.executor import Executor
+from kvgraft.execution.executor import Executor
+from kvgraft.inference import models
 
 if TYPE_CHECKING:
     from kvgraft.release.format import Release

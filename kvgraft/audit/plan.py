@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal.digest import digest_json
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, read_bounded
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import digest_json
 from kvgraft.schema import validate
 
 PLAN_SCHEMA = "audit-plan.v1.json"

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgraft import models
 from kvgraft.audit.checks import KINDS, seal, status
 from kvgraft.audit.context import Context, Progress
 from kvgraft.audit.plan import Plan
 from kvgraft.errors import InputError
-from kvgraft.executor import Executor
+from kvgraft.execution.executor import Executor
+from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
 from kvgraft.reporting.report import make_check
 
@@ -31,8 +31,8 @@ class Outcome:
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
-    from kvgraft.capture import capture, read_records
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference.capture import capture, read_records
+    from kvgraft.inference.runtime import Schedule
 
     spec = plan.doc["release"]
     if "path" in spec:
@@ -46,7 +46,7 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
     target = out / "release"
     schedule = Schedule(chunk_tokens=spec.get("chunk"))
     if "records" in spec:
-        from kvgraft.determinism import EXAMPLE
+        from kvgraft.recompute.determinism import EXAMPLE
 
         src = EXAMPLE if spec["records"] == "example" else plan.resolve(spec["records"])
         say(f"capturing {src.name}")
@@ -85,7 +85,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
     address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
     """
-    from kvgraft.executor import ModelSpec, from_options, plan_options
+    from kvgraft.execution.executor import ModelSpec, from_options, plan_options
 
     o = plan_options(plan.doc.get("executor"), executor)
     m = plan.doc["model"]
@@ -97,11 +97,10 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
-    from kvgraft import signer
-    from kvgraft.environment import record as environment
+    from kvgraft.inference.environment import record as environment
     from kvgraft.reporting.render_html import to_html
     from kvgraft.reporting.report import new_report, write_report
-    from kvgraft.signing import attest
+    from kvgraft.signing import attest, sign
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
@@ -117,14 +116,15 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     attestation_digest = None
     if key is not None:
         say("signing the release")
-        signer.sign_release(release, key)
+        sign.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # Opened once under the plan's policy (with its key when it signs): every check below reads the
     # release through it, and each entry's bytes are checked when read; the verify check hashes all.
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
-    ctx = Context(plan, lm, out, say, ex, verified(release, VerifyPolicy(key=pub)))
+    ctx = Context(plan, lm, out, say, ex, verified(release, verify_policy(key=pub)).release)
     build = release_info.get("build")
     if build:
         c, t = build["counts"], build["totals"]

@@ -15,7 +15,7 @@ from kvgraft.errors import Error
 from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
-# written in a help string may be read as markup (tests/test_help.py renders every one).
+# written in a help string may be read as markup (tests/cli/test_help.py renders every one).
 PLAIN_HELP = None
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=PLAIN_HELP,
                   help="Capture, graft, recompute and verify KV-cache releases.")
@@ -99,7 +99,7 @@ def exit_with(status: str) -> None:
 
 
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
-    from kvgraft import models
+    from kvgraft.inference import models
 
     return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(Text(plain(m), style="dim")))
 

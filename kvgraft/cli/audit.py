@@ -1,8 +1,12 @@
-"""Audit commands: recompute and determinism."""
+"""The `audit` commands on a release and on claims: `audit recompute`, `audit sample`, `audit determinism`, `audit claims`.
+
+(`audit run` is in audit_run.py, `audit generalization` in generalization.py.)
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +18,7 @@ from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load
 from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
-    from kvgraft.executor import Executor
+    from kvgraft.execution.executor import Executor
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
                                                              "model (a local Ray instance, or the cluster of --ray-address).")]
@@ -27,7 +31,7 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", help="Ray workers (
 
 def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, address: str | None, workers: int | None,
                   ship: bool, threads: int | None = None) -> Executor:
-    from kvgraft.executor import ModelSpec, from_options
+    from kvgraft.execution.executor import ModelSpec, from_options
 
     return from_options(kind, ModelSpec(model, device, dtype, attn, threads), address=address, workers=workers, ship=ship)
 
@@ -85,32 +89,36 @@ def recompute_cmd(
     with the same command, resumes from it and judges no entry twice; no result is written until every
     entry is judged.
     """
-    from kvgraft import recompute, replay, sampling
-    from kvgraft.executor import NotAuditedError
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft import sampling
+    from kvgraft.execution.executor import NotAuditedError
+    from kvgraft.inference import reapply
+    from kvgraft.recompute import audit as recompute
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.verify import verified
 
     recompute.check_requirement(require)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
-    rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
+    checked = verified(release, verify_policy(key=key, require_signature=require_signature))
+    rel = checked.release
     if target_fraction is not None:
         if sample is not None:
             raise InputError("--sample and --target-fraction exclude each other")
         sample = sampling.sample_size(target_fraction, len(rel.entries))
         say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {len(rel.entries):,} entries bounds the "
             f"failing entries at {sampling.pct(target_fraction)} (95%) when none of them fails", error=True)
-    override = replay.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
+    override = reapply.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
     recorded = rel.manifest["environment"]
-    dev, dt, at = replay.load_options(recorded, device=device, dtype=dtype, attn=attn)
-    overrides = replay.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    n_threads = replay.thread_count(recorded, dev, threads=threads)
+    dev, dt, at = reapply.load_options(recorded, device=device, dtype=dtype, attn=attn)
+    overrides = reapply.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
+    n_threads = reapply.thread_count(recorded, dev, threads=threads)
     journal = journal or (Path(f"{json_out}.journal") if json_out else None)
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
                        threads=threads) as ex:
-        ex.replay_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
+        ex.reapply_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
             try:
-                result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
+                result = recompute.audit(checked, lm, entries=entry, probe_text=probe, force=force, schedule=override,
                                          on_progress=tick, executor=ex, overrides=overrides, require=require,
                                          sample=sample, nonce=nonce, journal=journal)
             except (KeyboardInterrupt, NotAuditedError):
@@ -219,6 +227,33 @@ def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:
     raise InputError(f"{where}: records no sample (a recompute result or audit report from a sampled audit)")
 
 
+@audit_app.command("claims")
+@handled
+def claims_cmd(
+    claims_file: Annotated[Path, typer.Argument(help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="Measured-results JSON: keys named by each claim's `measure`.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/claims.v1.json).")] = False,
+) -> None:
+    """Check claims for internal consistency and, with --measured, against measurements.
+
+    Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
+    could be judged), 2 on unusable input.
+    """
+    from kvgraft.audit import claims
+    from kvgraft.audit.checks import seal
+
+    result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from kvgraft.reporting.render_report import claims_check_renderables
+
+        for r in claims_check_renderables(result, out):
+            out.print(r)
+    exit_with(result["status"])
+
+
 @audit_app.command("determinism")
 @handled
 def determinism_cmd(
@@ -233,8 +268,8 @@ def determinism_cmd(
     """
     from rich.progress import Progress
 
-    from kvgraft import determinism
     from kvgraft.audit.checks import seal
+    from kvgraft.recompute import determinism
     from kvgraft.reporting.render_report import check_renderables
 
     with Progress(console=err, transient=True) as bar:

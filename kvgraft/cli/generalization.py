@@ -74,10 +74,10 @@ def build_cmd(
     The reference solution when the source has one (accepted only if the answer checker agrees), else
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
-    from kvgraft import runtime
     from kvgraft._internal.jsonio import refuse_existing
     from kvgraft.errors import InputError
     from kvgraft.generalization import library
+    from kvgraft.inference import runtime
     from kvgraft.reporting.render_generalization import build_renderables
 
     if no_reference and no_generate:

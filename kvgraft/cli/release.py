@@ -28,9 +28,9 @@ def capture(
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import refuse_existing
-    from kvgraft.capture import capture as do_capture
-    from kvgraft.capture import read_records
-    from kvgraft.runtime import Schedule
+    from kvgraft.inference.capture import capture as do_capture
+    from kvgraft.inference.capture import read_records
+    from kvgraft.inference.runtime import Schedule
 
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
@@ -73,22 +73,24 @@ def run_cmd(
     Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
     as `audit recompute` does, and says which recorded conditions differ here.
     """
-    from kvgraft import graft, replay
+    from kvgraft.inference import graft, reapply
+    from kvgraft.signing.policy import verify_policy
     from kvgraft.signing.sigstore import SigstoreTrust
-    from kvgraft.verify import VerifyPolicy, verified
+    from kvgraft.signing.verify import verified
 
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
-    policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                          require_signature=require_signature)
-    rel = verified(release, policy)
+    policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+                           require_signature=require_signature)
+    checked = verified(release, policy)
+    rel = checked.release
     rel.entry(entry)  # an unknown entry is refused before the model loads
-    _, dt, at = replay.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     lm = load_model(model, device, dt, at)
-    result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
+    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
                        dtype=dtype)
-    for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
+    for warning in checked.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
-    say(f"kvgraft: note: conditions: {replay.summary(result.ledger['conditions'])}", error=True)
+    say(f"kvgraft: note: conditions: {reapply.summary(result.ledger['conditions'])}", error=True)
     if as_json:
         out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))

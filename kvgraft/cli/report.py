@@ -1,7 +1,4 @@
-"""Commands on claims and audit reports: `audit claims`, `report show`.
-
-(`report verify`, checking a report's signature, belongs to the signing commands, not here.)
-"""
+"""The `report` commands: `report show` renders an audit report, `report verify` checks its signature and binding."""
 
 from __future__ import annotations
 
@@ -11,34 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import audit_app, exit_with, handled, out, report_app
-
-
-@audit_app.command("claims")
-@handled
-def claims_cmd(
-    claims_file: Annotated[Path, typer.Argument(help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
-    measured: Annotated[Path | None, typer.Option(
-        "--measured", help="Measured-results JSON: keys named by each claim's `measure`.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/claims.v1.json).")] = False,
-) -> None:
-    """Check claims for internal consistency and, with --measured, against measurements.
-
-    Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
-    could be judged), 2 on unusable input.
-    """
-    from kvgraft.audit import claims
-    from kvgraft.audit.checks import seal
-
-    result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
-    if as_json:
-        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
-    else:
-        from kvgraft.reporting.render_report import claims_check_renderables
-
-        for r in claims_check_renderables(result, out):
-            out.print(r)
-    exit_with(result["status"])
+from kvgraft.cli._base import handled, out, report_app, say
 
 
 @report_app.command("show")
@@ -68,3 +38,29 @@ def show_cmd(
     refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())
     out.print(f"wrote {html_out} ({doc['verdict']['status']})")
+
+
+@report_app.command("verify")
+@handled
+def report_verify_cmd(
+    report: Annotated[Path, typer.Argument(help="Audit report JSON; its signature is REPORT.sigstore.json beside it.")],
+    key: Annotated[Path | None, typer.Option("--key", help="Public key PEM the report must be signed with.")] = None,
+    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore signer identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore OIDC issuer.")] = None,
+    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
+    offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
+    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
+    release: Annotated[Path | None, typer.Option("--release", help="Also check the binding to this release.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
+    from kvgraft.reporting.signing import verify_report
+    from kvgraft.signing.sigstore import SigstoreTrust
+
+    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    bound = " and bound to the release" if result.release_checked else ""
+    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")

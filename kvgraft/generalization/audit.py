@@ -48,13 +48,13 @@ from kvgraft.generalization.leakage import NGRAM, leakage_for
 from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
 from kvgraft.generalization.problems import Problem, problem_hash, split, synthetic
 from kvgraft.generalization.selection import POLICIES, Index
-from kvgraft.graft import check_model, restore
-from kvgraft.models import LoadedModel
+from kvgraft.inference.graft import check_model, restore
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
 from kvgraft.release.format import Release, now_utc
-from kvgraft.runtime import Schedule, encode, eos_ids, new_cache, prefill
 
 if TYPE_CHECKING:
-    from kvgraft.executor import Executor
+    from kvgraft.execution.executor import Executor
 
 RESULT_KIND = "kvgraft-generalization-result"
 FORMAT_VERSION = 1
@@ -660,7 +660,7 @@ def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Quer
           prepared: dict[str, Any] | None = None,
           progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
-    from kvgraft.executor import LocalExecutor
+    from kvgraft.execution.executor import LocalExecutor
 
     ex = executor or LocalExecutor()
     rel = release if isinstance(release, Release) else Release.open(release)

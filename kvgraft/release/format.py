@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.records import MANIFEST as MANIFEST
 from kvgraft.release.records import check_entry_record as check_entry_record
 from kvgraft.release.records import check_relpath as check_relpath
@@ -101,9 +101,6 @@ class Release:
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
     _checked_headers: dict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
         default_factory=dict, repr=False, compare=False)
-    # The kvgraft.verify.VerifyResult this release passed (verify.verified sets it): its signature,
-    # statement and manifest; each entry's bytes are checked when read (docs/verification.md).
-    verification: Any = field(default=None, repr=False, compare=False)
     _index: release_index.Index | None = field(default=None, repr=False, compare=False)
     _by_id: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     _prefix: release_index.PrefixTable | None = field(default=None, repr=False, compare=False)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
-from kvgraft._internal.jsonio import canonical, open_regular
+from kvgraft._internal.cores import cores
+from kvgraft._internal.jsonio import open_regular
 from kvgraft.errors import IntegrityError
 
 BLOCK = 8 * 1024 * 1024
@@ -26,25 +26,9 @@ BLOCK = 8 * 1024 * 1024
 PARALLEL_MIN_BYTES = 1024 * 1024
 
 
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
-
-
 @lru_cache(maxsize=1)
 def pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=cores(), thread_name_prefix="kvgraft-hash")
-
-
-def sha256_hex(data: bytes | bytearray | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def digest_json(obj: Any) -> str:
-    """SHA-256 over the RFC 8785 canonical JSON of `obj`."""
-    return sha256_hex(canonical(obj))
 
 
 # Per-thread read buffer: small enough to stay in the core's cache between the copy and the hash.

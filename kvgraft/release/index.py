@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, safe_path
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"

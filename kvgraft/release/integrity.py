@@ -1,6 +1,6 @@
 """Release integrity: a release folder's files, sizes and digests against its manifest and what a signature lists.
 
-Steps 2-7 of `kvgraft.verify`'s docstring. Knows no signature format: the subjects a statement or
+Steps 2-7 of `kvgraft.signing.verify`'s docstring. Knows no signature format: the subjects a statement or
 signature lists, and any further check of what it states, come from the caller. Imports no torch.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
@@ -30,7 +31,7 @@ from kvgraft.release.format import (
     safe_path,
     tensor_mismatch,
 )
-from kvgraft.release.hashing import hash_file, hash_ranges, pool, sha256_hex
+from kvgraft.release.hashing import hash_file, hash_ranges, pool
 
 MAX_RELEASE_FILES = 1_000_000
 # What a statement says about a release beyond its file digests, checked against the parsed manifest

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import digest_json
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release.hashing import digest_json
 
 MANIFEST = "manifest.json"
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
+from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.audit.checks import KINDS, OTHER
 from kvgraft.audit.claims import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
 from kvgraft.errors import InputError
 from kvgraft.generalization.stats import mcnemar_exact, wilson_interval
 from kvgraft.release.format import now_utc
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.schema import validate
 
 __all__ = ["mcnemar_exact", "wilson_interval"]

@@ -19,10 +19,10 @@ MAX_HEAT_LAYERS = 1024  # layer indices beyond this are not drawn (no model has 
 
 
 def _layer_cell(layer: dict[str, Any]) -> dict[str, Any]:
-    """Merge a layer's K and V diffs (kvgraft.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
+    """Merge a layer's K and V diffs (kvgraft.recompute.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
     parts = [layer[x] for x in ("keys", "values") if isinstance(layer.get(x), dict)]
     differing = sum(int(p.get("differing") or 0) for p in parts)
-    # A ULP figure only where some differing element had one (finite same-sign normals: kvgraft.compare); reports
+    # A ULP figure only where some differing element had one (finite same-sign normals: kvgraft.recompute.compare); reports
     # from before `ulp_pairs` counted every element.
     ulps = [int(p["max_ulp"]) for p in parts if p.get("max_ulp") is not None
             and (p.get("ulp_pairs") is None or int(p["ulp_pairs"]) > 0)]

@@ -1,1 +1,2 @@
-"""Signatures: keys, in-toto statements in DSSE envelopes (Sigstore bundles), OpenSSF model signing. Imports no torch."""
+"""Signing: keys, in-toto statements in DSSE envelopes (Sigstore bundles), OpenSSF model signing, signing a release
+and verifying one under a policy. Imports no torch."""

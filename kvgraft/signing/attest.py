@@ -8,9 +8,9 @@ signature is over the pre-authentication encoding PAE(payloadType, payload) of t
 
 The bundle lives at RELEASE/release.sigstore.json and is not itself a subject. Two kinds:
 
-* key-signed (`kvgraft.signer.sign_release`): `verificationMaterial.publicKey.hint` is the key id
+* key-signed (`kvgraft.signing.sign.sign_release`): `verificationMaterial.publicKey.hint` is the key id
   (hex SHA-256 of the DER public key) and `tlogEntries` is empty; offline, no Sigstore services.
-* keyless (`kvgraft.signer.sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
+* keyless (`kvgraft.signing.sign.sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
   sigstore-python's `Signer.sign_dsse`; needs the network and an OIDC identity.
 
 Nothing here imports torch.

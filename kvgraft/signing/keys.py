@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError
-from kvgraft.release.hashing import sha256_hex
 
 ALGORITHMS = ("ecdsa-p256", "ed25519")
 DEFAULT_ALGORITHM = "ecdsa-p256"

@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.format import check_relpath
-from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import attest, keys
 
 OMS_NAME = attest.OMS_NAME

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.hashing import hash_file, sha256_hex
+from kvgraft.release.hashing import hash_file
 from kvgraft.signing import attest
 
 if TYPE_CHECKING:

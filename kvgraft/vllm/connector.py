@@ -7,9 +7,9 @@ Started the vLLM way::
                            "kv_connector_extra_config": {"release": "RELEASE/", "key": "signer.pub.pem"}}'
 
 `release` is one folder or a list of folders; `key` (optional) a PEM public key every release must be
-signed with. At start-up, each release goes through `kvgraft.verify.verified` (the one verification
+signed with. At start-up, each release goes through `kvgraft.signing.verify.verified` (the one verification
 every consumer uses: signature, statement, manifest; no entry byte is read), and the scheduler
-computes the served model's identity once (`kvgraft.models.fingerprint` of the folder vLLM loads, in
+computes the served model's identity once (`kvgraft.inference.models.fingerprint` of the folder vLLM loads, in
 the dtype vLLM serves) and compares it with each release's. A request whose prompt token ids start
 with a block-aligned prefix of some entry's token ids gets that prefix's KV (the longest one any
 release offers, found by chained block hashes: `Release.longest_prefix`, one lookup per prompt block;
@@ -54,7 +54,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
-from kvgraft.verify import VerifyPolicy, verified
+from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.verify import verified
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -120,7 +121,7 @@ class _Refused:
 
 def served_identity(folder: str, dtype: torch.dtype) -> dict[str, Any]:
     """kvgraft's identity of the model folder vLLM loads, in the dtype vLLM serves it in."""
-    from kvgraft import models
+    from kvgraft.inference import models
 
     name = str(dtype).removeprefix("torch.")
     lm = models.load(folder, device="cpu", dtype=name)
@@ -142,7 +143,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(roots, list) or not roots or not all(isinstance(r, str) for r in roots):
             raise ValueError('KvgraftConnector: kv_connector_extra_config needs "release": a folder or a list of folders')
         key = extra.get("key")
-        self._policy = VerifyPolicy(key=Path(key), require_signature=True) if key else VerifyPolicy()
+        self._policy = verify_policy(key=Path(key) if key else None, require_signature=bool(key))
         self._block_size = int(vllm_config.cache_config.block_size)
         model_config = vllm_config.model_config
         self._model_dir = str(model_config.model)
@@ -167,7 +168,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._refused: dict[int, _Refused] = {}
         for i, root in enumerate(self._roots):
             try:
-                self._releases[i] = verified(root, self._policy)
+                self._releases[i] = verified(root, self._policy).release
             except KvgraftError as exc:
                 self._refuse_release(i, str(exc))
         # Scheduler: which entries were found compatible; worker: what it grafted and what failed.
@@ -212,7 +213,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except (KvgraftError, OSError, ValueError) as exc:
             have, why = None, f"cannot compute the served model's identity: {_first_line(str(exc))}"
         self._identity = have
-        from kvgraft.models import describe_identity_diff
+        from kvgraft.inference.models import describe_identity_diff
 
         for i, rel in list(self._releases.items()):
             want = rel.manifest["model"]["identity"]
@@ -350,10 +351,10 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Turn the worker's staged KV of a finished request into a release `capture/<entry id>/`."""
         from safetensors import safe_open
 
-        from kvgraft.environment import record
+        from kvgraft._internal.digest import sha256_hex
+        from kvgraft.inference.environment import record
+        from kvgraft.inference.runtime import Schedule
         from kvgraft.release.format import ReleaseWriter, new_entry, source_record, token_ids_digest
-        from kvgraft.release.hashing import sha256_hex
-        from kvgraft.runtime import Schedule
 
         assert self._capture is not None and self._identity is not None
         staged = self._capture / ".staging" / f"{_safe(request.request_id)}"
@@ -439,7 +440,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._load_errors.update(load.block_ids[first:last + 1])
 
     def _graft(self, load: GraftLoad, layers: dict[int, Any]) -> None:
-        from kvgraft.graft import read_entry_tensors
+        from kvgraft.inference.graft import read_entry_tensors
 
         rel = self._releases.get(load.release)
         if rel is None:

@@ -17,7 +17,7 @@ from kvgraft.reporting.views import determinism_model
 
 
 def run(ctx: Context, dc: dict[str, Any]) -> Ran:
-    from kvgraft import determinism
+    from kvgraft.recompute import determinism
 
     ctx.say("running the determinism matrix")
     d = determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128), include_gpu=True)

@@ -18,8 +18,9 @@ from kvgraft.reporting.views import recompute_rows
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
-    from kvgraft import recompute, sampling
+    from kvgraft import sampling
     from kvgraft.audit.claims import measured_from_recompute
+    from kvgraft.recompute import audit as recompute
 
     sample = rc.get("sample")
     if rc.get("target_fraction") is not None:

@@ -1,0 +1,158 @@
+"""The signing commands: `keygen`, `sign` and `verify` a release. None of them imports torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvgraft.cli._base import EXIT_INTERNAL, _state, app, handled, say
+from kvgraft.errors import Error, InputError
+
+RequireSignatureOpt = Annotated[bool, typer.Option(
+    "--require-signature", help="Fail unless the release is signed and its signature is checked (--key or Sigstore identity).")]
+PassphraseEnvOpt = Annotated[
+    str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
+
+
+def _quiet_sigstore() -> None:
+    """sigstore logs advisories (e.g. "TUF repository is loaded in offline mode") on stderr, where a
+    failed verification must leave exactly one line; --verbose keeps them."""
+    if not _state["verbose"]:
+        logging.getLogger("sigstore").setLevel(logging.ERROR)
+
+
+def _passphrase_from_env(var: str) -> bytes:
+    value = os.environ.get(var)
+    if value is None:
+        raise InputError(f"--passphrase-env {var}: the environment variable is not set")
+    return value.encode()
+
+
+@app.command()
+@handled
+def keygen(
+    out_prefix: Annotated[Path, typer.Option("--out", "-o", help="Writes PREFIX.key.pem (private) and PREFIX.pub.pem.")],
+    algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="ecdsa-p256 (default) or ed25519.")] = "ecdsa-p256",
+    passphrase_env: PassphraseEnvOpt = None,
+    prompt: Annotated[bool, typer.Option("--passphrase", help="Prompt for a passphrase to encrypt the private key.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
+) -> None:
+    """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
+    from kvgraft.signing.keys import key_id, load_public_key, write_keypair
+
+    passphrase: bytes | None = None
+    if passphrase_env is not None:
+        passphrase = _passphrase_from_env(passphrase_env)
+    elif prompt:
+        passphrase = typer.prompt("passphrase", hide_input=True, confirmation_prompt=True, err=True).encode()
+    private, public = write_keypair(out_prefix, algorithm=algorithm, passphrase=passphrase, overwrite=overwrite)
+    state = "encrypted" if passphrase else "NOT encrypted"
+    say(f"private key {private} ({algorithm}, {state}; keep it secret)")
+    say(f"public key  {public} (key id {key_id(load_public_key(public))})")
+
+
+@app.command()
+@handled
+def sign(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")] = None,
+    sigstore: Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")] = False,
+    staging: Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")] = False,
+    identity_token: Annotated[str | None, typer.Option(
+        "--identity-token", envvar="SIGSTORE_IDENTITY_TOKEN",
+        help="An OIDC token for keyless signing (default: the CI's ambient credential, else a browser flow).")] = None,
+    passphrase_env: PassphraseEnvOpt = None,
+) -> None:
+    """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
+    from kvgraft.signing import keys, sign
+
+    _quiet_sigstore()
+    if (key is None) == (not sigstore):
+        raise InputError("give exactly one of --key KEY.pem or --sigstore")
+    if staging and not sigstore:
+        raise InputError("--staging goes with --sigstore")
+    if key is not None:
+        passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
+        try:
+            private = keys.load_private_key(key, passphrase)
+        except keys.EncryptedKeyError:
+            if not sys.stdin.isatty():
+                raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
+            private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
+        signed = sign.sign_release(release, private)
+    else:
+        signed = sign.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+    files = len(signed.statement["subject"])
+    root_digest = signed.statement["predicate"]["root_digest"]
+    say(f"signed {release} ({files} files, root digest {root_digest})")
+    say(f"signer {signed.signer}")
+    say(f"bundle {signed.bundle}")
+    if signed.oms is not None:
+        say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "
+            f"--public_key PUB.pem {release})")
+
+
+@app.command()
+@handled
+def verify(
+    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    key: Annotated[list[Path] | None, typer.Option(
+        "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
+                            "bundle and model.sig), each signature verifying with one of them.")] = None,
+    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
+    trusted_root: Annotated[Path | None, typer.Option(
+        "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")] = None,
+    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
+    offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    entry: Annotated[list[str] | None, typer.Option(
+        "--entry", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
+    require_signature: RequireSignatureOpt = False,
+    oms_signature: Annotated[Path | None, typer.Option(
+        "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
+) -> None:
+    """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
+    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.sigstore import SigstoreTrust
+    from kvgraft.signing.verify import failure_dict, verify_release
+
+    _quiet_sigstore()
+    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    given = list(key or [])  # each key must verify one of the signatures, so a stray one fails
+    try:
+        policy = verify_policy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity,
+                               issuer=issuer, trust=trust, require_signature=require_signature, oms_signature=oms_signature)
+        result = verify_release(release, policy=policy, deep=deep, entries=entry or None)
+    except Exception as exc:
+        # The document and the exit status come from the same value: `handled` exits with this code.
+        code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
+                      else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
+        if as_json:
+            typer.echo(json.dumps(failure_dict(release, text, code), indent=2))
+        raise
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    gib = result.bytes_hashed / 2**30
+    say(f"verified {release}")
+    say(f"  signature    {result.signature.describe()}")
+    if result.scope == "entries":
+        say(f"  entries      {len(result.checked_entries)} of {result.entries} checked ({', '.join(result.checked_entries[:5])}"
+            f"{', ...' if len(result.checked_entries) > 5 else ''}), {result.tensors} tensors"
+            f"{' (every tensor re-hashed)' if deep else ''}; the other entries' files were not read")
+    else:
+        say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
+            f"{' (every tensor re-hashed)' if deep else ''}")
+    rate = result.throughput / 2**30
+    say(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)")
+    say(f"  root digest  {result.root_digest}")
+    for warning in result.warnings:
+        say(f"kvgraft: note: {warning}", error=True)

@@ -1,0 +1,167 @@
+"""The Ray actor of `kvgraft.execution.executor.RayExecutor`: one loaded model, many work units.
+
+`Worker` is a plain class; the executor turns it into an actor with `ray.remote(Worker).options(...)`,
+so importing this module needs no Ray. An actor is started with the model spec, device, dtype,
+attention implementation and torch thread count, loads the model once in its constructor and keeps
+it. `run(fn, release, unit)` applies a pure per-unit function `fn(lm, release, unit) -> dict` and adds
+the unit's placement: which node, process and device computed it, in which environment, and how
+that environment differs from the one the release recorded.
+
+A release reaches a worker either as a path every node sees (opened there and checked to have the
+driver's root digest) or shipped through Ray's object store (`--ship`): the files are written once
+per node under $TMPDIR/kvgraft-ray/<root digest> and opened from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvgraft.errors import InputError, IntegrityError
+from kvgraft.release.format import MANIFEST, Release, safe_path
+
+UnitFn = Callable[[Any, Release, Any], dict[str, Any]]
+
+
+def _ray() -> Any:
+    return importlib.import_module("ray")
+
+
+def node_placement(kind: str, *, node_id: str | None, worker: int, device: str, environment: dict[str, Any],
+                   identity: str, accelerator_ids: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Where work runs: node, host, process, device and that device's environment (recorded per unit)."""
+    return {"executor": kind, "node_id": node_id, "hostname": socket.gethostname(), "pid": os.getpid(), "worker": worker,
+            "device": device, "device_name": environment.get("device_name"), "accelerator_ids": accelerator_ids or {},
+            "model_identity": identity, "environment": environment}
+
+
+def torch_device_name(lm: Any) -> str:
+    """'cpu' or 'cuda:N' (N as this process sees it; Ray's accelerator ids name the physical GPU)."""
+    dev = lm.torch_device
+    return f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+
+
+class Worker:
+    """Loads one model and runs work units on it. Errors while loading surface on the first call."""
+
+    def __init__(self, model: dict[str, Any], index: int) -> None:
+        self.index = index
+        self.model_spec = dict(model)
+        self.releases: dict[str, Release] = {}
+        self.error: BaseException | None = None
+        self.lm: Any = None
+        try:
+            self._load()
+        except Exception as exc:  # reported by info()/run() with its own type and exit code
+            self.error = exc
+
+    def _load(self) -> None:
+        from kvgraft.inference import models
+        from kvgraft.inference.environment import record
+        from kvgraft.inference.runtime import set_threads
+
+        threads = self.model_spec.get("threads")
+        if threads:
+            set_threads(int(threads))  # for the actor's lifetime: nothing to restore
+        spec = str(self.model_spec["spec"])
+        # Actors on one node start together: the first converts the default model, the others wait for it.
+        lock_dir = models.home()
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with (lock_dir / ".ray-worker-load.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            models.resolve(spec)
+        self.lm = models.load(spec, device=self.model_spec["device"], dtype=self.model_spec["dtype"],
+                              attn=self.model_spec["attn"])
+        self.identity = self.lm.identity
+        self.environment = record(self.lm.device, self.lm.dtype, self.lm.attn)
+        ray = _ray()
+        ctx = ray.get_runtime_context()
+        try:
+            accel = {str(k): [str(x) for x in v] for k, v in ctx.get_accelerator_ids().items() if v}
+        except AttributeError:  # older Ray
+            accel = {"GPU": [str(x) for x in ray.get_gpu_ids()]}
+        self.where = node_placement("ray", node_id=str(ctx.get_node_id()), worker=self.index,
+                                    device=torch_device_name(self.lm), environment=self.environment,
+                                    identity=self.identity.sha256, accelerator_ids=accel)
+        try:
+            self.where["node_ip"] = str(ray.util.get_node_ip_address())
+        except Exception:
+            self.where["node_ip"] = None
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def info(self) -> dict[str, Any]:
+        """What the driver needs to stand in for the model: identity, config, device, environment, placement."""
+        self._check()
+        return {"spec": self.lm.spec, "device": self.lm.device, "dtype": self.lm.dtype, "attn": self.lm.attn,
+                "identity": self.identity.as_dict(), "config": self.lm.model.config, "environment": self.environment,
+                "placement": dict(self.where), "threads": self.environment.get("threads")}
+
+    def release(self, handle: dict[str, Any]) -> Release:
+        key = str(handle["root_digest"])
+        slot = f"{key}:shipped" if handle.get("shipped") is not None else f"{key}:{handle['root']}"
+        if slot in self.releases:
+            return self.releases[slot]
+        if handle.get("shipped") is not None:
+            root = self._materialize(key, handle["shipped"])
+        else:
+            root = Path(handle["root"])
+            if not (root / MANIFEST).is_file():
+                raise InputError(f"{root}: no release at this path on node {socket.gethostname()} (worker {self.index}); "
+                                 "put the release on a path every node sees, or pass --ship")
+        rel = Release.open(root)
+        if rel.manifest["root_digest"] != key:
+            raise IntegrityError(f"{root} on node {socket.gethostname()}: root digest {rel.manifest['root_digest']} is not "
+                                 f"the driver's {key}: the nodes see different releases at this path")
+        self.releases[slot] = rel
+        return rel
+
+    def _materialize(self, key: str, ref: Any) -> Path:
+        """Write a shipped release once per node; later workers on the node reuse it."""
+        base = Path(tempfile.gettempdir()) / "kvgraft-ray"
+        target = base / key
+        if (target / MANIFEST).is_file():
+            return target
+        base.mkdir(parents=True, exist_ok=True)
+        files: dict[str, bytes] = _ray().get(ref)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=base))
+        try:
+            for rel, data in files.items():
+                path = safe_path(tmp, rel, "shipped file")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            tmp.chmod(0o755)
+            try:
+                os.replace(tmp, target)
+            except OSError:  # another worker on this node got there first
+                if not (target / MANIFEST).is_file():
+                    raise
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+        return target
+
+    def run(self, fn: UnitFn, handle: dict[str, Any], unit: Any) -> dict[str, Any]:
+        """One work unit → its result with `placement` added (environment differences vs the release's)."""
+        from kvgraft.inference.environment import differences
+
+        self._check()
+        rel = self.release(handle)
+        result = fn(self.lm, rel, unit)
+        diffs = differences(rel.manifest.get("environment", {}), self.environment)
+        result["placement"] = {**self.where, "release_root": str(rel.root),
+                               "environment_differences": {k: list(v) for k, v in diffs.items()}}
+        return result
+
+    def ping(self) -> int:
+        return os.getpid()

@@ -1,0 +1,315 @@
+"""Restore stored KV states into a transformers cache, verifying every byte on the way in."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgraft.errors import InputError, IntegrityError, ModelMismatchError
+from kvgraft.inference import buffers
+from kvgraft.inference.environment import differences
+from kvgraft.inference.environment import record as environment
+from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
+from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cache
+from kvgraft.inference.tensors import split_views
+from kvgraft.release.format import Release, tensor_mismatch
+from kvgraft.release.hashing import read_and_hash
+from kvgraft.signing.policy import VerifyPolicy
+from kvgraft.signing.verify import VerifiedRelease, verified
+
+
+@dataclass
+class Restored:
+    cache: Any
+    entry: dict[str, Any]
+    kv_bytes: int
+    seconds: float
+    forced: bool
+    conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
+    warnings: list[str] = field(default_factory=list)  # from the release's verification (e.g. unsigned)
+    # A prefix graft: {"tokens": n, "of": T, "schedule": ...}: rows [0, n) of the entry's recorded
+    # prefill of all T tokens, which need not be byte-identical to a prefill of the n tokens alone.
+    prefix: dict[str, Any] | None = None
+
+
+def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
+    """Refuse a model whose identity differs from the release's; return True when forced past it."""
+    want = release.manifest["model"]["identity"]
+    have = lm.identity.as_dict()
+    if want["sha256"] == have["sha256"]:
+        return False
+    if force:
+        return True
+    raise ModelMismatchError(
+        f"{release.root}: model identity differs ({describe_identity_diff(want, have)}): release "
+        f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
+
+
+def read_entry_tensors(release: Release, entry: dict[str, Any],
+                       meanwhile: Callable[[dict[str, torch.Tensor]], object] | None = None,
+                       ) -> tuple[dict[str, torch.Tensor], int]:
+    """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass.
+
+    The header check and the tensor reads use one open file, so the layout checked is the layout read.
+    `meanwhile(tensors)` runs on this thread while other threads read and hash (the tensors are views
+    of a buffer still being filled); whatever it builds must not be used unless this returns.
+    """
+    path = release.entry_file(entry)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise IntegrityError(f"{path}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
+    try:
+        layout = release.tensor_layout(entry, fd)
+        infos = sorted(layout.values(), key=lambda info: info.start)
+        total = sum(info.end - info.start for info in infos)
+        buf = buffers.take(total)
+        tensors: dict[str, torch.Tensor] = {}
+
+        def during() -> None:  # views need only shapes, not bytes: made while the bytes arrive
+            views = split_views(buf, [(info.dtype, info.shape) for info in infos])
+            tensors.update((info.name, view) for info, view in zip(infos, views, strict=True))
+            if meanwhile is not None:
+                meanwhile(tensors)
+
+        digests = read_and_hash(fd, [(info.start, info.end) for info in infos], buf.numpy().data, during)
+    except EOFError as exc:  # the file shrank after its size was checked
+        raise IntegrityError(f"{path}: entry {entry['id']!r}: {exc}") from None
+    finally:
+        os.close(fd)
+    for info, actual in zip(infos, digests, strict=True):
+        expected = entry["tensors"][info.name]["sha256"]
+        if actual != expected:
+            raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", info.name, info.start, info.end,
+                                                 actual, expected))
+    return tensors, total
+
+
+def window_of(entry: dict[str, Any], meta: dict[str, Any], k: torch.Tensor, v: torch.Tensor,
+              where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sliding layer's states as transformers keeps them (its last sliding_window - 1 positions),
+    from what the release says it stores: the window itself, or every position (then cut here)."""
+    cum, n, keep = int(meta["cumulative_length"]), int(k.shape[-2]), int(meta["sliding_window"]) - 1
+    stores = meta.get("stores", "window")
+    at = f"{where}: entry {entry['id']!r} layer {meta['index']}"
+    if stores == "all":
+        if n != cum or meta.get("positions", [0, cum]) != [0, cum]:
+            raise IntegrityError(f"{at}: stores every position but holds {n} of {cum} (positions {meta.get('positions')})")
+        return (k[:, :, -keep:, :], v[:, :, -keep:, :]) if n > keep else (k, v)
+    if n > keep or meta.get("positions", [cum - n, cum]) != [cum - n, cum]:
+        raise IntegrityError(f"{at}: stores its window of {keep} positions but holds {n} "
+                             f"(positions {meta.get('positions')}, {cum} seen)")
+    return k, v
+
+
+def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """A fresh cache of the model's own layer types, filled with the stored states."""
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = new_cache(lm)
+    if len(cache.layers) != len(entry["layers"]):
+        raise IntegrityError(f"{where}: entry {entry['id']!r} has {len(entry['layers'])} layers, "
+                             f"the model's cache has {len(cache.layers)}")
+    device = lm.torch_device
+    move = device.type != "cpu"  # stored tensors are read into CPU memory; .to() costs 4 us even as a no-op
+    layers: list[Any] = list(cache.layers)
+    for meta, layer in zip(entry["layers"], layers, strict=True):
+        i, kind = meta["index"], meta["kind"]
+        expect: Any = {"shared": DummyLayer, "sliding": DynamicSlidingWindowLayer, "full": DynamicLayer}[kind]
+        if type(layer) is not expect:
+            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: stored as {kind}, "
+                                 f"the model expects {type(layer).__name__}")
+        if kind == "shared":
+            continue
+        k, v = tensors[meta["keys"]], tensors[meta["values"]]
+        if move:
+            k, v = k.to(device), v.to(device)
+        # What `lazy_initialization` sets, without the two empty placeholder tensors it builds
+        # (10 us a layer); tests/inference/test_cache_plan.py checks the layer state against a prefilled one.
+        layer.device, layer.keys, layer.values, layer.is_initialized = k.device, k, v, True
+        if kind == "sliding":
+            if move:
+                layer._sliding_window_tensor = layer._sliding_window_tensor.to(k.device)
+            if int(layer.sliding_window) != meta["sliding_window"]:
+                raise IntegrityError(f"{where}: entry {entry['id']!r} layer {i}: sliding window "
+                                     f"{meta['sliding_window']}, the model's is {layer.sliding_window}")
+            k, v = window_of(entry, meta, k, v, where)
+            layer.keys, layer.values = k, v
+            # Without the cumulative length the mask is built as if the layer were empty.
+            layer.cumulative_length = meta["cumulative_length"]
+    return cache
+
+
+def restore(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+            policy: VerifyPolicy | None = None) -> Restored:
+    """Verify and graft one entry; refuses a different model unless forced (recorded).
+
+    The release goes through `kvgraft.signing.verify.verified` first (not again for a VerifiedRelease), exactly as
+    `kvgraft verify` checks it under `policy`: nothing is grafted from a release that verify refuses.
+    """
+    checked = verified(release, policy)
+    rel = checked.release
+    forced = check_model(rel, lm, force=force)
+    entry = rel.entry(entry_id)
+    t0 = time.perf_counter()
+    built: list[Any] = []
+
+    def build(tensors: dict[str, torch.Tensor]) -> None:
+        built.append(build_cache(lm, entry, tensors, str(rel.root)))
+        built.append(differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn)))
+
+    # On the CPU the cache holds views of the buffer, so it is built while the bytes are still being
+    # read and hashed, and returned only once every digest has matched. On another device building
+    # it copies the bytes, which must wait until they are verified.
+    on_cpu = lm.torch_device.type == "cpu"
+    tensors, nbytes = read_entry_tensors(rel, entry, build if on_cpu else None)
+    if not on_cpu:
+        build(tensors)
+    cache, conditions = built
+    seconds = time.perf_counter() - t0
+    return Restored(cache, entry, nbytes, seconds, forced, conditions, list(checked.warnings))
+
+
+def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
+                 where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The first n tokens of an entry whose layers all hold every position: its record cut to n
+    tokens and views of rows [0, n) of its verified tensors. A sliding layer stored as its window is
+    refused (it holds the last positions of all T tokens, not those of the first n); one stored in
+    full is cut, and build_cache keeps the prefix's own window."""
+    if not 0 < n <= entry["num_tokens"]:
+        raise IntegrityError(f"{where}: entry {entry['id']!r}: a prefix of {n} tokens of {entry['num_tokens']}")
+    cut = dict(entry)
+    layers = []
+    out: dict[str, torch.Tensor] = {}
+    total = entry["num_tokens"]
+    for meta in entry["layers"]:
+        every = meta["kind"] != "shared" and meta.get("stores", "all" if meta["kind"] == "full" else "window") == "all" \
+            and meta.get("positions", [0, total]) == [0, total]
+        if meta["kind"] == "shared":
+            layers.append(dict(meta))
+            continue
+        if not every:
+            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {meta['index']}: stored as {meta['kind']} "
+                                 f"(positions {meta.get('positions')}, {meta.get('stores', 'window')}); a prefix graft "
+                                 f"needs every layer to hold every position")
+        cut_meta = {**meta, "positions": [0, n]}
+        if meta["kind"] == "sliding":
+            cut_meta["cumulative_length"] = n
+        layers.append(cut_meta)
+        for part in ("keys", "values"):
+            out[meta[part]] = tensors[meta[part]][:, :, :n, :]
+    cut.update(num_tokens=n, token_ids=entry["token_ids"][:n], layers=layers)
+    return cut, out
+
+
+def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: list[int], lm: LoadedModel, *,
+                   force: bool = False, policy: VerifyPolicy | None = None) -> Restored | None:
+    """Graft the longest block-aligned prefix of `token_ids` that some entry starts with (at least one
+    token is left to prefill); None when no entry starts with the first block (a miss).
+
+    Found by chained block hashes (Release.longest_prefix); the entry's bytes are read and verified
+    whole, as `restore` does, and rows [0, n) of its layers are grafted. The schedule that produced
+    those rows is recorded in `Restored.prefix`.
+    """
+    checked = verified(release, policy)
+    rel = checked.release
+    hit = rel.longest_prefix(list(token_ids[:-1]))
+    if hit is None:
+        return None
+    entry, n = hit
+    forced = check_model(rel, lm, force=force)
+    t0 = time.perf_counter()
+    tensors, nbytes = read_entry_tensors(rel, entry)
+    cut, views = prefix_entry(entry, tensors, n, str(rel.root))
+    cache = build_cache(lm, cut, views, str(rel.root))
+    conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
+    sched = rel.manifest["schedule"]
+    how = "one-shot" if sched["mode"] == "one-shot" else f"chunked ({sched['chunk_tokens']} tokens)"
+    prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
+              "rows": f"rows [0, {n}) of a {how} prefill of all {entry['num_tokens']} tokens"}
+    return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
+                    list(checked.warnings), prefix)
+
+
+def free_buffers() -> None:
+    """Let go of the memory kept from dropped caches for reuse by later restores."""
+    buffers.clear()
+
+
+def load_cache(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
+               policy: VerifyPolicy | None = None) -> Any:
+    """A transformers Cache holding the entry's verified states, ready for generation (see `restore`)."""
+    return restore(release, entry_id, lm, force=force, policy=policy).cache
+
+
+@dataclass
+class Continuation:
+    token_ids: list[int]
+    text: str
+    ledger: dict[str, Any]
+
+
+def model_for(release: VerifiedRelease | Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
+              dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
+    """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
+    device where this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
+    from kvgraft.inference import models, reapply
+
+    rel = (release.release if isinstance(release, VerifiedRelease)
+           else release if isinstance(release, Release) else Release.open(release))
+    dev, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
+
+
+def run(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
+        max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
+        attn: str | None = None, dtype: str | None = None) -> Continuation:
+    """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
+
+    The continuation runs with the release's recorded attention kernel unless `attn` says otherwise (a
+    kernel transformers cannot run, e.g. an engine's own, leaves the model's); the dtype is the loaded
+    model's (`model_for` loads the recorded one); `dtype` names one chosen instead of the recorded one, so
+    that it counts as overridden, and must be the model's. The ledger's `conditions` says, as `audit
+    recompute` does, which recorded conditions were replayed, which were overridden and which differ here.
+    """
+    from kvgraft.inference import reapply
+    from kvgraft.inference.models import ATTNS
+    from kvgraft.inference.runtime import attention
+
+    checked = verified(release, policy)
+    recorded = checked.release.manifest["environment"]
+    kernel = attn if attn is not None else recorded.get("attn_implementation")
+    if kernel not in ATTNS:
+        kernel = lm.attn
+    if dtype is not None and dtype != lm.dtype:
+        raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
+    overrides = reapply.overrides_given(recorded, attn=attn, dtype=dtype)
+    with attention(lm, str(kernel)):
+        restored = restore(checked, entry_id, lm, force=force, policy=policy)
+        ids = encode(lm, prompt) if prompt else []
+        t0 = time.perf_counter()
+        if ids:
+            logits = forward(lm, restored.cache, ids)[-1]
+        else:
+            # Nothing to prefill: the next token comes from the stored argmax, then decode continues.
+            logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
+            logits[restored.entry["next_token"]["argmax"]] = 1.0
+        t1 = time.perf_counter()
+        out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
+        t2 = time.perf_counter()
+        conditions = reapply.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
+    ledger = {
+        "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
+        "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,
+        "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forced_model": restored.forced,
+        "conditions_differing": {k: list(v) for k, v in restored.conditions.items()},
+        "conditions": conditions,
+        "verification_warnings": restored.warnings,
+    }
+    return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

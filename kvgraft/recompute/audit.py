@@ -1,0 +1,492 @@
+"""Recompute audit: fresh KV states under the release's schedule vs the stored ones, and KL on probes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvgraft import __version__, sampling
+from kvgraft.errors import InputError, IntegrityError
+from kvgraft.inference import reapply
+from kvgraft.inference.environment import SENSITIVE, differences
+from kvgraft.inference.environment import record as environment
+from kvgraft.inference.graft import check_model, restore
+from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
+from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
+from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
+from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
+from kvgraft.release.format import Release, tensor_mismatch
+from kvgraft.release.hashing import read_and_hash
+from kvgraft.signing.verify import VerifiedRelease, verified
+
+if TYPE_CHECKING:
+    from kvgraft.execution.executor import Executor
+
+RESULT_KIND = "kvgraft-recompute-result"
+
+
+def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, str]:
+    """One stored tensor's bytes, checked against its commitment.
+
+    Read with pread into a buffer freed after its layer, not memory-mapped: measured here, a
+    read-only mapping kept ~6 MB of file pages resident even with MADV_DONTNEED after each tensor,
+    while this keeps at most one layer's K/V beside the fresh cache.
+    """
+    buf = bytearray(info.end - info.start)
+    try:
+        (actual,) = read_and_hash(fd, [(info.start, info.end)], memoryview(buf))
+    except EOFError:
+        raise IntegrityError(f"{where} tensor {info.name!r}: file ends inside bytes [{info.start}, {info.end})") from None
+    if actual != expected:
+        raise IntegrityError(tensor_mismatch(where, info.name, info.start, info.end, actual, expected))
+    return buf, actual
+
+
+def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
+    return torch.frombuffer(buf, dtype=TORCH_DTYPES[info.dtype]).view(info.shape)
+
+
+def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
+                   noise_bound: Callable[[], NoiseBound] | None = None,
+                   fresh_digests: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Per layer, per K/V: digest equality, and on a difference its size and first location.
+
+    With `noise_bound` (measured on first use), each differing tensor is also judged against the
+    numerical-noise bound: how many elements lie outside it, and the largest excess and where.
+    `fresh_digests` (by tensor name) are the fresh tensors' SHA-256 when the caller has them already.
+    """
+    fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
+    digests = fresh_digests if fresh_digests is not None else {}
+    try:
+        fd = os.open(rel.entry_file(entry), os.O_RDONLY)
+    except OSError as exc:  # gone or changed since it was verified
+        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
+    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
+    rows: list[dict[str, Any]] = []
+    try:
+        layout = rel.tensor_layout(entry, fd)  # the layout checked is the layout read
+        for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
+            row: dict[str, Any] = {"index": stored_meta["index"], "kind": stored_meta["kind"]}
+            if stored_meta != fresh_meta and stored_meta["kind"] != fresh_meta["kind"]:
+                row["layout_mismatch"] = f"stored {stored_meta}, fresh {fresh_meta}"
+            if stored_meta["kind"] != "shared":
+                offset = stored_meta.get("positions", [0, 0])[0]
+                for part in ("keys", "values"):
+                    name = stored_meta[part]
+                    info = layout[name]
+                    stored, stored_sha = _stored(fd, info, entry["tensors"][name]["sha256"], where)
+                    fresh = fresh_tensors[fresh_meta[part]] if part in fresh_meta else None
+                    if fresh is None:
+                        d = TensorDiff(False, "", stored_sha, 0, shape_mismatch="no fresh tensor")
+                    else:
+                        fresh_sha = digests.get(fresh_meta[part]) or tensor_sha256(fresh)  # each hashed once
+                        d = (TensorDiff(True, stored_sha, stored_sha, int(fresh.numel())) if fresh_sha == stored_sha
+                             else diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha,
+                                               fresh_sha256=fresh_sha, position_offset=offset))
+                    row[part] = d.as_dict()
+                    if not d.equal and d.shape_mismatch is None and fresh is not None and noise_bound is not None:
+                        j = judge(_as_tensor(stored, info), fresh, noise_bound().allowed(name, fresh))
+                        row[part].update(_judged(j, offset))
+                    del stored
+            rows.append(row)
+    finally:
+        os.close(fd)
+    return rows
+
+
+def _judged(j: Judgement, offset: int) -> dict[str, Any]:
+    def absolute(loc: list[int] | None) -> list[int] | None:
+        return None if loc is None else [*loc[:2], loc[2] + offset, *loc[3:]] if len(loc) == 4 else loc
+
+    return {"outside": j.outside, "max_excess": j.max_excess, "worst": absolute(j.worst),
+            "first_outside": absolute(j.first), "worst_values": j.worst_values}
+
+
+def _named(loc: list[int] | None) -> dict[str, int] | None:
+    return None if loc is None or len(loc) != 4 else {"batch": loc[0], "head": loc[1], "position": loc[2], "dim": loc[3]}
+
+
+def classify(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+    """The entry's verdict from judged rows, and where it lies outside the noise bound (None if nowhere)."""
+    tensors = [(r["index"], p, r[p]) for r in rows for p in ("keys", "values") if p in r]
+    if all(t["equal"] for _, _, t in tensors) and not any("layout_mismatch" in r for r in rows):
+        return "byte-exact", None
+    layout = [r for r in rows if "layout_mismatch" in r]
+    shape = [(i, p, t) for i, p, t in tensors if t.get("shape_mismatch")]
+    outside = [(i, p, t) for i, p, t in tensors if t.get("outside")]
+    if not (layout or shape or outside):
+        return "consistent", None
+    summary: dict[str, Any] = {
+        "elements": sum(int(t["outside"]) for _, _, t in outside), "tensors": len(outside) + len(shape),
+        "layers": sorted({i for i, _, _ in outside + shape} | {r["index"] for r in layout}),
+        "layout": [f"layer {r['index']}: {r['layout_mismatch']}" for r in layout],
+        "shape": [f"layer {i} {p}: {t['shape_mismatch']}" for i, p, t in shape],
+    }
+    if outside:
+        i, p, t = outside[0]
+        summary["first"] = {"layer": i, "tensor": p, **(_named(t["first_outside"]) or {})}
+        i, p, t = max(outside, key=lambda x: x[2]["max_excess"])
+        summary["worst"] = {"layer": i, "tensor": p, **(_named(t["worst"]) or {}), **(t["worst_values"] or {}),
+                            "excess": t["max_excess"]}
+    return "inconsistent", summary
+
+
+def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for row in rows:
+        if "layout_mismatch" in row:
+            return {"layer": row["index"], "tensor": None, "detail": row["layout_mismatch"]}
+        for part in ("keys", "values"):
+            d = row.get(part)
+            if d and not d["equal"]:
+                loc = d["first"]
+                return {"layer": row["index"], "tensor": part, "location": loc,
+                        "named": _named(loc),
+                        "max_ulp": d["max_ulp"], "max_abs": d["max_abs"], "detail": d["shape_mismatch"]}
+    return None
+
+
+def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) -> list[int]:
+    if probe_text:
+        return encode(lm, probe_text)
+    recorded = entry.get("probe", {}).get("token_ids") or []
+    return [int(t) for t in recorded] or [int(entry["next_token"]["argmax"])]
+
+
+@torch.inference_mode()
+def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
+    """What a user computes without any cache: one forward pass over prefix + probe."""
+    from kvgraft.inference.runtime import cache_kw
+
+    x = torch.tensor([ids], dtype=torch.long, device=lm.torch_device)
+    out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_kw(lm): new_cache(lm)})
+    logits: torch.Tensor = out.logits[0]
+    return logits
+
+
+def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
+                force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
+    """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
+    t0 = time.perf_counter()
+    # Where this entry ran (on Ray, each worker): what it could not replay of the record.
+    differing = sorted(differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn)))
+    if schedule is not None and schedule.as_dict() != rel.manifest["schedule"]:
+        differing.append("schedule")
+    schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
+    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
+    t_prefill = time.perf_counter() - t0
+    measured: list[NoiseBound] = []
+    reference = layer_map(lm, fresh_cache)[1]
+    # Hashed once here: the comparison and the noise bound's memo key both need them.
+    digests = {name: tensor_sha256(t) for name, t in reference.items()}
+
+    def noise_bound() -> NoiseBound:  # measured only when some tensor differs
+        if not measured:
+            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests))
+        return measured[0]
+
+    rows = compare_layers(rel, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
+    reference.clear()
+    t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
+    verdict, outside = classify(rows)
+    probe = probe_ids(lm, entry, probe_text)
+    # Distributions after each probe token: positions n .. n+k-1 of the full sequence.
+    fresh_logits = forward(lm, fresh_cache, probe)
+    del fresh_cache
+    # The graft goes through the real restore path (and re-hashes what it reads) on purpose: the
+    # distribution check audits what a user's graft does, not a cache assembled by the comparison.
+    grafted = restore(rel, entry["id"], lm, force=force)
+    grafted_logits = forward(lm, grafted.cache, probe)
+    del grafted
+    natural = natural_logits(lm, entry["token_ids"] + probe, len(probe))
+    exact = all(("layout_mismatch" not in r) and all(r[p]["equal"] for p in ("keys", "values") if p in r) for r in rows)
+    matched = distributions(fresh_logits, grafted_logits)
+    contrast = distributions(natural, grafted_logits)
+    tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
+    return {
+        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact, "verdict": verdict,
+        "conditions_differ": differing,
+        "outside": outside, "envelope": measured[0].as_dict() if measured else None,
+        "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
+        "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
+        "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
+        "first_difference": _first_difference(rows), "layers": rows, "probe_token_ids": probe,
+        "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
+        "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
+        "seconds": {"prefill": t_prefill, "compare": t_compare,
+                    "envelope": measured[0].seconds if measured else 0.0, "total": time.perf_counter() - t0},
+    }
+
+
+def entry_unit(lm: LoadedModel, rel: Release, entry: dict[str, Any], *, probe_text: str | None = None,
+               force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
+    """`audit_entry` as an executor work unit: (model, release, entry) → result."""
+    return audit_entry(rel, entry, lm, probe_text=probe_text, force=force, schedule=schedule)
+
+
+def statements(result: dict[str, Any]) -> list[str]:
+    """Plain sentences saying for which comparison byte-exactness and zero KL hold."""
+    entries = result["entries"]
+    n = len(entries)
+    exact = sum(e["byte_exact"] for e in entries)
+    kl0 = sum(e["matched"]["kl_max"] == 0.0 and e["matched"]["logits_equal"] for e in entries)
+    nat_max = max((abs(e["natural"]["kl_max"]) for e in entries), default=0.0)
+    nat0 = sum(e["natural"]["logits_equal"] for e in entries)
+    sched = result["schedule"]
+    mode = "one-shot" if sched["chunk_tokens"] is None else f"chunks of {sched['chunk_tokens']}"
+    diffs = result["environment"]["differences"]
+    env = "same recorded environment" if not diffs else "environment differs in " + ", ".join(sorted(diffs))
+    label = "Recomputed with an overridden schedule" if result.get("schedule_overridden") else "Matched schedule"
+    out = [
+        f"{label} ({mode}, {env}): KV bytes identical (SHA-256 equal) in {exact}/{n} entries; "
+        f"KL(fresh ‖ grafted) exactly 0.0 in {kl0}/{n}.",
+        f"Natural contrast (one forward pass over prefix + probe, no cache): logits identical in {nat0}/{n} entries; "
+        f"max KL(natural ‖ grafted) = {fmt_kl(nat_max)}"
+        + ("." if nat0 == n else "; byte-exactness and zero KL do not hold for this comparison."),
+    ]
+    if result["model"]["forced"]:
+        out.append("The model's identity differs from the release's (forced): differences are expected.")
+    drawn = result.get("sample")
+    if drawn:  # before the verdict, which stays the last statement
+        out.append(f"Sample: {drawn['size']:,} of {drawn['population']:,} entries drawn by {drawn['method']} from the "
+                   f"root digest and nonce {drawn['nonce']!r} ({drawn['nonce_source']}), {drawn['weighting']}; "
+                   "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
+        if result.get("bound"):
+            out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+    out.append(verdict_statement(result))
+    return out
+
+
+def verdict_statement(result: dict[str, Any]) -> str:
+    """The release's verdict, for which comparison it holds, and whether the requirement is met."""
+    entries = result["entries"]
+    counts = {v: sum(e["verdict"] == v for e in entries) for v in VERDICTS}
+    env = result["environment"]["current"]
+    machine = f"{env.get('device_name')} ({env.get('device')}, {env.get('dtype')}, {env.get('attn_implementation')}, " \
+              f"{env.get('threads')} threads)"
+    cond = result["conditions"]
+    parts = []
+    if cond["not_replayed"]:
+        parts.append("not replayed: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(cond["not_replayed"].items())))
+    if cond["overridden"]:
+        parts.append("overridden: " + ", ".join(f"{k} {v['recorded']!r} -> {v['used']!r}"
+                                                 for k, v in sorted(cond["overridden"].items())))
+    where = "; ".join(parts) if parts else "every recorded condition replayed"
+    verdict = result["verdict"]
+    meaning = {"byte-exact": "every SHA-256 equal",
+               "consistent": "bytes differ, every difference inside the measured noise envelope of the same computation",
+               "inconsistent": "some difference lies outside the envelope: not the same computation"}[verdict]
+    located = []
+    for e in entries:
+        w = (e.get("outside") or {}).get("worst")
+        if w:
+            at = ", ".join(f"{k} {w[k]}" for k in ("head", "position", "dim") if k in w)
+            located.append(f"{e['id']}: layer {w['layer']} {w['tensor']} ({at}) |diff| {w['abs_diff']:.3g} is "
+                           f"{w['excess']:.3g}x the envelope")
+        elif e.get("outside"):
+            located.append(f"{e['id']}: " + "; ".join(e["outside"]["layout"] + e["outside"]["shape"]))
+    return (f"Verdict {verdict} ({meaning}) on {machine}, {where}: {counts['byte-exact']} byte-exact, "
+            f"{counts['consistent']} consistent, {counts['inconsistent']} inconsistent of {len(entries)} entries; "
+            f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}."
+            + (" Outside the envelope: " + "; ".join(located) + "." if located else ""))
+
+
+REQUIREMENTS = ("exact", "consistent")
+
+
+def check_requirement(require: str) -> None:
+    if require not in REQUIREMENTS:
+        raise InputError(f"--require {require}: expected one of {', '.join(REQUIREMENTS)}")
+
+
+def passes(verdict: str, require: str) -> bool:
+    """Whether a verdict meets a requirement: `exact` needs byte-exact, `consistent` also takes consistent."""
+    check_requirement(require)
+    return verdict == "byte-exact" or (require == "consistent" and verdict == "consistent")
+
+
+def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None = None,
+           nonce: str | None = None, nonce_source: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The entries to audit: the named ones, a sample (kvgraft.sampling: root digest + nonce), or all."""
+    if sample is None:
+        if nonce is not None:
+            raise InputError("--nonce draws a sample: pass --sample N (or --target-fraction F) too")
+        return ([rel.entry(e) for e in entries] if entries else rel.entries), None
+    if entries:
+        raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
+    source = nonce_source or ("given" if nonce is not None else "drawn")
+    nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
+    population = rel.entries
+    record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, population, sample, nonce_source=source)
+    return [population[i] for i in record["positions"]], record
+
+
+def failing(entry: dict[str, Any], require: str) -> bool:
+    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`."""
+    return not passes(entry["verdict"], require)
+
+
+FAIL_MEANS = {"exact": "not byte-exact", "consistent": "inconsistent"}
+
+
+def bound(result: dict[str, Any], population: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling)."""
+    judged = {e["id"] for e in result["entries"]}
+    rest = [int(e["num_tokens"]) for e in population if e["id"] not in judged]
+    b = sampling.bound([failing(e, result["require"]) for e in result["entries"]],
+                       [int(e["num_tokens"]) for e in result["entries"]], rest)
+    return b.as_dict(FAIL_MEANS[result["require"]])
+
+
+def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
+          probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
+          progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
+          overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
+          nonce: str | None = None, journal: Path | None = None,
+          on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, Any]:
+    """Recompute and compare every (or the named, or a sample of the) entries of a release.
+
+    The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
+    for the run (dtype and device are the loaded model's: `reapply.load_options` picks them; a Ray
+    executor sizes and starts its actors with the recorded thread count). `overrides` (environment
+    names → values) are explicit departures, recorded as such; `schedule` overrides the recorded
+    prefill schedule. Each entry gets a verdict (byte-exact, consistent, inconsistent); `require` says
+    which verdicts pass. `sample` entries are drawn from the root digest and `nonce` (kvgraft.sampling;
+    a fresh nonce when None, or the one `journal` records); the result then bounds how many entries of
+    the release fail. `executor` runs the per-entry work (kvgraft.execution.executor; default: in this process);
+    each entry records its placement. With `journal`, each judged entry is appended as it lands and an
+    interrupted audit resumes from it (the caller removes the journal once it has written the result).
+    `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
+    """
+    from kvgraft.execution.executor import LocalExecutor
+    from kvgraft.execution.journal import Journal, header
+
+    check_requirement(require)  # before any work
+    rel = verified(release).release  # as `kvgraft verify` does; a release the caller verified under a policy is kept
+    forced = check_model(rel, lm, force=force)
+    nonce_source = None
+    if journal is not None and sample is not None and nonce is None:
+        earlier = (header(journal) or {}).get("sample") or {}
+        if earlier.get("nonce"):  # resuming: the sample is the one the interrupted run drew
+            nonce, nonce_source = str(earlier["nonce"]), str(earlier.get("nonce_source", "drawn"))
+    chosen, drawn = choose(rel, entries=entries, sample=sample, nonce=nonce, nonce_source=nonce_source)
+    ex = executor or LocalExecutor()
+    recorded = rel.manifest["environment"]
+    overrides = dict(overrides or {})
+    wanted_threads = overrides.get("threads", recorded.get("threads"))
+    if lm.device == "cpu" and isinstance(wanted_threads, int) and not isinstance(wanted_threads, bool):
+        ex.reapply_threads(wanted_threads)
+    with reapply.applied(lm, recorded, overrides):
+        current = ex.environment(lm)
+        diffs = differences(recorded, current)
+        result: dict[str, Any] = {
+            "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
+            "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
+            "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
+                      "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
+            "schedule": (schedule.as_dict() if schedule else rel.manifest["schedule"]),
+            "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
+            "environment": {"recorded": recorded, "current": current,
+                            "differences": {k: list(v) for k, v in diffs.items()}},
+            "conditions": reapply.describe(recorded, current, overrides),
+            "require": require,
+            "entries": [],
+        }
+        ids = [str(e["id"]) for e in chosen]
+        # What decides each entry's verdict: a journal of any other run is refused, never mixed in.
+        run = {"release_root_digest": rel.manifest["root_digest"], "entries": ids,
+               "sample": {k: drawn[k] for k in ("method", "nonce", "nonce_source", "size")} if drawn else None,
+               "schedule": result["schedule"], "probe_text": probe_text, "force": force, "overrides": overrides,
+               "model_identity": lm.identity.sha256,
+               "environment": {k: current.get(k) for k in sorted(SENSITIVE)}}
+        jr = Journal.open(journal, run, set(ids)) if journal is not None else None
+        try:
+            result["entries"] = _judge(rel, lm, ex, chosen, jr, progress, on_progress,
+                                       functools.partial(entry_unit, probe_text=probe_text, force=force,
+                                                         schedule=schedule), result)
+        finally:
+            if jr is not None:
+                jr.close()
+    result["executor"] = ex.describe()
+    result["cost"]["executor"] = ex.kind
+    result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
+    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
+    result["verdict"] = worst([e["verdict"] for e in result["entries"]])
+    result["passed"] = passes(result["verdict"], require)
+    if drawn is not None:
+        result["sample"] = drawn
+    if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
+        result["bound"] = bound(result, rel.entries)
+    result["statements"] = statements(result)
+    return result
+
+
+def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
+           progress: Callable[[int, int], None] | None, on_progress: Callable[[dict[str, int]], None] | None,
+           unit: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each chosen entry's result: from the journal where an earlier run judged it, else recomputed now."""
+    done: dict[str, dict[str, Any]] = dict(jr.done) if jr is not None else {}
+    todo = [e for e in chosen if e["id"] not in done]
+    tokens = {str(e["id"]): int(e["num_tokens"]) for e in chosen}
+    state = {"done": len(done), "total": len(chosen), "tokens_done": sum(tokens[i] for i in done),
+             "tokens_total": sum(tokens.values()), "resumed": len(done), "tokens_resumed": sum(tokens[i] for i in done)}
+    if on_progress:
+        on_progress(dict(state))
+
+    def landed(i: int, r: dict[str, Any]) -> None:
+        if jr is not None:
+            jr.record(str(todo[i]["id"]), r)
+        state["done"] += 1
+        state["tokens_done"] += tokens[str(todo[i]["id"])]
+        if on_progress:
+            on_progress(dict(state))
+
+    t0 = time.perf_counter()
+    fresh = ex.map(unit, rel, todo, lm=lm, labels=[e["id"] for e in todo], on_result=landed,
+                   progress=(lambda i, n, _label: progress(i, n)) if progress else None) if todo else []
+    wall = time.perf_counter() - t0
+    by_id = {str(e["id"]): r for e, r in zip(todo, fresh, strict=True)}
+    for i, r in done.items():
+        r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
+        by_id[i] = r
+    recomputed = sum(tokens[str(e["id"])] for e in todo)
+    rate = recomputed / wall if recomputed and wall > 0 else None
+    library = sum(int(e["num_tokens"]) for e in rel.entries)
+    result["cost"] = {"entries_recomputed": len(todo), "entries_resumed": len(done), "tokens_recomputed": recomputed,
+                      "tokens_resumed": state["tokens_resumed"], "wall_seconds": wall, "tokens_per_second": rate,
+                      "library_entries": len(rel.entries), "library_tokens": library,
+                      "projected_library_seconds": library / rate if rate else None}
+    return [by_id[str(e["id"])] for e in chosen]
+
+
+def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> dict[str, Any]:
+    """Recompute one entry and compare per-tensor SHA-256 with a manifest alone (no stored tensors).
+
+    Returns the first differing layer (if any) and the recorded vs current environment, so that
+    drift between machines is named rather than hidden.
+    """
+    entry = next((e for e in manifest["entries"] if e["id"] == entry_id), None)
+    if entry is None:
+        raise IntegrityError(f"manifest has no entry {entry_id!r}")
+    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]))
+    _, fresh = layer_map(lm, cache)
+    mismatches = []
+    for meta in entry["layers"]:
+        for part in ("keys", "values"):
+            if part in meta:
+                actual = tensor_sha256(fresh[meta[part]])
+                if actual != entry["tensors"][meta[part]]["sha256"]:
+                    mismatches.append({"layer": meta["index"], "tensor": part, "expected":
+                                       entry["tensors"][meta[part]]["sha256"], "actual": actual})
+    current = environment(lm.device, lm.dtype, lm.attn)
+    return {"entry": entry_id, "mismatches": mismatches, "first": mismatches[0] if mismatches else None,
+            "next_token_logits_equal": tensor_sha256(logits) == entry["next_token"]["logits_sha256"],
+            "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
+            "recorded_environment": manifest["environment"], "current_environment": current,
+            "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}

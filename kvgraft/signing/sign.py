@@ -1,0 +1,109 @@
+"""Sign a release: check its bytes as verify does, then write its attestation (key or keyless) and OMS signature.
+
+Above kvgraft.release.integrity (it refuses to sign a damaged release) and kvgraft.signing (the formats it
+writes), so neither imports this one. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import InputError
+from kvgraft.release.integrity import check_release
+from kvgraft.signing import oms
+from kvgraft.signing.attest import (
+    BUNDLE_NAME,
+    OMS_NAME,
+    PAYLOAD_TYPE,
+    key_bundle,
+    pae,
+    statement,
+    statement_bytes,
+    write_bundle,
+)
+from kvgraft.signing.keys import PrivateKey, key_id
+from kvgraft.signing.keys import sign as key_sign
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What `sign_release*` wrote."""
+
+    bundle: Path
+    statement: dict[str, Any]
+    signer: str  # key id, or the certificate identity for keyless signing
+    oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
+
+
+def release_statement(root: Path) -> dict[str, Any]:
+    """Check the release's bytes (verify without a signature) and build its statement.
+
+    A release whose files do not match its manifest is refused: signing it would attest damage.
+    """
+    return _checked_statement(root)[0]
+
+
+def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The statement, and every file's digest (manifest.json included), of a release whose bytes were checked."""
+    checked = check_release(Path(root))
+    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files
+
+
+def sign_release(root: Path, key: PrivateKey) -> Signed:
+    """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
+    stmt, files = _checked_statement(root)
+    payload = statement_bytes(stmt)
+    signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
+    kid = key_id(key)
+    data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
+    bundle = write_bundle(root, data)
+    # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
+    # now be stale, and is replaced or (for a key OMS cannot use) removed.
+    # OMS lists every file of the folder (format 2: the entry files too, which the statement binds
+    # through the index shards).
+    digests = {**files, BUNDLE_NAME: sha256_hex(data)}
+    written = oms.sign(root, key, digests)
+    if written is None:
+        (Path(root) / OMS_NAME).unlink(missing_ok=True)
+    return Signed(bundle, stmt, kid, written)
+
+
+def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
+    """Sign a release keyless with Sigstore (Fulcio certificate + Rekor entry); needs the network.
+
+    The OIDC identity is, in order: `identity_token` when given (a raw JWT); the ambient credential
+    of a CI system (`sigstore.oidc.detect_credential`: GitHub Actions with `permissions: id-token:
+    write`, GitLab, Buildkite, Google Cloud...); else an interactive browser flow with Sigstore's
+    OAuth issuer (`sigstore.oidc.Issuer`). The statement is signed as a DSSE envelope by
+    `Signer.sign_dsse`, logged in Rekor, and the returned bundle v0.3 is written to
+    RELEASE/release.sigstore.json. Verify with `kvgraft verify RELEASE --certificate-identity ID
+    --certificate-oidc-issuer URL` (see docs/ci-signing.md). `staging` uses Sigstore's staging
+    instance (for tests; verify with --staging).
+    """
+    from sigstore.dsse import Statement
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken, Issuer, detect_credential
+    from sigstore.sign import SigningContext
+
+    stmt = release_statement(root)
+    payload = statement_bytes(stmt)
+    try:
+        config = ClientTrustConfig.staging() if staging else ClientTrustConfig.production()
+        context = SigningContext.from_trust_config(config)
+        raw_token = identity_token or detect_credential()
+        token = (IdentityToken(raw_token) if raw_token
+                 else Issuer(config.signing_config.get_oidc_url()).identity_token())
+        with context.signer(token, cache=False) as signer:
+            bundle = signer.sign_dsse(Statement(payload))
+    except SigstoreError as exc:
+        raise InputError(f"{root}: Sigstore signing failed: {' '.join(exc.diagnostics().split())}") from None
+    except Exception as exc:  # network and OIDC errors of the underlying clients
+        raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    written = write_bundle(root, bundle.to_json().encode())
+    (Path(root) / OMS_NAME).unlink(missing_ok=True)  # it would no longer match release.sigstore.json
+    return Signed(written, stmt, str(token.identity))

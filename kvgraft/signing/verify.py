@@ -1,0 +1,473 @@
+"""Verify a cache release under one policy: its signature and statement, then its bytes (release.integrity).
+
+What `verify_release` checks, in order (the first failure raises, naming what and where):
+
+1. the bundle RELEASE/release.sigstore.json, when present: strict JSON, bounded size; its DSSE
+   signature with `key`, or with Sigstore (certificate chain to the trusted root, identity policy,
+   transparency-log inclusion, signed time) when `identity`/`issuer` are given. With neither, the
+   statement is still read and compared, and the signature is reported as not checked. A key or an
+   identity given for a release without a bundle is a failure: the release is unsigned.
+2. manifest.json's SHA-256 against its statement subject, before the manifest is parsed;
+3. the manifest: bounded, strict JSON, schema, entry/root digests (`release.check_commitments`),
+   and the statement's subjects and predicate against it;
+4. the folder: no file missing, none extra, no symlinks or unsafe names, every size;
+5. every file's SHA-256, hashed once, in parallel across files; a mismatch is located to the
+   first tensor (entry, byte range, digests) or to the safetensors header;
+6. each safetensors header against the manifest's tensor table (dtype, shape, byte range);
+7. with `deep`, every tensor byte range against its sha256 in the manifest.
+
+`verify_release` runs them as named steps: `_read_bundle` and `_read_oms_signature` (1),
+`_every_key_verifies_a_signature`, `_check_files` (2-7: `kvgraft.release.integrity.check_release`, or
+what opening checks), `_check_entries` (`--entry`), `_compare_oms_list`. The policy (which signature,
+whose) is a `kvgraft.signing.policy` object; the Sigstore checks are `kvgraft.signing.sigstore`.
+`verified` is what every consumer calls: it returns a `VerifiedRelease` (the release, what was checked,
+under which policy), which graft, the audits and the vLLM connector take without verifying again.
+Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
+re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
+
+Imports no torch; sigstore is imported only for Sigstore checks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from kvgraft import __version__
+from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.integrity import CheckedRelease, ManifestCheck, check_entry, check_release, open_release
+from kvgraft.signing import attest, keys
+from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy
+from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
+
+RESULT_FORMAT = "kvgraft-verify-result"
+RESULT_VERSION = 1
+
+
+@dataclass
+class SignatureStatus:
+    status: str  # "verified" or "not checked"
+    method: str | None = None  # "key" or "sigstore"
+    bundle: str | None = None  # path of the bundle, None when the release has none
+    bundle_sha256: str | None = None  # digest of the exact bundle bytes accepted
+    oms_signature: str | None = None  # path of an OpenSSF model signing signature (model.sig), if any
+    oms_sha256: str | None = None  # digest of its exact bytes
+    oms_verified: bool = False  # it was checked with the key (else only its file list was compared)
+    key_id: str | None = None
+    identity: str | None = None
+    issuer: str | None = None
+    # Each signature file read: file, kind ("kvgraft" or "oms"), sha256, status, key_id (that verified it).
+    signatures: list[dict[str, Any]] = field(default_factory=list)
+    # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
+    oms_beside_release: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
+        beside = (f"; beside the release, signed by the OMS signature only: {', '.join(self.oms_beside_release[:5])}"
+                  if self.oms_beside_release else "")
+        keyed = [s for s in self.signatures if s["key_id"]]
+        if self.status == "verified" and len(self.signatures) > 1 and keyed:
+            return "verified: " + "; ".join(
+                f"{Path(s['file']).name} {'verified with key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                for s in self.signatures) + beside
+        if self.status == "verified":
+            who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
+            return f"verified: {who}{oms}{beside}"
+        if self.bundle is None and self.oms_signature is not None:
+            return "not checked: an OpenSSF model signing signature (model.sig) is present; pass --key"
+        if self.bundle is None:
+            return "not checked: the release is unsigned (no release.sigstore.json)"
+        return "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
+
+
+@dataclass
+class VerifyResult:
+    """A release that passed every check asked for."""
+
+    release: Path
+    root_digest: str
+    manifest_sha256: str
+    entries: int
+    files: int
+    tensors: int
+    bytes_hashed: int
+    seconds: float
+    deep: bool
+    signature: SignatureStatus
+    statement: bool  # a statement was read and compared (signed or not)
+    model: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    policy: VerifyPolicy = field(default_factory=SignatureNotChecked)
+    opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
+    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries
+    checked_entries: list[str] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        """Bytes hashed per second."""
+        return self.bytes_hashed / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `verify --json` document (schemas/verify-result.v1.json)."""
+        return {
+            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "ok": True, "exit_code": 0, "error": None, "release": str(self.release),
+            "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
+            "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
+            "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
+            "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
+            "statement": self.statement, "signature": asdict(self.signature), "warnings": list(self.warnings),
+            "scope": self.scope, "checked_entries": list(self.checked_entries),
+        }
+
+
+def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
+    """The `verify --json` document of a failed verification."""
+    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _predicate_check(root: Path, statement: dict[str, Any], source: str) -> ManifestCheck:
+    """Step 3's statement half: every member the predicate states must be what the manifest implies;
+    only the version of the kvgraft that signed is the signer's own."""
+
+    def check(manifest: dict[str, Any], msha: str, msize: int) -> None:
+        claimed = statement["predicate"]
+        implied = attest.statement(manifest, msha, msize)["predicate"]
+        for what in sorted((set(claimed) | set(implied)) - {"kvgraft_version"}):
+            if claimed.get(what) != implied.get(what):
+                raise VerificationError(f"{root / MANIFEST}: the {source} predicate's {what} {_brief(claimed.get(what))} "
+                                        f"does not match the manifest ({_brief(implied.get(what))})")
+
+    return check
+
+
+def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatus,
+              has_bundle: bool) -> tuple[dict[str, str], str | None] | None:
+    """An OpenSSF model signing signature (RELEASE/model.sig, or the detached one at `path`), if present:
+    its files (name -> sha256) without release.sigstore.json, and the digest it lists for
+    release.sigstore.json (None if none). With keys given it must verify with one of them; beside a
+    kvgraft bundle, keys OMS cannot use (Ed25519 only) leave it unchecked, and its file list is still
+    compared."""
+    from kvgraft.signing import oms
+
+    if jsonio.stat_or_none(path) is None:
+        return None
+    usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)] if has_bundle else given
+    advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {path.name}): give --key for each "
+              f"signer" if has_bundle else "")
+    files, verified_by, digest = oms.read(path, usable or None, advice)
+    signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
+    signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
+                                 "status": "verified" if verified_by else "not checked", "key_id": verified_by})
+    return files, files.pop(attest.BUNDLE_NAME, None)
+
+
+def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
+                   issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
+                   policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
+                   scope: str = "all") -> VerifyResult:
+    """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
+
+    `scope`: "all" checks every file (steps 1-7); "open" checks step 1 and what opening a release
+    checks (`release.integrity.open_release`: manifest.json against the statement, the manifest, the
+    statement against it), reading no entry bytes. `entries`: "open", then those entries' files only
+    (size, SHA-256, header; `deep`: every tensor).
+
+    `policy` (kvgraft.signing.policy; or, for short, `key`, `identity` + `issuer`, `trust`). `key`: a PEM
+    public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore certificate
+    identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
+    """
+    started = time.perf_counter()
+    if scope not in ("all", "open"):
+        raise ValueError(f"scope {scope!r}")
+    if entries is not None:
+        scope = "entries"
+    if policy is None:
+        policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=trust)
+    elif (key, identity, issuer, trust) != (None, None, None, None):
+        raise InputError("give a verification policy or key/identity arguments, not both")
+    root = Path(root)
+    if not jsonio.is_folder(root):
+        raise InputError(f"{root}: not a folder (expected a cache release)")
+    given = [keys.load_public_key(p) for p in policy.keys]
+    oms_path = _oms_path(root, policy)
+    read = _read_bundle(root, policy, given, oms_path)
+    oms_read = _read_oms_signature(root, policy, given, read, oms_path, scope)
+    _every_key_verifies_a_signature(root, given, read.signature)
+    checked = _check_files(root, policy, read, oms_read, oms_path, scope, deep)
+    checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
+    if oms_read is not None:
+        _compare_oms_list(oms_read, checked, read, oms_path, scope)
+    m = checked.manifest
+    return VerifyResult(
+        release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
+        entries=checked.release.num_entries, files=len(checked.files), tensors=tensors,
+        bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
+        signature=read.signature, statement=read.statement is not None,
+        model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
+        warnings=read.warnings, policy=policy, opened=checked.release, scope=scope, checked_entries=checked_entries,
+    )
+
+
+@dataclass
+class _Read:
+    """What the signature files said: the signature's status, the statement (None: unsigned or OMS alone)."""
+
+    signature: SignatureStatus
+    statement: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+    source: str = "manifest"
+    bundle_raw: bytes | None = None
+
+
+def _oms_path(root: Path, policy: VerifyPolicy) -> Path:
+    """Where the OpenSSF model signing signature is read from: RELEASE/model.sig, or the detached one named."""
+    oms_path = root / attest.OMS_NAME
+    if policy.oms_signature is None:
+        return oms_path
+    if jsonio.stat_or_none(oms_path) is not None:
+        raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
+                         f"({policy.oms_signature}); give one of them")
+    jsonio.read_bounded(Path(policy.oms_signature), attest.MAX_BUNDLE_BYTES, "an OMS signature")  # absent: exit 2 here
+    return Path(policy.oms_signature)
+
+
+def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], oms_path: Path) -> _Read:
+    """Step 1: release.sigstore.json, its signature checked as the policy asks, its statement parsed."""
+    bundle_path = root / attest.BUNDLE_NAME
+    read = _Read(SignatureStatus("not checked"))
+    signature, identity, issuer = read.signature, policy.identity, policy.issuer
+    oms_present = jsonio.stat_or_none(oms_path) is not None
+    if jsonio.stat_or_none(bundle_path) is not None:
+        bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
+        read.bundle_raw = bundle.raw
+        signature.bundle = str(bundle_path)
+        signature.bundle_sha256 = sha256_hex(bundle.raw)
+        payload_type, payload = bundle.payload_type, bundle.payload
+        if given:
+            advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {oms_path.name}): give --key for "
+                      f"each signer" if oms_present else "")
+            signature.key_id = attest.verify_with_any(bundle, given, advice=advice)
+            signature.status, signature.method = "verified", "key"
+        elif identity is not None and issuer is not None:
+            if not bundle.has_certificate:
+                raise VerificationError(f"{bundle_path}: the release is signed with key {bundle.key_hint}, not a Sigstore "
+                                        f"certificate; verify it with --key")
+            verified = verify_sigstore_bundle(None, bundle.raw, identity=identity, issuer=issuer, trust=policy.trust,
+                                              where=str(bundle_path))
+            assert verified.payload_type is not None and verified.payload is not None
+            payload_type, payload = verified.payload_type, verified.payload
+            signature.status, signature.method = "verified", "sigstore"
+            signature.identity, signature.issuer = identity, issuer
+        else:
+            read.warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
+                                 "in the bundle was compared with the files")
+        signature.signatures.append({"file": str(bundle_path), "kind": "kvgraft", "sha256": signature.bundle_sha256,
+                                     "status": signature.status, "key_id": signature.key_id})
+        read.statement = attest.parse_statement(payload_type, payload, str(bundle_path))
+        read.source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
+    elif oms_present and identity is None:
+        pass  # an OpenSSF model signing signature alone: read next
+    elif given or identity is not None:
+        wanted = "--key" if given else "--certificate-identity"
+        raise VerificationError(f"{root}: the release is unsigned (no {attest.BUNDLE_NAME}) but {wanted} "
+                                f"requires a signature")
+    else:
+        read.warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
+                             f"were checked")
+    return read
+
+
+def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], read: _Read, oms_path: Path,
+                        scope: str) -> tuple[dict[str, str], str | None] | None:
+    """Step 1's other signature: model.sig read (and checked with the keys) when there is one and this scope reads it;
+    signed with it alone, its file list plays the statement's part."""
+    signature = read.signature
+    if (scope != "all" and read.bundle_raw is not None and jsonio.stat_or_none(oms_path) is not None
+            and policy.oms_signature is None and len(given) <= 1):
+        # Opening a release signed with kvgraft's bundle does not read model.sig: OMS lists every file
+        # of the folder (its cost grows with the entries), and the bundle already binds every byte.
+        # `kvgraft verify` (everything) and `model_signing verify` check it; so does opening with a
+        # second key given for it, or a detached OMS signature named.
+        signature.oms_signature = str(oms_path)
+        return None
+    oms_read = _read_oms(oms_path, given, signature, read.bundle_raw is not None)
+    if oms_read is not None and read.statement is None:
+        # Signed only with OpenSSF model signing: its file list plays the statement's part.
+        if given and signature.oms_verified:
+            signature.status, signature.method = "verified", "key"
+            signature.key_id = signature.signatures[-1]["key_id"]
+        if policy.require_signature and signature.status != "verified":
+            raise VerificationError(f"{root}: --require-signature: the OpenSSF model signing signature was not checked")
+        read.warnings[:] = [] if signature.status == "verified" else [
+            f"the OpenSSF model signing signature ({oms_path.name}) was not checked (no --key given); its file "
+            f"list was compared with the files"]
+        read.source = "OMS signature" if signature.status == "verified" else "OMS signature (not checked)"
+    return oms_read
+
+
+def _every_key_verifies_a_signature(root: Path, given: list[keys.PublicKey], signature: SignatureStatus) -> None:
+    used = {s["key_id"] for s in signature.signatures if s["status"] == "verified"}
+    for k in given:
+        if keys.key_id(k) not in used:
+            whose = "; ".join(f"{Path(s['file']).name}: {'key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                              for s in signature.signatures)
+            raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
+
+
+def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: tuple[dict[str, str], str | None] | None,
+                 oms_path: Path, scope: str, deep: bool) -> CheckedRelease:
+    """Steps 2-7 (scope "all") or what opening checks, against the statement or else the OMS file list."""
+    oms_files = oms_read[0] if oms_read is not None else None
+    # Files beside the release (a Hub card, README.md) are accepted only when an OMS signature lists them and
+    # it was verified, or when nothing is verified at all (then nothing is authenticated, as the warnings say).
+    beside_ok = read.signature.oms_verified or not policy.checks_signature
+    signed = read.signature.status == "verified"
+    source = read.source
+    if read.statement is not None:
+        statement = read.statement
+        subjects, attested = attest.subjects(statement), statement["predicate"]["root_digest"]
+        claims = _predicate_check(root, statement, source)
+        if scope == "all":
+            beside = ({n: d for n, d in oms_files.items() if n not in subjects}
+                      if oms_files is not None and beside_ok else None)
+            return check_release(root, subjects=subjects, source=source, deep=deep, signed=signed,
+                                 attested_root=attested, check_claims=claims, beside=beside,
+                                 beside_source=f"OMS signature ({oms_path.name})")
+        return open_release(root, subjects=subjects, source=source, signed=signed, attested_root=attested,
+                            check_claims=claims)
+    if scope == "all":
+        # An OMS file list (or none) plays the statement's part; it names every file of the folder.
+        return check_release(root, subjects=oms_files, source=source, deep=deep, signed=signed,
+                             subjects_beside=beside_ok and oms_files is not None, every_file=True)
+    # Signed with OMS alone: its list names every file; opening compares those opening reads
+    # (manifest.json, which binds the rest, and the index files), each entry's file when it is checked.
+    return open_release(root, subjects=oms_files, source=source, signed=signed, lists_more=True)
+
+
+def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
+                   oms_read: tuple[dict[str, str], str | None] | None, oms_path: Path) -> tuple[list[str], int, int]:
+    """`--entry ID`: those entries' files (size, SHA-256, header), and against the OMS file list when there is one."""
+    oms_files = oms_read[0] if oms_read is not None else None
+    checked_entries: list[str] = []
+    tensors, hashed = checked.tensors, checked.bytes_hashed
+    for eid in entries:
+        one = check_entry(checked.release, eid, deep=deep)
+        tensors, hashed = tensors + one.tensors, hashed + one.bytes_hashed
+        checked_entries.append(eid)
+        if oms_files is not None:
+            meta = checked.release.file_meta(one.entry)
+            if oms_files.get(one.entry["file"]) != meta["sha256"]:
+                raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
+                                        f"{one.entry['file']} (entry {eid!r}) with sha256 "
+                                        f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
+    return checked_entries, tensors, hashed
+
+
+def _compare_oms_list(oms_read: tuple[dict[str, str], str | None], checked: CheckedRelease, read: _Read,
+                      oms_path: Path, scope: str) -> None:
+    """The OMS signature's file list against the files checked: after the release's own checks, which say
+    more precisely what changed."""
+    oms_files, listed_bundle = oms_read
+    has = {**checked.files, **checked.beside}
+    compared = oms_files if scope == "all" else {n: sha for n, sha in oms_files.items() if n in has}
+    if compared != has:
+        differs = sorted(n for n in set(oms_files) | set(has) if oms_files.get(n) != has.get(n))
+        raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists other files "
+                                f"or digests than the release has ({', '.join(differs[:3])})")
+    actual_bundle = sha256_hex(read.bundle_raw) if read.bundle_raw is not None else None
+    if listed_bundle != actual_bundle:
+        raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
+                                f"{attest.BUNDLE_NAME} with sha256 {listed_bundle}, the release has {actual_bundle}")
+    read.signature.oms_beside_release = sorted(checked.beside)
+    if checked.beside and not read.signature.oms_verified:
+        read.warnings.append(f"files beside the release, listed only by the OMS signature (not checked): "
+                             f"{', '.join(sorted(checked.beside)[:5])}")
+
+
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """A release that passed what opening checks (`verified`), with what was checked and under which policy.
+
+    `release` is the opened release its consumer reads through; each entry's bytes are checked when
+    read. Graft, the audits and the vLLM connector take one of these and do not verify again."""
+
+    release: Release
+    checked: VerifyResult
+
+    @property
+    def policy(self) -> VerifyPolicy:
+        return self.checked.policy
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.checked.warnings
+
+    @property
+    def root(self) -> Path:
+        return self.release.root
+
+
+# What `verified` found for each Release object it was given, while that object lives: an object opened
+# once and handed to many consumers (an audit's workers, a generalization run's queries) is verified once.
+# Held here, beside the verifier, not written into the release (the lower layer knows nothing of it).
+_CHECKED: dict[int, tuple[weakref.ref[Release], VerifyResult]] = {}
+
+
+def _recalled(release: Release) -> VerifyResult | None:
+    got = _CHECKED.get(id(release))
+    return got[1] if got is not None and got[0]() is release else None
+
+
+def _remember(release: Release, result: VerifyResult) -> None:
+    key = id(release)
+    _CHECKED[key] = (weakref.ref(release, lambda _: _CHECKED.pop(key, None)), result)
+
+
+def verified(release: VerifiedRelease | Release | Path | str, policy: VerifyPolicy | None = None) -> VerifiedRelease:
+    """The one verification every consumer of a release's bytes goes through (graft, run, audits,
+    the vLLM connector): what opening a release checks, under `policy` (docs/verification.md).
+
+    Runs `verify_release(scope="open")` under `policy` (default: SignatureNotChecked(), as `kvgraft verify`
+    without options) unless `release` already passed it under the same policy, or under any policy
+    when none is asked for: the signature, the statement and the manifest (format 2: its index);
+    no entry byte is read. Each entry's bytes are checked when read, before any is used, against the
+    digests the signed root binds (graft.read_entry_tensors: size, safetensors header against the
+    record's tensor table, every tensor's SHA-256 in the same pass as the read). A Release object
+    passed in is the one the result holds. Raises as verify_release does.
+    """
+    if isinstance(release, VerifiedRelease):
+        if policy is None or release.policy == policy:
+            return release
+        release = release.release
+    if isinstance(release, Release):
+        earlier = _recalled(release)
+        if earlier is not None and (policy is None or earlier.policy == policy):
+            return VerifiedRelease(release, earlier)
+    root = release.root if isinstance(release, Release) else Path(release)
+    result = verify_release(root, policy=policy or SignatureNotChecked(), scope="open")
+    assert result.opened is not None
+    if not isinstance(release, Release):
+        return VerifiedRelease(result.opened, result)
+    now = result.opened.manifest["root_digest"]
+    if now != release.manifest["root_digest"]:
+        raise IntegrityError(f"{root / MANIFEST}: the release changed after it was opened (root digest "
+                             f"{release.manifest['root_digest']}, now {now})")
+    _remember(release, result)
+    return VerifiedRelease(release, result)

@@ -1,0 +1,107 @@
+"""The registry of check kinds: every kind implements every part of the one protocol, in its own module, and
+verdict, face and both renderers dispatch through it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from kvgraft.audit import checks as registry
+from kvgraft.audit.checks.kind import CheckKind
+from kvgraft.errors import InputError, SchemaError
+from kvgraft.reporting import face, render_html, render_report
+from kvgraft.reporting.figures import Face
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tests" / "fixtures" / "report-example.json"
+PARTS = [f.name for f in dataclasses.fields(CheckKind)]
+
+
+def test_the_protocol_has_every_part_the_issue_names() -> None:
+    assert PARTS == ["name", "schema", "status", "stamps_status", "run", "face", "details", "html", "known_data"]
+
+
+@pytest.mark.parametrize("name", list(registry.KINDS))
+@pytest.mark.parametrize("part", PARTS)
+def test_every_kind_implements_every_part_in_its_own_module(name: str, part: str) -> None:
+    kind = registry.KINDS[name]
+    value = getattr(kind, part)
+    if part == "name":
+        assert value == name
+    elif part == "schema":
+        assert isinstance(value, str) and (ROOT / "schemas" / value).is_file(), value
+    elif part == "stamps_status":
+        assert isinstance(value, bool)
+    elif part == "known_data":
+        assert isinstance(value, tuple) and value and all(isinstance(k, str) for k in value)
+    else:
+        # a callable of the kind's own module: one place per kind, not a shared default or a placeholder
+        assert callable(value), f"{name}.{part} is not implemented"
+        assert value.__module__ == f"kvgraft.audit.checks.{name}", f"{name}.{part} lives in {value.__module__}"
+
+
+def test_the_registry_is_the_report_schemas_kinds_and_the_plans_checks() -> None:
+    report = json.loads((ROOT / "schemas" / "audit-report.v1.json").read_text())
+    kinds = report["$defs"]["check"]["properties"]["kind"]["enum"]
+    assert sorted(kinds) == sorted([*registry.KINDS, registry.OTHER])
+    plan = json.loads((ROOT / "schemas" / "audit-plan.v1.json").read_text())
+    assert sorted(plan["properties"]["checks"]["properties"]) == sorted(registry.KINDS)
+    assert list(registry.KINDS)[-1] == "claims"  # it reads what the checks before it measured
+
+
+def test_seal_stamps_the_status_by_the_kinds_rule_and_validates_by_its_schema() -> None:
+    with pytest.raises(InputError, match="no audit result of kind 'magic'"):
+        registry.seal("magic", {})
+    with pytest.raises(SchemaError):
+        registry.seal("determinism", {"conditions": [{}, {}]})  # the rule says passed; the schema refuses the rest
+    assert registry.status("determinism", {"conditions": [{}]}) == "incomplete"
+    assert registry.status("controls", {"controls": [{"shows": True}, {"shows": False}]}) == "incomplete"
+
+
+def _example() -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(EXAMPLE.read_text())
+    return report
+
+
+def test_face_details_and_html_dispatch_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replace one kind's parts in the registry: the face, `report show --detail` and the HTML page show the
+    replacement, and the data members the replacement knows leave the 'other data' block."""
+    from rich.text import Text
+
+    report = _example()
+    check = next(c for c in report["checks"] if c["kind"] == "determinism")
+    real = registry.KINDS["determinism"]
+    fake = dataclasses.replace(real, face=lambda d: Face("FAKE FACE", ["fake figure"]),
+                               details=lambda d, c: [Text("FAKE DETAILS")], html=lambda d: "<p>FAKE HTML</p>",
+                               known_data=tuple(check["data"]))
+    assert face.face(check).verdict != "FAKE FACE"
+    monkeypatch.setitem(registry.KINDS, "determinism", fake)
+    assert face.face(check) == Face("FAKE FACE", ["fake figure"])
+    console = Console(width=80, record=True, color_system=None)
+    for r in render_report.detail_renderables(report, check["name"], console):
+        console.print(r)
+    text = console.export_text()
+    assert "FAKE DETAILS" in text and "other data" not in text
+    page = render_html.to_html(report)
+    assert "<p>FAKE HTML</p>" in page and "FAKE FACE" in page
+
+
+def test_every_part_renders_the_example_report() -> None:
+    """Each kind's face, details and HTML on a report's checks of that kind (the fixture holds four kinds)."""
+    report = _example()
+    console = Console(width=80, record=True, color_system=None)
+    seen = set()
+    for c in report["checks"]:
+        kind = registry.KINDS.get(c["kind"])
+        if kind is None or not c["data"]:
+            continue
+        seen.add(c["kind"])
+        assert kind.face(c["data"]).verdict
+        assert kind.details(c["data"], console)
+        assert isinstance(kind.html(c["data"]), str)
+    assert seen == {"verify", "recompute", "determinism", "generalization"}

@@ -1,0 +1,167 @@
+"""The GPU check (bench/gpu_check.sh): its import set, its sample sizes, and its dry run from the wheel folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# What the GPU audit path is: the modules bench/gpu_check.py runs (capture, recompute, graft, verify, sampling).
+GPU_PATH = ("import kvgraft.inference.capture, kvgraft.recompute.audit, kvgraft.inference.graft, kvgraft.signing.verify, "
+            "kvgraft.inference.runtime, kvgraft.sampling")
+
+
+def _bench(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_audit_path_imports_no_sigstore_nor_gguf() -> None:
+    # The wheel folder carries neither: the GPU audit must not import them (kvgraft imports sigstore
+    # only to sign or to check a Sigstore bundle, gguf only to convert the default model).
+    probe = (f"{GPU_PATH}; import sys; "
+             "bad = sorted({m.split('.')[0] for m in sys.modules} & {'sigstore', 'sigstore_models', 'gguf'}); "
+             "sys.exit(', '.join(bad) if bad else 0)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"imported on the GPU audit path: {out.stderr.strip()}"
+
+
+def test_sample_sizes_match_the_hypergeometric_and_binomial_bounds() -> None:
+    from scipy.stats import hypergeom
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        sizes = _bench("gpu_check").sample_sizes
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    for entries in (50, 100, 349, 1394, 44606):
+        s = sizes(entries)
+        failing = max(1, -(-entries // 100))
+        assert s["failing_at_bound"] == failing
+        assert s["binomial"] == 299  # ln(0.05) / ln(0.99) = 298.07
+        # The smallest n whose chance of drawing no failing entry is at most 5%, by scipy.
+        n = next(n for n in range(1, entries + 1) if hypergeom.pmf(0, entries, failing, n) <= 0.05)
+        assert s["hypergeometric"] == n, entries
+    assert sizes(100)["hypergeometric"] == 95  # one failing entry in 100: nearly all must be audited
+
+
+def _requirements(wheel: Path) -> set[str]:
+    """Requires-Dist names of a wheel, markers and extras dropped (an over-approximation is fine here)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    reqs = set()
+    for line in lines:
+        if line.startswith("Requires-Dist:") and "extra ==" not in line:
+            reqs.add(_norm(re.split(r"[ ;<>=!~\[(]", line.split(":", 1)[1].strip())[0]))
+    return reqs
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.slow
+def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tmp_path: Path) -> None:
+    from scipy.stats import hypergeom
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    wheels = tmp_path / "wheels"
+    subprocess.run(["make", "-s", "gpu-wheels", f"GPU_PY={version}", f"GPU_WHEELS={wheels}"], cwd=ROOT, check=True)
+    files = sorted(wheels.glob("*.whl"))
+    assert sum(f.stat().st_size for f in files) <= 30 << 20
+    venv = tmp_path / "venv"
+    # Fails unless cryptography, rfc8785, jsonschema(-rs), sigstore, gguf are NOT importable there.
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_emulate.py"), str(venv)], check=True)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PY=str(venv / "bin" / "python"), GPU_WHEELS=str(wheels), OUT=str(out), WORK=str(tmp_path / "work"))
+    t0 = time.monotonic()
+    # A budget no load on this shared machine reaches: the skips have their own test below.
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--budget", "3600"], env=env,
+                         capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(f"dry run: {seconds:.0f} s")
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]  # <= 8
+    res = json.loads((out / "gpu_check.json").read_text())
+    tiny = res["tiny"]
+    assert {r["family"] for r in tiny} == {"llama", "qwen3", "gpt2", "gemma3", "gemma4"}
+    assert all("verdict" in r for r in tiny), [r for r in tiny if "verdict" not in r]
+    assert sum(r["part"] == "a" for r in tiny) == 10 and sum(r["part"] == "b" for r in tiny) == 15
+    # (a): captured and recomputed on the same device under the replayed conditions.
+    assert all(r["verdict"] == "byte-exact" for r in tiny if r["part"] == "a")
+    # Its controls: a planted change is found, a benign rerun is not taken for one.
+    control = [r for r in tiny if r["part"] == "control"]
+    assert len(control) == 10
+    assert all(r["verdict"] == "inconsistent" for r in control if r["expect"] == "inconsistent")
+    assert all(r["verdict"] != "inconsistent" for r in control if r["expect"] != "inconsistent")
+    lengths = res["big"]["lengths"]
+    assert [r["length"] for r in lengths] == [64, 256]
+    assert all(r["audit"]["verdict"] == "byte-exact" and r["audit_tokens_per_s"] > 0 and r["restore_gbps"] > 0
+               for r in lengths)
+    assert [p["binomial"] for p in res["big"]["projection"]] == [299, 299]
+    # (e): the sampled audit of a library, scaled down (4,096 tokens in entries of about 128).
+    lib = res["library"]
+    assert "error" not in lib and "skipped" not in lib, lib
+    assert lib["release"]["tokens"] >= lib["target_tokens"] == 4096 and lib["release"]["entries"] == lib["entries"]
+    assert 0.8 <= lib["release"]["kv_bytes"] / lib["estimated_bytes"] <= 1.1  # the disk check's estimate
+    audit, drawn = lib["audit"], lib["audit"]["sample"]
+    assert drawn["size"] == 8 and drawn["population"] == lib["entries"] and drawn["nonce_source"] == "drawn"
+    assert drawn["population_tokens"] == lib["release"]["tokens"] and audit["rederived"] == []
+    # The draw re-derived here from the root digest and the nonce (entry ids name their positions).
+    from kvgraft import sampling
+
+    again = sampling.draw(lib["release"]["root_digest"], drawn["nonce"], drawn["population"], drawn["size"])
+    assert drawn["entries"] == [f"lib{i:05d}" for i in again]
+    assert audit["verdicts"] == {"byte-exact": 8} and audit["bound"]["failing"] == 0
+    # The bound: the largest D whose chance of 0 failing in the sample exceeds 5%, by scipy.
+    n, population = drawn["size"], drawn["population"]
+    d = max(d for d in range(population - n + 1) if hypergeom.pmf(0, population, d, n) > 0.05)
+    assert audit["bound"]["max_failing_entries"] == d
+    control = lib["control"]
+    assert control["entry"] == drawn["entries"][0] and control["verdict"] == "inconsistent" and control["failing"]
+    md = (out / "gpu_check.md").read_text()
+    assert "DRY RUN" in md and "seeded random weights" in md and res["big"]["model"]["identity"][:16] in md
+    assert f"**Bound: {audit['bound_sentence']}.**" in md
+    # The wheel set is exactly what the run imported beyond the GPU machine's packages, plus what
+    # those declare they need.
+    machine = _bench("gpu_emulate").machine_packages()  # the GPU machine's list (and this machine's version skew)
+    imported = {_norm(d) for d in res["imported_distributions"]}
+    assert not imported & {"sigstore", "gguf", "kvgraft"} and res["sigstore_imported"] is False
+    carried = {_norm(f.name.split("-")[0]): f for f in files}
+    assert imported - machine <= set(carried), imported - machine - set(carried)
+    needed = imported & set(carried)
+    needed |= {r for name in needed for r in _requirements(carried[name])} & set(carried)
+    assert set(carried) == needed, set(carried) - needed
+    # transformers ran at the carried version, not at the GPU machine's (the venv has that one: gpu_emulate).
+    assert res["machine"]["transformers"] == carried["transformers"].name.split("-")[1]
+    assert res["machine"]["transformers"] != _bench("gpu_emulate").machine_pins()["transformers"]
+
+
+@pytest.mark.slow
+def test_a_run_out_of_budget_skips_every_part_and_still_writes_its_files(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--budget", "1",
+                          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [r["family"] for r in res["tiny"]] == ["llama", "qwen3", "gpt2", "gemma3", "gemma4"]
+    assert all("skipped" in r for r in res["tiny"]) and "big_skipped" in res and "big" not in res
+    assert "library" not in res  # (e) needs the 12B-class model: the markdown says why it did not run
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "of the budget left" in md and "### (e)" in md and f"Not run: {res['big_skipped']}" in md

@@ -1,0 +1,358 @@
+"""Each check of the security and verdict core fails a test when it is broken (issue 26).
+
+Every test here was run red against a hand-made mutant of the check it names (the list, mutant ->
+test, is in docs/mutation.md). They go through the public API and the release's bytes: a statement
+or an OMS signature validly signed over another file set, a manifest with a stale digest, a file
+changed after it was verified, a release of entries with different verdicts, a NaN planted where the
+fresh value is finite, a tensor stored in another shape, and recorded conditions a recompute must
+replay.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import IntegrityError, VerificationError
+from kvgraft.release.format import MANIFEST, Release
+from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
+from kvgraft.signing.verify import verified, verify_release
+
+import rewrite
+from release_factory import make_release
+
+ENTRY_FILE = "entries/00000.safetensors"
+
+
+# --------------------------------------------------------------------------- signed releases, no model
+
+
+@pytest.fixture(scope="module")
+def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return keys.write_keypair(tmp_path_factory.mktemp("keys") / "signer")
+
+
+@pytest.fixture(scope="module")
+def other_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return keys.write_keypair(tmp_path_factory.mktemp("keys") / "other")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("base") / "rel"
+    make_release(root, entries=2, seed=26)
+    return root
+
+
+@pytest.fixture
+def rel(base: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(base, tmp_path / "rel"))
+
+
+def _files(root: Path) -> dict[str, str]:
+    """name -> sha256 of every file the release lists, manifest.json included (what a signer lists)."""
+    m = json.loads((root / MANIFEST).read_text())
+    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
+
+
+def _sign_statement(root: Path, private: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Write a release.sigstore.json whose statement (the one kvgraft would sign, then `change`d) is
+    validly signed with the key; any OMS signature is removed (it would list the old bundle)."""
+    data = (root / MANIFEST).read_bytes()
+    stmt = attest.statement(json.loads(data), sha256_hex(data), len(data))
+    change(stmt)
+    payload = attest.statement_bytes(stmt)
+    key = keys.load_private_key(private)
+    sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    attest.write_bundle(root, (json.dumps(attest.key_bundle(payload, sig, keys.key_id(key))) + "\n").encode())
+    (root / attest.OMS_NAME).unlink(missing_ok=True)
+
+
+def _sign_oms_statement(root: Path, private: Path, digests: dict[str, str],
+                        change: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Write RELEASE/model.sig over `digests`, validly signed with the key, its statement `change`d first."""
+    stmt = oms.statement(root, digests)
+    if change is not None:
+        change(stmt)
+    payload = (json.dumps(stmt, indent=2) + "\n").encode()
+    key = keys.load_private_key(private)
+    sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    bundle = {"mediaType": attest.BUNDLE_MEDIA_TYPE,
+              "verificationMaterial": {"publicKey": {"hint": oms.pem_hint(key)}, "tlogEntries": []},
+              "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": attest.PAYLOAD_TYPE,
+                               "signatures": [{"sig": base64.b64encode(sig).decode()}]}}
+    (root / attest.OMS_NAME).write_text(json.dumps(bundle))
+
+
+def test_signed_statement_listing_another_digest_for_a_file_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
+    """Step 3: the statement's subjects against the manifest's files (the predicate still matches)."""
+    _sign_statement(rel, keypair[0], lambda s: next(x for x in s["subject"] if x["name"] == ENTRY_FILE)
+                    ["digest"].update(sha256="ab" * 32))
+    for key in (keypair[1], None):  # signature checked, and only read
+        with pytest.raises(VerificationError, match=f"{ENTRY_FILE}: the .*statement.* lists sha256 abab"):
+            verify_release(rel, key=key)
+
+
+def test_signed_statement_listing_a_file_the_manifest_does_not_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
+    def add(s: dict[str, Any]) -> None:
+        s["subject"].append({"name": "extra.bin", "digest": {"sha256": "cd" * 32}})
+        s["predicate"]["num_files"] += 1  # what a signer of that file set would state
+
+    _sign_statement(rel, keypair[0], add)
+    with pytest.raises(VerificationError, match=r"extra\.bin: the signed statement lists sha256 cdcd"):
+        verify_release(rel, key=keypair[1])
+
+
+def test_control_a_statement_signed_over_the_release_itself_verifies(rel: Path, keypair: tuple[Path, Path]) -> None:
+    _sign_statement(rel, keypair[0], lambda s: None)
+    assert verify_release(rel, key=keypair[1]).signature.status == "verified"
+
+
+def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
+    """verify.py: the OMS resources against the release's files, when a kvgraft bundle is the statement."""
+    signed = sign.sign_release(rel, keys.load_private_key(keypair[0]))
+    assert signed.oms is not None
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    _sign_oms_statement(rel, keypair[0], {**_files(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
+    for key in (keypair[1], None):
+        with pytest.raises(VerificationError, match=r"model\.sig: the OpenSSF model signing signature lists other files"):
+            verify_release(rel, key=key)
+    # Control: the same signature over the release's own files verifies.
+    _sign_oms_statement(rel, keypair[0], {**_files(rel), attest.BUNDLE_NAME: bundle_sha})
+    assert verify_release(rel, key=keypair[1]).signature.oms_verified
+
+
+def test_oms_only_signature_over_another_file_list_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
+    """Without a kvgraft bundle the OMS file list is the statement: integrity step 3 and verify.py's
+    comparison both refuse it (removing both together must still fail this test)."""
+    _sign_oms_statement(rel, keypair[0], {**_files(rel), ENTRY_FILE: "ef" * 32})
+    for key in (keypair[1], None):
+        with pytest.raises(VerificationError, match=f"({ENTRY_FILE}|model.sig): .*(lists sha256 efef|lists other files)"):
+            verify_release(rel, key=key)
+    _sign_oms_statement(rel, keypair[0], _files(rel))
+    assert verify_release(rel, key=keypair[1]).signature.status == "verified"
+
+
+def test_oms_subject_digest_not_of_its_resources_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
+    """signing/oms.py: the one subject's digest must be the one the listed resources imply; model_signing
+    verifies that digest, so a signature whose subject names other bytes is not a signature of these."""
+    _sign_oms_statement(rel, keypair[0], _files(rel), lambda s: s["subject"][0]["digest"].update(sha256="01" * 32))
+    for key in (keypair[1], None):
+        with pytest.raises(VerificationError, match=r"model\.sig: the subject digest does not match"):
+            verify_release(rel, key=key)
+
+
+def test_stale_entry_digest_is_refused(rel: Path) -> None:
+    """check_commitments: an entry edited (its token digest recomputed) but its entry digest left stale."""
+    m = json.loads((rel / MANIFEST).read_text())
+    m["entries"][1]["source"]["text"] = "another text"
+    (rel / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match=r"manifest.json: entry 'rec-001': digest [0-9a-f]{64} does not match"):
+        verify_release(rel)
+    with pytest.raises(IntegrityError, match="entry 'rec-001': digest"):
+        Release.open(rel)
+
+
+def test_stale_root_digest_is_refused(rel: Path) -> None:
+    m = json.loads((rel / MANIFEST).read_text())
+    m["model"]["spec"] = "someone/else"
+    (rel / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match=r"manifest\.json: root_digest [0-9a-f]{64} does not match the manifest"):
+        verify_release(rel)
+    # Control: the same edit with every digest recomputed is read (only a signature could tell).
+    rewrite.manifest(rel, lambda m: None)
+    assert verify_release(rel).model["spec"] == "someone/else"
+
+
+def test_verified_does_not_reuse_a_verification_under_another_policy(rel: Path, keypair: tuple[Path, Path],
+                                                                     other_key: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(keypair[0]))
+    release = Release.open(rel)
+    opened = verified(release)  # no key: the signature is not checked
+    assert opened.checked.signature.status == "not checked" and opened.policy == SignatureNotChecked()
+    with pytest.raises(VerificationError, match="does not verify with key"):
+        verified(opened, verify_policy(key=other_key[1]))
+    with pytest.raises(VerificationError, match="does not verify with key"):
+        verified(release, verify_policy(key=other_key[1]))  # nor through the Release object it holds
+    checked = verified(opened, verify_policy(key=keypair[1]))
+    assert checked.release is release and checked.checked.signature.status == "verified"
+    assert checked.policy == SignedWithKeys((keypair[1],))
+    # And the other way round: a release verified with a key is reused when no policy is asked for.
+    assert verified(checked) is checked and checked.checked.signature.status == "verified"
+
+
+def test_verified_with_require_signature_refuses_an_unsigned_release_verified_before(rel: Path) -> None:
+    from kvgraft.errors import InputError
+
+    opened = verified(Release.open(rel))
+    assert opened.warnings  # unsigned: a warning only
+    with pytest.raises(InputError, match="--require-signature needs --key"):
+        verified(opened, verify_policy(require_signature=True))
+
+
+# ------------------------------------------------------------------------------ tiny model: graft, recompute
+
+
+def _text(n: int) -> str:
+    import tiny
+
+    return " ".join(tiny._CORPUS * 3)[: n * 4]
+
+
+@pytest.fixture(scope="module")
+def captured(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three entries of the tiny llama, one-shot, sdpa (this machine's bytes)."""
+    from kvgraft.inference import capture
+
+    root = tmp_path_factory.mktemp("cap") / "rel"
+    records = [("t", {"id": name, "text": _text(40 + 8 * i)}) for i, name in enumerate("abc")]
+    capture.capture(tiny_lm("llama"), records, root, probe_tokens=2)
+    return root
+
+
+@pytest.fixture
+def cap(captured: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(captured, tmp_path / "rel"))
+
+
+def _flip_tensor_byte(root: Path, entry: dict[str, Any], tensor: str) -> None:
+    path = root / entry["file"]
+    start, _ = entry["tensors"][tensor]["byte_range"]
+    data = bytearray(path.read_bytes())
+    data[start + 1] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_graft_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[str], Any], cap: Path) -> None:
+    """graft.read_entry_tensors: each tensor's SHA-256 on read, the check that guards a verified release."""
+    from kvgraft.inference import graft
+
+    lm = tiny_lm("llama")
+    rel = verified(cap).release
+    assert graft.restore(rel, "a", lm).entry["id"] == "a"  # control: intact, it grafts
+    _flip_tensor_byte(cap, rel.entry("b"), "layer.1.values")
+    with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.1.values' bytes \[\d+, \d+\): sha256"):
+        graft.restore(rel, "b", lm)
+
+
+def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[str], Any],
+                                                                          cap: Path) -> None:
+    """recompute's stored-tensor read checks each digest: the comparison never judges unverified bytes."""
+    from kvgraft.inference.runtime import Schedule, prefill
+    from kvgraft.recompute import audit as recompute
+
+    lm = tiny_lm("llama")
+    rel = verified(cap).release
+    entry = rel.entry("b")
+    fresh, _ = prefill(lm, entry["token_ids"], Schedule())
+    assert recompute.classify(recompute.compare_layers(rel, entry, lm, fresh)) == ("byte-exact", None)  # control
+    _flip_tensor_byte(cap, entry, "layer.2.keys")
+    fresh, _ = prefill(lm, entry["token_ids"], Schedule())
+    with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.2.keys' bytes \[\d+, \d+\): sha256"):
+        recompute.compare_layers(rel, entry, lm, fresh)
+
+
+def _next_ulp(x: float) -> float:
+    return float(np.nextafter(np.float32(x), np.float32(np.inf)))
+
+
+def test_release_verdict_is_its_worst_entry(tiny_lm: Callable[[str], Any], cap: Path) -> None:
+    """a byte-exact, b one ulp off in one element (consistent), c one element doubled (inconsistent)."""
+    from kvgraft.recompute import audit as recompute
+
+    lm = tiny_lm("llama")
+    rewrite.element(cap, 1, "layer.1.keys", 5, _next_ulp)
+    rewrite.element(cap, 2, "layer.1.keys", 5, lambda x: 2.0 * x + 1.0)
+    two = recompute.audit(cap, lm, entries=["a", "b"], require="consistent")
+    assert [e["verdict"] for e in two["entries"]] == ["byte-exact", "consistent"]
+    assert two["verdict"] == "consistent" and two["passed"] and not two["all_byte_exact"]
+    assert not recompute.audit(cap, lm, entries=["b", "a"], require="exact")["passed"]
+    three = recompute.audit(cap, lm, require="consistent")
+    assert [e["verdict"] for e in three["entries"]] == ["byte-exact", "consistent", "inconsistent"]
+    assert three["verdict"] == "inconsistent" and not three["passed"]
+    assert "Verdict inconsistent" in three["statements"][-1]
+
+
+def test_a_nan_stored_where_fresh_is_finite_is_outside_the_envelope(tiny_lm: Callable[[str], Any], cap: Path) -> None:
+    from kvgraft.recompute import audit as recompute
+
+    rewrite.element(cap, 0, "layer.0.values", 3, lambda x: float("nan"))
+    e = recompute.audit(cap, tiny_lm("llama"), require="consistent")["entries"][0]
+    assert e["verdict"] == "inconsistent"
+    assert e["layers"][0]["values"]["outside"] == 1
+    assert e["outside"]["first"]["layer"] == 0 and e["outside"]["first"]["tensor"] == "values"
+
+
+def test_a_tensor_stored_in_another_shape_is_inconsistent(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
+    """A shape mismatch alone (every other tensor byte-exact) is not the same computation."""
+    from kvgraft.inference import capture
+    from kvgraft.inference.runtime import Schedule, prefill
+    from kvgraft.recompute import audit as recompute
+    from kvgraft.release.format import ReleaseWriter
+
+    lm = tiny_lm("llama")
+    entry, tensors = capture.capture_entry(lm, {"id": "s", "text": _text(40)}, Schedule(), 0, "t")
+    tensors["layer.1.keys"] = tensors["layer.1.keys"][..., :4].clone()  # half the head dim
+    writer = ReleaseWriter(tmp_path / "rel")
+    writer.add_entry(entry, tensors)
+    writer.finish(capture.header(lm, Schedule()))
+    rel = verified(tmp_path / "rel").release
+    fresh, _ = prefill(lm, entry["token_ids"], Schedule())
+    rows = recompute.compare_layers(rel, rel.entry("s"), lm, fresh)
+    assert sum(not r[p]["equal"] for r in rows for p in ("keys", "values")) == 1
+    verdict, outside = recompute.classify(rows)
+    assert verdict == "inconsistent"
+    n = entry["num_tokens"]
+    assert outside is not None and outside["layers"] == [1] and outside["shape"] == [
+        f"layer 1 keys: stored [1, 2, {n}, 4] torch.float32, fresh [1, 2, {n}, 8] torch.float32"]
+
+
+def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: Callable[[str], Any],
+                                                                       tmp_path: Path) -> None:
+    """A release captured with eager attention, recomputed on a model loaded with sdpa: eager is
+    replayed (byte-exact), also while another condition is overridden; overriding it differs (control)."""
+    from kvgraft.inference import capture, reapply
+    from kvgraft.inference.runtime import attention
+    from kvgraft.recompute import audit as recompute
+
+    lm = tiny_lm("llama")
+    with attention(lm, "eager"):
+        capture.capture(lm, [("t", {"id": "e", "text": _text(60)})], tmp_path / "rel", probe_tokens=2)
+    assert lm.attn == "sdpa"
+    recorded = json.loads((tmp_path / "rel" / MANIFEST).read_text())["environment"]
+    assert recorded["attn_implementation"] == "eager"
+    # What the CLI loads the model with: the recorded kernel unless --attn says otherwise.
+    assert reapply.load_options(recorded) == ("cpu", "float32", "eager")
+    assert reapply.load_options(recorded, attn="sdpa")[2] == "sdpa"
+    for overrides in ({}, {"threads": 1}, {"deterministic_algorithms": False}):
+        r = recompute.audit(tmp_path / "rel", lm, overrides=overrides)
+        assert r["environment"]["current"]["attn_implementation"] == "eager", overrides
+        assert "attn_implementation" in r["conditions"]["replayed"], overrides
+        assert r["all_byte_exact"], overrides
+    control = recompute.audit(tmp_path / "rel", lm, overrides={"attn_implementation": "sdpa"})
+    assert not control["all_byte_exact"] and "attn_implementation" in control["conditions"]["overridden"]
+    assert lm.attn == "sdpa"
+
+
+def test_recorded_prefill_schedule_is_replayed(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
+    """Captured in chunks of 4 tokens: replayed byte-exact; recomputed one-shot it differs (control)."""
+    from kvgraft.inference import capture
+    from kvgraft.inference.runtime import Schedule
+    from kvgraft.recompute import audit as recompute
+
+    lm = tiny_lm("llama")
+    capture.capture(lm, [("t", {"id": "k", "text": _text(60)})], tmp_path / "rel", schedule=Schedule(chunk_tokens=4),
+                    probe_tokens=2)
+    r = recompute.audit(tmp_path / "rel", lm)
+    assert r["all_byte_exact"] and not r["schedule_overridden"] and r["schedule"]["chunk_tokens"] == 4
+    control = recompute.audit(tmp_path / "rel", lm, schedule=Schedule())
+    assert control["schedule_overridden"] and not control["all_byte_exact"]

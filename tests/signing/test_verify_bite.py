@@ -1,0 +1,181 @@
+"""verify.py's outputs and edge paths, each pinned (mutmut's verify survivors, docs/mutation.md).
+
+What `kvgraft verify` says about a signature (SignatureStatus.describe), its --json document, the
+predicate mismatch message, a key that cannot check an OMS-only release, an OMS signature beside an
+Ed25519 bundle, and `verified()` on a path, on a Release changed after it was opened, and the headers
+it hands back.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvgraft.errors import IntegrityError, VerificationError
+from kvgraft.release.format import MANIFEST, Release
+from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
+
+import rewrite
+from release_factory import make_release
+
+
+@pytest.fixture(scope="module")
+def ecdsa(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return keys.write_keypair(tmp_path_factory.mktemp("k") / "ec")
+
+
+@pytest.fixture(scope="module")
+def ed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return keys.write_keypair(tmp_path_factory.mktemp("k") / "ed", algorithm="ed25519")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("base") / "rel"
+    make_release(root, entries=2, seed=9)
+    return root
+
+
+@pytest.fixture
+def rel(base: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(base, tmp_path / "rel"))
+
+
+def _kid(public: Path) -> str:
+    return keys.key_id(keys.load_public_key(public))
+
+
+def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    assert verify_release(rel).signature.describe() == "not checked: the release is unsigned (no release.sigstore.json)"
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    assert verify_release(rel).signature.describe() == \
+        "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
+    # Two signature files: which verified with which key (issue 23).
+    assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
+        f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ecdsa[1])}; {attest.OMS_NAME} verified with key {_kid(ecdsa[1])}"
+    (rel / attest.BUNDLE_NAME).unlink()
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    assert verify_release(rel).signature.describe() == \
+        "not checked: an OpenSSF model signing signature (model.sig) is present; pass --key"
+    assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
+        f"verified: key {_kid(ecdsa[1])}; OpenSSF model signing signature verified"
+    sigstore = SignatureStatus("verified", "sigstore", bundle="b", identity="ci@example.org", issuer="https://issuer")
+    assert sigstore.describe() == "verified: ci@example.org via https://issuer (Sigstore)"
+
+
+def _digests(root: Path) -> dict[str, str]:
+    from kvgraft._internal.digest import sha256_hex
+
+    m = json.loads((root / MANIFEST).read_text())
+    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
+
+
+def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: Path, ecdsa: tuple[Path, Path],
+                                                                            ed: tuple[Path, Path]) -> None:
+    from kvgraft._internal.digest import sha256_hex
+
+    signed = sign.sign_release(rel, keys.load_private_key(ed[0]))
+    assert signed.oms is None and not (rel / attest.OMS_NAME).exists()  # OMS cannot use an Ed25519 key
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    status = verify_release(rel, key=ed[1]).signature
+    assert (status.status, status.oms_verified, status.oms_signature) == ("verified", False, str(rel / attest.OMS_NAME))
+    assert status.describe() == f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ed[1])}; {attest.OMS_NAME} not checked"
+
+
+def test_an_ed25519_key_cannot_vouch_for_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path],
+                                                              ed: tuple[Path, Path]) -> None:
+    """The key asked for must check the signature: an OMS-only release and a key OMS cannot use fail."""
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    with pytest.raises(VerificationError, match="an OMS signature is made with an ECDSA key"):
+        verify_release(rel, key=ed[1])
+
+
+def test_verify_json_document(rel: Path) -> None:
+    result = verify_release(rel)
+    d = result.as_dict()
+    assert d["release"] == str(rel) and d["warnings"] == result.warnings and d["warnings"]
+    assert d["seconds"] == round(result.seconds, 6) and d["throughput_bytes_per_s"] == round(result.throughput, 1)
+    assert isinstance(d["seconds"], float) and isinstance(d["throughput_bytes_per_s"], float)
+    assert failure_dict(rel / "x", "boom", 2) == {
+        "format": "kvgraft-verify-result", "format_version": 1, "kvgraft_version": d["kvgraft_version"],
+        "ok": False, "exit_code": 2, "error": "boom", "release": str(rel / "x")}
+
+
+def _resign(root: Path, private: Path, change: object) -> None:
+    from kvgraft._internal.digest import sha256_hex
+
+    data = (root / MANIFEST).read_bytes()
+    stmt = attest.statement(json.loads(data), sha256_hex(data), len(data))
+    change(stmt["predicate"])  # type: ignore[operator]
+    payload = attest.statement_bytes(stmt)
+    key = keys.load_private_key(private)
+    sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    attest.write_bundle(root, json.dumps(attest.key_bundle(payload, sig, keys.key_id(key))).encode())
+    (root / attest.OMS_NAME).unlink(missing_ok=True)
+
+
+def test_predicate_mismatch_names_the_member_and_both_values(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    _resign(rel, ecdsa[0], lambda p: p.update(num_entries=7))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=ecdsa[1])
+    assert str(info.value) == (f"{rel / MANIFEST}: the signed statement predicate's num_entries 7 does not match "
+                               f"the manifest (2)")
+    # A long or non-ASCII value: sorted keys, ASCII escapes, cut at 200 characters.
+    _resign(rel, ecdsa[0], lambda p: p["model"].update(architecture="é" * 300))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=ecdsa[1])
+    message = str(info.value)
+    claimed = message.split("predicate's model ", 1)[1].split(" does not match", 1)[0]
+    assert claimed == '{"architecture": "' + "\\u00e9" * 30 + '\\u...'  # 18 + 30 * 6 = 198, then 2 of the next
+    model = json.loads((rel / MANIFEST).read_text())["model"]
+    implied = {k: model[k] for k in ("spec", "architecture", "model_type", "identity")}
+    cut = json.dumps(implied, sort_keys=True)[:200] + "..."
+    assert message.endswith(f"does not match the manifest ({cut})")
+
+
+def test_verified_on_a_path_and_on_a_release(rel: Path) -> None:
+    opened = verified(str(rel))
+    assert isinstance(opened, VerifiedRelease) and isinstance(opened.release, Release)
+    assert opened.checked.scope == "open" and opened.root == rel
+    fresh = Release.open(rel)
+    again = verified(fresh)
+    assert again.release is fresh and again.checked is not opened.checked
+    assert verified(fresh).checked is again.checked  # the same object, verified once
+    # The headers verified are handed to the Release: reading an entry's layout works and reuses them.
+    entry = fresh.entries[0]
+    assert set(fresh.tensor_layout(entry)) == set(entry["tensors"])
+
+
+def test_verified_refuses_a_release_changed_after_it_was_opened(rel: Path) -> None:
+    early = Release.open(rel)
+    before = early.manifest["root_digest"]
+    rewrite.manifest(rel, lambda m: m["entries"][0]["source"].update(text="edited"))
+    now = json.loads((rel / MANIFEST).read_text())["root_digest"]
+    with pytest.raises(IntegrityError) as info:
+        verified(early)
+    assert str(info.value) == (f"{rel / MANIFEST}: the release changed after it was opened (root digest {before}, "
+                               f"now {now})")
+
+
+def test_policies_name_one_kind_each_and_refuse_what_means_nothing(tmp_path: Path) -> None:
+    from kvgraft.errors import InputError
+    from kvgraft.signing.policy import SignatureNotChecked, SignedByIdentity, SignedWithKeys, verify_policy
+
+    key = tmp_path / "k.pub.pem"
+    assert verify_policy() == SignatureNotChecked()
+    assert verify_policy(key=key, more_keys=(key,)) == SignedWithKeys((key, key))
+    assert verify_policy(identity="me", issuer="https://issuer") == SignedByIdentity("me", "https://issuer")
+    assert verify_policy(key=key) != verify_policy(key=key, require_signature=True) != verify_policy()
+    for given, message in [({"identity": "me"}, "must be given together"),
+                           ({"more_keys": (key,)}, "more keys given without a first one"),
+                           ({"key": key, "identity": "me", "issuer": "i"}, "not both"),
+                           ({"require_signature": True}, "--require-signature needs --key")]:
+        with pytest.raises(InputError, match=message):
+            verify_policy(**given)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="at least one --key"):
+        SignedWithKeys(())

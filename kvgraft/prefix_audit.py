@@ -22,7 +22,7 @@ from kvgraft.compare import diff_tensors
 from kvgraft.graft import check_model, prefix_entry, read_entry_tensors
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release
-from kvgraft.runtime import Schedule, layer_map, prefill
+from kvgraft.runtime import Schedule, every_position_layers, layer_map, new_cache, prefill
 from kvgraft.verify import VerifyPolicy, verified
 
 
@@ -49,10 +49,11 @@ def audit_prefix(release: Release | Path | str, entry_id: str, n: int, lm: Loade
     _, rows = prefix_entry(entry, stored, n, str(rel.root))
     schedule = Schedule.from_dict(rel.manifest["schedule"])
     ids = list(entry["token_ids"])
+    every = every_position_layers(entry)  # sliding layers stored in full are recomputed in full
     with replay.applied(lm, rel.manifest["environment"], {}), torch.no_grad():
-        whole, _ = prefill(lm, ids, schedule)
+        whole, _ = prefill(lm, ids, schedule, new_cache(lm, every))
         _, fresh_whole = layer_map(lm, whole)
-        alone, _ = prefill(lm, ids[:n], schedule)
+        alone, _ = prefill(lm, ids[:n], schedule, new_cache(lm, every))
         _, fresh_alone = layer_map(lm, alone)
     recorded = _compare(rows, fresh_whole, n)
     against_alone = _compare(rows, fresh_alone, n)

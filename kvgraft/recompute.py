@@ -21,7 +21,7 @@ from kvgraft.graft import check_model, restore
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
+from kvgraft.runtime import Schedule, encode, every_position_layers, forward, layer_map, new_cache, prefill
 from kvgraft.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.verify import verified
 
@@ -178,7 +178,10 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     if schedule is not None and schedule.as_dict() != rel.manifest["schedule"]:
         differing.append("schedule")
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
-    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
+    # Sliding layers the entry stores with every position are recomputed keeping every position
+    # (the same computation: runtime.new_cache), so each stored position is compared.
+    every = every_position_layers(entry)
+    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule, new_cache(lm, every))
     t_prefill = time.perf_counter() - t0
     measured: list[Envelope] = []
     reference = layer_map(lm, fresh_cache)[1]
@@ -187,7 +190,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
 
     def envelope() -> Envelope:  # measured only when some tensor differs
         if not measured:
-            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests))
+            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests, every=every))
         return measured[0]
 
     rows = compare_layers(rel, entry, lm, fresh_cache, envelope, fresh_digests=digests)
@@ -474,7 +477,8 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
     entry = next((e for e in manifest["entries"] if e["id"] == entry_id), None)
     if entry is None:
         raise IntegrityError(f"manifest has no entry {entry_id!r}")
-    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]))
+    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]),
+                            new_cache(lm, every_position_layers(entry)))
     _, fresh = layer_map(lm, cache)
     mismatches = []
     for meta in entry["layers"]:

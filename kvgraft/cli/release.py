@@ -23,22 +23,29 @@ def capture(
     chunk: Annotated[int | None, typer.Option("--chunk", help="Prefill in chunks of N tokens (default one-shot).")] = None,
     probe: Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")] = 8,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
+    sliding: Annotated[str, typer.Option("--sliding-layers", help="What sliding-window layers store: window (the "
+                                                                  "positions the model keeps) or all (every position; "
+                                                                  "needed for prefix grafts).")] = "window",
 ) -> None:
     """Capture KV states of each record into a cache release."""
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import refuse_existing
+    from kvgraft.capture import SLIDING_LAYOUTS, read_records
     from kvgraft.capture import capture as do_capture
-    from kvgraft.capture import read_records
+    from kvgraft.errors import InputError
     from kvgraft.runtime import Schedule
 
+    if sliding not in SLIDING_LAYOUTS:
+        raise InputError(f"--sliding-layers {sliding}: expected one of {', '.join(SLIDING_LAYOUTS)}")
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
     lm = load_model(model, device, dtype, attn)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("capturing", total=len(records))
         manifest = do_capture(lm, records, out_dir, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
-                              overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i))
+                              overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i),
+                              sliding=sliding)
     tokens = sum(e["num_tokens"] for e in manifest["entries"])  # the writer's whole-release document
     out.print(f"captured {len(manifest['entries'])} entries, {tokens} tokens → {out_dir}")
     out.print(f"root digest {manifest['root_digest']}")

@@ -174,6 +174,19 @@ def restore(release: Release | Path | str, entry_id: str, lm: LoadedModel, *, fo
     return Restored(cache, entry, nbytes, seconds, forced, conditions, list(rel.verification.warnings))
 
 
+def prefix_refusal(entry: dict[str, Any]) -> str | None:
+    """Why no prefix of `entry` can be grafted (a layer that does not hold every position), or None."""
+    total = entry["num_tokens"]
+    for meta in entry["layers"]:
+        if meta["kind"] == "shared":
+            continue
+        stores = meta.get("stores", "all" if meta["kind"] == "full" else "window")
+        if stores != "all" or meta.get("positions", [0, total]) != [0, total]:
+            return (f"layer {meta['index']}: stored as {meta['kind']} (positions {meta.get('positions')}, {stores}); "
+                    "a prefix graft needs every layer to hold every position")
+    return None
+
+
 def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
                  where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The first n tokens of an entry whose layers all hold every position: its record cut to n
@@ -182,20 +195,16 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     full is cut, and build_cache keeps the prefix's own window."""
     if not 0 < n <= entry["num_tokens"]:
         raise IntegrityError(f"{where}: entry {entry['id']!r}: a prefix of {n} tokens of {entry['num_tokens']}")
+    refused = prefix_refusal(entry)
+    if refused:
+        raise IntegrityError(f"{where}: entry {entry['id']!r} {refused}")
     cut = dict(entry)
     layers = []
     out: dict[str, torch.Tensor] = {}
-    total = entry["num_tokens"]
     for meta in entry["layers"]:
-        every = meta["kind"] != "shared" and meta.get("stores", "all" if meta["kind"] == "full" else "window") == "all" \
-            and meta.get("positions", [0, total]) == [0, total]
         if meta["kind"] == "shared":
             layers.append(dict(meta))
             continue
-        if not every:
-            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {meta['index']}: stored as {meta['kind']} "
-                                 f"(positions {meta.get('positions')}, {meta.get('stores', 'window')}); a prefix graft "
-                                 f"needs every layer to hold every position")
         cut_meta = {**meta, "positions": [0, n]}
         if meta["kind"] == "sliding":
             cut_meta["cumulative_length"] = n
@@ -204,6 +213,12 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
             out[meta[part]] = tensors[meta[part]][:, :, :n, :]
     cut.update(num_tokens=n, token_ids=entry["token_ids"][:n], layers=layers)
     return cut, out
+
+
+def prefix_rows(schedule: dict[str, Any], n: int, total: int) -> str:
+    """What a prefix graft's rows are, in words (one sentence for the graft, `kvgraft run` and the audit)."""
+    how = "one-shot" if schedule.get("chunk_tokens") is None else f"chunked ({schedule['chunk_tokens']} tokens)"
+    return f"rows [0, {n}) of a {how} prefill of all {total} tokens"
 
 
 def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: LoadedModel, *, force: bool = False,
@@ -227,9 +242,8 @@ def restore_prefix(release: Release | Path | str, token_ids: list[int], lm: Load
     cache = build_cache(lm, cut, views, str(rel.root))
     conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
     sched = rel.manifest["schedule"]
-    how = "one-shot" if sched["mode"] == "one-shot" else f"chunked ({sched['chunk_tokens']} tokens)"
     prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
-              "rows": f"rows [0, {n}) of a {how} prefill of all {entry['num_tokens']} tokens"}
+              "rows": prefix_rows(sched, n, int(entry["num_tokens"]))}
     return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
                     list(rel.verification.warnings), prefix)
 

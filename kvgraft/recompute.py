@@ -261,8 +261,24 @@ def statements(result: dict[str, Any]) -> list[str]:
                    "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
         if result.get("bound"):
             out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+    grafts = result.get("prefix_grafts")
+    if grafts:
+        out.append(prefix_statement(grafts))
     out.append(verdict_statement(result))
     return out
+
+
+def prefix_statement(grafts: dict[str, Any]) -> str:
+    """One sentence on the prefix grafts judged: under their recorded schedule, and against the prefix alone."""
+    judged = grafts["entries"]
+    counts = {v: sum(g["verdict"] == v for g in judged) for v in VERDICTS}
+    alone = {v: sum(g["against_prefix_alone"]["verdict"] == v for g in judged) for v in VERDICTS}
+    skipped = f"; {len(grafts['skipped'])} entries skipped (no such prefix graft)" if grafts["skipped"] else ""
+    return (f"Prefix grafts of {grafts['tokens']} tokens (rows [0, {grafts['tokens']}) of each entry's recorded "
+            f"prefill), judged under that schedule: {counts['byte-exact']} byte-exact, {counts['consistent']} "
+            f"consistent, {counts['inconsistent']} inconsistent of {len(judged)}; against a prefill of the prefix "
+            f"alone: {alone['byte-exact']} byte-identical, {alone['consistent']} inside its noise envelope, "
+            f"{alone['inconsistent']} outside{skipped}.")
 
 
 def verdict_statement(result: dict[str, Any]) -> str:
@@ -351,7 +367,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
           overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
           nonce: str | None = None, journal: Path | None = None,
-          on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, Any]:
+          on_progress: Callable[[dict[str, int]], None] | None = None, prefix: int | None = None) -> dict[str, Any]:
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
@@ -365,11 +381,18 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     each entry records its placement. With `journal`, each judged entry is appended as it lands and an
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
+    With `prefix` (tokens), a graft of each chosen entry's first `prefix` tokens is judged too
+    (kvgraft.prefix_audit: under its recorded schedule, and against the prefix alone); its verdict
+    counts in the release's.
     """
     from kvgraft.executor import LocalExecutor
     from kvgraft.journal import Journal, header
 
     check_requirement(require)  # before any work
+    if prefix is not None:
+        from kvgraft.prefix_audit import check_tokens
+
+        check_tokens(prefix)
     rel = release if isinstance(release, Release) else Release.open(release)
     rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
@@ -416,11 +439,14 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
         finally:
             if jr is not None:
                 jr.close()
+        if prefix is not None:
+            result["prefix_grafts"] = prefix_grafts(rel, lm, ex, chosen, prefix, schedule)
     result["executor"] = ex.describe()
     result["cost"]["executor"] = ex.kind
     result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
     result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
-    result["verdict"] = worst([e["verdict"] for e in result["entries"]])
+    grafts = result.get("prefix_grafts", {}).get("entries", [])
+    result["verdict"] = worst([e["verdict"] for e in result["entries"]] + [g["verdict"] for g in grafts])
     result["passed"] = passes(result["verdict"], require)
     if drawn is not None:
         result["sample"] = drawn
@@ -428,6 +454,26 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
         result["bound"] = bound(result, rel.entries)
     result["statements"] = statements(result)
     return result
+
+
+def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
+                  schedule: Schedule | None) -> dict[str, Any]:
+    """Each chosen entry's prefix graft of `tokens` tokens judged (kvgraft.prefix_audit), on the executor;
+    an entry no longer than that, or with a layer that does not hold every position, is listed as skipped."""
+    from kvgraft.graft import prefix_refusal
+    from kvgraft.prefix_audit import prefix_unit
+
+    todo, skipped = [], []
+    for e in chosen:
+        why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
+            else prefix_refusal(e)
+        if why:
+            skipped.append({"entry": e["id"], "reason": why})
+        else:
+            todo.append(e)
+    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, todo, lm=lm,
+                    labels=[str(e["id"]) for e in todo]) if todo else []
+    return {"tokens": tokens, "entries": judged, "skipped": skipped}
 
 
 def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,

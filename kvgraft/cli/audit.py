@@ -73,6 +73,10 @@ def recompute_cmd(
     journal: Annotated[Path | None, typer.Option(
         "--journal", help="Record each judged entry here and resume from it (default with --json: OUT.json.journal).")]
     = None,
+    prefix: Annotated[int | None, typer.Option(
+        "--prefix", help="Also judge a prefix graft of each audited entry's first N tokens (what `kvgraft run --prefix` "
+                         "and the vLLM connector graft): under its recorded schedule, and against a prefill of the N "
+                         "tokens alone.")] = None,
 ) -> None:
     """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
 
@@ -83,13 +87,19 @@ def recompute_cmd(
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
     With --json (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
     with the same command, resumes from it and judges no entry twice; no result is written until every
-    entry is judged.
+    entry is judged. With --prefix N a graft of each entry's first N tokens is judged as well (not
+    journaled): under the schedule that made its rows (a prefill of all the entry's tokens), and
+    against a prefill of the N tokens alone; its verdict counts in the release's.
     """
     from kvgraft import recompute, replay, sampling
     from kvgraft.executor import NotAuditedError
     from kvgraft.verify import VerifyPolicy, verified
 
     recompute.check_requirement(require)
+    if prefix is not None:
+        from kvgraft.prefix_audit import check_tokens
+
+        check_tokens(prefix)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
     rel = verified(release, VerifyPolicy(key=key, require_signature=require_signature))
     if target_fraction is not None:
@@ -112,7 +122,7 @@ def recompute_cmd(
             try:
                 result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
                                          on_progress=tick, executor=ex, overrides=overrides, require=require,
-                                         sample=sample, nonce=nonce, journal=journal)
+                                         sample=sample, nonce=nonce, journal=journal, prefix=prefix)
             except (KeyboardInterrupt, NotAuditedError):
                 if journal is not None and journal.exists():
                     say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "

@@ -277,10 +277,15 @@ def model_for(release: Release | Path | str, spec: str = DEFAULT_MODEL, *, devic
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
-def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
+def run(release: Release | Path | str, entry_id: str | None, lm: LoadedModel, prompt: str, *,
         max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
-        attn: str | None = None, dtype: str | None = None) -> Continuation:
+        attn: str | None = None, dtype: str | None = None, prefix: bool = False) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
+
+    With `prefix` (and no `entry_id`) the prompt is the whole text: tokenized as the release's
+    schedule tokenizes a record, the longest block-aligned prefix of it that an entry starts with is
+    grafted (`restore_prefix`) and the rest prefilled; on a miss the whole prompt is prefilled. The
+    ledger's `prefix` says what was grafted and the schedule of its rows (None on a miss).
 
     The continuation runs with the release's recorded attention kernel unless `attn` says otherwise (a
     kernel transformers cannot run, e.g. an engine's own, leaves the model's); the dtype is the loaded
@@ -300,9 +305,21 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
     if dtype is not None and dtype != lm.dtype:
         raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
     overrides = replay.overrides_given(recorded, attn=attn, dtype=dtype)
+    if prefix == (entry_id is not None):
+        raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     with attention(lm, str(kernel)):
-        restored = restore(rel, entry_id, lm, force=force, policy=policy)
-        ids = encode(lm, prompt) if prompt else []
+        if prefix:
+            whole = encode(lm, prompt, add_special_tokens=bool(rel.manifest["schedule"].get("add_special_tokens")))
+            if not whole:
+                raise InputError("--prefix: the prompt is empty; a prefix graft needs the prompt it starts")
+            hit = restore_prefix(rel, whole, lm, force=force, policy=policy)
+            restored = hit if hit is not None else Restored(new_cache(lm), {"num_tokens": 0}, 0, 0.0, False, {},
+                                                            list(rel.verification.warnings))
+            ids = whole[int(restored.entry["num_tokens"]):]
+        else:
+            assert entry_id is not None
+            restored = restore(rel, entry_id, lm, force=force, policy=policy)
+            ids = encode(lm, prompt) if prompt else []
         t0 = time.perf_counter()
         if ids:
             logits = forward(lm, restored.cache, ids)[-1]
@@ -322,4 +339,6 @@ def run(release: Release | Path | str, entry_id: str, lm: LoadedModel, prompt: s
         "conditions": conditions,
         "verification_warnings": restored.warnings,
     }
+    if prefix:
+        ledger["prefix"] = restored.prefix  # None: no entry starts with the prompt's first block
     return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

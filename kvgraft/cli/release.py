@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, plain, say
+from kvgraft.errors import InputError
 
 
 @app.command()
@@ -33,7 +34,6 @@ def capture(
     from kvgraft._internal.jsonio import refuse_existing
     from kvgraft.capture import SLIDING_LAYOUTS, read_records
     from kvgraft.capture import capture as do_capture
-    from kvgraft.errors import InputError
     from kvgraft.runtime import Schedule
 
     if sliding not in SLIDING_LAYOUTS:
@@ -55,8 +55,12 @@ def capture(
 @handled
 def run_cmd(
     release: Annotated[Path, typer.Argument(help="Cache release folder.")],
-    entry: Annotated[str, typer.Option("--entry", "-e", help="Entry id to graft.")],
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix.")] = "",
+    entry: Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")] = None,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: "
+                                                               "the whole prompt).")] = "",
+    prefix: Annotated[bool, typer.Option("--prefix", help="Instead of --entry: graft the longest block-aligned prefix "
+                                                          "of the prompt that some entry starts with, prefill the "
+                                                          "rest.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
     model: ModelOpt = "smollm2-135m",
     device: DeviceOpt = "auto",
@@ -78,7 +82,9 @@ def run_cmd(
     print the continuation and token ledger.
 
     Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
-    as `audit recompute` does, and says which recorded conditions differ here.
+    as `audit recompute` does, and says which recorded conditions differ here. With --prefix it says
+    which entry's first N tokens it grafted and the schedule of those rows (a prefill of all the
+    entry's tokens), or that nothing matched and the whole prompt was prefilled.
     """
     from kvgraft import graft, replay
     from kvgraft.signing.sigstore import SigstoreTrust
@@ -87,17 +93,23 @@ def run_cmd(
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
     policy = VerifyPolicy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
                           require_signature=require_signature)
+    if prefix == (entry is not None):
+        raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     rel = verified(release, policy)
-    rel.entry(entry)  # an unknown entry is refused before the model loads
+    if entry is not None:
+        rel.entry(entry)  # an unknown entry is refused before the model loads
     _, dt, at = replay.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     lm = load_model(model, device, dt, at)
     result = graft.run(rel, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
-                       dtype=dtype)
+                       dtype=dtype, prefix=prefix)
     for warning in rel.verification.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
     say(f"kvgraft: note: conditions: {replay.summary(result.ledger['conditions'])}", error=True)
+    if prefix:
+        say(f"kvgraft: note: {prefix_words(result.ledger)}", error=True)
     if as_json:
-        out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
+        grafted = entry if not prefix else (result.ledger["prefix"] or {}).get("entry")
+        out.print_json(json.dumps({"entry": grafted, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))
         return
     from kvgraft.reporting.render import ledger_table
@@ -105,3 +117,12 @@ def run_cmd(
     # The continuation's own lines, each shown as text (model output can hold ESC or other controls).
     out.print("\n".join(plain(line) for line in result.text.split("\n")))
     out.print(ledger_table(result.ledger))
+
+
+def prefix_words(ledger: dict[str, Any]) -> str:
+    """What `kvgraft run --prefix` grafted, in one line (the ledger's `prefix`)."""
+    p = ledger.get("prefix")
+    if not p:
+        return f"prefix graft: no entry starts with the prompt's first block; {ledger['prompt_tokens']} tokens prefilled"
+    return (f"prefix graft: entry {plain(str(p['entry']))!r}, its first {p['tokens']} of {p['of']} tokens ({p['rows']}); "
+            f"{ledger['prompt_tokens']} prompt tokens prefilled after them")

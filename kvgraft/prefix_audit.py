@@ -16,21 +16,25 @@ the recorded conditions:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvgraft import replay
+from kvgraft import recompute, replay
 from kvgraft.compare import diff_tensors
 from kvgraft.envelope import Envelope, calibrate, judge, worst
 from kvgraft.errors import InputError
-from kvgraft.graft import check_model, prefix_entry, prefix_rows, read_entry_tensors
+from kvgraft.graft import check_model, prefix_entry, prefix_refusal, prefix_rows, read_entry_tensors
 from kvgraft.models import LoadedModel
 from kvgraft.release.format import Release
 from kvgraft.runtime import Schedule, every_position_layers, layer_map, new_cache, prefill
 from kvgraft.verify import VerifyPolicy, verified
+
+if TYPE_CHECKING:
+    from kvgraft.executor import Executor
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int,
@@ -120,3 +124,41 @@ def audit_prefix(release: Release | Path | str, entry_id: str, n: int, lm: Loade
     with replay.applied(lm, rel.manifest["environment"], {}):
         result = judge_prefix(rel, entry, n, lm)
     return {**result, "forced_model": forced}
+
+
+def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
+                  schedule: Schedule | None) -> dict[str, Any]:
+    """Each chosen entry's prefix graft of `tokens` tokens judged (`judge_prefix`) on the executor; an
+    entry no longer than that, or with a layer that does not hold every position, is listed as skipped."""
+    todo, skipped = [], []
+    for e in chosen:
+        why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
+            else prefix_refusal(e)
+        if why:
+            skipped.append({"entry": e["id"], "reason": why})
+        else:
+            todo.append(e)
+    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, todo, lm=lm,
+                    labels=[str(e["id"]) for e in todo]) if todo else []
+    return {"tokens": tokens, "entries": judged, "skipped": skipped}
+
+
+def audit(release: Release | Path | str, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
+          overrides: dict[str, Any] | None = None, schedule: Schedule | None = None,
+          policy: VerifyPolicy | None = None, **options: Any) -> dict[str, Any]:
+    """`kvgraft.recompute.audit` of the release, then a graft of each audited entry's first `prefix`
+    tokens judged under the same conditions (`prefix_grafts` in the result); its verdicts count in the
+    release's verdict and requirement. `options` are recompute.audit's."""
+    from kvgraft.executor import LocalExecutor
+
+    check_tokens(prefix)
+    recompute.check_requirement(options.get("require", "exact"))
+    rel = verified(release, policy)
+    ex = executor or LocalExecutor()
+    result = recompute.audit(rel, lm, executor=ex, overrides=overrides, schedule=schedule, **options)
+    chosen = [rel.entry(str(e["id"])) for e in result["entries"]]
+    with replay.applied(lm, rel.manifest["environment"], dict(overrides or {})):
+        result["prefix_grafts"] = prefix_grafts(rel, lm, ex, chosen, prefix, schedule)
+    recompute.conclude(result)
+    result["statements"] = recompute.statements(result)
+    return result

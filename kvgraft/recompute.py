@@ -367,7 +367,7 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
           overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
           nonce: str | None = None, journal: Path | None = None,
-          on_progress: Callable[[dict[str, int]], None] | None = None, prefix: int | None = None) -> dict[str, Any]:
+          on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, Any]:
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
@@ -381,18 +381,12 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     each entry records its placement. With `journal`, each judged entry is appended as it lands and an
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
-    With `prefix` (tokens), a graft of each chosen entry's first `prefix` tokens is judged too
-    (kvgraft.prefix_audit: under its recorded schedule, and against the prefix alone); its verdict
-    counts in the release's.
+    (kvgraft.prefix_audit.audit adds the entries' prefix grafts to this result.)
     """
     from kvgraft.executor import LocalExecutor
     from kvgraft.journal import Journal, header
 
     check_requirement(require)  # before any work
-    if prefix is not None:
-        from kvgraft.prefix_audit import check_tokens
-
-        check_tokens(prefix)
     rel = release if isinstance(release, Release) else Release.open(release)
     rel = verified(rel)  # as `kvgraft verify` does; a Release the caller verified under a policy is kept
     forced = check_model(rel, lm, force=force)
@@ -439,15 +433,10 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
         finally:
             if jr is not None:
                 jr.close()
-        if prefix is not None:
-            result["prefix_grafts"] = prefix_grafts(rel, lm, ex, chosen, prefix, schedule)
     result["executor"] = ex.describe()
     result["cost"]["executor"] = ex.kind
     result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
-    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
-    grafts = result.get("prefix_grafts", {}).get("entries", [])
-    result["verdict"] = worst([e["verdict"] for e in result["entries"]] + [g["verdict"] for g in grafts])
-    result["passed"] = passes(result["verdict"], require)
+    conclude(result)
     if drawn is not None:
         result["sample"] = drawn
     if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
@@ -456,24 +445,13 @@ def audit(release: Release | Path | str, lm: LoadedModel, *, entries: list[str] 
     return result
 
 
-def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
-                  schedule: Schedule | None) -> dict[str, Any]:
-    """Each chosen entry's prefix graft of `tokens` tokens judged (kvgraft.prefix_audit), on the executor;
-    an entry no longer than that, or with a layer that does not hold every position, is listed as skipped."""
-    from kvgraft.graft import prefix_refusal
-    from kvgraft.prefix_audit import prefix_unit
-
-    todo, skipped = [], []
-    for e in chosen:
-        why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
-            else prefix_refusal(e)
-        if why:
-            skipped.append({"entry": e["id"], "reason": why})
-        else:
-            todo.append(e)
-    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, todo, lm=lm,
-                    labels=[str(e["id"]) for e in todo]) if todo else []
-    return {"tokens": tokens, "entries": judged, "skipped": skipped}
+def conclude(result: dict[str, Any]) -> None:
+    """The release's verdict and whether it meets the requirement: the worst of its entries' verdicts
+    and of its prefix grafts' (kvgraft.prefix_audit adds them, then concludes again)."""
+    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
+    grafts = (result.get("prefix_grafts") or {}).get("entries", [])
+    result["verdict"] = worst([e["verdict"] for e in result["entries"]] + [g["verdict"] for g in grafts])
+    result["passed"] = passes(result["verdict"], result["require"])
 
 
 def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft import recompute
+from kvgraft import prefix_audit, recompute
 from kvgraft.cli import app
 from kvgraft.release.format import Release
 
@@ -83,7 +83,7 @@ def test_a_one_ulp_row_is_consistent_and_a_large_one_is_not(tiny_lm: Any, tmp_pa
         return float(y)
 
     rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, one_ulp)  # head 0, position 0: inside the prefix
-    result = recompute.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
+    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
     (g,) = result["prefix_grafts"]["entries"]
     assert g["verdict"] == "consistent" and not g["byte_exact"]
     under = g["under_recorded_schedule"]
@@ -91,7 +91,7 @@ def test_a_one_ulp_row_is_consistent_and_a_large_one_is_not(tiny_lm: Any, tmp_pa
     assert result["passed"] and not recompute.passes(g["verdict"], "exact")
 
     rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, lambda x: x + 0.5)
-    result = recompute.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
+    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
     (g,) = result["prefix_grafts"]["entries"]
     assert g["verdict"] == "inconsistent" and g["under_recorded_schedule"]["first_outside_tensor"] == "layer.1.keys"
     assert result["verdict"] == "inconsistent" and not result["passed"]
@@ -105,9 +105,9 @@ def test_prefix_audit_of_sliding_layers(tiny_lm: Any, tmp_path: Path, family: st
     lm = tiny_lm(family)
     _capture(lm, tmp_path / "all", [("g", 40)], sliding="all")
     _capture(lm, tmp_path / "win", [("g", 40)])
-    (g,) = recompute.audit(tmp_path / "all", lm, prefix=16)["prefix_grafts"]["entries"]
+    (g,) = prefix_audit.audit(tmp_path / "all", lm, prefix=16)["prefix_grafts"]["entries"]
     assert g["verdict"] == "byte-exact" and g["sliding_layers_every_position"]
-    grafts = recompute.audit(tmp_path / "win", lm, prefix=16)["prefix_grafts"]
+    grafts = prefix_audit.audit(tmp_path / "win", lm, prefix=16)["prefix_grafts"]
     assert grafts["entries"] == [] and "needs every layer to hold every position" in grafts["skipped"][0]["reason"]
 
 
@@ -139,7 +139,6 @@ def test_outside_the_prefix_alone_envelope_fails_the_release(tiny_lm: Any, tmp_p
     """Rows byte-exact under their schedule but outside the envelope of the prefix alone are not the
     prefix's computation: the prefix graft is inconsistent, and so is the release, though every entry
     is byte-exact (the comparison against the prefix alone is made to say so here)."""
-    from kvgraft import prefix_audit
 
     lm = tiny_lm("llama")
     _capture(lm, tmp_path / "rel", [("p", 50)])
@@ -152,7 +151,7 @@ def test_outside_the_prefix_alone_envelope_fails_the_release(tiny_lm: Any, tmp_p
         return {**r, "verdict": "inconsistent"} if len(calls) == 2 else r
 
     monkeypatch.setattr(prefix_audit, "_compare", second_outside)
-    result = recompute.audit(tmp_path / "rel", lm, prefix=16)
+    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16)
     (g,) = result["prefix_grafts"]["entries"]
     assert result["entries"][0]["verdict"] == "byte-exact" and g["byte_exact"]
     assert g["verdict"] == "inconsistent" and result["verdict"] == "inconsistent" and not result["passed"]

@@ -120,9 +120,16 @@ def recompute_cmd(
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
             try:
-                result = recompute.audit(rel, lm, entries=entry, probe_text=probe, force=force, schedule=override,
-                                         on_progress=tick, executor=ex, overrides=overrides, require=require,
-                                         sample=sample, nonce=nonce, journal=journal, prefix=prefix)
+                options: dict[str, Any] = {
+                    "entries": entry, "probe_text": probe, "force": force, "schedule": override, "on_progress": tick,
+                    "executor": ex, "overrides": overrides, "require": require, "sample": sample, "nonce": nonce,
+                    "journal": journal}
+                if prefix is None:
+                    result = recompute.audit(rel, lm, **options)
+                else:
+                    from kvgraft import prefix_audit
+
+                    result = prefix_audit.audit(rel, lm, prefix=prefix, **options)
             except (KeyboardInterrupt, NotAuditedError):
                 if journal is not None and journal.exists():
                     say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "

@@ -155,3 +155,33 @@ def test_outside_the_prefix_alone_envelope_fails_the_release(tiny_lm: Any, tmp_p
     (g,) = result["prefix_grafts"]["entries"]
     assert result["entries"][0]["verdict"] == "byte-exact" and g["byte_exact"]
     assert g["verdict"] == "inconsistent" and result["verdict"] == "inconsistent" and not result["passed"]
+
+
+def test_audit_run_plan_judges_prefix_grafts(tiny_dir: Any, tmp_path: Path) -> None:
+    """`checks.recompute.prefix` in a plan: the report's recompute check carries the prefix grafts."""
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({"id": "p", "text": _text(50)}) + "\n")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f"""
+format = "kvgraft-audit-plan"
+format_version = 1
+name = "prefix"
+out = "{tmp_path / 'out'}"
+[model]
+spec = "{tiny_dir('llama')}"
+[release]
+records = "{records}"
+probe_tokens = 0
+[checks.verify]
+[checks.recompute]
+prefix = 16
+[signing]
+key = "ephemeral"
+""")
+    res = runner.invoke(app, ["audit", "run", str(plan), "--quiet"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["kind"] == "recompute"]
+    (g,) = check["data"]["prefix_grafts"]["entries"]
+    assert g["entry"] == "p" and g["tokens"] == 16 and g["verdict"] == "byte-exact"
+    assert "Prefix grafts of 16 tokens" in check["summary"]

@@ -212,9 +212,15 @@ def _recompute(ctx: Context, rc: dict[str, Any]) -> dict[str, Any]:
     fixed = ctx.ex.fixed_threads()
     if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
         overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
-    result = seal("recompute", recompute.audit(ctx.release, ctx.lm, entries=rc.get("entries") or None,
-                                               executor=ctx.ex, require=rc.get("require", "exact"), sample=sample,
-                                               nonce=rc.get("nonce"), journal=journal, overrides=overrides))
+    options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
+                               "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
+                               "journal": journal, "overrides": overrides}
+    if rc.get("prefix") is None:
+        result = seal("recompute", recompute.audit(ctx.release, ctx.lm, **options))
+    else:  # the entries' prefix grafts too (checks.recompute.prefix)
+        from kvgraft import prefix_audit
+
+        result = seal("recompute", prefix_audit.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options))
     journal.unlink(missing_ok=True)
     exact = sum(e["byte_exact"] for e in result["entries"])
     ctx.measured.update(measured_from_recompute(result))

@@ -11,7 +11,9 @@ Builds four releases with kvgraft's own capture (transformers, fp32) of the defa
             model, as in SGLang #24758): must be refused for its model identity;
   late:     entry "e", verified at start-up, one byte flipped after vLLM started: the read-time digest
             check must refuse it and vLLM recompute those blocks (kv_load_failure_policy "recompute").
-Prompt "d" is in no release: vLLM prefills it and the connector captures it into a release.
+Prompt "d" is in no release: vLLM prefills it and the connector captures it into a release. Prompt
+"f" (a partial hit) starts with entry "a"'s first PARTIAL tokens and goes on as "d" does: the connector
+must graft the longest block-aligned prefix of it that "a" holds, and vLLM prefill the rest.
 Then starts vLLM once with the connector serving all three and writes OUT_DIR/results.json: greedy
 continuations (token ids, first-token logprob) with and without the connector for each prompt. The
 engine's log (stderr) is what the test reads the connector's log lines from.
@@ -51,6 +53,7 @@ TEXTS = {
          "sugars and lets flavour compounds develop, which is why bakers often leave dough overnight before",
 }
 SUFFIX = " In short,"
+PARTIAL = 32 + 20  # tokens of entry "a" prompt "f" starts with: one 32-token block and 20 more
 NEW_TOKENS = 16
 
 
@@ -89,6 +92,7 @@ def build_releases(out: Path) -> dict[str, object]:
 
     info["tokens"] = {rid: Release.open(out / f"release-{rid}").entry(rid)["token_ids"] for rid in ("a", "b", "c", "e")}
     info["tokens"]["d"] = [int(t) for t in lm.tokenizer(TEXTS["d"])["input_ids"]]  # in no release: captured by vLLM
+    info["tokens"]["f"] = info["tokens"]["a"][:PARTIAL] + info["tokens"]["d"]  # a partial hit on "a"
     info["key"] = str(sign_copies(out))
     (out / "plan.json").write_text(json.dumps(info) + "\n")
     return info
@@ -133,8 +137,8 @@ def serve(out: Path) -> int:
     results: dict[str, object] = {"tampered_tensor": info["tampered_tensor"],
                                   "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
                                   "releases": {r: str(out / f"release-{r}") for r in ("a", "b", "c", "e")}}
-    for rid in ("a", "b", "c", "d", "e"):
-        prompt = TokensPrompt(prompt_token_ids=tokens[rid] + (suffix if rid != "d" else []))
+    for rid in ("a", "b", "c", "d", "e", "f"):
+        prompt = TokensPrompt(prompt_token_ids=tokens[rid] + (suffix if rid not in "df" else []))
         for mode in ("connector", "plain") if rid != "d" else ("connector",):
             extra = {"kv_transfer_params": {"kvgraft": "off"}} if mode == "plain" else None
             params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=1, extra_args=extra)

@@ -240,24 +240,40 @@ def _plain_scalar(v: Any) -> bool:
     return not isinstance(v, float) and not (isinstance(v, int) and not -_SAFE_INT <= v <= _SAFE_INT)
 
 
+_LEAVES = frozenset({str, bool, type(None), int, dict, list})  # exact types the fast walk takes as they are
+
+
 def _plain(obj: Any) -> bool:
     """True when `json.dumps` already yields RFC 8785 output: no floats, no integer beyond 2^53, and no
-    key with a character beyond the BMP (RFC 8785 sorts keys by UTF-16 code units, Python by code points)."""
+    key with a character beyond the BMP (RFC 8785 sorts keys by UTF-16 code units, Python by code points).
+
+    Walked a container at a time at C speed where it can be (the writer's records: ~30,000 calls for
+    10,000 entries): the keys joined and checked as one string, the values' exact types taken as a set;
+    any other type (a float, a subclass) goes through the per-value check. tests/test_hashing.py
+    compares `canonical` with rfc8785's output on random and on release-record data.
+    """
     if not isinstance(obj, (dict, list)):
         return _plain_scalar(obj)
     stack = [obj]
     while stack:
         x = stack.pop()
         if isinstance(x, dict):
-            if not all(isinstance(k, str) and (k.isascii() or all(ord(c) <= 0xFFFF for c in k)) for k in x):
+            try:
+                keys = "".join(x)
+            except TypeError:  # a key that is not a string
+                return False
+            if not keys.isascii() and max(map(ord, keys)) > 0xFFFF:
                 return False
             values = list(x.values())
         else:
             values = x
         kinds = set(map(type, values))  # C speed; lists of integers (token ids, shapes) end here
-        if kinds <= {int}:
-            if values and (max(values) > _SAFE_INT or min(values) < -_SAFE_INT):
+        if kinds <= _LEAVES:
+            ints = values if kinds == {int} else [v for v in values if type(v) is int] if int in kinds else ()
+            if ints and (max(ints) > _SAFE_INT or min(ints) < -_SAFE_INT):
                 return False
+            if dict in kinds or list in kinds:
+                stack.extend(v for v in values if type(v) is dict or type(v) is list)
             continue
         for v in values:
             if isinstance(v, (dict, list)):

@@ -77,6 +77,10 @@ def recompute_cmd(
     journal: Annotated[Path | None, typer.Option(
         "--journal", help="Record each judged entry here and resume from it (default with --json: OUT.json.journal).")]
     = None,
+    prefix: Annotated[int | None, typer.Option(
+        "--prefix", help="Also judge a prefix graft of each audited entry's first N tokens (what `kvgraft run --prefix` "
+                         "and the vLLM connector graft): under its recorded schedule, and against a prefill of the N "
+                         "tokens alone.")] = None,
 ) -> None:
     """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
 
@@ -87,7 +91,9 @@ def recompute_cmd(
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
     With --json (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
     with the same command, resumes from it and judges no entry twice; no result is written until every
-    entry is judged.
+    entry is judged. With --prefix N a graft of each entry's first N tokens is judged as well (not
+    journaled): under the schedule that made its rows (a prefill of all the entry's tokens), and
+    against a prefill of the N tokens alone; its verdict counts in the release's.
     """
     from kvgraft import sampling
     from kvgraft.execution.executor import NotAuditedError
@@ -97,6 +103,10 @@ def recompute_cmd(
     from kvgraft.signing.verify import verified
 
     recompute.check_requirement(require)
+    if prefix is not None:
+        from kvgraft.recompute.prefix import check_tokens
+
+        check_tokens(prefix)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
     checked = verified(release, verify_policy(key=key, require_signature=require_signature))
     rel = checked.release
@@ -118,9 +128,16 @@ def recompute_cmd(
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
             try:
-                result = recompute.audit(checked, lm, entries=entry, probe_text=probe, force=force, schedule=override,
-                                         on_progress=tick, executor=ex, overrides=overrides, require=require,
-                                         sample=sample, nonce=nonce, journal=journal)
+                options: dict[str, Any] = {
+                    "entries": entry, "probe_text": probe, "force": force, "schedule": override, "on_progress": tick,
+                    "executor": ex, "overrides": overrides, "require": require, "sample": sample, "nonce": nonce,
+                    "journal": journal}
+                if prefix is None:
+                    result = recompute.audit(checked, lm, **options)
+                else:
+                    from kvgraft.recompute import prefix as prefix_audit
+
+                    result = prefix_audit.audit(checked, lm, prefix=prefix, **options)
             except (KeyboardInterrupt, NotAuditedError):
                 if journal is not None and journal.exists():
                     say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, plain, say
+from kvgraft.errors import InputError
 
 
 @app.command()
@@ -23,22 +24,28 @@ def capture(
     chunk: Annotated[int | None, typer.Option("--chunk", help="Prefill in chunks of N tokens (default one-shot).")] = None,
     probe: Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")] = 8,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
+    sliding: Annotated[str, typer.Option("--sliding-layers", help="What sliding-window layers store: window (the "
+                                                                  "positions the model keeps) or all (every position; "
+                                                                  "needed for prefix grafts).")] = "window",
 ) -> None:
     """Capture KV states of each record into a cache release."""
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import refuse_existing
+    from kvgraft.inference.capture import SLIDING_LAYOUTS, read_records
     from kvgraft.inference.capture import capture as do_capture
-    from kvgraft.inference.capture import read_records
     from kvgraft.inference.runtime import Schedule
 
+    if sliding not in SLIDING_LAYOUTS:
+        raise InputError(f"--sliding-layers {sliding}: expected one of {', '.join(SLIDING_LAYOUTS)}")
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
     lm = load_model(model, device, dtype, attn)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("capturing", total=len(records))
         manifest = do_capture(lm, records, out_dir, schedule=Schedule(chunk_tokens=chunk), probe_tokens=probe,
-                              overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i))
+                              overwrite=overwrite, progress=lambda i, n: bar.update(task, completed=i),
+                              sliding=sliding)
     tokens = sum(e["num_tokens"] for e in manifest["entries"])  # the writer's whole-release document
     out.print(f"captured {len(manifest['entries'])} entries, {tokens} tokens → {out_dir}")
     out.print(f"root digest {manifest['root_digest']}")
@@ -48,8 +55,12 @@ def capture(
 @handled
 def run_cmd(
     release: Annotated[Path, typer.Argument(help="Cache release folder.")],
-    entry: Annotated[str, typer.Option("--entry", "-e", help="Entry id to graft.")],
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix.")] = "",
+    entry: Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")] = None,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: "
+                                                               "the whole prompt).")] = "",
+    prefix: Annotated[bool, typer.Option("--prefix", help="Instead of --entry: graft the longest block-aligned prefix "
+                                                          "of the prompt that some entry starts with, prefill the "
+                                                          "rest.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
     model: ModelOpt = "smollm2-135m",
     device: DeviceOpt = "auto",
@@ -71,7 +82,9 @@ def run_cmd(
     print the continuation and token ledger.
 
     Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
-    as `audit recompute` does, and says which recorded conditions differ here.
+    as `audit recompute` does, and says which recorded conditions differ here. With --prefix it says
+    which entry's first N tokens it grafted and the schedule of those rows (a prefill of all the
+    entry's tokens), or that nothing matched and the whole prompt was prefilled.
     """
     from kvgraft.inference import graft, reapply
     from kvgraft.signing.policy import verify_policy
@@ -81,18 +94,24 @@ def run_cmd(
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
     policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
                            require_signature=require_signature)
+    if prefix == (entry is not None):
+        raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     checked = verified(release, policy)
     rel = checked.release
-    rel.entry(entry)  # an unknown entry is refused before the model loads
+    if entry is not None:
+        rel.entry(entry)  # an unknown entry is refused before the model loads
     _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     lm = load_model(model, device, dt, at)
-    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy, attn=attn,
-                       dtype=dtype)
+    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy,
+                       attn=attn, dtype=dtype, prefix=prefix)
     for warning in checked.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
     say(f"kvgraft: note: conditions: {reapply.summary(result.ledger['conditions'])}", error=True)
+    if prefix:
+        say(f"kvgraft: note: {prefix_words(result.ledger)}", error=True)
     if as_json:
-        out.print_json(json.dumps({"entry": entry, "token_ids": result.token_ids, "text": result.text,
+        grafted = entry if not prefix else (result.ledger["prefix"] or {}).get("entry")
+        out.print_json(json.dumps({"entry": grafted, "token_ids": result.token_ids, "text": result.text,
                                    "ledger": result.ledger}))
         return
     from kvgraft.reporting.render import ledger_table
@@ -100,3 +119,12 @@ def run_cmd(
     # The continuation's own lines, each shown as text (model output can hold ESC or other controls).
     out.print("\n".join(plain(line) for line in result.text.split("\n")))
     out.print(ledger_table(result.ledger))
+
+
+def prefix_words(ledger: dict[str, Any]) -> str:
+    """What `kvgraft run --prefix` grafted, in one line (the ledger's `prefix`)."""
+    p = ledger.get("prefix")
+    if not p:
+        return f"prefix graft: no entry starts with the prompt's first block; {ledger['prompt_tokens']} tokens prefilled"
+    return (f"prefix graft: entry {plain(str(p['entry']))!r}, its first {p['tokens']} of {p['of']} tokens ({p['rows']}); "
+            f"{ledger['prompt_tokens']} prompt tokens prefilled after them")

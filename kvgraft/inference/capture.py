@@ -16,15 +16,22 @@ from kvgraft.inference.runtime import Schedule, decode, layer_map, new_cache, pr
 from kvgraft.inference.tensors import dtype_name, tensor_sha256
 from kvgraft.release.format import ReleaseWriter, new_entry
 
+SLIDING_LAYOUTS = ("window", "all")
+
 
 def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, probe_tokens: int,
-                  where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """One record → (entry metadata without file/tensors/digest, tensors). A pure function."""
+                  where: str, sliding: str = "window") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """One record → (entry metadata without file/tensors/digest, tensors). A pure function.
+
+    `sliding`: what sliding-window layers store, their window as transformers keeps it ("window") or
+    every position of the prefill ("all", which a prefix graft can cut); recorded per layer (`stores`).
+    """
     rid = rec.get("id")
     if not isinstance(rid, str) or not rid:
         raise InputError(f'{where}: record needs a non-empty string "id"')
     ids, source = tokenize(lm, rec, schedule, where)
-    cache, logits = prefill(lm, ids, schedule)
+    every = range(len(new_cache(lm).layers)) if sliding == "all" else ()
+    cache, logits = prefill(lm, ids, schedule, new_cache(lm, every))
     layers, tensors = layer_map(lm, cache)
     entry = new_entry(rid, ids, source, layers, {"logits_sha256": tensor_sha256(logits),
                                                  "argmax": int(torch.argmax(logits)), "dtype": dtype_name(logits)})
@@ -68,14 +75,16 @@ def read_records(source: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def capture(lm: LoadedModel, records: list[tuple[str, dict[str, Any]]], out: Path, *,
             schedule: Schedule = Schedule(), probe_tokens: int = 8, overwrite: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Capture every record into a new release at `out`; return its manifest."""
+            progress: Callable[[int, int], None] | None = None, sliding: str = "window") -> dict[str, Any]:
+    """Capture every record into a new release at `out`; return its manifest (`sliding`: capture_entry)."""
     if schedule.chunk_tokens is not None and schedule.chunk_tokens < 1:
         raise InputError(f"--chunk {schedule.chunk_tokens}: must be at least 1")
+    if sliding not in SLIDING_LAYOUTS:
+        raise InputError(f"--sliding-layers {sliding}: expected one of {', '.join(SLIDING_LAYOUTS)}")
     writer = ReleaseWriter(out, overwrite=overwrite)
     try:
         for i, (where, rec) in enumerate(records):
-            entry, tensors = capture_entry(lm, rec, schedule, probe_tokens, where)
+            entry, tensors = capture_entry(lm, rec, schedule, probe_tokens, where, sliding)
             writer.add_entry(entry, tensors)
             if progress:
                 progress(i + 1, len(records))

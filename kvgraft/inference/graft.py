@@ -176,6 +176,19 @@ def restore(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: 
     return Restored(cache, entry, nbytes, seconds, forced, conditions, list(checked.warnings))
 
 
+def prefix_refusal(entry: dict[str, Any]) -> str | None:
+    """Why no prefix of `entry` can be grafted (a layer that does not hold every position), or None."""
+    total = entry["num_tokens"]
+    for meta in entry["layers"]:
+        if meta["kind"] == "shared":
+            continue
+        stores = meta.get("stores", "all" if meta["kind"] == "full" else "window")
+        if stores != "all" or meta.get("positions", [0, total]) != [0, total]:
+            return (f"layer {meta['index']}: stored as {meta['kind']} (positions {meta.get('positions')}, {stores}); "
+                    "a prefix graft needs every layer to hold every position")
+    return None
+
+
 def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
                  where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The first n tokens of an entry whose layers all hold every position: its record cut to n
@@ -184,20 +197,16 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     full is cut, and build_cache keeps the prefix's own window."""
     if not 0 < n <= entry["num_tokens"]:
         raise IntegrityError(f"{where}: entry {entry['id']!r}: a prefix of {n} tokens of {entry['num_tokens']}")
+    refused = prefix_refusal(entry)
+    if refused:
+        raise IntegrityError(f"{where}: entry {entry['id']!r} {refused}")
     cut = dict(entry)
     layers = []
     out: dict[str, torch.Tensor] = {}
-    total = entry["num_tokens"]
     for meta in entry["layers"]:
-        every = meta["kind"] != "shared" and meta.get("stores", "all" if meta["kind"] == "full" else "window") == "all" \
-            and meta.get("positions", [0, total]) == [0, total]
         if meta["kind"] == "shared":
             layers.append(dict(meta))
             continue
-        if not every:
-            raise IntegrityError(f"{where}: entry {entry['id']!r} layer {meta['index']}: stored as {meta['kind']} "
-                                 f"(positions {meta.get('positions')}, {meta.get('stores', 'window')}); a prefix graft "
-                                 f"needs every layer to hold every position")
         cut_meta = {**meta, "positions": [0, n]}
         if meta["kind"] == "sliding":
             cut_meta["cumulative_length"] = n
@@ -206,6 +215,12 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
             out[meta[part]] = tensors[meta[part]][:, :, :n, :]
     cut.update(num_tokens=n, token_ids=entry["token_ids"][:n], layers=layers)
     return cut, out
+
+
+def prefix_rows(schedule: dict[str, Any], n: int, total: int) -> str:
+    """What a prefix graft's rows are, in words (one sentence for the graft, `kvgraft run` and the audit)."""
+    how = "one-shot" if schedule.get("chunk_tokens") is None else f"chunked ({schedule['chunk_tokens']} tokens)"
+    return f"rows [0, {n}) of a {how} prefill of all {total} tokens"
 
 
 def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: list[int], lm: LoadedModel, *,
@@ -230,9 +245,8 @@ def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: l
     cache = build_cache(lm, cut, views, str(rel.root))
     conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
     sched = rel.manifest["schedule"]
-    how = "one-shot" if sched["mode"] == "one-shot" else f"chunked ({sched['chunk_tokens']} tokens)"
     prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
-              "rows": f"rows [0, {n}) of a {how} prefill of all {entry['num_tokens']} tokens"}
+              "rows": prefix_rows(sched, n, int(entry["num_tokens"]))}
     return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
                     list(checked.warnings), prefix)
 
@@ -267,10 +281,15 @@ def model_for(release: VerifiedRelease | Release | Path | str, spec: str = DEFAU
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
-def run(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, prompt: str, *,
+def run(release: VerifiedRelease | Release | Path | str, entry_id: str | None, lm: LoadedModel, prompt: str, *,
         max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
-        attn: str | None = None, dtype: str | None = None) -> Continuation:
+        attn: str | None = None, dtype: str | None = None, prefix: bool = False) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
+
+    With `prefix` (and no `entry_id`) the prompt is the whole text: tokenized as the release's
+    schedule tokenizes a record, the longest block-aligned prefix of it that an entry starts with is
+    grafted (`restore_prefix`) and the rest prefilled; on a miss the whole prompt is prefilled. The
+    ledger's `prefix` says what was grafted and the schedule of its rows (None on a miss).
 
     The continuation runs with the release's recorded attention kernel unless `attn` says otherwise (a
     kernel transformers cannot run, e.g. an engine's own, leaves the model's); the dtype is the loaded
@@ -290,9 +309,21 @@ def run(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: Load
     if dtype is not None and dtype != lm.dtype:
         raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
     overrides = reapply.overrides_given(recorded, attn=attn, dtype=dtype)
+    if prefix == (entry_id is not None):
+        raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     with attention(lm, str(kernel)):
-        restored = restore(checked, entry_id, lm, force=force, policy=policy)
-        ids = encode(lm, prompt) if prompt else []
+        if prefix:
+            whole = encode(lm, prompt, add_special_tokens=bool(checked.release.manifest["schedule"].get("add_special_tokens")))
+            if not whole:
+                raise InputError("--prefix: the prompt is empty; a prefix graft needs the prompt it starts")
+            hit = restore_prefix(checked, whole, lm, force=force, policy=policy)
+            restored = hit if hit is not None else Restored(new_cache(lm), {"num_tokens": 0}, 0, 0.0, False, {},
+                                                            list(checked.warnings))
+            ids = whole[int(restored.entry["num_tokens"]):]
+        else:
+            assert entry_id is not None
+            restored = restore(checked, entry_id, lm, force=force, policy=policy)
+            ids = encode(lm, prompt) if prompt else []
         t0 = time.perf_counter()
         if ids:
             logits = forward(lm, restored.cache, ids)[-1]
@@ -312,4 +343,6 @@ def run(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: Load
         "conditions": conditions,
         "verification_warnings": restored.warnings,
     }
+    if prefix:
+        ledger["prefix"] = restored.prefix  # None: no entry starts with the prompt's first block
     return Continuation(out, str(lm.tokenizer.decode(out, skip_special_tokens=True)), ledger)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,22 +44,67 @@ def cache_kw(lm: LoadedModel) -> str:
     return "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
 
-def new_cache(lm: LoadedModel) -> Any:
+def new_cache(lm: LoadedModel, every: Collection[int] = ()) -> Any:
     """An empty `DynamicCache` with the model's layer types, as `DynamicCache(config=...)` builds it.
 
+    The sliding-window layers whose index is in `every` also keep every position they see (a release
+    that stores sliding layers in full: `every_position_layers`); they attend exactly as the model's.
     The per-layer plan is read from the config once per model: deriving it took half a millisecond,
     a third of a graft's bookkeeping. tests/inference/test_cache_plan.py checks the result against transformers'.
     """
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicCache, get_layer_types_and_kwargs
+    from transformers.cache_utils import (
+        DYNAMIC_LAYER_TYPE_MAPPING,
+        Cache,
+        DynamicCache,
+        DynamicSlidingWindowLayer,
+        get_layer_types_and_kwargs,
+    )
 
     plan = _PLANS.get(lm.model)
     if plan is None:
         types, kwargs = get_layer_types_and_kwargs(lm.model.config.get_text_config(decoder=True))
         plan = [(DYNAMIC_LAYER_TYPE_MAPPING[t], kw) for t, kw in zip(types, kwargs, strict=True)]
         _PLANS[lm.model] = plan
+    keeping = _every_position_layer() if every else None
+    layers = [(keeping if keeping is not None and i in every and cls is DynamicSlidingWindowLayer else cls)(**kw)
+              for i, (cls, kw) in enumerate(plan)]
     cache = DynamicCache.__new__(DynamicCache)
-    Cache.__init__(cache, layers=[cls(**kw) for cls, kw in plan], offloading=False, offload_only_non_sliding=False)
+    Cache.__init__(cache, layers=layers, offloading=False, offload_only_non_sliding=False)
     return cache
+
+
+@functools.cache
+def _every_position_layer() -> type:
+    """transformers' sliding-window layer, which also keeps every position it is given.
+
+    Its `update` is the parent's (the same keys and values returned to attention, the same window
+    kept, the same mask sizes), so the computation is the model's own; the positions it would drop
+    are kept beside it, as the rows attention computed: what a release that stores sliding layers in
+    full records.
+    """
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    class EveryPositionSlidingLayer(DynamicSlidingWindowLayer):  # type: ignore[no-untyped-call]
+        def __init__(self, sliding_window: int, **kwargs: Any) -> None:
+            super().__init__(sliding_window, **kwargs)
+            self.every: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            out: tuple[torch.Tensor, torch.Tensor] = super().update(key_states, value_states, *args, **kwargs)
+            if self.every is None:
+                self.every = (key_states, value_states)
+            else:
+                self.every = (torch.cat([self.every[0], key_states], dim=-2),
+                              torch.cat([self.every[1], value_states], dim=-2))
+            return out
+
+    return EveryPositionSlidingLayer
+
+
+def every_position_layers(entry: dict[str, Any]) -> frozenset[int]:
+    """The sliding-window layers an entry's record says are stored with every position (`stores: all`)."""
+    return frozenset(int(m["index"]) for m in entry["layers"] if m["kind"] == "sliding" and m.get("stores") == "all")
 
 
 _PLANS: weakref.WeakKeyDictionary[Any, list[tuple[Any, dict[str, Any]]]] = weakref.WeakKeyDictionary()
@@ -115,11 +161,13 @@ def threads(n: int | None) -> Iterator[None]:
 
 
 @torch.inference_mode()
-def padded_batch_row(lm: LoadedModel, ids: list[int], pad: int = 16) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def padded_batch_row(lm: LoadedModel, ids: list[int], pad: int = 16, *, every: Collection[int] = (),
+                     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """KV of `ids` computed as row 0 of a batch of 4, left-padded by `pad` (the other rows are full).
 
     Positions and mask come from the padding, so the row is the same computation in another batch
-    shape. Each layer keeps its last positions, which are the row's own tokens (also for sliding layers).
+    shape. Each layer keeps its last positions, which are the row's own tokens (also for sliding layers;
+    those in `every` keep every position, of which the row's are the last: new_cache).
     """
     n = len(ids)
     back = ids[::-1]
@@ -128,7 +176,7 @@ def padded_batch_row(lm: LoadedModel, ids: list[int], pad: int = 16) -> tuple[di
     mask = torch.tensor([[0] * pad + [1] * n] + [[1] * (n + pad)] * 3, device=lm.torch_device)
     x = torch.tensor(rows, dtype=torch.long, device=lm.torch_device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = new_cache(lm)
+    cache = new_cache(lm, every)
     out = lm.model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                    **{cache_kw(lm): cache})
     _, tensors = layer_map(lm, cache)
@@ -211,16 +259,18 @@ def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[s
         if isinstance(layer, DummyLayer):
             layers.append({"index": i, "kind": "shared", "shared_with": _producer(i, modes, layer_types)})
             continue
-        keys, values = layer.keys, layer.values
+        every = getattr(layer, "every", None)  # a sliding layer that kept every position (new_cache(every=...))
+        keys, values = every if every is not None else (layer.keys, layer.values)
         kname, vname = f"layer.{i}.keys", f"layer.{i}.values"
         tensors[kname], tensors[vname] = keys, values
         meta: dict[str, Any] = {"index": i, "keys": kname, "values": vname}
         n = int(keys.shape[-2])
         if isinstance(layer, DynamicSlidingWindowLayer):
             cum = int(layer.cumulative_length)
-            # transformers keeps the window (its last sliding_window - 1 positions): recorded as such
+            # transformers keeps the window (its last sliding_window - 1 positions): recorded as such,
+            # or every position [0, cum) where the cache kept them
             meta.update(kind="sliding", sliding_window=int(layer.sliding_window), cumulative_length=cum,
-                        positions=[cum - n, cum], stores="window")
+                        positions=[cum - n, cum], stores="all" if every is not None else "window")
         elif type(layer) is DynamicLayer:
             meta.update(kind="full", positions=[0, n], stores="all")
         else:

@@ -18,7 +18,7 @@ from kvgraft.inference.environment import SENSITIVE, differences
 from kvgraft.inference.environment import record as environment
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
-from kvgraft.inference.runtime import Schedule, encode, forward, layer_map, new_cache, prefill
+from kvgraft.inference.runtime import Schedule, encode, every_position_layers, forward, layer_map, new_cache, prefill
 from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
@@ -179,7 +179,10 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     if schedule is not None and schedule.as_dict() != rel.manifest["schedule"]:
         differing.append("schedule")
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
-    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule)
+    # Sliding layers the entry stores with every position are recomputed keeping every position
+    # (the same computation: runtime.new_cache), so each stored position is compared.
+    every = every_position_layers(entry)
+    fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule, new_cache(lm, every))
     t_prefill = time.perf_counter() - t0
     measured: list[NoiseBound] = []
     reference = layer_map(lm, fresh_cache)[1]
@@ -188,7 +191,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
 
     def noise_bound() -> NoiseBound:  # measured only when some tensor differs
         if not measured:
-            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests))
+            measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests, every=every))
         return measured[0]
 
     rows = compare_layers(rel, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
@@ -259,8 +262,24 @@ def statements(result: dict[str, Any]) -> list[str]:
                    "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
         if result.get("bound"):
             out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+    grafts = result.get("prefix_grafts")
+    if grafts:
+        out.append(prefix_statement(grafts))
     out.append(verdict_statement(result))
     return out
+
+
+def prefix_statement(grafts: dict[str, Any]) -> str:
+    """One sentence on the prefix grafts judged: under their recorded schedule, and against the prefix alone."""
+    judged = grafts["entries"]
+    counts = {v: sum(g["verdict"] == v for g in judged) for v in VERDICTS}
+    alone = {v: sum(g["against_prefix_alone"]["verdict"] == v for g in judged) for v in VERDICTS}
+    skipped = f"; {len(grafts['skipped'])} entries skipped (no such prefix graft)" if grafts["skipped"] else ""
+    return (f"Prefix grafts of {grafts['tokens']} tokens (rows [0, {grafts['tokens']}) of each entry's recorded "
+            f"prefill), judged under that schedule: {counts['byte-exact']} byte-exact, {counts['consistent']} "
+            f"consistent, {counts['inconsistent']} inconsistent of {len(judged)}; against a prefill of the prefix "
+            f"alone: {alone['byte-exact']} byte-identical, {alone['consistent']} inside its noise envelope, "
+            f"{alone['inconsistent']} outside{skipped}.")
 
 
 def verdict_statement(result: dict[str, Any]) -> str:
@@ -363,6 +382,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     each entry records its placement. With `journal`, each judged entry is appended as it lands and an
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
+    (kvgraft.prefix_audit.audit adds the entries' prefix grafts to this result.)
     """
     from kvgraft.execution.executor import LocalExecutor
     from kvgraft.execution.journal import Journal, header
@@ -416,15 +436,22 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     result["executor"] = ex.describe()
     result["cost"]["executor"] = ex.kind
     result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
-    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
-    result["verdict"] = worst([e["verdict"] for e in result["entries"]])
-    result["passed"] = passes(result["verdict"], require)
+    conclude(result)
     if drawn is not None:
         result["sample"] = drawn
     if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
         result["bound"] = bound(result, rel.entries)
     result["statements"] = statements(result)
     return result
+
+
+def conclude(result: dict[str, Any]) -> None:
+    """The release's verdict and whether it meets the requirement: the worst of its entries' verdicts
+    and of its prefix grafts' (kvgraft.recompute.prefix adds them, then concludes again)."""
+    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
+    grafts = (result.get("prefix_grafts") or {}).get("entries", [])
+    result["verdict"] = worst([e["verdict"] for e in result["entries"]] + [g["verdict"] for g in grafts])
+    result["passed"] = passes(result["verdict"], result["require"])
 
 
 def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
@@ -474,7 +501,8 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
     entry = next((e for e in manifest["entries"] if e["id"] == entry_id), None)
     if entry is None:
         raise IntegrityError(f"manifest has no entry {entry_id!r}")
-    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]))
+    cache, logits = prefill(lm, entry["token_ids"], Schedule.from_dict(manifest["schedule"]),
+                            new_cache(lm, every_position_layers(entry)))
     _, fresh = layer_map(lm, cache)
     mismatches = []
     for meta in entry["layers"]:

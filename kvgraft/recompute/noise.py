@@ -34,7 +34,7 @@ import torch
 
 from kvgraft._internal.cores import cores
 from kvgraft.inference.models import LoadedModel
-from kvgraft.inference.runtime import Schedule, attention, layer_map, padded_batch_row, prefill, threads
+from kvgraft.inference.runtime import Schedule, attention, layer_map, new_cache, padded_batch_row, prefill, threads
 from kvgraft.inference.tensors import tensor_sha256
 
 FACTOR = 64.0
@@ -65,12 +65,13 @@ def _higher_precision(lm: LoadedModel) -> LoadedModel | None:
                        lm._identity)
 
 
-def perturbations(lm: LoadedModel, ids: list[int], schedule: Schedule,
+def perturbations(lm: LoadedModel, ids: list[int], schedule: Schedule, every: frozenset[int] = frozenset(),
                   ) -> list[tuple[str, Callable[[], dict[str, torch.Tensor]]]]:
-    """The benign reruns this machine can do for one entry, each returning tensors named like the cache's."""
+    """The benign reruns this machine can do for one entry, each returning tensors named like the cache's
+    (sliding layers in `every` with every position, as the entry stores them: runtime.new_cache)."""
 
     def run(model: LoadedModel, sched: Schedule) -> Callable[[], dict[str, torch.Tensor]]:
-        return lambda: layer_map(model, prefill(model, ids, sched)[0])[1]
+        return lambda: layer_map(model, prefill(model, ids, sched, new_cache(model, every))[0])[1]
 
     out: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]] = []
     high = _higher_precision(lm)
@@ -99,7 +100,7 @@ def perturbations(lm: LoadedModel, ids: list[int], schedule: Schedule,
                                                                schedule.add_generation_prompt))))
     else:
         out.append(("one-shot", run(lm, Schedule(None, schedule.add_special_tokens, schedule.add_generation_prompt))))
-    out.append(("row 0 of a left-padded batch of 4", lambda: padded_batch_row(lm, ids)[0]))
+    out.append(("row 0 of a left-padded batch of 4", lambda: padded_batch_row(lm, ids, every=every)[0]))
     if lm.torch_device.type == "cuda":
         out.append(("reduced-precision matmul switched", lambda: _switched_matmul(lambda: run(lm, schedule)())))
     return out
@@ -140,23 +141,24 @@ class NoiseBound:
 
 def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
               only: set[str] | None = None, skip: set[str] | None = None,
-              digests: dict[str, str] | None = None) -> NoiseBound:
-    """Measure the noise bound of `reference` (the replayed recompute) from benign reruns of `ids`.
+              digests: dict[str, str] | None = None, every: frozenset[int] = frozenset()) -> NoiseBound:
+    """Measure the envelope of `reference` (the replayed recompute) from benign reruns of `ids`.
 
     Reused for the same model object, conditions, tokens, schedule and reference bytes (the same
     computation gives the same bound; entries of the same length but other tokens do not, since
     the noise is per row). `only`/`skip` choose perturbations by name (leave-one-out studies).
-    `digests`: the reference tensors' SHA-256 by name, when the caller hashed them already.
+    `digests`: the reference tensors' SHA-256 by name, when the caller hashed them already. `every`:
+    the sliding layers the reference holds with every position (`perturbations`).
     """
     digests = digests if digests is not None else {}
     key = (lm.attn, lm.dtype, torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), tuple(ids),
-           schedule, None if only is None else frozenset(only), None if skip is None else frozenset(skip),
+           schedule, every, None if only is None else frozenset(only), None if skip is None else frozenset(skip),
            tuple((name, digests.get(name) or tensor_sha256(t)) for name, t in reference.items()))
     memo = _MEMO.setdefault(lm.model, {})
     if key not in memo:
         if len(memo) >= 8:
             memo.pop(next(iter(memo)))
-        memo[key] = _measure(lm, ids, schedule, reference, only, skip)
+        memo[key] = _measure(lm, ids, schedule, reference, only, skip, every)
         return memo[key]
     return dataclasses.replace(memo[key], seconds=0.0, reused=True)
 
@@ -165,11 +167,11 @@ _MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NoiseBound]] = weakr
 
 
 def _measure(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
-             only: set[str] | None, skip: set[str] | None) -> NoiseBound:
+             only: set[str] | None, skip: set[str] | None, every: frozenset[int] = frozenset()) -> NoiseBound:
     t0 = time.perf_counter()
     noise = {name: torch.zeros((*t.shape[:-1], 1), dtype=torch.float64) for name, t in reference.items()}
     runs: list[dict[str, Any]] = []
-    for label, rerun in perturbations(lm, ids, schedule):
+    for label, rerun in perturbations(lm, ids, schedule, every):
         if (only is not None and label not in only) or (skip is not None and label in skip):
             continue
         t = time.perf_counter()

@@ -146,6 +146,9 @@ def ledger_table(ledger: dict[str, Any]) -> Table:
     t.add_column("what")
     t.add_column("value", justify="right")
     t.add_row("tokens restored from the graft", str(ledger["restored_tokens"]))
+    if "prefix" in ledger:  # kvgraft run --prefix
+        p = ledger["prefix"]
+        t.add_row("prefix graft", f"{p['entry']}: {p['rows']}" if p else "no entry matched")
     t.add_row("prompt tokens prefilled", str(ledger["prompt_tokens"]))
     t.add_row("decode tokens", str(ledger["decode_tokens"]))
     t.add_row("KV bytes restored (verified)", f"{ledger['kv_bytes_restored']:,}")

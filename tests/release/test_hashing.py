@@ -59,3 +59,45 @@ def test_file_and_range_hashes(tmp_path: Path) -> None:
     digests = read_and_hash(files[0], ranges, memoryview(dest))
     assert digests == [hashlib.sha256(data[a:b]).hexdigest() for a, b in ranges]
     assert bytes(dest) == b"".join(data[a:b] for a, b in ranges)
+
+
+def test_canonical_equals_rfc8785_on_release_records(tmp_path: Path) -> None:
+    """The writer's records and shards (what the fast walk in jsonio._plain is for), and each of them
+    changed in one way that takes the other path: a float, an integer beyond 2^53, a key beyond the
+    BMP, a bool among integers, a non-string key; the same bytes as rfc8785 or the same refusal."""
+    import copy
+    import json as _json
+
+    from release_factory import make_many
+
+    root = tmp_path / "r"
+    make_many(root, entries=70, tokens=5, layers=2)
+    docs = [_json.loads(p.read_bytes()) for p in sorted((root / "index").glob("*.json"))]
+    records = [r for d in docs for r in d["entries"]]
+    assert len(records) == 70
+    for obj in [*docs, *records]:
+        assert canonical(obj) == rfc8785.dumps(obj)
+    rec = records[3]
+
+    def changed(f: Any) -> Any:
+        r = copy.deepcopy(rec)
+        f(r)
+        return r
+
+    variants = [
+        changed(lambda r: r["next_token"].update(prob=0.25)),
+        changed(lambda r: r["layers"][1].update({"\U0001f600k": 1, "\ue000k": 2})),
+        changed(lambda r: r["token_ids"].append(True)),
+        changed(lambda r: r["source"].update(none=None, text="caf\u00e9 \u2028 \U0001f600")),
+        changed(lambda r: r["tensors"]["layer.0.keys"]["shape"].append(-(2**53 - 1))),
+    ]
+    for obj in variants:
+        assert canonical(obj) == rfc8785.dumps(obj), obj
+    for bad in (changed(lambda r: r["token_ids"].append(2**53)), changed(lambda r: r["layers"][0]["positions"].append(-(2**60))),
+                changed(lambda r: r["next_token"].update(argmax=2**60))):  # among strings in a dict
+        with pytest.raises(rfc8785.IntegerDomainError):
+            canonical(bad)
+    with pytest.raises(Exception):  # noqa: B017 - rfc8785's own refusal of a non-string key
+        rfc8785.dumps(changed(lambda r: r["source"].update({1: "x"})))
+    with pytest.raises(Exception):  # noqa: B017
+        canonical(changed(lambda r: r["source"].update({1: "x"})))

@@ -409,7 +409,8 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     n = 32
     result = audit_prefix(tmp_path / "rel", "p", n, lm)
     assert result["verdict"] == "byte-exact" and result["under_recorded_schedule"]["byte_exact"]
-    assert result["schedule"].startswith(f"rows [0, {n}) of a one-shot prefill of all")
+    assert result["rows"].startswith(f"rows [0, {n}) of a one-shot prefill of all")
+    assert result["schedule"] == Release.open(tmp_path / "rel").manifest["schedule"]
     ids = Release.open(tmp_path / "rel").entry("p")["token_ids"]
     with torch.no_grad():
         whole, _ = prefill(lm, ids, Schedule())
@@ -418,12 +419,16 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     _, a = layer_map(lm, alone)
     same = all(torch.equal(w[k][:, :, :n, :], a[k]) for k in a)  # this machine's answer, computed here
     assert result["against_prefix_alone"]["byte_exact"] == same
+    # a difference from the prefix alone is judged by the envelope of the n-token computation
+    assert result["against_prefix_alone"]["verdict"] == ("byte-exact" if same else "consistent")
 
     as_format_1(tmp_path / "rel")
     rewrite.element(tmp_path / "rel", 0, "layer.1.values", 3, lambda x: x + 0.5)  # row 0, within the prefix
     altered = audit_prefix(tmp_path / "rel", "p", n, lm)
-    assert altered["verdict"] == "differs"
+    assert altered["verdict"] == "inconsistent" and not altered["byte_exact"]
     assert altered["under_recorded_schedule"]["first_differing_tensor"] == "layer.1.values"
+    assert altered["under_recorded_schedule"]["first_outside_tensor"] == "layer.1.values"
+    assert altered["against_prefix_alone"]["verdict"] == "inconsistent"
 
 
 def test_verify_cli_entry_option(signed_v2: Path, keypair: tuple[Path, Path]) -> None:

@@ -68,11 +68,20 @@ def _lines(log: str, needle: str) -> list[str]:
     return [line for line in log.splitlines() if needle in line]
 
 
+def _during(log: str, rid: str, mode: str) -> list[str]:
+    """The log lines written while one scenario request ran (vllm_scenarios.py marks each)."""
+    lines = log.splitlines()
+    start = lines.index(f"kvgraft-scenario: request {rid} {mode}")
+    return lines[start:lines.index(f"kvgraft-scenario: done {rid} {mode}", start)]
+
+
 def test_graft_hit_continues_like_a_plain_prefill(served: tuple[dict[str, Any], str, Path]) -> None:
     results, log, _ = served
     graft, plain = results["a/connector"], results["a/plain"]
     grafted = _lines(log, "kvgraft: grafted release=")
-    assert len(grafted) == 1 and "entry=a " in grafted[0], grafted
+    # entry "a" is grafted twice: whole for prompt "a", its first block for the partial hit "f"
+    assert len(grafted) == 2 and all("entry=a " in line for line in grafted), grafted
+    assert [line for line in _during(log, "a", "connector") if "kvgraft: grafted" in line] == [grafted[0]]
     # vLLM counted the grafted tokens as cached: it did not compute them.
     block = results["block_size"]
     assert graft["num_cached_tokens"] == (graft["prompt_tokens"] - 1) // block * block > 0
@@ -83,6 +92,27 @@ def test_graft_hit_continues_like_a_plain_prefill(served: tuple[dict[str, Any], 
           f"first-token logprob: graft {graft['first_logprob']!r}, plain {plain['first_logprob']!r}, |diff| {diff:.3g}")
     # Stored KV comes from transformers, the plain run's from vLLM's kernels: close, not equal bits.
     assert diff < 1e-3
+
+
+def test_partial_prefix_hit_grafts_the_longest_block_aligned_prefix(served: tuple[dict[str, Any], str, Path]) -> None:
+    """Prompt "f" starts with entry "a"'s first PARTIAL tokens, then leaves it: the connector grafts the
+    longest prefix of whole vLLM blocks that "a" holds (rows [0, n) of its recorded prefill, so
+    logged), vLLM computes the rest, and the continuation is the plain prefill's."""
+    from vllm_scenarios import PARTIAL
+
+    results, log, run = served
+    block = results["block_size"]
+    graft, plain = results["f/connector"], results["f/plain"]
+    n = PARTIAL // block * block
+    assert 0 < n < PARTIAL < graft["prompt_tokens"]
+    assert graft["num_cached_tokens"] == n and plain["num_cached_tokens"] == 0
+    (line,) = [x for x in _during(log, "f", "connector") if "kvgraft: grafted" in x]
+    total = len(json.loads((run / "plan.json").read_text())["tokens"]["a"])
+    assert f"release={run / 'release-a'} entry=a tokens=[0, {n}) of {total} (rows of the entry's recorded " \
+           f"one-shot prefill of all {total} tokens)" in line, line
+    assert not [x for x in _during(log, "f", "plain") if "kvgraft: grafted" in x]
+    assert graft["token_ids"] == plain["token_ids"], (graft, plain)
+    assert abs(graft["first_logprob"] - plain["first_logprob"]) < 1e-3
 
 
 def test_tampered_release_is_served_by_prefill_with_the_log_line(served: tuple[dict[str, Any], str, Path]) -> None:

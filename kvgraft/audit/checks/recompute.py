@@ -37,9 +37,15 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     fixed = ctx.ex.fixed_threads()
     if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
         overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
-    result = recompute.audit(ctx.release, ctx.lm, entries=rc.get("entries") or None, executor=ctx.ex,
-                             require=rc.get("require", "exact"), sample=sample, nonce=rc.get("nonce"), journal=journal,
-                             overrides=overrides)
+    options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
+                               "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
+                               "journal": journal, "overrides": overrides}
+    if rc.get("prefix") is None:
+        result = recompute.audit(ctx.release, ctx.lm, **options)
+    else:  # the entries' prefix grafts too (checks.recompute.prefix)
+        from kvgraft.recompute import prefix
+
+        result = prefix.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options)
     journal.unlink(missing_ok=True)
     exact = sum(e["byte_exact"] for e in result["entries"])
     ctx.measured.update(measured_from_recompute(result))

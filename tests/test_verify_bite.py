@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from kvgraft import signer
-from kvgraft.errors import IntegrityError, VerificationError
+from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.hashing import sha256_hex
 from kvgraft.signing import attest, keys, oms
-from kvgraft.verify import SignatureStatus, failure_dict, verified, verify_release
+from kvgraft.verify import SignatureStatus, VerifyPolicy, failure_dict, verified, verify_release
 
 import rewrite
 from release_factory import make_release
@@ -158,3 +159,90 @@ def test_verified_refuses_a_release_changed_after_it_was_opened(rel: Path) -> No
         verified(early)
     assert str(info.value) == (f"{rel / MANIFEST}: the release changed after it was opened (root digest {before}, "
                                f"now {now})")
+
+
+# --------------------------------------------------------------------------- argument errors, whole messages
+# The older tests match a fragment (pytest.raises(match=...)); a message wrapped in other text or in
+# another case still contains it. These compare the whole line (mutmut's verify survivors).
+
+def _message(call: object) -> str:
+    with pytest.raises((InputError, VerificationError, ValueError)) as info:
+        call()  # type: ignore[operator]
+    return str(info.value)
+
+
+def test_argument_errors_say_exactly_what_is_wrong(rel: Path, ecdsa: tuple[Path, Path], tmp_path: Path) -> None:
+    both = "--certificate-identity/--certificate-oidc-issuer"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], policy=VerifyPolicy())) == \
+        "give a verification policy or key/identity arguments, not both"
+    assert _message(lambda: verify_release(rel, trust=object(), policy=VerifyPolicy())) == \
+        "give a verification policy or key/identity arguments, not both"  # type: ignore[arg-type]
+    assert _message(lambda: verify_release(tmp_path / "nowhere")) == \
+        f"{tmp_path / 'nowhere'}: not a folder (expected a cache release)"
+    assert _message(lambda: verify_release(rel, identity="ci@example.org")) == \
+        "--certificate-identity and --certificate-oidc-issuer must be given together"
+    assert _message(lambda: verify_release(rel, issuer="https://issuer")) == \
+        "--certificate-identity and --certificate-oidc-issuer must be given together"
+    assert _message(lambda: verify_release(rel, policy=VerifyPolicy(more_keys=(ecdsa[1],)))) == \
+        "more keys given without a first one"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], identity="ci@example.org", issuer="https://i")) == \
+        f"give --key or {both}, not both"
+    assert _message(lambda: verify_release(rel, policy=VerifyPolicy(require_signature=True))) == \
+        f"--require-signature needs --key or {both} to check the signature with"
+    assert _message(lambda: verify_release(rel, scope="some")) == "scope 'some'"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1])) == \
+        f"{rel}: the release is unsigned (no {attest.BUNDLE_NAME}) but --key requires a signature"
+    assert _message(lambda: verify_release(rel, identity="ci@example.org", issuer="https://i")) == \
+        f"{rel}: the release is unsigned (no {attest.BUNDLE_NAME}) but --certificate-identity requires a signature"
+
+
+def test_unsigned_and_unchecked_warnings_are_exact(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    result = verify_release(rel)
+    assert result.warnings == [f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its "
+                               f"manifest were checked"]
+    assert (result.statement, result.signature.status, result.scope) == (False, "not checked", "all")
+    signer.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    result = verify_release(rel)
+    assert result.warnings == ["the signature was not checked (no --key or Sigstore identity given); the statement "
+                               "in the bundle was compared with the files"]
+    assert result.statement is True
+    sig = result.signature
+    assert (sig.status, sig.method, sig.key_id, sig.bundle) == ("not checked", None, None, str(rel / attest.BUNDLE_NAME))
+    assert sig.signatures[0] == {"file": str(rel / attest.BUNDLE_NAME), "kind": "kvgraft",
+                                 "sha256": sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+                                 "status": "not checked", "key_id": None}
+    keyed = verify_release(rel, key=ecdsa[1])
+    assert keyed.warnings == [] and keyed.signature.method == "key" and keyed.signature.key_id == _kid(ecdsa[1])
+    assert keyed.policy == VerifyPolicy(key=ecdsa[1])
+
+
+def test_oms_only_release_unchecked_and_required(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    result = verify_release(rel)
+    assert result.warnings == [f"the OpenSSF model signing signature ({attest.OMS_NAME}) was not checked (no --key "
+                               f"given); its file list was compared with the files"]
+    assert (result.signature.status, result.statement) == ("not checked", False)
+    keyed = verify_release(rel, key=ecdsa[1])
+    assert keyed.warnings == [] and (keyed.signature.status, keyed.signature.method) == ("verified", "key")
+    assert keyed.signature.key_id == _kid(ecdsa[1]) and keyed.signature.oms_verified
+    # The same release opened (scope "open") and one entry checked against the OMS list.
+    opened = verify_release(rel, key=ecdsa[1], scope="open")
+    assert opened.scope == "open" and opened.signature.status == "verified"
+
+
+def test_a_key_that_verifies_no_signature_names_each(rel: Path, ecdsa: tuple[Path, Path], ed: tuple[Path, Path]) -> None:
+    signer.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, policy=VerifyPolicy(key=ecdsa[1], more_keys=(ed[1],)))
+    assert str(info.value) == (f"{rel}: key {_kid(ed[1])} verifies no signature of the release "
+                               f"({attest.BUNDLE_NAME}: key {_kid(ecdsa[1])}; {attest.OMS_NAME}: key {_kid(ecdsa[1])})")
+
+
+def test_a_detached_oms_signature_beside_one_in_the_release_is_refused(rel: Path, ecdsa: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    other = tmp_path / "detached.sig"
+    shutil.copy(rel / attest.OMS_NAME, other)
+    assert _message(lambda: verify_release(rel, policy=VerifyPolicy(oms_signature=other))) == (
+        f"{rel / attest.OMS_NAME}: the release holds an OMS signature and --oms-signature names another ({other}); "
+        f"give one of them")

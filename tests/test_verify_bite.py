@@ -246,3 +246,53 @@ def test_a_detached_oms_signature_beside_one_in_the_release_is_refused(rel: Path
     assert _message(lambda: verify_release(rel, policy=VerifyPolicy(oms_signature=other))) == (
         f"{rel / attest.OMS_NAME}: the release holds an OMS signature and --oms-signature names another ({other}); "
         f"give one of them")
+
+
+def test_describe_beside_and_present_wordings() -> None:
+    s = SignatureStatus("verified", "key", bundle="b", key_id="k1", oms_signature="m", oms_verified=False,
+                        oms_beside_release=["README.md", "a", "b", "c", "d", "e"])
+    assert s.describe() == ("verified: key k1; OpenSSF model signing signature present; beside the release, signed by "
+                            "the OMS signature only: README.md, a, b, c, d")
+    s = SignatureStatus("verified", "key", bundle="b", key_id="k1", oms_signature="m", oms_verified=True)
+    assert s.describe() == "verified: key k1; OpenSSF model signing signature verified"
+
+
+def test_brief_cuts_at_200_and_escapes() -> None:
+    from kvgraft.verify import _brief
+
+    exact = "a" * 198  # json.dumps adds the quotes: 200 characters, not cut
+    assert _brief(exact) == json.dumps(exact) and len(_brief(exact)) == 200
+    assert _brief("a" * 199) == json.dumps("a" * 199)[:200] + "..."
+    assert _brief({"b": 1, "a": "é"}) == '{"a": "\\u00e9", "b": 1}'
+
+
+def test_an_oms_signature_by_another_signer_beside_the_bundle(rel: Path, ecdsa: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """Two signatures by two signers, one key given: the OMS signature does not verify, and the message says
+    to give a key for each signer."""
+    from kvgraft.release.hashing import sha256_hex
+
+    other = keys.write_keypair(tmp_path / "other")
+    signer.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    oms.sign(rel, keys.load_private_key(other[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=ecdsa[1])
+    assert str(info.value).endswith(f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): "
+                                    f"give --key for each signer")
+    both = verify_release(rel, policy=VerifyPolicy(key=ecdsa[1], more_keys=(other[1],)))
+    assert [(s["kind"], s["status"], s["key_id"]) for s in both.signature.signatures] == [
+        ("kvgraft", "verified", _kid(ecdsa[1])), ("oms", "verified", _kid(other[1]))]
+    unchecked = verify_release(rel).signature.signatures
+    assert [(s["kind"], s["status"], s["key_id"]) for s in unchecked] == [("kvgraft", "not checked", None),
+                                                                          ("oms", "not checked", None)]
+
+
+def test_verified_opens_and_the_document_names_its_scope(rel: Path) -> None:
+    opened = verified(rel)
+    assert opened.verification is not None and opened.verification.scope == "open"
+    d = verify_release(rel).as_dict()
+    assert (d["scope"], d["checked_entries"], d["statement"], d["deep"]) == ("all", [], False, False)
+    assert d["ok"] is True and d["exit_code"] == 0 and d["error"] is None
+    entries = verify_release(rel, entries=[Release.open(rel).entries[1]["id"]]).as_dict()
+    assert entries["scope"] == "entries" and entries["checked_entries"] == [Release.open(rel).entries[1]["id"]]

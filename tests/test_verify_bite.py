@@ -296,3 +296,20 @@ def test_verified_opens_and_the_document_names_its_scope(rel: Path) -> None:
     assert d["ok"] is True and d["exit_code"] == 0 and d["error"] is None
     entries = verify_release(rel, entries=[Release.open(rel).entries[1]["id"]]).as_dict()
     assert entries["scope"] == "entries" and entries["checked_entries"] == [Release.open(rel).entries[1]["id"]]
+
+
+def test_a_statement_signed_by_another_kvgraft_version_verifies(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    """The predicate's kvgraft_version is the signer's own: the one member not compared with the manifest."""
+    _resign(rel, ecdsa[0], lambda p: p.update(kvgraft_version="0.0.1-elsewhere"))
+    assert verify_release(rel, key=ecdsa[1]).signature.status == "verified"
+
+
+def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: Path, ecdsa: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    other = keys.write_keypair(tmp_path / "other")
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=other[1])
+    hint = oms.pem_hint(keys.load_private_key(ecdsa[0]))
+    assert str(info.value) == (f"{rel / attest.OMS_NAME}: DSSE signature does not verify with key {_kid(other[1])} "
+                               f"(the bundle names key {hint})")  # no advice about two signers: there is one

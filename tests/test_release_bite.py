@@ -293,3 +293,44 @@ def test_files_beside_the_release_a_signature_lists(rel: Path) -> None:
     got = check_release(rel, subjects=oms_list, subjects_beside=True, every_file=True, source="OMS")
     assert got.beside == {"README.md": card}
     assert Release.open(rel).root == rel
+
+
+def test_check_entry_refuses_a_grown_file_naming_the_entry(rel: Path) -> None:
+    opened = open_release(rel)
+    e = _m(rel)["entries"][1]
+    size = _m(rel)["files"][E1]["size"]
+    with (rel / E1).open("ab") as f:
+        f.write(b"1234")
+    assert _err(lambda: check_entry(opened.release, e["id"]), IntegrityError) == \
+        f"{rel / E1}: {size + 4} bytes, the manifest says {size} (grown): entry {e['id']!r}"
+
+
+def test_deep_reports_the_first_wrong_tensor_in_file_order(tmp_path: Path) -> None:
+    """Two wrong tensor digests: the first in the file is named (11 layers: layer.10 and layer.2 sort differently
+    as names and as numbers)."""
+    root = tmp_path / "rel"
+    make_release(root, entries=1, layers=11, tokens=2, head_dim=2, seed=4)
+
+    def wrong(m: dict[str, Any]) -> None:
+        for name in ("layer.2.keys", "layer.10.keys"):
+            m["entries"][0]["tensors"][name]["sha256"] = "7" * 64
+    rewrite.manifest(root, wrong)
+    e = _m(root)["entries"][0]
+    first = min(("layer.2.keys", "layer.10.keys"), key=lambda n: e["tensors"][n]["byte_range"][0])
+    a, b = e["tensors"][first]["byte_range"]
+    real = sha256_hex((root / e["file"]).read_bytes()[a:b])
+    want = (f"{root / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'7' * 64}")
+    assert _err(lambda: check_release(root, deep=True), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(root).release, e["id"], deep=True), IntegrityError) == want
+
+
+def test_opening_weighs_an_unsigned_manifest_as_verifying_does(rel: Path) -> None:
+    """A manifest above the 16 MiB floor (whitespace: valid JSON) of a release with little data: opening
+    refuses it unparsed with the same line as the full verification."""
+    with (rel / MANIFEST).open("ab") as f:
+        f.write(b" " * (16 * 1024 * 1024 + 1))
+    message = _err(lambda: open_release(rel), InputError)
+    assert message == _err(lambda: check_release(rel), InputError)
+    assert message.startswith(f"{rel / MANIFEST}: ") and "exceeds the 16777216-byte limit for an unsigned manifest" \
+        in message

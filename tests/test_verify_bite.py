@@ -313,3 +313,18 @@ def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: P
     hint = oms.pem_hint(keys.load_private_key(ecdsa[0]))
     assert str(info.value) == (f"{rel / attest.OMS_NAME}: DSSE signature does not verify with key {_kid(other[1])} "
                                f"(the bundle names key {hint})")  # no advice about two signers: there is one
+
+
+def test_a_detached_oms_signature_is_read_from_where_it_is_named(rel: Path, ecdsa: tuple[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    detached = tmp_path / "detached.sig"
+    (rel / attest.OMS_NAME).rename(detached)
+    result = verify_release(rel, policy=VerifyPolicy(key=ecdsa[1], oms_signature=detached))
+    assert result.signature.oms_signature == str(detached) and result.signature.oms_verified
+    assert (result.signature.status, result.signature.key_id) == ("verified", _kid(ecdsa[1]))
+    big = tmp_path / "big.sig"
+    big.write_bytes(b" " * (attest.MAX_BUNDLE_BYTES + 1))
+    assert _message(lambda: verify_release(rel, policy=VerifyPolicy(oms_signature=big))) == (
+        f"{big}: {attest.MAX_BUNDLE_BYTES + 1} bytes exceeds the {attest.MAX_BUNDLE_BYTES}-byte limit for an OMS "
+        f"signature")

@@ -334,3 +334,11 @@ def test_opening_weighs_an_unsigned_manifest_as_verifying_does(rel: Path) -> Non
     assert message == _err(lambda: check_release(rel), InputError)
     assert message.startswith(f"{rel / MANIFEST}: ") and "exceeds the 16777216-byte limit for an unsigned manifest" \
         in message
+
+
+def test_opening_names_the_manifest_in_a_schema_error_and_returns_its_root(rel: Path) -> None:
+    o = open_release(rel)
+    assert (o.root, o.manifest_sha256, o.release.root) == (rel, _subjects(rel)[MANIFEST], rel)
+    rewrite.manifest(rel, lambda m: m.update(num_layers="two"))
+    message = _err(lambda: open_release(rel), InputError)
+    assert message.startswith(f"{rel / MANIFEST}: ") and message == _err(lambda: check_release(rel), InputError)

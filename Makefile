@@ -61,10 +61,10 @@ test: lint browser vllm-venv
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
-# Mutation testing (docs/mutation.md; slow: about an hour per module group on 2 busy cores). First every check
-# named in issue 26 broken by hand, each against the test that must kill it; then mutmut (pinned in the dev
-# extra) over release/, signing/ (verify included), the noise bound, recompute and reapply, and the statistics, each
-# group with the fast tests that cover it. `make mutate GROUPS="stats verify"` runs some groups only.
+# Mutation testing (docs/mutation.md; slow: verify.py alone is about 40 minutes on 2 busy cores, every group several
+# hours). First every check named in issue 26 broken by hand, each against the test that must kill it; then mutmut
+# (pinned in the dev extra), one group per module: stats verify integrity release attest signing noise verdict,
+# each with the fast tests that cover it. `make mutate GROUPS="verify integrity"` runs some groups only.
 GROUPS ?=
 mutate: $(STAMP)
 	nice -n 10 $(BIN)/python mutation/named_mutants.py

@@ -116,7 +116,10 @@ def main(argv: list[str]) -> int:
         finally:
             for p, t in originals.items():
                 p.write_text(t)
-        killed = run.returncode != 0
+        # Killed only when the test ran and failed (exit 1): a collection or usage error (2-5) is no kill.
+        killed = run.returncode == 1
+        if run.returncode not in (0, 1):
+            print(run.stdout[-2000:], run.stderr[-2000:])
         survived += not killed
         print(f"{'killed  ' if killed else 'SURVIVED'} {time.perf_counter() - t0:5.1f}s  {name}  <- {test.split('::')[-1]}",
               flush=True)

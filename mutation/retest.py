@@ -1,6 +1,8 @@
 """Retest a group's surviving mutants against test files added since its run, without a full rerun.
 
-    python mutation/retest.py GROUP tests/test_x.py [tests/test_y.py ...]
+    python mutation/retest.py GROUP tests/test_x.py [tests/test_y.py::test_z ...] [--only PATTERN ...]
+
+Test arguments may be pytest node ids (file::test); `--only` (fnmatch patterns) limits the mutants retried.
 
 Copies the test files into .mutation/GROUP/mutants/tests/, then for each mutant the group's records
 list as survived (or without a covering test) runs those files with the mutant active (mutmut's own
@@ -11,6 +13,7 @@ record, as `mutmut run` does. A mutant these files do not kill keeps its record.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -21,9 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str]) -> int:
+    only: list[str] = []
+    if "--only" in argv:
+        at = argv.index("--only")
+        argv, only = argv[:at], argv[at + 1:]
     group, tests = argv[0], argv[1:]
     here = ROOT / ".mutation" / group / "mutants"
-    for t in tests:
+    for t in {t.split("::")[0] for t in tests}:
         shutil.copy(ROOT / t, here / t)
     os.chdir(here)
     sys.path.insert(0, str(here))
@@ -34,7 +41,7 @@ def main(argv: list[str]) -> int:
         doc = json.loads(meta.read_text())
         codes = doc.get("exit_code_by_key", {})
         for key, code in codes.items():
-            if code not in (0, 5, 33):
+            if code not in (0, 5, 33) or (only and not any(fnmatch.fnmatch(key, p) for p in only)):
                 continue
             pid = os.fork()
             if pid == 0:

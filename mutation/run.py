@@ -7,12 +7,13 @@ records (mutants/**/*.meta): killed = a test failed (or timed out) with the muta
 Results: .mutation/GROUP/result.json and a summary line per group; docs/mutation.md records a run.
 
     python mutation/run.py                 # every group
-    python mutation/run.py stats verify    # only these
+    python mutation/run.py stats verify    # only these (groups: see GROUPS)
     python mutation/run.py --rescore stats # re-read after retesting mutants by name in .mutation/stats
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -24,32 +25,47 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".mutation"
 
-# group -> (files to mutate, fast test files that cover them, extra pytest arguments)
+# group -> (files to mutate, mutant names to run (fnmatch patterns; [] = all of them), fast test files that
+# cover them, extra pytest arguments). One group per module the issue names (release/ and signing/ split in
+# two: the file with the most checks alone), so that each runs only the tests that reach it.
 NO_MODEL = "not smollm2"
 # tests/core/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would
 # add ~20 s to every surviving mutant of verify_release, which they call only on the way to a model).
 MODEL_BITES = ("graft_refuses or recompute_comparison or worst_entry or nan_stored or another_shape "
                "or attention_kernel or prefill_schedule")
 NO_TORCH_K = f"not smollm2 and not ({MODEL_BITES})"
-GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "stats": (["kvgraft/generalization/stats.py"],
+# The no-model tests of the release, signing and verify core. Not tests/signing/test_fuzz_verify.py: it verifies in a
+# child process, which mutmut's per-test coverage cannot see, and runs 50 s (a cost in every run, no kill).
+CORE_TESTS = ["tests/core/test_checks_bite.py", "tests/signing/test_verify_bite.py", "tests/signing/test_verify_tamper.py",
+              "tests/signing/test_oms.py", "tests/signing/test_attest.py", "tests/release/test_release_bite.py",
+              "tests/signing/test_signing_bite.py"]
+# recompute/audit.py's verdict: how compared rows become a verdict, the statements and the --require reading
+# (its other functions load a model and run the audit: their checks are the named ones above).
+RECOMPUTE_VERDICT = ["kvgraft.recompute.audit.x_" + f + "__mutmut_*" for f in (
+    "_stored", "_judged", "_named", "classify", "_first_difference", "statements", "verdict_statement",
+    "check_requirement", "passes", "failing", "bound")]
+GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
+    "stats": (["kvgraft/generalization/stats.py"], [],
               ["tests/generalization/test_stats.py", "tests/generalization/test_stats_bite.py"], []),
-    "verdict": (["kvgraft/recompute/noise.py", "kvgraft/inference/reapply.py", "kvgraft/recompute/audit.py",
-                 "kvgraft/verdict.py"],
-                ["tests/core/test_checks_bite.py", "tests/recompute/test_recompute.py", "tests/core/test_verdict.py"],
-                ["-k", NO_MODEL]),
-    "verify": (["kvgraft/signing/verify.py", "kvgraft/signing/policy.py"],
-               ["tests/core/test_checks_bite.py", "tests/signing/test_verify_bite.py", "tests/signing/test_verify_tamper.py",
-                "tests/signing/test_oms.py", "tests/signing/test_attest.py"],
+    "verify": (["kvgraft/signing/verify.py", "kvgraft/signing/policy.py"], [],
+               [*CORE_TESTS, "tests/signing/test_sigstore_fixtures.py"], ["-k", NO_TORCH_K]),
+    "integrity": (["kvgraft/release/integrity.py"], [],
+                  [*CORE_TESTS, "tests/release/test_hostile_release.py"], ["-k", NO_TORCH_K]),
+    "release": (["kvgraft/release/format.py", "kvgraft/release/index.py", "kvgraft/release/records.py",
+                 "kvgraft/release/hashing.py", "kvgraft/release/safetensors_header.py"], [],
+                [*CORE_TESTS, "tests/release/test_hostile_release.py", "tests/release/test_hashing.py"],
+                ["-k", NO_TORCH_K]),
+    "attest": (["kvgraft/signing/attest.py"], [], [*CORE_TESTS, "tests/signing/test_sigstore_fixtures.py"],
                ["-k", NO_TORCH_K]),
-    # signing/ less verify and policy (the verify group's) and sign.py (as before the move: no group)
-    "signing": (["kvgraft/signing/keys.py", "kvgraft/signing/attest.py", "kvgraft/signing/oms.py",
-                 "kvgraft/signing/sigstore.py"],
-                ["tests/core/test_checks_bite.py", "tests/signing/test_verify_tamper.py", "tests/signing/test_oms.py",
-                 "tests/signing/test_sigstore_fixtures.py", "tests/signing/test_attest.py"], ["-k", NO_TORCH_K]),
-    "release": (["kvgraft/release/*"],
-                ["tests/core/test_checks_bite.py", "tests/signing/test_verify_tamper.py", "tests/release/test_hostile_release.py",
-                 "tests/release/test_hashing.py", "tests/signing/test_fuzz_verify.py"], ["-k", NO_TORCH_K]),
+    "signing": (["kvgraft/signing/keys.py", "kvgraft/signing/oms.py", "kvgraft/signing/sigstore.py"], [],
+                [*CORE_TESTS, "tests/signing/test_sigstore_fixtures.py"], ["-k", NO_TORCH_K]),
+    # The noise bound and the recorded conditions reapplied in one run (the same tests; one stats pass
+    # instead of two): scored per file.
+    "noise": (["kvgraft/recompute/noise.py", "kvgraft/inference/reapply.py"], [],
+              ["tests/core/test_checks_bite.py", "tests/recompute/test_verdict_bite.py"], ["-k", NO_MODEL]),
+    "verdict": (["kvgraft/recompute/audit.py", "kvgraft/verdict.py"], [*RECOMPUTE_VERDICT, "kvgraft.verdict.*"],
+                ["tests/core/test_checks_bite.py", "tests/core/test_verdict.py", "tests/recompute/test_verdict_bite.py"],
+                ["-k", NO_MODEL]),
 }
 # mutmut's exit codes per mutant (mutmut/__main__.py status_by_exit_code)
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a test failed, or the run timed out (counted as killed, as mutmut does)
@@ -62,13 +78,20 @@ def _toml_list(items: list[str]) -> str:
 
 
 def prepare(group: str) -> Path:
-    files, tests, extra = GROUPS[group]
+    files, _names, tests, extra = GROUPS[group]
+    tests = [t for t in tests if (ROOT / t).exists()]
     here = WORK / group
     shutil.rmtree(here, ignore_errors=True)
     here.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("kvgraft", "tests", "schemas"):
         shutil.copytree(ROOT / name, here / name, ignore=ignore)
+    # tests/signing/test_sigstore_fixtures.py reads real Sigstore bundles from ../shared/fixtures/sigstore (outside
+    # the repository; they skip without it). mutmut runs the tests in .mutation/GROUP/mutants/, so the
+    # folder they look for is .mutation/GROUP/shared: a link to the checkout's ../shared (or $KVGRAFT_SHARED).
+    shared = Path(os.environ.get("KVGRAFT_SHARED", ROOT.parent / "shared"))
+    if shared.is_dir():
+        (here / "shared").symlink_to(shared.resolve())
     # A pyproject.toml of the copy, its pytest options kept, with the mutmut section for this group.
     base = (ROOT / "pyproject.toml").read_text()
     (here / "pyproject.toml").write_text(base + f"""
@@ -80,11 +103,16 @@ pytest_add_cli_args_test_selection = {_toml_list(tests)}
 pytest_add_cli_args = {_toml_list(["-p", "no:cacheprovider", *extra])}
 process_isolation = "forkserver"
 use_git_change_detection = false
+# A mutant that loops is killed after 5x its tests' clean time + 2 s (mutmut's default, 15x + 1 s, spends
+# minutes on each such mutant on two shared cores).
+timeout_multiplier = 5.0
+timeout_constant = 2.0
 """)
     return here
 
 
-def score(here: Path) -> dict[str, object]:
+def score(here: Path, names: list[str] | None = None) -> dict[str, object]:
+    """Counts from mutmut's records; `names` (fnmatch patterns): only those mutants (a group's part of a file)."""
     counts = {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0}
     per_file: dict[str, dict[str, int]] = {}
     survivors: list[str] = []
@@ -93,6 +121,8 @@ def score(here: Path) -> dict[str, object]:
         name = str(meta.relative_to(here / "mutants")).removesuffix(".meta")
         fc = per_file.setdefault(name, {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0})
         for key, code in doc.get("exit_code_by_key", {}).items():
+            if names and not any(fnmatch.fnmatch(key, n) for n in names):
+                continue
             kind = ("not_run" if code is None else "killed" if code in KILLED else "survived" if code in SURVIVED
                     else "no_tests" if code in NO_TESTS else "other")
             counts[kind] += 1
@@ -105,8 +135,11 @@ def score(here: Path) -> dict[str, object]:
 def rescore(group: str) -> dict[str, object]:
     """Re-read a group's records after `mutmut run NAME...` retested some mutants in .mutation/GROUP."""
     here = WORK / group
-    result = json.loads((here / "result.json").read_text())
-    result.update(score(here))
+    # A run stopped before it ended wrote no result.json: its per-mutant records are still there.
+    done = here / "result.json"
+    result = json.loads(done.read_text()) if done.exists() else {"group": group, "files": GROUPS[group][0],
+                                                                  "stopped": True}
+    result.update(score(here, GROUPS[group][1]))
     (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -129,11 +162,12 @@ def main(argv: list[str]) -> int:
     for group in groups:
         here = prepare(group)
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=here, env=env,
+        names = GROUPS[group][1]
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=here, env=env,
                              stdout=(here / "mutmut.log").open("w"), stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - t0
-        result = {"group": group, "files": GROUPS[group][0], "tests": GROUPS[group][1], "seconds": round(seconds),
-                  "mutmut_exit": run.returncode, **score(here)}
+        result = {"group": group, "files": GROUPS[group][0], "mutants": names or "all", "tests": GROUPS[group][2],
+                  "seconds": round(seconds), "mutmut_exit": run.returncode, **score(here, names)}
         (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         c = result["counts"]
         assert isinstance(c, dict)

@@ -121,7 +121,7 @@ def parse_statement(payload_type: str, payload: bytes, where: str) -> dict[str, 
             raise InputError(f"{at}: {name!r} is listed twice")
         seen.add(name)
         sha = s["digest"].get("sha256")
-        if not isinstance(sha, str) or not _SHA256.match(sha):
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             raise InputError(f"{at}: {name!r} has no lowercase hex sha256 digest")
     validate(doc.get("predicate"), PREDICATE_SCHEMA, f"{where}: statement predicate")
     return doc

@@ -129,7 +129,7 @@ def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | No
     for i, r in enumerate(resources):
         at = f"{where}: resource {i}"
         if not isinstance(r, dict) or r.get("algorithm") != "sha256" or not isinstance(r.get("digest"), str) \
-                or not _SHA256.match(r["digest"]):
+                or not _SHA256.fullmatch(r["digest"]):
             raise InputError(f"{at}: expected a name, algorithm sha256 and a lowercase hex digest")
         listed.append((check_relpath(r.get("name"), at), r["digest"]))
     names = [n for n, _ in listed]

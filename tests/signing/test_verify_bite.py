@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft.errors import IntegrityError, VerificationError
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.signing import attest, keys, oms, sign
+from kvgraft.signing.policy import verify_policy
 from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
 
 import rewrite
@@ -179,3 +181,168 @@ def test_policies_name_one_kind_each_and_refuse_what_means_nothing(tmp_path: Pat
             verify_policy(**given)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="at least one --key"):
         SignedWithKeys(())
+# --------------------------------------------------------------------------- argument errors, whole messages
+# The older tests match a fragment (pytest.raises(match=...)); a message wrapped in other text or in
+# another case still contains it. These compare the whole line (mutmut's verify survivors).
+
+def _message(call: object) -> str:
+    with pytest.raises((InputError, VerificationError, ValueError)) as info:
+        call()  # type: ignore[operator]
+    return str(info.value)
+
+
+def test_argument_errors_say_exactly_what_is_wrong(rel: Path, ecdsa: tuple[Path, Path], tmp_path: Path) -> None:
+    both = "--certificate-identity/--certificate-oidc-issuer"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], policy=verify_policy())) == \
+        "give a verification policy or key/identity arguments, not both"
+    assert _message(lambda: verify_release(rel, trust=object(), policy=verify_policy())) == \
+        "give a verification policy or key/identity arguments, not both"  # type: ignore[arg-type]
+    assert _message(lambda: verify_release(tmp_path / "nowhere")) == \
+        f"{tmp_path / 'nowhere'}: not a folder (expected a cache release)"
+    assert _message(lambda: verify_release(rel, identity="ci@example.org")) == \
+        "--certificate-identity and --certificate-oidc-issuer must be given together"
+    assert _message(lambda: verify_release(rel, issuer="https://issuer")) == \
+        "--certificate-identity and --certificate-oidc-issuer must be given together"
+    assert _message(lambda: verify_release(rel, policy=verify_policy(more_keys=(ecdsa[1],)))) == \
+        "more keys given without a first one"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], identity="ci@example.org", issuer="https://i")) == \
+        f"give --key or {both}, not both"
+    assert _message(lambda: verify_release(rel, policy=verify_policy(require_signature=True))) == \
+        f"--require-signature needs --key or {both} to check the signature with"
+    assert _message(lambda: verify_release(rel, scope="some")) == "scope 'some'"
+    assert _message(lambda: verify_release(rel, key=ecdsa[1])) == \
+        f"{rel}: the release is unsigned (no {attest.BUNDLE_NAME}) but --key requires a signature"
+    assert _message(lambda: verify_release(rel, identity="ci@example.org", issuer="https://i")) == \
+        f"{rel}: the release is unsigned (no {attest.BUNDLE_NAME}) but --certificate-identity requires a signature"
+
+
+def test_unsigned_and_unchecked_warnings_are_exact(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    result = verify_release(rel)
+    assert result.warnings == [f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its "
+                               f"manifest were checked"]
+    assert (result.statement, result.signature.status, result.scope) == (False, "not checked", "all")
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    result = verify_release(rel)
+    assert result.warnings == ["the signature was not checked (no --key or Sigstore identity given); the statement "
+                               "in the bundle was compared with the files"]
+    assert result.statement is True
+    sig = result.signature
+    assert (sig.status, sig.method, sig.key_id, sig.bundle) == ("not checked", None, None, str(rel / attest.BUNDLE_NAME))
+    assert sig.signatures[0] == {"file": str(rel / attest.BUNDLE_NAME), "kind": "kvgraft",
+                                 "sha256": sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+                                 "status": "not checked", "key_id": None}
+    keyed = verify_release(rel, key=ecdsa[1])
+    assert keyed.warnings == [] and keyed.signature.method == "key" and keyed.signature.key_id == _kid(ecdsa[1])
+    assert keyed.policy == verify_policy(key=ecdsa[1])
+
+
+def test_oms_only_release_unchecked_and_required(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    result = verify_release(rel)
+    assert result.warnings == [f"the OpenSSF model signing signature ({attest.OMS_NAME}) was not checked (no --key "
+                               f"given); its file list was compared with the files"]
+    assert (result.signature.status, result.statement) == ("not checked", False)
+    keyed = verify_release(rel, key=ecdsa[1])
+    assert keyed.warnings == [] and (keyed.signature.status, keyed.signature.method) == ("verified", "key")
+    assert keyed.signature.key_id == _kid(ecdsa[1]) and keyed.signature.oms_verified
+    # The same release opened (scope "open") and one entry checked against the OMS list.
+    opened = verify_release(rel, key=ecdsa[1], scope="open")
+    assert opened.scope == "open" and opened.signature.status == "verified"
+
+
+def test_a_key_that_verifies_no_signature_names_each(rel: Path, ecdsa: tuple[Path, Path], ed: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, policy=verify_policy(key=ecdsa[1], more_keys=(ed[1],)))
+    assert str(info.value) == (f"{rel}: key {_kid(ed[1])} verifies no signature of the release "
+                               f"({attest.BUNDLE_NAME}: key {_kid(ecdsa[1])}; {attest.OMS_NAME}: key {_kid(ecdsa[1])})")
+
+
+def test_a_detached_oms_signature_beside_one_in_the_release_is_refused(rel: Path, ecdsa: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    other = tmp_path / "detached.sig"
+    shutil.copy(rel / attest.OMS_NAME, other)
+    assert _message(lambda: verify_release(rel, policy=verify_policy(oms_signature=other))) == (
+        f"{rel / attest.OMS_NAME}: the release holds an OMS signature and --oms-signature names another ({other}); "
+        f"give one of them")
+
+
+def test_describe_beside_and_present_wordings() -> None:
+    s = SignatureStatus("verified", "key", bundle="b", key_id="k1", oms_signature="m", oms_verified=False,
+                        oms_beside_release=["README.md", "a", "b", "c", "d", "e"])
+    assert s.describe() == ("verified: key k1; OpenSSF model signing signature present; beside the release, signed by "
+                            "the OMS signature only: README.md, a, b, c, d")
+    s = SignatureStatus("verified", "key", bundle="b", key_id="k1", oms_signature="m", oms_verified=True)
+    assert s.describe() == "verified: key k1; OpenSSF model signing signature verified"
+
+
+def test_brief_cuts_at_200_and_escapes() -> None:
+    from kvgraft.signing.verify import _brief
+
+    exact = "a" * 198  # json.dumps adds the quotes: 200 characters, not cut
+    assert _brief(exact) == json.dumps(exact) and len(_brief(exact)) == 200
+    assert _brief("a" * 199) == json.dumps("a" * 199)[:200] + "..."
+    assert _brief({"b": 1, "a": "é"}) == '{"a": "\\u00e9", "b": 1}'
+
+
+def test_an_oms_signature_by_another_signer_beside_the_bundle(rel: Path, ecdsa: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """Two signatures by two signers, one key given: the OMS signature does not verify, and the message says
+    to give a key for each signer."""
+    other = keys.write_keypair(tmp_path / "other")
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    oms.sign(rel, keys.load_private_key(other[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=ecdsa[1])
+    assert str(info.value).endswith(f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): "
+                                    f"give --key for each signer")
+    both = verify_release(rel, policy=verify_policy(key=ecdsa[1], more_keys=(other[1],)))
+    assert [(s["kind"], s["status"], s["key_id"]) for s in both.signature.signatures] == [
+        ("kvgraft", "verified", _kid(ecdsa[1])), ("oms", "verified", _kid(other[1]))]
+    unchecked = verify_release(rel).signature.signatures
+    assert [(s["kind"], s["status"], s["key_id"]) for s in unchecked] == [("kvgraft", "not checked", None),
+                                                                          ("oms", "not checked", None)]
+
+
+def test_verified_opens_and_the_document_names_its_scope(rel: Path) -> None:
+    opened = verified(rel)
+    assert opened.checked.scope == "open"
+    d = verify_release(rel).as_dict()
+    assert (d["scope"], d["checked_entries"], d["statement"], d["deep"]) == ("all", [], False, False)
+    assert d["ok"] is True and d["exit_code"] == 0 and d["error"] is None
+    entries = verify_release(rel, entries=[Release.open(rel).entries[1]["id"]]).as_dict()
+    assert entries["scope"] == "entries" and entries["checked_entries"] == [Release.open(rel).entries[1]["id"]]
+
+
+def test_a_statement_signed_by_another_kvgraft_version_verifies(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    """The predicate's kvgraft_version is the signer's own: the one member not compared with the manifest."""
+    _resign(rel, ecdsa[0], lambda p: p.update(kvgraft_version="0.0.1-elsewhere"))
+    assert verify_release(rel, key=ecdsa[1]).signature.status == "verified"
+
+
+def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: Path, ecdsa: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    other = keys.write_keypair(tmp_path / "other")
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    with pytest.raises(VerificationError) as info:
+        verify_release(rel, key=other[1])
+    hint = oms.pem_hint(keys.load_private_key(ecdsa[0]))
+    assert str(info.value) == (f"{rel / attest.OMS_NAME}: DSSE signature does not verify with key {_kid(other[1])} "
+                               f"(the bundle names key {hint})")  # no advice about two signers: there is one
+
+
+def test_a_detached_oms_signature_is_read_from_where_it_is_named(rel: Path, ecdsa: tuple[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    detached = tmp_path / "detached.sig"
+    (rel / attest.OMS_NAME).rename(detached)
+    result = verify_release(rel, policy=verify_policy(key=ecdsa[1], oms_signature=detached))
+    assert result.signature.oms_signature == str(detached) and result.signature.oms_verified
+    assert (result.signature.status, result.signature.key_id) == ("verified", _kid(ecdsa[1]))
+    big = tmp_path / "big.sig"
+    big.write_bytes(b" " * (attest.MAX_BUNDLE_BYTES + 1))
+    assert _message(lambda: verify_release(rel, policy=verify_policy(oms_signature=big))) == (
+        f"{big}: {attest.MAX_BUNDLE_BYTES + 1} bytes exceeds the {attest.MAX_BUNDLE_BYTES}-byte limit for an OMS "
+        f"signature")

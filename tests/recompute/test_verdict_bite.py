@@ -1,0 +1,390 @@
+"""The envelope, replay and verdict functions, each pinned against values worked out by hand (mutmut survivors,
+docs/mutation.md).
+
+No model loads here except the tiny llama of tests/tiny.py (calibrate, perturbations): the rest are
+pure functions of tensors and dicts, so each test is milliseconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from kvgraft import verdict
+from kvgraft.audit import checks as registry
+from kvgraft.errors import EXIT_INCOMPLETE, EXIT_NOT_EXACT, EXIT_OK, InputError
+from kvgraft.inference import reapply
+from kvgraft.inference.runtime import Schedule, attention
+from kvgraft.recompute import audit as recompute
+from kvgraft.recompute import noise
+from kvgraft.recompute.noise import FACTOR, Judgement, NoiseBound, judge, worst
+
+# --------------------------------------------------------------------------- noise.judge / worst / allowed
+
+
+def test_worst_is_the_worst_of_the_entries() -> None:
+    assert worst([]) == "byte-exact"
+    assert worst(["byte-exact", "byte-exact"]) == "byte-exact"
+    assert worst(["consistent", "byte-exact"]) == "consistent"
+    assert worst(["byte-exact", "inconsistent", "consistent"]) == "inconsistent"
+    assert noise.VERDICTS == ("byte-exact", "consistent", "inconsistent") and FACTOR == 64.0
+
+
+def test_judge_equal_tensors_is_nothing() -> None:
+    t = torch.arange(24, dtype=torch.float32).reshape(1, 2, 3, 4)
+    assert judge(t, t.clone(), torch.ones(1, 2, 3, 1)) == Judgement(0, 0.0, None, None, None)
+
+
+def test_judge_locates_first_outside_and_worst() -> None:
+    fresh = torch.zeros(1, 2, 3, 4, dtype=torch.float32)
+    stored = fresh.clone()
+    allowed = torch.full((1, 2, 3, 1), 0.5, dtype=torch.float64)
+    stored[0, 0, 1, 2] = 0.25  # inside: excess 0.5
+    stored[0, 0, 2, 1] = 1.0  # outside: excess 2, first in C order
+    stored[0, 1, 0, 3] = -3.0  # outside: excess 6, the worst
+    stored[0, 1, 2, 0] = 0.5  # exactly the allowed difference: excess 1.0 is inside
+    j = judge(stored, fresh, allowed)
+    assert j.outside == 2 and j.max_excess == 6.0
+    assert j.first == [0, 0, 2, 1] and j.worst == [0, 1, 0, 3]
+    assert j.worst_values == {"stored": -3.0, "fresh": 0.0, "abs_diff": 3.0, "allowed": 0.5}
+    assert all(isinstance(i, int) for i in j.first + j.worst)
+
+
+def test_judge_inside_only_has_a_worst_but_no_first() -> None:
+    fresh = torch.ones(1, 1, 2, 2, dtype=torch.float32)
+    stored = fresh.clone()
+    stored[0, 0, 1, 1] = 1.5
+    j = judge(stored, fresh, torch.ones(1, 1, 2, 1))
+    assert (j.outside, j.max_excess, j.worst, j.first) == (0, 0.5, [0, 0, 1, 1], None)
+
+
+def test_judge_non_finite_values() -> None:
+    fresh = torch.zeros(1, 1, 1, 4, dtype=torch.float32)
+    stored = fresh.clone()
+    stored[0, 0, 0, 1] = float("nan")  # stored NaN, fresh finite: outside, infinitely
+    stored[0, 0, 0, 3] = float("inf")
+    j = judge(stored, fresh, torch.ones(1, 1, 1, 1))
+    # inf, then nan_to_num's posinf default: the largest float (still far outside).
+    assert j.outside == 2 and j.max_excess == sys.float_info.max and j.first == [0, 0, 0, 1] and j.worst == [0, 0, 0, 1]
+    both = torch.full((1, 1, 1, 2), float("nan"))  # NaN where fresh is NaN too: the same computation
+    assert judge(both, both.clone(), torch.ones(1, 1, 1, 1)) == Judgement(0, 0.0, None, None, None)
+    fresh_nan = torch.tensor([[[[float("nan"), 0.0]]]])
+    assert judge(torch.tensor([[[[1.0, 0.0]]]]), fresh_nan, torch.ones(1, 1, 1, 1)).outside == 0
+
+
+def test_envelope_allowed_is_factor_times_noise_or_one_ulp() -> None:
+    fresh = torch.tensor([[[[1.0, -4.0], [0.5, 0.25]]]], dtype=torch.float32)  # [1, 1, 2, 2]
+    noise = torch.tensor([[[[1e-3], [0.0]]]], dtype=torch.float64)
+    env = NoiseBound({"k": noise})
+    a = env.allowed("k", fresh)
+    eps = float(torch.finfo(torch.float32).eps)
+    assert a.shape == (1, 1, 2, 1) and a.dtype == torch.float64
+    assert a[0, 0, 0, 0].item() == 64.0 * max(1e-3, 4.0 * eps)  # the noise: above the row's ulp
+    assert a[0, 0, 1, 0].item() == 64.0 * 0.5 * eps  # no noise: one ulp of the row's largest |value|
+    assert NoiseBound({"k": noise}, factor=2.0).allowed("k", fresh)[0, 0, 1, 0].item() == 2.0 * 0.5 * eps
+    assert env.as_dict() == {"factor": 64.0, "perturbations": [], "seconds": 0.0, "reused": False}
+
+
+class _FakeModel:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def set_attn_implementation(self, attn: str) -> None:
+        self.calls.append(attn)
+
+
+class _FakeLM:
+    def __init__(self, attn: str) -> None:
+        self.model = _FakeModel()
+        self.attn = attn
+
+
+def test_attention_switches_and_restores() -> None:
+    lm: Any = _FakeLM("sdpa")
+    with attention(lm, "sdpa"):
+        assert lm.attn == "sdpa"
+    assert lm.model.calls == []
+    with pytest.raises(RuntimeError), attention(lm, "eager"):
+        assert lm.attn == "eager"
+        raise RuntimeError
+    assert lm.model.calls == ["eager", "sdpa"] and lm.attn == "sdpa"
+
+
+def test_perturbations_and_calibrate_on_the_tiny_model(tiny_lm: Callable[[str], Any]) -> None:
+    from kvgraft.inference.runtime import layer_map, prefill, threads
+
+    lm = tiny_lm("llama")
+    ids = list(range(5, 25))
+    with threads(2):
+        labels = [name for name, _ in noise.perturbations(lm, ids, Schedule())]
+        assert labels == ["float64 (higher precision)", "eager attention", "1 thread", "chunks of 10",
+                          "row 0 of a left-padded batch of 4"]
+    with threads(1):
+        assert [n for n, _ in noise.perturbations(lm, ids, Schedule(4))][2:4] == ["2 threads", "one-shot"]
+    assert [n for n, _ in noise.perturbations(lm, list(range(5, 75)), Schedule())][3] == "chunks of 64"
+    assert "chunks of" not in " ".join(n for n, _ in noise.perturbations(lm, [7], Schedule()))
+    ref = layer_map(lm, prefill(lm, ids, Schedule())[0])[1]
+    only = {"eager attention", "float64 (higher precision)"}
+    env = noise.calibrate(lm, ids, Schedule(), ref, only=only)
+    assert [r["name"] for r in env.runs] == ["float64 (higher precision)", "eager attention"]
+    assert not env.reused and env.seconds > 0 and set(env.noise) == set(ref)
+    for name, t in ref.items():
+        assert env.noise[name].shape == (*t.shape[:-1], 1) and env.noise[name].dtype == torch.float64
+        assert bool((env.noise[name] >= 0).all())
+    assert any(bool((n > 0).any()) for n in env.noise.values())  # float64 differs from float32 somewhere
+    for r in env.runs:
+        assert set(r) == {"name", "seconds", "tensors_differing", "max_abs"} and r["max_abs"] >= 0
+    again = noise.calibrate(lm, ids, Schedule(), ref, only=only)
+    assert again.reused and again.seconds == 0.0 and again.runs == env.runs
+    skipped = noise.calibrate(lm, ids, Schedule(), ref, skip={"eager attention", "1 thread", "2 threads",
+                                                                 "chunks of 10", "row 0 of a left-padded batch of 4"})
+    assert [r["name"] for r in skipped.runs] == ["float64 (higher precision)"] and not skipped.reused
+    other = {k: v.clone() for k, v in ref.items()}
+    first = next(iter(other))
+    other[first].view(-1)[0] += 1.0  # other reference bytes: measured again
+    assert not noise.calibrate(lm, ids, Schedule(), other, only=only).reused
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def test_load_options_replays_the_record_unless_overridden() -> None:
+    rec = {"device": "cpu", "dtype": "bfloat16", "attn_implementation": "eager"}
+    assert reapply.load_options(rec) == ("cpu", "bfloat16", "eager")
+    assert reapply.load_options(rec, device="cpu", dtype="float16", attn="sdpa") == ("cpu", "float16", "sdpa")
+    assert reapply.load_options({**rec, "attn_implementation": "vllm:CPU_ATTN"})[2] == "sdpa"
+    if not torch.cuda.is_available():
+        assert reapply.load_options({**rec, "device": "cuda"})[0] == "cpu"
+    with pytest.raises(InputError) as info:
+        reapply.load_options({**rec, "dtype": "int8"})
+    assert str(info.value) == ("recorded dtype 'int8' is not one kvgraft can load (float32, bfloat16, float16); "
+                               "pass --dtype")
+    assert reapply.load_options({**rec, "dtype": "int8"}, dtype="float32")[1] == "float32"
+
+
+def test_schedule_override() -> None:
+    rec = {"chunk_tokens": 8, "add_special_tokens": False, "add_generation_prompt": True}
+    assert reapply.schedule_override(rec, chunk=None, one_shot=False) is None
+    assert reapply.schedule_override(rec, chunk=4, one_shot=False) == Schedule(4, False, True)
+    assert reapply.schedule_override(rec, chunk=None, one_shot=True) == Schedule(None, False, True)
+    with pytest.raises(InputError) as info:
+        reapply.schedule_override(rec, chunk=4, one_shot=True)
+    assert str(info.value) == "--chunk and --one-shot exclude each other"
+
+
+def test_thread_count() -> None:
+    assert reapply.thread_count({"threads": 3}, "cpu", threads=None) == 3
+    assert reapply.thread_count({"threads": 3}, "cpu", threads=5) == 5
+    assert reapply.thread_count({"threads": 3}, "cuda", threads=5) is None
+    assert reapply.thread_count({"threads": True}, "cpu", threads=None) is None
+    assert reapply.thread_count({"threads": "3"}, "cpu", threads=None) is None
+    assert reapply.thread_count({}, "cpu", threads=None) is None
+
+
+def test_overrides_given() -> None:
+    rec = {"device": "cpu", "dtype": "float32", "attn_implementation": "sdpa", "threads": 2,
+           "deterministic_algorithms": False}
+    assert reapply.overrides_given(rec, device="cpu", dtype=None, attn="sdpa", threads=2, deterministic=False) == {}
+    assert reapply.overrides_given(rec, device="cuda", dtype="bfloat16", attn="eager", threads=4, deterministic=True) == {
+        "device": "cuda", "dtype": "bfloat16", "attn_implementation": "eager", "threads": 4,
+        "deterministic_algorithms": True}
+
+
+class _ParamModel(_FakeModel):
+    def parameters(self) -> Any:
+        return iter([torch.zeros(1)])
+
+
+class _ParamLM(_FakeLM):
+    def __init__(self, attn: str) -> None:
+        self.model = _ParamModel()
+        self.attn = attn
+        self.torch_device = torch.device("cpu")
+
+
+def test_applied_sets_the_recorded_conditions_and_restores_them() -> None:
+    lm: Any = _ParamLM("sdpa")
+    n0, det0 = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    recorded = {"attn_implementation": "eager", "threads": 1, "deterministic_algorithms": not det0}
+    with reapply.applied(lm, recorded, {}):
+        assert lm.attn == "eager" and torch.get_num_threads() == 1
+        assert torch.are_deterministic_algorithms_enabled() == (not det0)
+    assert lm.attn == "sdpa" and torch.get_num_threads() == n0 and torch.are_deterministic_algorithms_enabled() == det0
+    with reapply.applied(lm, recorded, {"attn_implementation": "sdpa", "threads": 2}):
+        assert lm.attn == "sdpa" and torch.get_num_threads() == 2
+        assert torch.are_deterministic_algorithms_enabled() == (not det0)  # not overridden: the record's
+    assert torch.get_num_threads() == n0 and torch.are_deterministic_algorithms_enabled() == det0
+    for bad in ({"threads": 0}, {"threads": True}, {"attn_implementation": "vllm:X"}, {"deterministic_algorithms": 1}):
+        with reapply.applied(lm, bad, {}):
+            assert lm.attn == "sdpa" and torch.get_num_threads() == n0
+            assert torch.are_deterministic_algorithms_enabled() == det0
+    remote: Any = _FakeLM("sdpa")  # no parameters: remote workers set their own conditions
+    with reapply.applied(remote, recorded, {}):
+        assert remote.attn == "sdpa" and torch.get_num_threads() == n0
+    assert lm.model.calls == ["eager", "sdpa"]
+
+
+def test_describe_and_summary() -> None:
+    recorded = {"device": "cpu", "dtype": "float32", "threads": 4, "torch": "2.0"}
+    current = {"device": "cpu", "dtype": "bfloat16", "threads": 2, "torch": "2.1"}
+    d = reapply.describe(recorded, current, {"dtype": "bfloat16"})
+    assert d == {"replayed": ["device"], "overridden": {"dtype": {"recorded": "float32", "used": "bfloat16"}},
+                 "not_replayed": {"threads": [4, 2], "torch": ["2.0", "2.1"]}}
+    assert reapply.summary(d) == ("overridden: dtype 'float32' -> 'bfloat16'; not replayed: threads 4 -> 2, "
+                                 "torch '2.0' -> '2.1'")
+    assert reapply.describe({"a": 1}, {}, {"threads": 3})["overridden"] == {"threads": {"recorded": None, "used": 3}}
+    same = reapply.describe({"device": "cpu"}, {"device": "cpu"}, {})
+    assert same == {"replayed": ["device"], "overridden": {}, "not_replayed": {}}
+    assert reapply.summary(same) == "every recorded condition replayed"
+    assert reapply.summary({"overridden": {}, "not_replayed": {"b": [1, 2], "a": [3, 4]}}) == \
+        "not replayed: a 3 -> 4, b 1 -> 2"
+    assert reapply.REAPPLIED == ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
+
+
+# --------------------------------------------------------------------------- recompute's verdict
+
+
+def _t(equal: bool = True, **kw: Any) -> dict[str, Any]:
+    return {"equal": equal, **kw}
+
+
+def test_classify_every_case() -> None:
+    assert recompute.classify([{"index": 0, "keys": _t(), "values": _t()}]) == ("byte-exact", None)
+    assert recompute.classify([]) == ("byte-exact", None)
+    inside = _t(False, outside=0, max_excess=0.5)
+    assert recompute.classify([{"index": 0, "keys": _t(), "values": inside}]) == ("consistent", None)
+    assert recompute.classify([{"index": 0, "layout_mismatch": "m"}])[0] == "inconsistent"
+    a = _t(False, outside=2, max_excess=3.0, first_outside=[0, 1, 2, 3], worst=[0, 1, 4, 5],
+           worst_values={"abs_diff": 1.0})
+    b = _t(False, outside=5, max_excess=9.0, first_outside=[0, 0, 0, 0], worst=[0, 0, 1, 2], worst_values=None)
+    rows = [{"index": 0, "keys": _t(), "values": a}, {"index": 2, "keys": b, "values": _t()},
+            {"index": 3, "layout_mismatch": "layer 3 is absent"},
+            {"index": 4, "keys": _t(False, shape_mismatch="stored [1], fresh [2]"), "values": _t()}]
+    v, s = recompute.classify(rows)
+    assert v == "inconsistent"
+    assert s == {"elements": 7, "tensors": 3, "layers": [0, 2, 3, 4], "layout": ["layer 3: layer 3 is absent"],
+                 "shape": ["layer 4 keys: stored [1], fresh [2]"],
+                 "first": {"layer": 0, "tensor": "values", "batch": 0, "head": 1, "position": 2, "dim": 3},
+                 "worst": {"layer": 2, "tensor": "keys", "batch": 0, "head": 0, "position": 1, "dim": 2,
+                           "excess": 9.0}}
+    odd = _t(False, outside=1, max_excess=2.0, first_outside=[1, 2], worst=[1, 2], worst_values={"x": 1.0})
+    _, s = recompute.classify([{"index": 1, "values": odd}])
+    assert s is not None and s["first"] == {"layer": 1, "tensor": "values"}
+    assert s["worst"] == {"layer": 1, "tensor": "values", "x": 1.0, "excess": 2.0}
+
+
+def _result(verdicts: list[str], *, require: str = "exact", passed: bool = True, **extra: Any) -> dict[str, Any]:
+    entries = []
+    for i, v in enumerate(verdicts):
+        entries.append({"id": f"e{i}", "verdict": v, "byte_exact": v == "byte-exact",
+                        "matched": {"kl_max": 0.0 if v == "byte-exact" else 0.5, "logits_equal": v == "byte-exact"},
+                        "natural": {"kl_max": -0.25 * i, "logits_equal": i == 0}, "num_tokens": 10 + i})
+    return {"entries": entries, "schedule": {"chunk_tokens": None},
+            "environment": {"differences": {}, "current": {"device_name": "cpu0", "device": "cpu", "dtype": "float32",
+                                                           "attn_implementation": "sdpa", "threads": 2}},
+            "conditions": {"not_replayed": {}, "overridden": {}}, "verdict": worst(verdicts), "require": require,
+            "passed": passed, "model": {"forced": False}, **extra}
+
+
+def test_verdict_statement_whole() -> None:
+    r = _result(["byte-exact"])
+    assert recompute.verdict_statement(r) == (
+        "Verdict byte-exact (every SHA-256 equal) on cpu0 (cpu, float32, sdpa, 2 threads), every recorded condition "
+        "replayed: 1 byte-exact, 0 consistent, 0 inconsistent of 1 entries; requirement exact: met.")
+    r = _result(["byte-exact", "consistent", "inconsistent", "inconsistent"], require="consistent", passed=False)
+    r["conditions"] = {"not_replayed": {"threads": [4, 2], "cpu_isa": ["a", "b"]},
+                       "overridden": {"dtype": {"recorded": "float32", "used": "bfloat16"}}}
+    r["entries"][2]["outside"] = {"worst": {"layer": 1, "tensor": "keys", "head": 0, "position": 3, "dim": 7,
+                                            "abs_diff": 0.012345, "excess": 123.456}, "layout": [], "shape": []}
+    r["entries"][3]["outside"] = {"layout": ["layer 0: gone"], "shape": ["layer 1 keys: s"]}
+    assert recompute.verdict_statement(r) == (
+        "Verdict inconsistent (some difference lies outside the envelope: not the same computation) on cpu0 (cpu, "
+        "float32, sdpa, 2 threads), not replayed: cpu_isa 'a' -> 'b', threads 4 -> 2; overridden: dtype 'float32' -> "
+        "'bfloat16': 1 byte-exact, 1 consistent, 2 inconsistent of 4 entries; requirement consistent: NOT met. "
+        "Outside the envelope: e2: layer 1 keys (head 0, position 3, dim 7) |diff| 0.0123 is 123x the envelope; "
+        "e3: layer 0: gone; layer 1 keys: s.")
+    r = _result(["consistent"])
+    assert "Verdict consistent (bytes differ, every difference inside the measured noise envelope of the same " \
+           "computation)" in recompute.verdict_statement(r)
+
+
+def test_statements_whole() -> None:
+    r = _result(["byte-exact"])
+    out = recompute.statements(r)
+    assert out[:2] == [
+        "Matched schedule (one-shot, same recorded environment): KV bytes identical (SHA-256 equal) in 1/1 entries; "
+        "KL(fresh ‖ grafted) exactly 0.0 in 1/1.",
+        "Natural contrast (one forward pass over prefix + probe, no cache): logits identical in 1/1 entries; "
+        "max KL(natural ‖ grafted) = 0.0."]
+    assert len(out) == 3 and out[2] == recompute.verdict_statement(r)
+    r = _result(["byte-exact", "consistent", "inconsistent"], schedule_overridden=True)
+    r["schedule"] = {"chunk_tokens": 16}
+    r["environment"]["differences"] = {"torch": 1, "cpu_isa": 2}
+    r["model"]["forced"] = True
+    out = recompute.statements(r)
+    assert out[0] == ("Recomputed with an overridden schedule (chunks of 16, environment differs in cpu_isa, torch): "
+                      "KV bytes identical (SHA-256 equal) in 1/3 entries; KL(fresh ‖ grafted) exactly 0.0 in 1/3.")
+    assert out[1] == ("Natural contrast (one forward pass over prefix + probe, no cache): logits identical in "
+                      "1/3 entries; max KL(natural ‖ grafted) = 5.000e-01; byte-exactness and zero KL do not hold "
+                      "for this comparison.")  # |-0.5|: the largest natural KL's magnitude
+    assert out[2] == "The model's identity differs from the release's (forced): differences are expected."
+    assert out[-1] == recompute.verdict_statement(r) and len(out) == 4
+
+
+def test_requirements_and_failing() -> None:
+    assert recompute.passes("byte-exact", "exact") and recompute.passes("byte-exact", "consistent")
+    assert not recompute.passes("consistent", "exact") and recompute.passes("consistent", "consistent")
+    assert not recompute.passes("inconsistent", "consistent") and not recompute.passes("inconsistent", "exact")
+    with pytest.raises(InputError) as info:
+        recompute.passes("byte-exact", "close")
+    assert str(info.value) == "--require close: expected one of exact, consistent"
+    recompute.check_requirement("exact")
+    recompute.check_requirement("consistent")
+    assert recompute.failing({"verdict": "consistent"}, "exact") and not recompute.failing({"verdict": "consistent"},
+                                                                                            "consistent")
+
+
+def test_bound_counts_failing_entries_and_the_rest() -> None:
+    from kvgraft import sampling
+
+    r = _result(["byte-exact", "consistent", "inconsistent"], require="consistent")
+    population = [*r["entries"], {"id": "x", "num_tokens": 40}, {"id": "y", "num_tokens": 50}]
+    got = recompute.bound(r, population)
+    want = sampling.bound([False, False, True], [10, 11, 12], [40, 50]).as_dict("inconsistent")
+    assert got == want
+    exact = recompute.bound({**r, "require": "exact"}, population)
+    assert exact == sampling.bound([False, True, True], [10, 11, 12], [40, 50]).as_dict("not byte-exact")
+
+
+# --------------------------------------------------------------------------- the status rules (audit/checks) and verdict.py
+
+
+def test_status_rules() -> None:
+    assert registry.status("recompute", {"passed": True}) == "passed"
+    assert registry.status("recompute", {"passed": False}) == "failed"
+    gen = {"equality": {"d": {"equal": 3, "n": 3}}, "runs": [1]}
+    assert registry.status("generalization", gen) == "passed"
+    assert registry.status("generalization", {**gen, "runs": []}) == "incomplete"
+    assert registry.status("generalization", {**gen, "equality": {"d": {"equal": 2, "n": 3}}}) == "failed"
+    assert registry.status("determinism", {"conditions": [1, 2]}) == "passed"
+    assert registry.status("determinism", {"conditions": [1]}) == "incomplete"
+    assert registry.status("claims", {"failed": [1], "counts": {}}) == "failed"
+    assert registry.status("claims", {"failed": [], "counts": {"not-testable": 3}}) == "incomplete"
+    assert registry.status("claims", {"failed": [], "counts": {"not-testable": 3, "holds": 1}}) == "passed"
+    assert registry.status("controls", {"controls": [{"shows": True}, {"shows": True}]}) == "passed"
+    assert registry.status("controls", {"controls": [{"shows": True}, {"shows": False}]}) == "incomplete"
+    with pytest.raises(InputError) as info:
+        registry.status("other", {})
+    assert str(info.value) == ("no audit result of kind 'other' (one of verify, recompute, determinism, "
+                               "generalization, controls, claims)")
+
+
+def test_exit_codes() -> None:
+    assert [verdict.exit_code(s) for s in verdict.STATUSES] == [EXIT_OK, EXIT_NOT_EXACT, EXIT_INCOMPLETE]
+    with pytest.raises(InputError) as info:
+        verdict.exit_code("done")
+    assert str(info.value) == "unknown status 'done' (one of passed, failed, incomplete)"

@@ -1,0 +1,344 @@
+"""release/integrity.py's checks, each with its whole message and its counts (mutmut's integrity survivors,
+docs/mutation.md).
+
+The older tests (test_verify_tamper, test_hostile_release) match a fragment of each message; a mutant
+that wraps the message, changes a count or a location still passes them. These compare whole lines,
+computed from this machine's bytes (the digests in them are hashed here), and what CheckedRelease
+counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.integrity import check_entry, check_release, open_release, release_folder_files
+
+import rewrite
+from release_factory import make_release
+
+E0, E1 = "entries/00000.safetensors", "entries/00001.safetensors"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("base") / "rel"
+    make_release(root, entries=3, seed=35)
+    return root
+
+
+@pytest.fixture
+def rel(base: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(base, tmp_path / "rel"))
+
+
+def _m(root: Path) -> dict[str, Any]:
+    return json.loads((root / MANIFEST).read_text())
+
+
+def _err(call: Any, kind: type[Exception] = Exception) -> str:
+    with pytest.raises(kind) as info:
+        call()
+    return str(info.value)
+
+
+def _subjects(root: Path) -> dict[str, str]:
+    m = _m(root)
+    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
+
+
+def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
+    m = _m(rel)
+    msize = (rel / MANIFEST).stat().st_size
+    sizes = sum(f["size"] for f in m["files"].values())
+    ntensors = sum(len(e["tensors"]) for e in m["entries"])
+    tensor_bytes = sum(t["byte_range"][1] - t["byte_range"][0] for e in m["entries"] for t in e["tensors"].values())
+    c = check_release(rel)
+    assert (c.manifest_size, c.bytes_hashed, c.tensors, c.tensors_rehashed) == (msize, msize + sizes, ntensors, 0)
+    assert c.files == _subjects(rel) and c.beside == {} and c.manifest_sha256 == _subjects(rel)[MANIFEST]
+    assert c.root == rel and c.release.root == rel and c.manifest["root_digest"] == m["root_digest"]
+    d = check_release(rel, deep=True, subjects=_subjects(rel), source="signed statement", signed=True)
+    assert (d.bytes_hashed, d.tensors, d.tensors_rehashed) == (msize + sizes + tensor_bytes, ntensors, ntensors)
+    o = open_release(rel, subjects=_subjects(rel))
+    assert (o.bytes_hashed, o.tensors, o.tensors_rehashed, o.manifest_size) == (msize, 0, 0, msize)
+    assert o.files == _subjects(rel)
+    one = check_entry(o.release, m["entries"][1]["id"])
+    size1 = m["files"][E1]["size"]
+    assert (one.entry["id"], one.bytes_hashed, one.tensors) == (m["entries"][1]["id"], size1, 4)
+    deep = check_entry(o.release, m["entries"][1]["id"], deep=True)
+    per = sum(t["byte_range"][1] - t["byte_range"][0] for t in m["entries"][1]["tensors"].values())
+    assert deep.bytes_hashed == size1 + per
+
+
+def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
+    assert _err(lambda: check_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
+    assert _err(lambda: open_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
+    subjects = _subjects(rel)
+    no_manifest = {k: v for k, v in subjects.items() if k != MANIFEST}
+    for call in (check_release, open_release):
+        assert _err(lambda c=call: c(rel, subjects=no_manifest, source="signed statement"), VerificationError) == \
+            f"{rel}: the signed statement does not list {MANIFEST} as a subject"
+    (rel / MANIFEST).unlink()
+    for call in (check_release, open_release):
+        assert _err(lambda c=call: c(rel, subjects=subjects, source="signed statement"), IntegrityError) == \
+            f"{rel / MANIFEST}: missing ({MANIFEST} is a subject of the signed statement)"
+        assert _err(lambda c=call: c(rel), InputError) == \
+            f"{rel / MANIFEST}: missing manifest (is {rel} a cache release?)"
+
+
+def test_manifest_digest_against_the_statement(rel: Path) -> None:
+    subjects = {**_subjects(rel), MANIFEST: "0" * 64}
+    actual = sha256_hex((rel / MANIFEST).read_bytes())
+    for call in (check_release, open_release):
+        assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), IntegrityError) == \
+            f"{rel / MANIFEST}: sha256 {actual} does not match the S ({'0' * 64})"
+        assert _err(lambda c=call: c(rel, subjects=subjects, source="S", attested_root="ab" * 32), IntegrityError) == (
+            f"{rel / MANIFEST}: sha256 {actual} does not match the S ({'0' * 64}); the statement attests the release "
+            f"with root digest {'ab' * 32}")
+
+
+def test_statement_subjects_against_the_manifest(rel: Path) -> None:
+    subjects = {**_subjects(rel), E1: "1" * 64}
+    real = _m(rel)["files"][E1]["sha256"]
+    for call in (check_release, open_release):
+        assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), VerificationError) == \
+            f"{rel / E1}: the S lists sha256 {'1' * 64} and the manifest {real}"
+    extra = {**_subjects(rel), "entries/zz.safetensors": "2" * 64}
+    assert _err(lambda: check_release(rel, subjects=extra, source="S"), VerificationError) == \
+        f"{rel / 'entries/zz.safetensors'}: the S lists sha256 {'2' * 64} and the manifest None"
+    # An OMS list (lists_more) may name further files; open_release ignores them.
+    assert open_release(rel, subjects=extra, lists_more=True).files == _subjects(rel)
+    seen: list[tuple[str, int]] = []
+    check_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
+    open_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
+    assert seen == [(_subjects(rel)[MANIFEST], (rel / MANIFEST).stat().st_size)] * 2
+
+
+def test_missing_and_extra_files_are_named(rel: Path) -> None:
+    ids = [e["id"] for e in _m(rel)["entries"]]
+    (rel / E1).unlink()
+    (rel / "extra.txt").write_text("x")
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E1}: files differ from the manifest: missing {E1} (entry {ids[1]!r}); not part of the release: "
+        f"extra.txt")
+    (rel / E0).unlink()
+    (rel / "extra.txt").unlink()
+    assert _err(lambda: check_release(rel, subjects=_subjects(rel) | {}, source="S"), Exception).startswith(
+        f"{rel / E0}: files differ from the S: missing {E0} (entry {ids[0]!r}), {E1} (entry {ids[1]!r})")
+
+
+def test_more_than_five_missing_or_extra(base: Path, tmp_path: Path) -> None:
+    root = tmp_path / "many"
+    make_release(root, entries=7, seed=3)
+    names = sorted(n for n in _m(root)["files"])
+    for n in names:
+        (root / n).unlink()
+    message = _err(lambda: check_release(root), IntegrityError)
+    assert message.startswith(f"{root / names[0]}: files differ from the manifest: missing ")
+    assert message.endswith(" (+2 more)") and message.count("(entry '") == 5
+    fresh = tmp_path / "extra"
+    shutil.copytree(base, fresh)
+    for i in range(7):
+        (fresh / f"x{i}.txt").write_text("x")
+    assert _err(lambda: check_release(fresh), IntegrityError) == (
+        f"{fresh}: files differ from the manifest: not part of the release: x0.txt, x1.txt, x2.txt, x3.txt, x4.txt "
+        f"(+2 more)")
+
+
+def test_a_file_shared_by_entries_is_named_with_the_count(rel: Path) -> None:
+    # Point entries 1 and 2 at entry 0's file (rewritten digests): missing, it names one entry and "1 more".
+    def share(m: dict[str, Any]) -> None:
+        for e in m["entries"][1:]:
+            e["file"] = E0
+        for n in list(m["files"]):
+            if n != E0:
+                del m["files"][n]
+    rewrite.manifest(rel, share)
+    os.remove(rel / E1)
+    os.remove(rel / "entries/00002.safetensors")
+    ids = [e["id"] for e in _m(rel)["entries"]]
+    (rel / E0).rename(rel / "moved")
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E0}: files differ from the manifest: missing {E0} (entry {ids[0]!r} and 2 more); not part of the "
+        f"release: moved")
+
+
+def test_sizes_truncated_and_grown(rel: Path) -> None:
+    ids = [e["id"] for e in _m(rel)["entries"]]
+    size = _m(rel)["files"][E1]["size"]
+    data = (rel / E1).read_bytes()
+    (rel / E1).write_bytes(data[:-4])
+    assert _err(lambda: check_release(rel), IntegrityError) == \
+        f"{rel / E1}: entry {ids[1]!r}: {size - 4} bytes, the manifest says {size} (truncated)"
+    (rel / E1).write_bytes(data + b"1234")
+    assert _err(lambda: check_release(rel), IntegrityError) == \
+        f"{rel / E1}: entry {ids[1]!r}: {size + 4} bytes, the manifest says {size} (grown)"
+
+
+def test_a_changed_tensor_is_located(rel: Path) -> None:
+    m = _m(rel)
+    e = m["entries"][1]
+    name = "layer.1.values"
+    a, b = e["tensors"][name]["byte_range"]
+    data = bytearray((rel / E1).read_bytes())
+    data[a + 3] ^= 1
+    (rel / E1).write_bytes(bytes(data))
+    file_sha = sha256_hex(bytes(data))
+    tensor_sha = sha256_hex(bytes(data[a:b]))
+    want = m["files"][E1]["sha256"]
+    message = _err(lambda: check_release(rel), IntegrityError)
+    assert message == (f"{rel / E1}: entry {e['id']!r} tensor {name!r} bytes [{a}, {b}): sha256 {tensor_sha}, the "
+                       f"manifest says {e['tensors'][name]['sha256']} (file sha256 {file_sha}, manifest says {want})")
+    opened = open_release(rel)
+    assert _err(lambda: check_entry(opened.release, e["id"]), IntegrityError) == message.replace(
+        f"(file sha256 {file_sha}, manifest says {want})", f"(file sha256 {file_sha}, manifest says {want})")
+
+
+def test_two_changed_files_and_a_swap(rel: Path) -> None:
+    one, two = (rel / E0).read_bytes(), (rel / E1).read_bytes()
+    (rel / E0).write_bytes(two)
+    (rel / E1).write_bytes(one)
+    m = _m(rel)
+    message = _err(lambda: check_release(rel), IntegrityError)
+    assert message == (f"{rel / E0}: sha256 {m['files'][E1]['sha256']} does not match the manifest "
+                       f"({m['files'][E0]['sha256']}): it has the content of {E1} (files swapped or copied) "
+                       f"(and 1 more files differ: {E1})")
+
+
+def test_a_changed_safetensors_header_is_located(rel: Path) -> None:
+    m = _m(rel)
+    e = m["entries"][0]
+    data = bytearray((rel / E0).read_bytes())
+    at = bytes(data).index(b'"layer.0.keys"')
+    data[at + 10] = ord("x")  # the tensor table names another tensor: same size, valid JSON
+    (rel / E0).write_bytes(bytes(data))
+    start = min(t["byte_range"][0] for t in e["tensors"].values())
+    base = f"{rel / E0}: sha256 {sha256_hex(bytes(data))} does not match the manifest ({m['files'][E0]['sha256']})"
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{base}: entry {e['id']!r}: the safetensors header region [0, {start}) differs (its tensor table no longer "
+        f"matches the manifest)")
+    junk = b"\xff" * len(data)
+    (rel / E0).write_bytes(junk)
+    assert _err(lambda: check_release(rel), IntegrityError).startswith(
+        f"{rel / E0}: sha256 {sha256_hex(junk)} does not match the manifest "
+        f"({m['files'][E0]['sha256']}): entry {e['id']!r}: the safetensors header is damaged (")
+
+
+def test_deep_finds_a_tensor_digest_the_file_digest_agrees_with(rel: Path) -> None:
+    """A manifest (digests recomputed) whose tensor sha256 is wrong while the file's is right: only `deep` reads it."""
+    def wrong(m: dict[str, Any]) -> None:
+        m["entries"][2]["tensors"]["layer.0.keys"]["sha256"] = "3" * 64
+    rewrite.manifest(rel, wrong)
+    m = _m(rel)
+    e = m["entries"][2]
+    a, b = e["tensors"]["layer.0.keys"]["byte_range"]
+    real = sha256_hex((rel / e["file"]).read_bytes()[a:b])
+    assert check_release(rel).tensors_rehashed == 0
+    want = (f"{rel / e['file']}: entry {e['id']!r} tensor 'layer.0.keys' bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'3' * 64}")
+    assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
+    opened = open_release(rel)
+    check_entry(opened.release, e["id"])
+    assert _err(lambda: check_entry(opened.release, e["id"], deep=True), IntegrityError) == want
+
+
+def test_links_and_special_files_are_refused(rel: Path) -> None:
+    (rel / "link").symlink_to(rel / E0)
+    assert _err(lambda: check_release(rel), InputError) == f"{rel / 'link'}: is a symlink; releases may not contain links"
+    (rel / "link").unlink()
+    os.mkfifo(rel / "entries" / "fifo")
+    assert _err(lambda: release_folder_files(rel), InputError) == \
+        f"{rel / 'entries/fifo'}: is not a regular file; releases hold only plain files"
+    (rel / "entries" / "fifo").unlink()
+    (rel / ".git").mkdir()
+    (rel / ".git" / "HEAD").write_text("x")
+    (rel / "release.sigstore.json").write_text("{}")
+    assert release_folder_files(rel) == set(_m(rel)["files"]) | {MANIFEST}
+    manifest_link = rel / "m2"
+    (rel / MANIFEST).rename(manifest_link)
+    (rel / MANIFEST).symlink_to(manifest_link)
+    assert _err(lambda: open_release(rel), InputError) == \
+        f"{rel / MANIFEST}: is a symlink; releases may not contain links"
+
+
+def test_files_beside_the_release_a_signature_lists(rel: Path) -> None:
+    (rel / "README.md").write_text("card")
+    card = sha256_hex(b"card")
+    c = check_release(rel, beside={"README.md": card}, beside_source="OMS signature (model.sig)")
+    assert c.beside == {"README.md": card} and c.bytes_hashed == check_release(rel, beside={
+        "README.md": card}).bytes_hashed
+    assert c.bytes_hashed == (rel / MANIFEST).stat().st_size + sum(
+        f["size"] for f in _m(rel)["files"].values()) + 4
+    assert _err(lambda: check_release(rel, beside={"README.md": "4" * 64}, beside_source="B"), IntegrityError) == (
+        f"{rel / 'README.md'}: sha256 {card} does not match the B ({'4' * 64}); it is beside the release, outside "
+        f"its manifest")
+    assert _err(lambda: check_release(rel, beside={".git/config": "5" * 64}, beside_source="B"),
+                VerificationError) == f"{rel / '.git/config'}: the B lists it beside the release, which ignores it"
+    (rel / "README.md").unlink()
+    assert _err(lambda: check_release(rel, beside={"README.md": card}, beside_source="B"), IntegrityError) == \
+        f"{rel / 'README.md'}: files differ from the manifest: missing README.md"
+    # A file the manifest lists, named by the signature too, is the release's own (compared by the caller).
+    assert check_release(rel, beside={E0: "6" * 64}).beside == {}
+    # subjects_beside: what an OMS list names beyond the manifest is beside the release.
+    (rel / "README.md").write_text("card")
+    oms_list = {**_subjects(rel), "README.md": card}
+    got = check_release(rel, subjects=oms_list, subjects_beside=True, every_file=True, source="OMS")
+    assert got.beside == {"README.md": card}
+    assert Release.open(rel).root == rel
+
+
+def test_check_entry_refuses_a_grown_file_naming_the_entry(rel: Path) -> None:
+    opened = open_release(rel)
+    e = _m(rel)["entries"][1]
+    size = _m(rel)["files"][E1]["size"]
+    with (rel / E1).open("ab") as f:
+        f.write(b"1234")
+    assert _err(lambda: check_entry(opened.release, e["id"]), IntegrityError) == \
+        f"{rel / E1}: {size + 4} bytes, the manifest says {size} (grown): entry {e['id']!r}"
+
+
+def test_deep_reports_the_first_wrong_tensor_in_file_order(tmp_path: Path) -> None:
+    """Two wrong tensor digests: the first in the file is named (11 layers: layer.10 and layer.2 sort differently
+    as names and as numbers)."""
+    root = tmp_path / "rel"
+    make_release(root, entries=1, layers=11, tokens=2, head_dim=2, seed=4)
+
+    def wrong(m: dict[str, Any]) -> None:
+        for name in ("layer.2.keys", "layer.10.keys"):
+            m["entries"][0]["tensors"][name]["sha256"] = "7" * 64
+    rewrite.manifest(root, wrong)
+    e = _m(root)["entries"][0]
+    first = min(("layer.2.keys", "layer.10.keys"), key=lambda n: e["tensors"][n]["byte_range"][0])
+    a, b = e["tensors"][first]["byte_range"]
+    real = sha256_hex((root / e["file"]).read_bytes()[a:b])
+    want = (f"{root / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'7' * 64}")
+    assert _err(lambda: check_release(root, deep=True), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(root).release, e["id"], deep=True), IntegrityError) == want
+
+
+def test_opening_weighs_an_unsigned_manifest_as_verifying_does(rel: Path) -> None:
+    """A manifest above the 16 MiB floor (whitespace: valid JSON) of a release with little data: opening
+    refuses it unparsed with the same line as the full verification."""
+    with (rel / MANIFEST).open("ab") as f:
+        f.write(b" " * (16 * 1024 * 1024 + 1))
+    message = _err(lambda: open_release(rel), InputError)
+    assert message == _err(lambda: check_release(rel), InputError)
+    assert message.startswith(f"{rel / MANIFEST}: ") and "exceeds the 16777216-byte limit for an unsigned manifest" \
+        in message
+
+
+def test_opening_names_the_manifest_in_a_schema_error_and_returns_its_root(rel: Path) -> None:
+    o = open_release(rel)
+    assert (o.root, o.manifest_sha256, o.release.root) == (rel, _subjects(rel)[MANIFEST], rel)
+    rewrite.manifest(rel, lambda m: m.update(num_layers="two"))
+    message = _err(lambda: open_release(rel), InputError)
+    assert message.startswith(f"{rel / MANIFEST}: ") and message == _err(lambda: check_release(rel), InputError)

@@ -464,6 +464,9 @@ def verified(release: VerifiedRelease | Release | Path | str, policy: VerifyPoli
     result = verify_release(root, policy=policy or SignatureNotChecked(), scope="open")
     assert result.opened is not None
     if not isinstance(release, Release):
+        # Remembered for the Release it opened too: a consumer handed `.release` (an audit's checks)
+        # finds this verification, under this policy, instead of opening again under the default one.
+        _remember(result.opened, result)
         return VerifiedRelease(result.opened, result)
     now = result.opened.manifest["root_digest"]
     if now != release.manifest["root_digest"]:

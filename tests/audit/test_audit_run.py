@@ -66,6 +66,18 @@ def test_report_is_signed_bound_and_verifies(signed_run: Path) -> None:
     assert "verified" in res.stdout
 
 
+def test_the_verify_check_checks_the_signature_with_the_plans_key(signed_run: Path) -> None:
+    """The plan signs the release, so its verify check verifies that signature with the plan's key (not the
+    default policy, which checks no signature)."""
+    from kvgraft.signing import keys
+
+    report = json.loads((signed_run / "report.json").read_text())
+    data = next(c for c in report["checks"] if c["kind"] == "verify")["data"]
+    kid = keys.key_id(keys.load_public_key(signed_run / "keys" / "ephemeral.pub.pem"))
+    assert (data["scope"], data["signature"]["status"], data["signature"]["key_id"]) == ("all", "verified", kid)
+    assert data["warnings"] == []
+
+
 def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real report in an 80-column terminal: each check once with its status, no JSON, nothing cut."""
     from kvgraft.cli import _base

@@ -149,6 +149,34 @@ def test_perturbations_and_calibrate_on_the_tiny_model(tiny_lm: Callable[[str], 
     assert not noise.calibrate(lm, ids, Schedule(), other, only=only).reused
 
 
+def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
+    """The GPU-only perturbation's switch, run on the flags themselves (settable without a GPU)."""
+    m = torch.backends.cuda.matmul
+    names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+    before = tuple(getattr(m, n) for n in names)
+    for start in ((False, True, False), (True, False, True)):
+        for n, v in zip(names, start, strict=True):
+            setattr(m, n, v)
+        seen: list[tuple[bool, ...]] = []
+
+        def run(seen: list[tuple[bool, ...]] = seen) -> dict[str, torch.Tensor]:
+            seen.append(tuple(getattr(m, n) for n in names))
+            return {"x": torch.zeros(1)}
+
+        assert list(noise._switched_matmul(run)) == ["x"]
+        assert seen == [tuple(not v for v in start)]
+        assert tuple(getattr(m, n) for n in names) == start
+
+        def fails() -> dict[str, torch.Tensor]:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            noise._switched_matmul(fails)
+        assert tuple(getattr(m, n) for n in names) == start  # restored after a failing run too
+    for n, v in zip(names, before, strict=True):
+        setattr(m, n, v)
+
+
 # --------------------------------------------------------------------------- replay
 
 
@@ -164,6 +192,19 @@ def test_load_options_replays_the_record_unless_overridden() -> None:
     assert str(info.value) == ("recorded dtype 'int8' is not one kvgraft can load (float32, bfloat16, float16); "
                                "pass --dtype")
     assert reapply.load_options({**rec, "dtype": "int8"}, dtype="float32")[1] == "float32"
+
+
+def test_load_options_loads_on_cuda_only_when_recorded_there_and_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device branch, with CUDA's presence simulated (this machine has none): the recorded cuda is
+    replayed where CUDA is present, the recorded cpu stays cpu, and without CUDA cuda falls back to cpu."""
+    rec = {"device": "cuda", "dtype": "float32", "attn_implementation": "sdpa"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert reapply.load_options(rec)[0] == "cuda"
+    assert reapply.load_options({**rec, "device": "cpu"})[0] == "cpu"
+    assert reapply.load_options({**rec, "device": None})[0] == "cpu"
+    assert reapply.load_options({**rec, "device": "cuda"}, device="cpu")[0] == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert reapply.load_options(rec)[0] == "cpu"
 
 
 def test_schedule_override() -> None:
@@ -242,6 +283,9 @@ def test_describe_and_summary() -> None:
     assert reapply.summary(same) == "every recorded condition replayed"
     assert reapply.summary({"overridden": {}, "not_replayed": {"b": [1, 2], "a": [3, 4]}}) == \
         "not replayed: a 3 -> 4, b 1 -> 2"
+    two = {"overridden": {"threads": {"recorded": 4, "used": 2}, "dtype": {"recorded": "float32", "used": "float16"}},
+           "not_replayed": {}}
+    assert reapply.summary(two) == "overridden: dtype 'float32' -> 'float16', threads 4 -> 2"
     assert reapply.REAPPLIED == ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
 
 

@@ -149,6 +149,27 @@ def test_perturbations_and_calibrate_on_the_tiny_model(tiny_lm: Callable[[str], 
     assert not noise.calibrate(lm, ids, Schedule(), other, only=only).reused
 
 
+def test_higher_precision_is_one_wider_copy_that_follows_the_attention_kernel(tiny_lm: Callable[[str], Any]) -> None:
+    """The higher-precision perturbation's model: a float64 copy of the float32 model (the model itself
+    untouched), made once per model, run with the kernel the model runs with now."""
+    lm = tiny_lm("llama")
+    high = noise._higher_precision(lm)
+    assert high is not None and high.model is not lm.model
+    assert next(high.model.parameters()).dtype == torch.float64
+    assert next(lm.model.parameters()).dtype == torch.float32
+    assert (high.spec, high.device, high.dtype, high.attn) == (lm.spec, lm.device, "float64", lm.attn)
+    again = noise._higher_precision(lm)
+    assert again is not None and again.model is high.model  # copied once, not per entry
+    before = lm.attn
+    other = "eager" if before != "eager" else "sdpa"
+    with attention(lm, other):
+        switched = noise._higher_precision(lm)
+        assert switched is not None and switched.model is high.model
+        assert switched.attn == other and switched.model.config._attn_implementation == other
+    back = noise._higher_precision(lm)
+    assert back is not None and back.model.config._attn_implementation == before
+
+
 def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
     """The GPU-only perturbation's switch, run on the flags themselves (settable without a GPU)."""
     m = torch.backends.cuda.matmul

@@ -170,6 +170,49 @@ def test_higher_precision_is_one_wider_copy_that_follows_the_attention_kernel(ti
     assert back is not None and back.model.config._attn_implementation == before
 
 
+def test_perturbations_keep_every_position_of_the_sliding_layers_the_entry_stores_whole(
+        tiny_lm: Callable[[str], Any]) -> None:
+    """A release may store a sliding layer with every position (runtime.new_cache's `every`): each benign
+    rerun must hold that layer the same way, or the bound would be measured on another shape."""
+    import tiny
+
+    lm = tiny_lm("gemma3")  # layer 0 slides over tiny.SLIDING_WINDOW tokens
+    ids = list(range(5, 5 + tiny.SLIDING_WINDOW + 6))
+    whole = {name: run()["layer.0.keys"].shape[2] for name, run in noise.perturbations(lm, ids, Schedule(), frozenset({0}))}
+    assert len(whole) >= 4 and set(whole.values()) == {len(ids)}
+    window = {name: run()["layer.0.keys"].shape[2] for name, run in noise.perturbations(lm, ids, Schedule())}
+    assert set(window) == set(whole) and max(window.values()) < len(ids)  # control: the sliding cache's own
+
+
+def test_judged_row_positions_are_absolute() -> None:
+    """A judged tensor's locations, (batch, head, position, dim), shifted by the stored rows' first position."""
+    j = Judgement(2, 3.5, [0, 1, 2, 3], [0, 0, 1, 7], {"stored": 1.0})
+    assert recompute._judged(j, 10) == {"outside": 2, "max_excess": 3.5, "worst": [0, 1, 12, 3],
+                                        "first_outside": [0, 0, 11, 7], "worst_values": {"stored": 1.0}}
+    assert recompute._judged(Judgement(0, 0.0, None, None, None), 10) == {
+        "outside": 0, "max_excess": 0.0, "worst": None, "first_outside": None, "worst_values": None}
+    assert recompute._judged(Judgement(1, 2.0, [4, 5], None, None), 10)["worst"] == [4, 5]  # not a row: as given
+
+
+def test_prefix_statement_whole() -> None:
+    def graft(verdict: str, alone: str) -> dict[str, Any]:
+        return {"verdict": verdict, "against_prefix_alone": {"verdict": alone}}
+
+    grafts = {"tokens": 32, "skipped": ["a", "b"],
+              "entries": [graft("byte-exact", "consistent"), graft("consistent", "inconsistent"),
+                          graft("inconsistent", "inconsistent"), graft("byte-exact", "byte-exact"),
+                          graft("byte-exact", "inconsistent")]}
+    assert recompute.prefix_statement(grafts) == (
+        "Prefix grafts of 32 tokens (rows [0, 32) of each entry's recorded prefill), judged under that schedule: "
+        "3 byte-exact, 1 consistent, 1 inconsistent of 5; against a prefill of the prefix alone: 1 byte-identical, "
+        "1 inside its noise envelope, 3 outside; 2 entries skipped (no such prefix graft).")
+    assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise envelope, 3 outside.")
+    r = _result(["byte-exact"])
+    r["prefix_grafts"] = grafts
+    out = recompute.statements(r)
+    assert out[-2:] == [recompute.prefix_statement(grafts), recompute.verdict_statement(r)]
+
+
 def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
     """The GPU-only perturbation's switch, run on the flags themselves (settable without a GPU)."""
     m = torch.backends.cuda.matmul

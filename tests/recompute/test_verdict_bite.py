@@ -213,6 +213,28 @@ def test_prefix_statement_whole() -> None:
     assert out[-2:] == [recompute.prefix_statement(grafts), recompute.verdict_statement(r)]
 
 
+def test_perturbations_run_the_other_attention_kernel(tiny_lm: Callable[[str], Any]) -> None:
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    for kernel, other in (("eager", "sdpa"), ("sdpa", "eager")):
+        with attention(lm, kernel):
+            labels = [name for name, _ in noise.perturbations(lm, ids, Schedule())]
+        assert f"{other} attention" in labels and f"{kernel} attention" not in labels
+
+
+def test_first_difference_names_the_first_differing_row() -> None:
+    d = {"equal": False, "first": [0, 1, 2, 3], "max_ulp": 4, "max_abs": 0.5, "shape_mismatch": None}
+    rows = [{"index": 0, "keys": {"equal": True}, "values": {"equal": True}},
+            {"index": 1, "keys": {"equal": True}, "values": d},
+            {"index": 2, "layout_mismatch": "later"}]
+    assert recompute._first_difference(rows) == {"layer": 1, "tensor": "values", "location": [0, 1, 2, 3],
+                                                 "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
+                                                 "max_ulp": 4, "max_abs": 0.5, "detail": None}
+    assert recompute._first_difference([{"index": 5, "layout_mismatch": "stored 2 positions, expected 4"}, rows[1]]) == {
+        "layer": 5, "tensor": None, "detail": "stored 2 positions, expected 4"}
+    assert recompute._first_difference(rows[:1]) is None
+
+
 def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
     """The GPU-only perturbation's switch, run on the flags themselves (settable without a GPU)."""
     m = torch.backends.cuda.matmul

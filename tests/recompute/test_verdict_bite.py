@@ -233,6 +233,9 @@ def test_first_difference_names_the_first_differing_row() -> None:
     assert recompute._first_difference([{"index": 5, "layout_mismatch": "stored 2 positions, expected 4"}, rows[1]]) == {
         "layer": 5, "tensor": None, "detail": "stored 2 positions, expected 4"}
     assert recompute._first_difference(rows[:1]) is None
+    assert recompute._first_difference([{"index": 4, "keys": d, "values": d}]) == {
+        "layer": 4, "tensor": "keys", "location": [0, 1, 2, 3], "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
+        "max_ulp": 4, "max_abs": 0.5, "detail": None}
 
 
 def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:

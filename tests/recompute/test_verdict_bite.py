@@ -222,6 +222,16 @@ def test_perturbations_run_the_other_attention_kernel(tiny_lm: Callable[[str], A
         assert f"{other} attention" in labels and f"{kernel} attention" not in labels
 
 
+def test_perturbations_rerun_with_other_threads_only_where_there_are_cores(tiny_lm: Callable[[str], Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    monkeypatch.setattr(noise, "cores", lambda: 1)
+    assert not any("thread" in name for name, _ in noise.perturbations(lm, ids, Schedule()))
+    monkeypatch.setattr(noise, "cores", lambda: 2)
+    assert any("thread" in name for name, _ in noise.perturbations(lm, ids, Schedule()))
+
+
 def test_first_difference_names_the_first_differing_row() -> None:
     d = {"equal": False, "first": [0, 1, 2, 3], "max_ulp": 4, "max_abs": 0.5, "shape_mismatch": None}
     rows = [{"index": 0, "keys": {"equal": True}, "values": {"equal": True}},

@@ -42,8 +42,8 @@ CORE_TESTS = ["tests/core/test_checks_bite.py", "tests/signing/test_verify_bite.
 # recompute/audit.py's verdict: how compared rows become a verdict, the statements and the --require reading
 # (its other functions load a model and run the audit: their checks are the named ones above).
 RECOMPUTE_VERDICT = ["kvgraft.recompute.audit.x_" + f + "__mutmut_*" for f in (
-    "_stored", "_judged", "_named", "classify", "_first_difference", "statements", "verdict_statement",
-    "check_requirement", "passes", "failing", "bound")]
+    "_stored", "_judged", "_named", "classify", "_first_difference", "statements", "prefix_statement",
+    "verdict_statement", "check_requirement", "passes", "failing", "bound", "conclude")]
 GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     "stats": (["kvgraft/generalization/stats.py"], [],
               ["tests/generalization/test_stats.py", "tests/generalization/test_stats_bite.py"], []),

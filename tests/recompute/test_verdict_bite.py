@@ -149,6 +149,133 @@ def test_perturbations_and_calibrate_on_the_tiny_model(tiny_lm: Callable[[str], 
     assert not noise.calibrate(lm, ids, Schedule(), other, only=only).reused
 
 
+def test_higher_precision_is_one_wider_copy_that_follows_the_attention_kernel(tiny_lm: Callable[[str], Any]) -> None:
+    """The higher-precision perturbation's model: a float64 copy of the float32 model (the model itself
+    untouched), made once per model, run with the kernel the model runs with now."""
+    lm = tiny_lm("llama")
+    high = noise._higher_precision(lm)
+    assert high is not None and high.model is not lm.model
+    assert next(high.model.parameters()).dtype == torch.float64
+    assert next(lm.model.parameters()).dtype == torch.float32
+    assert (high.spec, high.device, high.dtype, high.attn) == (lm.spec, lm.device, "float64", lm.attn)
+    again = noise._higher_precision(lm)
+    assert again is not None and again.model is high.model  # copied once, not per entry
+    before = lm.attn
+    other = "eager" if before != "eager" else "sdpa"
+    with attention(lm, other):
+        switched = noise._higher_precision(lm)
+        assert switched is not None and switched.model is high.model
+        assert switched.attn == other and switched.model.config._attn_implementation == other
+    back = noise._higher_precision(lm)
+    assert back is not None and back.model.config._attn_implementation == before
+
+
+def test_perturbations_keep_every_position_of_the_sliding_layers_the_entry_stores_whole(
+        tiny_lm: Callable[[str], Any]) -> None:
+    """A release may store a sliding layer with every position (runtime.new_cache's `every`): each benign
+    rerun must hold that layer the same way, or the bound would be measured on another shape."""
+    import tiny
+
+    lm = tiny_lm("gemma3")  # layer 0 slides over tiny.SLIDING_WINDOW tokens
+    ids = list(range(5, 5 + tiny.SLIDING_WINDOW + 6))
+    whole = {name: run()["layer.0.keys"].shape[2] for name, run in noise.perturbations(lm, ids, Schedule(), frozenset({0}))}
+    assert len(whole) >= 4 and set(whole.values()) == {len(ids)}
+    window = {name: run()["layer.0.keys"].shape[2] for name, run in noise.perturbations(lm, ids, Schedule())}
+    assert set(window) == set(whole) and max(window.values()) < len(ids)  # control: the sliding cache's own
+
+
+def test_judged_row_positions_are_absolute() -> None:
+    """A judged tensor's locations, (batch, head, position, dim), shifted by the stored rows' first position."""
+    j = Judgement(2, 3.5, [0, 1, 2, 3], [0, 0, 1, 7], {"stored": 1.0})
+    assert recompute._judged(j, 10) == {"outside": 2, "max_excess": 3.5, "worst": [0, 1, 12, 3],
+                                        "first_outside": [0, 0, 11, 7], "worst_values": {"stored": 1.0}}
+    assert recompute._judged(Judgement(0, 0.0, None, None, None), 10) == {
+        "outside": 0, "max_excess": 0.0, "worst": None, "first_outside": None, "worst_values": None}
+    assert recompute._judged(Judgement(1, 2.0, [4, 5], None, None), 10)["worst"] == [4, 5]  # not a row: as given
+
+
+def test_prefix_statement_whole() -> None:
+    def graft(verdict: str, alone: str) -> dict[str, Any]:
+        return {"verdict": verdict, "against_prefix_alone": {"verdict": alone}}
+
+    grafts = {"tokens": 32, "skipped": ["a", "b"],
+              "entries": [graft("byte-exact", "consistent"), graft("consistent", "inconsistent"),
+                          graft("inconsistent", "inconsistent"), graft("byte-exact", "byte-exact"),
+                          graft("byte-exact", "inconsistent")]}
+    assert recompute.prefix_statement(grafts) == (
+        "Prefix grafts of 32 tokens (rows [0, 32) of each entry's recorded prefill), judged under that schedule: "
+        "3 byte-exact, 1 consistent, 1 inconsistent of 5; against a prefill of the prefix alone: 1 byte-identical, "
+        "1 inside its noise envelope, 3 outside; 2 entries skipped (no such prefix graft).")
+    assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise envelope, 3 outside.")
+    r = _result(["byte-exact"])
+    r["prefix_grafts"] = grafts
+    out = recompute.statements(r)
+    assert out[-2:] == [recompute.prefix_statement(grafts), recompute.verdict_statement(r)]
+
+
+def test_perturbations_run_the_other_attention_kernel(tiny_lm: Callable[[str], Any]) -> None:
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    for kernel, other in (("eager", "sdpa"), ("sdpa", "eager")):
+        with attention(lm, kernel):
+            labels = [name for name, _ in noise.perturbations(lm, ids, Schedule())]
+        assert f"{other} attention" in labels and f"{kernel} attention" not in labels
+
+
+def test_perturbations_rerun_with_other_threads_only_where_there_are_cores(tiny_lm: Callable[[str], Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    monkeypatch.setattr(noise, "cores", lambda: 1)
+    assert not any("thread" in name for name, _ in noise.perturbations(lm, ids, Schedule()))
+    monkeypatch.setattr(noise, "cores", lambda: 2)
+    assert any("thread" in name for name, _ in noise.perturbations(lm, ids, Schedule()))
+
+
+def test_first_difference_names_the_first_differing_row() -> None:
+    d = {"equal": False, "first": [0, 1, 2, 3], "max_ulp": 4, "max_abs": 0.5, "shape_mismatch": None}
+    rows = [{"index": 0, "keys": {"equal": True}, "values": {"equal": True}},
+            {"index": 1, "keys": {"equal": True}, "values": d},
+            {"index": 2, "layout_mismatch": "later"}]
+    assert recompute._first_difference(rows) == {"layer": 1, "tensor": "values", "location": [0, 1, 2, 3],
+                                                 "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
+                                                 "max_ulp": 4, "max_abs": 0.5, "detail": None}
+    assert recompute._first_difference([{"index": 5, "layout_mismatch": "stored 2 positions, expected 4"}, rows[1]]) == {
+        "layer": 5, "tensor": None, "detail": "stored 2 positions, expected 4"}
+    assert recompute._first_difference(rows[:1]) is None
+    assert recompute._first_difference([{"index": 4, "keys": d, "values": d}]) == {
+        "layer": 4, "tensor": "keys", "location": [0, 1, 2, 3], "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
+        "max_ulp": 4, "max_abs": 0.5, "detail": None}
+
+
+def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
+    """The GPU-only perturbation's switch, run on the flags themselves (settable without a GPU)."""
+    m = torch.backends.cuda.matmul
+    names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+    before = tuple(getattr(m, n) for n in names)
+    for start in ((False, True, False), (True, False, True)):
+        for n, v in zip(names, start, strict=True):
+            setattr(m, n, v)
+        seen: list[tuple[bool, ...]] = []
+
+        def run(seen: list[tuple[bool, ...]] = seen) -> dict[str, torch.Tensor]:
+            seen.append(tuple(getattr(m, n) for n in names))
+            return {"x": torch.zeros(1)}
+
+        assert list(noise._switched_matmul(run)) == ["x"]
+        assert seen == [tuple(not v for v in start)]
+        assert tuple(getattr(m, n) for n in names) == start
+
+        def fails() -> dict[str, torch.Tensor]:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            noise._switched_matmul(fails)
+        assert tuple(getattr(m, n) for n in names) == start  # restored after a failing run too
+    for n, v in zip(names, before, strict=True):
+        setattr(m, n, v)
+
+
 # --------------------------------------------------------------------------- replay
 
 
@@ -164,6 +291,19 @@ def test_load_options_replays_the_record_unless_overridden() -> None:
     assert str(info.value) == ("recorded dtype 'int8' is not one kvgraft can load (float32, bfloat16, float16); "
                                "pass --dtype")
     assert reapply.load_options({**rec, "dtype": "int8"}, dtype="float32")[1] == "float32"
+
+
+def test_load_options_loads_on_cuda_only_when_recorded_there_and_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device branch, with CUDA's presence simulated (this machine has none): the recorded cuda is
+    replayed where CUDA is present, the recorded cpu stays cpu, and without CUDA cuda falls back to cpu."""
+    rec = {"device": "cuda", "dtype": "float32", "attn_implementation": "sdpa"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert reapply.load_options(rec)[0] == "cuda"
+    assert reapply.load_options({**rec, "device": "cpu"})[0] == "cpu"
+    assert reapply.load_options({**rec, "device": None})[0] == "cpu"
+    assert reapply.load_options({**rec, "device": "cuda"}, device="cpu")[0] == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert reapply.load_options(rec)[0] == "cpu"
 
 
 def test_schedule_override() -> None:
@@ -242,6 +382,9 @@ def test_describe_and_summary() -> None:
     assert reapply.summary(same) == "every recorded condition replayed"
     assert reapply.summary({"overridden": {}, "not_replayed": {"b": [1, 2], "a": [3, 4]}}) == \
         "not replayed: a 3 -> 4, b 1 -> 2"
+    two = {"overridden": {"threads": {"recorded": 4, "used": 2}, "dtype": {"recorded": "float32", "used": "float16"}},
+           "not_replayed": {}}
+    assert reapply.summary(two) == "overridden: dtype 'float32' -> 'float16', threads 4 -> 2"
     assert reapply.REAPPLIED == ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
 
 

@@ -342,3 +342,82 @@ def test_opening_names_the_manifest_in_a_schema_error_and_returns_its_root(rel: 
     rewrite.manifest(rel, lambda m: m.update(num_layers="two"))
     message = _err(lambda: open_release(rel), InputError)
     assert message.startswith(f"{rel / MANIFEST}: ") and message == _err(lambda: check_release(rel), InputError)
+
+
+# Format 2 (the indexed layout capture writes): what differs from format 1 in the checks above.
+# mutmut's integrity survivors _locate 15, 17, 18, 19 and _statement_matches 12 (docs/mutation.md).
+
+def _flip_in_tensor(path: Path, byte_range: list[int]) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[byte_range[0] + 3] ^= 1
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_a_changed_tensor_is_located_in_a_format_2_release(tmp_path: Path) -> None:
+    """A changed entry file of an indexed release is located to its tensor, as in format 1 (the entry
+    files are under entries/, their records in the shards)."""
+    root = tmp_path / "rel"
+    make_release(root, entries=3, seed=36, format_version=2, shard_entries=2)
+    rel = Release.open(root)
+    e = rel.entry("rec-001")
+    name = "layer.0.keys"
+    a, b = e["tensors"][name]["byte_range"]
+    meta = rel.file_meta(e)
+    path = root / e["file"]
+    assert e["file"].startswith("entries/") and rel.index is not None
+    data = _flip_in_tensor(path, [a, b])
+    want = (f"{path}: entry 'rec-001' tensor {name!r} bytes [{a}, {b}): sha256 {sha256_hex(data[a:b])}, the manifest "
+            f"says {e['tensors'][name]['sha256']} (file sha256 {sha256_hex(data)}, manifest says {meta['sha256']})")
+    assert _err(lambda: check_release(root), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(root).release, "rec-001"), IntegrityError) == want
+
+
+def test_a_changed_tensor_is_located_in_an_entry_file_outside_entries(rel: Path) -> None:
+    """Format 1 names its entry files freely (another writer need not use entries/): a changed one is
+    still located to its tensor."""
+    moved = "kv/first.safetensors"
+    (rel / "kv").mkdir()
+    os.rename(rel / E0, rel / moved)
+
+    def move(m: dict[str, Any]) -> None:
+        m["files"][moved] = m["files"].pop(E0)
+        m["entries"][0]["file"] = moved
+
+    rewrite.manifest(rel, move)
+    assert check_release(rel).files[moved]  # control: the moved release verifies
+    m = _m(rel)
+    e = m["entries"][0]
+    name = "layer.1.keys"
+    a, b = e["tensors"][name]["byte_range"]
+    data = _flip_in_tensor(rel / moved, [a, b])
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / moved}: entry {e['id']!r} tensor {name!r} bytes [{a}, {b}): sha256 {sha256_hex(data[a:b])}, the "
+        f"manifest says {e['tensors'][name]['sha256']} (file sha256 {sha256_hex(data)}, manifest says "
+        f"{m['files'][moved]['sha256']})")
+
+
+def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(tmp_path: Path) -> None:
+    """Signed with OMS alone, the list names every file (the entry files too, not just the index files a
+    kvgraft statement lists): an intact release verifies, and the list's digest of an entry file is
+    compared with the shard's."""
+    from kvgraft.signing import keys, oms
+    from kvgraft.signing.verify import verify_release
+
+    root = tmp_path / "rel"
+    make_release(root, entries=3, seed=37, format_version=2, shard_entries=2)
+    private, public = keys.write_keypair(tmp_path / "signer")
+    key = keys.load_private_key(private)
+    rel = Release.open(root)
+    every = {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()),
+             **{n: f["sha256"] for n, f in rel.all_files().items()}}
+    entry_file = rel.entry("rec-002")["file"]
+    assert entry_file not in rel.subject_files()  # what makes format 2 differ here
+    assert oms.sign(root, key, every) is not None
+    result = verify_release(root, key=public)
+    assert result.signature.status == "verified" and result.signature.oms_verified
+    assert oms.sign(root, key, {**every, entry_file: "ef" * 32}) is not None
+    with pytest.raises(VerificationError) as info:
+        verify_release(root, key=public)
+    assert str(info.value) == (f"{root / entry_file}: the OMS signature lists sha256 "
+                               f"{'ef' * 32} and the manifest {every[entry_file]}")

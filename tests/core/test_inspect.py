@@ -14,6 +14,7 @@ import pytest
 from test_attest import schema_validator
 from test_verify_no_torch import CLI, FIXTURES
 from test_verify_no_torch import run as run_blocked
+from third_party import needs_sigstore_bundles
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
@@ -150,7 +151,7 @@ def test_stale_bundle_is_named_not_trusted(signed: tuple[Path, str], tmp_path: P
     assert "ANOTHER root digest" in r.stdout
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"Sigstore fixture bundles not present at {FIXTURES}")
+@needs_sigstore_bundles
 def test_sigstore_bundle_names_its_certificate_identity(signed: tuple[Path, str], tmp_path: Path) -> None:
     root = Path(shutil.copytree(signed[0], tmp_path / "rel"))
     shutil.copy(FIXTURES / "a.dsse.staging-rekor-v2.txt.sigstore.json", root / "release.sigstore.json")

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
@@ -22,10 +23,8 @@ from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "sigstore"
-pytestmark = pytest.mark.skipif(
-    not FIXTURES.is_dir(),
-    reason=f"Sigstore fixture bundles not present at {FIXTURES} (they live in ../shared, outside the repo)")
+FIXTURES = SIGSTORE_BUNDLES
+pytestmark = needs_sigstore_bundles
 
 STAGING = SigstoreTrust(staging=True, offline=True)
 PRODUCTION = SigstoreTrust(offline=True)

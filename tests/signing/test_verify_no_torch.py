@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 from kvgraft.signing import keys, sign
 
 from release_factory import make_release
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "sigstore"
+FIXTURES = SIGSTORE_BUNDLES
 
 PRELUDE = r"""
 import json, sys
@@ -109,7 +110,7 @@ def test_library_verify_imports_no_torch(signed: tuple[Path, Path], tmp_path: Pa
     assert r["torch_imported"] is False
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"Sigstore fixture bundles not present at {FIXTURES}")
+@needs_sigstore_bundles
 def test_sigstore_verify_imports_no_torch(tmp_path: Path) -> None:
     r = run(SIGSTORE, str(FIXTURES), tmp=tmp_path)
     assert r["identity"] == "a@tny.town"

@@ -7,9 +7,11 @@ shape as real captures (per-layer keys/values tensors in one safetensors file pe
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from kvgraft._internal.digest import digest_json
@@ -143,3 +145,20 @@ def make_many(out: Path, *, entries: int, tokens: int = 4, layers: int = 1, head
     except BaseException:
         writer.abort()
         raise
+
+
+def release_fixtures(base: str = "base", copy: str = "rel", **release: Any) -> tuple[Any, Any]:
+    """Two pytest fixtures, named `base` and `copy`: a release made once per module by `make_release(**release)`,
+    and a fresh copy of it for each test (which may damage its copy). Assign both in the test module."""
+
+    @pytest.fixture(scope="module", name=base)
+    def _base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        root = tmp_path_factory.mktemp(base) / "rel"
+        make_release(root, **release)
+        return root
+
+    @pytest.fixture(name=copy)
+    def _copy(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+        return Path(shutil.copytree(request.getfixturevalue(base), tmp_path / "rel"))
+
+    return _base, _copy

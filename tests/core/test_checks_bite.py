@@ -28,7 +28,7 @@ from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_p
 from kvgraft.signing.verify import verified, verify_release
 
 import rewrite
-from release_factory import make_release
+from release_factory import release_fixtures
 
 ENTRY_FILE = "entries/00000.safetensors"
 
@@ -46,16 +46,7 @@ def other_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return keys.write_keypair(tmp_path_factory.mktemp("keys") / "other")
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("base") / "rel"
-    make_release(root, entries=2, seed=26)
-    return root
-
-
-@pytest.fixture
-def rel(base: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(base, tmp_path / "rel"))
+base, rel = release_fixtures(entries=2, seed=26)
 
 
 def _files(root: Path) -> dict[str, str]:

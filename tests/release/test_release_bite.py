@@ -23,21 +23,12 @@ from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import check_entry, check_release, open_release, release_folder_files
 
 import rewrite
-from release_factory import make_release
+from release_factory import make_release, release_fixtures
 
 E0, E1 = "entries/00000.safetensors", "entries/00001.safetensors"
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("base") / "rel"
-    make_release(root, entries=3, seed=35)
-    return root
-
-
-@pytest.fixture
-def rel(base: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(base, tmp_path / "rel"))
+base, rel = release_fixtures(entries=3, seed=35)
 
 
 def _m(root: Path) -> dict[str, Any]:

@@ -24,23 +24,12 @@ from kvgraft.schema import schema_dir
 from kvgraft.signing import attest, keys, sign
 from kvgraft.signing.verify import verify_release
 
-from release_factory import make_release
+from release_factory import release_fixtures
 
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("built") / "rel"
-    make_release(root, entries=2, seed=5)
-    return root
-
-
-@pytest.fixture
-def release(built: Path, tmp_path: Path) -> Path:
-    import shutil
-
-    return Path(shutil.copytree(built, tmp_path / "rel"))
+built, release = release_fixtures("built", "release", entries=2, seed=5)
 
 
 def schema_validator(name: str) -> Draft202012Validator:

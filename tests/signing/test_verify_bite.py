@@ -22,7 +22,7 @@ from kvgraft.signing.policy import verify_policy
 from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
 
 import rewrite
-from release_factory import make_release
+from release_factory import release_fixtures
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +35,7 @@ def ed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return keys.write_keypair(tmp_path_factory.mktemp("k") / "ed", algorithm="ed25519")
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("base") / "rel"
-    make_release(root, entries=2, seed=9)
-    return root
-
-
-@pytest.fixture
-def rel(base: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(base, tmp_path / "rel"))
+base, rel = release_fixtures(entries=2, seed=9)
 
 
 def _kid(public: Path) -> str:

@@ -9,6 +9,13 @@ Results: .mutation/GROUP/result.json and a summary line per group; docs/mutation
     python mutation/run.py                 # every group
     python mutation/run.py stats verify    # only these (groups: see GROUPS)
     python mutation/run.py --rescore stats # re-read after retesting mutants by name in .mutation/stats
+    python mutation/run.py --sample 120 verify integrity   # a uniform random sample of each group's mutants
+
+A sampled run (--sample N, seed --seed S, default 0) generates every mutant of the group, draws N of them
+uniformly (random.Random(f"{S}:{GROUP}") over the sorted names, written to .mutation/GROUP/sample.txt), runs
+those alone and scores them with a Wilson 95% interval: a statement about the whole group's score with a
+stated bound, at the cost of N mutants. mutmut's own order (cheapest first) is not a sample: a stopped full
+run says nothing about the mutants it did not reach.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -44,6 +52,11 @@ CORE_TESTS = ["tests/core/test_checks_bite.py", "tests/signing/test_verify_bite.
 RECOMPUTE_VERDICT = ["kvgraft.recompute.audit.x_" + f + "__mutmut_*" for f in (
     "_stored", "_judged", "_named", "classify", "_first_difference", "statements", "prefix_statement",
     "verdict_statement", "check_requirement", "passes", "failing", "bound", "conclude")]
+# Each check kind's status rule (the result -> passed/failed/incomplete, hence the audit's exit code) and the
+# registry that applies it and seals the result: part of the verdict; the kinds' renderers are not.
+CHECK_KINDS = ["kvgraft/audit/checks/" + f + ".py" for f in (
+    "__init__", "claims", "controls", "determinism", "generalization", "recompute", "verify")]
+STATUS_RULES = ["kvgraft.audit.checks.*x_" + f + "__mutmut_*" for f in ("status", "seal", "kind")]
 GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     "stats": (["kvgraft/generalization/stats.py"], [],
               ["tests/generalization/test_stats.py", "tests/generalization/test_stats_bite.py"], []),
@@ -63,8 +76,10 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     # instead of two): scored per file.
     "noise": (["kvgraft/recompute/noise.py", "kvgraft/inference/reapply.py"], [],
               ["tests/core/test_checks_bite.py", "tests/recompute/test_verdict_bite.py"], ["-k", NO_MODEL]),
-    "verdict": (["kvgraft/recompute/audit.py", "kvgraft/verdict.py"], [*RECOMPUTE_VERDICT, "kvgraft.verdict.*"],
-                ["tests/core/test_checks_bite.py", "tests/core/test_verdict.py", "tests/recompute/test_verdict_bite.py"],
+    "verdict": (["kvgraft/recompute/audit.py", "kvgraft/verdict.py", *CHECK_KINDS],
+                [*RECOMPUTE_VERDICT, "kvgraft.verdict.*", *STATUS_RULES],
+                ["tests/core/test_checks_bite.py", "tests/core/test_verdict.py", "tests/recompute/test_verdict_bite.py",
+                 "tests/audit/test_status_rules.py", "tests/audit/test_check_kinds.py"],
                 ["-k", NO_MODEL]),
 }
 # mutmut's exit codes per mutant (mutmut/__main__.py status_by_exit_code)
@@ -144,7 +159,42 @@ def rescore(group: str) -> dict[str, object]:
     return result
 
 
+# Generates the group's mutants (mutmut's own first step of `run`, nothing run) in the scratch copy.
+GENERATE = """
+import os, mutmut.__main__ as m
+os.makedirs("mutants", exist_ok=True)
+m.copy_src_dir(); m.copy_also_copy_files(); m.setup_source_paths(); m.store_lines_covered_by_tests()
+m.create_mutants(os.cpu_count() or 2)
+"""
+
+
+def draw(here: Path, group: str, n: int, seed: int, env: dict[str, str]) -> list[str]:
+    """N of the group's mutant names, drawn uniformly with a seed of its own per group; written to sample.txt."""
+    subprocess.run([sys.executable, "-c", GENERATE], cwd=here, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    patterns = GROUPS[group][1]
+    names = sorted(key for meta in (here / "mutants").rglob("*.meta")
+                   for key in json.loads(meta.read_text()).get("exit_code_by_key", {})
+                   if not patterns or any(fnmatch.fnmatch(key, p) for p in patterns))
+    chosen = sorted(random.Random(f"{seed}:{group}").sample(names, min(n, len(names))))
+    (here / "sample.txt").write_text(f"# {len(chosen)} of {len(names)} mutants, seed {seed}\n" + "\n".join(chosen) + "\n")
+    return chosen
+
+
+def interval(killed: int, judged: int) -> tuple[float, float]:
+    sys.path.insert(0, str(ROOT))
+    from kvgraft.generalization.stats import wilson
+    return wilson(killed, judged)
+
+
 def main(argv: list[str]) -> int:
+    sample, seed = 0, 0
+    while argv[:1] in (["--sample"], ["--seed"]):
+        if argv[0] == "--sample":
+            sample = int(argv[1])
+        else:
+            seed = int(argv[1])
+        argv = argv[2:]
     if argv[:1] == ["--rescore"]:
         for group in argv[1:]:
             print(group, rescore(group)["counts"])
@@ -162,18 +212,23 @@ def main(argv: list[str]) -> int:
     for group in groups:
         here = prepare(group)
         t0 = time.perf_counter()
-        names = GROUPS[group][1]
+        names = draw(here, group, sample, seed, env) if sample else GROUPS[group][1]
         run = subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=here, env=env,
                              stdout=(here / "mutmut.log").open("w"), stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - t0
         result = {"group": group, "files": GROUPS[group][0], "mutants": names or "all", "tests": GROUPS[group][2],
+                  "sample": {"n": len(names), "seed": seed} if sample else None,
                   "seconds": round(seconds), "mutmut_exit": run.returncode, **score(here, names)}
         (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         c = result["counts"]
         assert isinstance(c, dict)
         judged = c["killed"] + c["survived"] + c["no_tests"]
         pct = 100.0 * c["killed"] / judged if judged else 0.0
-        print(f"{group}: {c['killed']}/{judged} killed ({pct:.1f}%), {c['survived']} survived, {c['no_tests']} "
+        lo, hi = interval(c["killed"], judged)
+        result["wilson95"] = [round(lo, 4), round(hi, 4)]
+        (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{group}: {c['killed']}/{judged} killed ({pct:.1f}%, Wilson 95% {100 * lo:.1f}-{100 * hi:.1f}%"
+              f"{', a sample' if sample else ''}), {c['survived']} survived, {c['no_tests']} "
               f"without a covering test, {c['not_run']} not run; {seconds / 60:.1f} min; mutmut exit "
               f"{run.returncode}; {here / 'result.json'}", flush=True)
         worst = max(worst, 0 if run.returncode == 0 else 1)

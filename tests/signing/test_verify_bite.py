@@ -337,3 +337,92 @@ def test_a_detached_oms_signature_is_read_from_where_it_is_named(rel: Path, ecds
     assert _message(lambda: verify_release(rel, policy=verify_policy(oms_signature=big))) == (
         f"{big}: {attest.MAX_BUNDLE_BYTES + 1} bytes exceeds the {attest.MAX_BUNDLE_BYTES}-byte limit for an OMS "
         f"signature")
+
+
+# --------------------------------------------------------------------------- verify sample survivors (docs/mutation.md)
+
+
+def test_a_signed_manifest_may_be_larger_than_an_unsigned_one(rel: Path, ecdsa: tuple[Path, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a verified signature lifts the bound on manifest.json before parsing (1/64 of the data, at least a
+    floor): the statement path (scope all) and the OMS-only path (scope open) both pass `signed` on. The floor
+    (16 MiB) is lowered to 64 bytes after signing, so that this small manifest is over the unsigned bound."""
+    from kvgraft.release import integrity
+
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    monkeypatch.setattr(integrity, "UNSIGNED_MANIFEST_FLOOR", 64)
+    assert verify_release(rel, key=ecdsa[1]).signature.status == "verified"
+    with pytest.raises(InputError, match="limit for an unsigned manifest"):  # the control: nothing verified
+        verify_release(rel)
+    (rel / attest.BUNDLE_NAME).unlink()
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    assert verify_release(rel, key=ecdsa[1], scope="open").signature.status == "verified"
+    with pytest.raises(InputError, match="limit for an unsigned manifest"):
+        verify_release(rel, scope="open")
+
+
+def _oms_signed_indexed(root: Path, private: Path) -> Release:
+    """A format-2 release signed with OMS alone, its list naming every file (the entry files too)."""
+    from release_factory import make_release
+
+    make_release(root, entries=3, seed=41, format_version=2, shard_entries=2)
+    assert oms.sign(root, keys.load_private_key(private), _every(root)) is not None
+    return Release.open(root)
+
+
+def test_an_oms_only_indexed_release_opens_with_its_key(tmp_path: Path, ecdsa: tuple[Path, Path]) -> None:
+    """Opening compares the files it reads (manifest.json and the index) with the OMS list, and may not refuse
+    the entry files the list names as well."""
+    root = tmp_path / "r2"
+    opened = _oms_signed_indexed(root, ecdsa[0])
+    assert opened.entry("rec-002")["file"] not in opened.subject_files()  # the list names more than opening reads
+    result = verify_release(root, key=ecdsa[1], scope="open")
+    assert (result.scope, result.signature.status) == ("open", "verified")
+
+
+def test_an_entry_checked_against_an_oms_list_that_names_another_digest_is_refused(
+        tmp_path: Path, ecdsa: tuple[Path, Path]) -> None:
+    """Format 2: opening reads only the index, so `--entry` is where the OMS list's digest of that entry's file
+    is compared with the manifest's."""
+    root = tmp_path / "r2"
+    opened = _oms_signed_indexed(root, ecdsa[0])
+    entry = opened.entry("rec-002")
+    manifest_sha = opened.file_meta(entry)["sha256"]
+    oms.sign(root, keys.load_private_key(ecdsa[0]), {**_every(root), entry["file"]: "0" * 64})  # signed again
+    assert _message(lambda: verify_release(root, key=ecdsa[1], entries=["rec-002"])) == (
+        f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists {entry['file']} (entry 'rec-002') "
+        f"with sha256 {'0' * 64}, the manifest {manifest_sha}")
+    # the control: an entry of another file, listed with its own digest, checks
+    other = next(e["id"] for e in opened.entries if e["file"] != entry["file"])
+    assert verify_release(root, key=ecdsa[1], entries=[other]).checked_entries == [other]
+
+
+def _every(root: Path) -> dict[str, str]:
+    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()),
+            **{n: f["sha256"] for n, f in Release.open(root).all_files().items()}}
+
+
+def test_entries_checked_count_their_tensors_and_bytes(rel: Path) -> None:
+    m = json.loads((rel / MANIFEST).read_text())
+    ids = [e["id"] for e in m["entries"]]
+    opened = verify_release(rel, scope="open")
+    both = verify_release(rel, entries=ids)
+    files = {e["file"] for e in m["entries"]}
+    assert both.bytes_hashed == opened.bytes_hashed + sum((rel / f).stat().st_size for f in files)
+    assert both.tensors == opened.tensors + sum(len(e["tensors"]) for e in m["entries"])
+    assert both.tensors > opened.tensors
+
+
+def test_an_oms_list_not_checked_but_naming_a_file_the_release_lacks_is_refused(
+        rel: Path, ecdsa: tuple[Path, Path], ed: tuple[Path, Path]) -> None:
+    """Beside an Ed25519 bundle the OMS signature is not checked, so the files it lists are not taken as part of
+    the release; its whole list is still compared with the release's files."""
+    sign.sign_release(rel, keys.load_private_key(ed[0]))
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    listed = {**_digests(rel), attest.BUNDLE_NAME: bundle_sha}
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed, "extra.bin": "1" * 64})
+    assert _message(lambda: verify_release(rel, key=ed[1])) == (
+        f"{rel / attest.OMS_NAME}: the OpenSSF model signing signature lists other files or digests than the "
+        f"release has (extra.bin)")
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed)  # the control: the same list without it
+    assert verify_release(rel, key=ed[1]).signature.status == "verified"

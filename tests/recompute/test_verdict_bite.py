@@ -231,6 +231,59 @@ def test_perturbations_rerun_with_other_threads_only_where_there_are_cores(tiny_
     assert any("thread" in name for name, _ in noise.perturbations(lm, ids, Schedule()))
 
 
+def test_perturbations_chunk_a_short_one_shot_prefix_in_halves_down_to_one_token(tiny_lm: Callable[[str], Any]) -> None:
+    lm = tiny_lm("llama")
+
+    def chunks(n: int) -> list[str]:
+        return [name for name, _ in noise.perturbations(lm, list(range(5, 5 + n)), Schedule()) if "chunks" in name]
+
+    assert chunks(3) == ["chunks of 1"] and chunks(2) == ["chunks of 1"] and chunks(1) == []
+    assert chunks(10) == ["chunks of 5"] and chunks(200) == ["chunks of 64"]
+
+
+def test_a_benign_rerun_that_overflows_or_gives_nan_adds_no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An infinite or NaN difference from a benign rerun says nothing about the noise: it must not widen the
+    envelope to the largest float (which would judge every stored value consistent)."""
+    ref = {"layer0.keys": torch.zeros(1, 1, 3, 3)}
+    bad = torch.zeros(1, 1, 3, 3)
+    bad[0, 0, 0, 1] = float("inf")  # row 0 overflows, row 1 is NaN, row 2 differs by a finite amount
+    bad[0, 0, 1, 2] = float("nan")
+    bad[0, 0, 2, 0] = 0.25
+    monkeypatch.setattr(noise, "perturbations", lambda *a, **k: [("overflow", lambda: {"layer0.keys": bad})])
+    bound = noise._measure(None, [1, 2, 3], Schedule(), ref, None, None)  # type: ignore[arg-type]
+    assert bound.noise["layer0.keys"].flatten().tolist() == [0.0, 0.0, 0.25]
+    assert bound.runs[0]["name"] == "overflow" and bound.runs[0]["max_abs"] == 0.25
+
+
+def test_on_a_gpu_the_perturbations_add_the_same_run_with_matmul_precision_switched(
+        tiny_lm: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU-only rerun, reached on this CPU machine: a model that says it is on cuda gets one more run, the
+    plain rerun under `_switched_matmul` (its flags: test_switched_matmul_...), computed here on the CPU."""
+    import dataclasses
+
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    label = "reduced-precision matmul switched"
+    assert label not in dict(noise.perturbations(lm, ids, Schedule()))
+    from kvgraft.inference.models import LoadedModel
+
+    class OnCuda(LoadedModel):
+        @property
+        def torch_device(self) -> torch.device:
+            return torch.device("cuda")
+
+    on_cuda = OnCuda(**{f.name: getattr(lm, f.name) for f in dataclasses.fields(lm)})
+    real = noise.prefill
+    monkeypatch.setattr(noise, "_higher_precision", lambda model: None)
+    monkeypatch.setattr(noise, "prefill", lambda model, i, sched, cache: real(lm, i, sched, cache))
+    runs = dict(noise.perturbations(on_cuda, ids, Schedule()))
+    switched: list[int] = []
+    monkeypatch.setattr(noise, "_switched_matmul", lambda fn: switched.append(1) or fn())
+    got = runs[label]()
+    plain = noise.layer_map(lm, real(lm, ids, Schedule(), noise.new_cache(lm, frozenset()))[0])[1]
+    assert switched == [1] and set(got) == set(plain) and all(torch.equal(got[k], plain[k]) for k in plain)
+
+
 def test_first_difference_names_the_first_differing_row() -> None:
     d = {"equal": False, "first": [0, 1, 2, 3], "max_ulp": 4, "max_abs": 0.5, "shape_mismatch": None}
     rows = [{"index": 0, "keys": {"equal": True}, "values": {"equal": True}},
@@ -385,6 +438,9 @@ def test_describe_and_summary() -> None:
            "not_replayed": {}}
     assert reapply.summary(two) == "overridden: dtype 'float32' -> 'float16', threads 4 -> 2"
     assert reapply.REAPPLIED == ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
+    # a condition one side does not report and the other reports as null is equal: replayed
+    assert reapply.describe({"device": "cpu"}, {"device": "cpu", "cuda": None}, {})["replayed"] == ["device", "cuda"]
+    assert reapply.describe({"device": "cpu", "cuda": None}, {"device": "cpu"}, {})["replayed"] == ["device", "cuda"]
 
 
 # --------------------------------------------------------------------------- recompute's verdict

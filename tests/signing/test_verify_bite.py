@@ -177,7 +177,7 @@ def test_policies_name_one_kind_each_and_refuse_what_means_nothing(tmp_path: Pat
 # another case still contains it. These compare the whole line (mutmut's verify survivors).
 
 def _message(call: object) -> str:
-    with pytest.raises((InputError, VerificationError, ValueError)) as info:
+    with pytest.raises((InputError, VerificationError, IntegrityError, ValueError)) as info:
         call()  # type: ignore[operator]
     return str(info.value)
 
@@ -426,3 +426,96 @@ def test_an_oms_list_not_checked_but_naming_a_file_the_release_lacks_is_refused(
         f"release has (extra.bin)")
     oms.sign(rel, keys.load_private_key(ecdsa[0]), listed)  # the control: the same list without it
     assert verify_release(rel, key=ed[1]).signature.status == "verified"
+
+
+# --------------------------------------------------------------------------- verify sample B survivors (docs/mutation.md)
+
+
+def test_an_identity_policy_keeps_its_detached_oms_signature(tmp_path: Path) -> None:
+    sig = tmp_path / "detached.sig"
+    policy = verify_policy(identity="ci@example.org", issuer="https://issuer", oms_signature=sig)
+    assert (type(policy).__name__, policy.oms_signature) == ("SignedByIdentity", sig)
+    assert verify_policy(identity="ci@example.org", issuer="https://issuer").oms_signature is None
+
+
+def test_a_bundle_another_signer_made_beside_an_oms_signature_says_to_give_a_key_for_each(
+        rel: Path, ecdsa: tuple[Path, Path], tmp_path: Path) -> None:
+    other = keys.write_keypair(tmp_path / "other")
+    sign.sign_release(rel, keys.load_private_key(other[0]))
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    message = _message(lambda: verify_release(rel, key=ecdsa[1]))
+    assert message.startswith(f"{rel / attest.BUNDLE_NAME}: ") and message.endswith(
+        f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): give --key for each signer")
+    assert verify_release(rel, policy=verify_policy(key=ecdsa[1], more_keys=(other[1],))).signature.oms_verified
+
+
+def test_a_file_beside_the_release_listed_by_a_verified_oms_signature_is_accepted(
+        rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    """A Hub card beside the release: the kvgraft statement does not list it, the verified OMS signature does."""
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    (rel / "README.md").write_text("# a model card\n")
+    listed = {**_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+              "README.md": sha256_hex((rel / "README.md").read_bytes())}
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed)
+    result = verify_release(rel, key=ecdsa[1])
+    assert result.signature.oms_beside_release == ["README.md"]
+    (rel / "README.md").write_text("# another card\n")  # the control: the card is checked against the list
+    assert "README.md" in _message(lambda: verify_release(rel, key=ecdsa[1]))
+
+
+def _pad_manifest(root: Path) -> None:
+    """The same manifest document with other bytes (a trailing space): only its digest can tell."""
+    (root / MANIFEST).write_bytes((root / MANIFEST).read_bytes() + b" ")
+
+
+def test_opening_compares_manifest_json_with_what_signed_it_and_says_which(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    signed_sha = sha256_hex((rel / MANIFEST).read_bytes())
+    attests = f"; the statement attests the release with root digest {json.loads((rel / MANIFEST).read_text())['root_digest']}"
+    assert verify_release(rel, key=ecdsa[1], scope="open").scope == "open"  # the control: intact, it opens
+    _pad_manifest(rel)
+    now = sha256_hex((rel / MANIFEST).read_bytes())
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], scope="open")) == (
+        f"{rel / MANIFEST}: sha256 {now} does not match the signed statement ({signed_sha}){attests}")
+    assert _message(lambda: verify_release(rel, scope="open")) == (
+        f"{rel / MANIFEST}: sha256 {now} does not match the statement (signature not checked) ({signed_sha}){attests}")
+
+
+def test_opening_an_oms_only_release_compares_manifest_json_with_the_oms_list(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    listed_sha = sha256_hex((rel / MANIFEST).read_bytes())
+    assert verify_release(rel, key=ecdsa[1], scope="open").signature.oms_verified  # the control
+    _pad_manifest(rel)
+    now = sha256_hex((rel / MANIFEST).read_bytes())
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], scope="open")) == (
+        f"{rel / MANIFEST}: sha256 {now} does not match the OMS signature ({listed_sha})")
+
+
+def test_opening_checks_the_statements_predicate_and_a_signed_manifests_bound(
+        rel: Path, ecdsa: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    _resign(rel, ecdsa[0], lambda p: p.update(num_entries=7))
+    assert _message(lambda: verify_release(rel, key=ecdsa[1], scope="open")) == (
+        f"{rel / MANIFEST}: the signed statement predicate's num_entries 7 does not match the manifest (2)")
+    _resign(rel, ecdsa[0], lambda p: None)  # the control: the true predicate opens
+    from kvgraft.release import integrity
+
+    monkeypatch.setattr(integrity, "UNSIGNED_MANIFEST_FLOOR", 64)  # this manifest is now over the unsigned bound
+    assert verify_release(rel, key=ecdsa[1], scope="open").signature.status == "verified"
+    assert "limit for an unsigned manifest" in _message(lambda: verify_release(rel, scope="open"))
+
+
+def test_verified_hands_back_the_release_it_was_given_and_forgets_it_when_dropped(rel: Path) -> None:
+    import gc
+
+    from kvgraft.signing import verify as verify_module
+
+    opened = Release.open(rel)
+    first = verified(opened)
+    again = verified(opened)  # recalled, not verified again
+    assert first.release is opened and again.release is opened and again.checked is first.checked
+    key = id(opened)
+    assert key in verify_module._CHECKED
+    del opened, first, again
+    gc.collect()
+    assert key not in verify_module._CHECKED  # a library of many releases opened in turn keeps no record of each

@@ -412,3 +412,138 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
         verify_release(root, key=public)
     assert str(info.value) == (f"{root / entry_file}: the OMS signature lists sha256 "
                                f"{'ef' * 32} and the manifest {every[entry_file]}")
+
+
+# The sampled run of 2026-12-01 (`mutation/run.py --sample 100`, docs/mutation-h41.md): integrity survivors.
+
+def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path) -> None:
+    """release_folder_files names the folder it cannot list and why (as root nothing is unreadable: a missing
+    folder and a file stand for it); the control lists a folder."""
+    (tmp_path / "plain").write_text("x")
+    assert release_folder_files(tmp_path) == {"plain"}
+    assert _err(lambda: release_folder_files(tmp_path / "gone"), InputError) == \
+        f"{tmp_path / 'gone'}: cannot list: No such file or directory"
+    assert _err(lambda: release_folder_files(tmp_path / "plain"), InputError) == \
+        f"{tmp_path / 'plain'}: cannot list: Not a directory"
+
+
+def test_a_folder_of_exactly_the_file_limit_is_listed_and_one_more_refused(rel: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_RELEASE_FILES is the most a release may hold (a million here: scaled down to this release's count)."""
+    from kvgraft.release import integrity
+
+    count = len(_m(rel)["files"]) + 1  # manifest.json too
+    monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count)
+    assert len(release_folder_files(rel)) == count
+    assert check_release(rel).files == _subjects(rel)
+    monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count - 1)
+    assert _err(lambda: release_folder_files(rel), InputError) == f"{rel}: more than {count - 1} files"
+    assert _err(lambda: check_release(rel), InputError) == f"{rel}: more than {count - 1} files"
+
+
+def test_manifests_above_the_limits_are_refused_with_whole_lines(rel: Path) -> None:
+    """Unsigned: the data-weighed limit, stated with its reasons; signed: MAX_MANIFEST_BYTES (a sparse file:
+    its size is checked before a byte is read). The control: below the signed limit it is parsed."""
+    path = rel / MANIFEST
+    original = path.read_bytes()
+    with path.open("ab") as f:
+        f.write(b" " * (16 * 1024 * 1024 + 1 - len(original)))
+    size = path.stat().st_size
+    assert size == 16 * 1024 * 1024 + 1
+    assert _err(lambda: check_release(rel), InputError) == (
+        f"{path}: {size} bytes exceeds the 16777216-byte limit for an unsigned manifest (16 MiB here: 1/64 of the "
+        f"stored data, at least 16 MiB)")
+    assert check_release(rel, signed=True).manifest_size == size  # the control: a signed one may be larger
+    os.truncate(path, 256 * 1024 * 1024 + 1)
+    assert _err(lambda: check_release(rel, signed=True), InputError) == \
+        f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
+    assert _err(lambda: open_release(rel, signed=True), InputError) == \
+        f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
+
+
+def test_a_file_removed_after_the_listing_is_named_missing(rel: Path) -> None:
+    """A file the manifest lists that goes away after the folder was listed (here: while the statement's
+    claims are checked, the caller's hook) is refused by name; the control: the same hook removing nothing."""
+    assert check_release(rel, check_claims=lambda m, sha, size: None).files == _subjects(rel)
+
+    def remove(m: dict[str, Any], sha: str, size: int) -> None:
+        os.remove(rel / E1)
+
+    assert _err(lambda: check_release(rel, check_claims=remove), IntegrityError) == \
+        f"{rel / E1}: missing (removed while the release was verified)"
+
+
+def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path, tmp_path: Path) -> None:
+    """Signed with OMS alone and verified without a key: a file beside the release that its list names with
+    another digest is refused naming the unchecked signature (not a checked one); the control: the right digest."""
+    from kvgraft.signing import keys, oms
+    from kvgraft.signing.verify import verify_release
+
+    private, _public = keys.write_keypair(tmp_path / "signer")
+    key = keys.load_private_key(private)
+    (rel / "README.md").write_text("card")
+    card = sha256_hex(b"card")
+    oms.sign(rel, key, {**_subjects(rel), "README.md": card})
+    assert verify_release(rel).signature.status == "not checked"
+    oms.sign(rel, key, {**_subjects(rel), "README.md": "4" * 64})
+    with pytest.raises(IntegrityError) as info:
+        verify_release(rel)
+    assert str(info.value) == (f"{rel / 'README.md'}: sha256 {card} does not match the OMS signature (not checked) "
+                               f"({'4' * 64}); it is beside the release, outside its manifest")
+
+
+def _lay_out_in_reverse_name_order(root: Path, index: int) -> None:
+    """Rewrite entry `index`'s file with its tensors stored in reverse name order (as another writer may lay
+    them out), its tensor table and every digest rewritten to match: an intact release."""
+    import struct
+
+    m = _m(root)
+    e = m["entries"][index]
+    path = root / e["file"]
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    names = sorted((k for k in header if k != "__metadata__"), reverse=True)
+    blobs = {k: data[e["tensors"][k]["byte_range"][0]:e["tensors"][k]["byte_range"][1]] for k in names}
+    at = 0
+    for k in names:
+        header[k]["data_offsets"] = [at, at + len(blobs[k])]
+        at += len(blobs[k])
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    head = struct.pack("<Q", len(raw)) + raw
+    path.write_bytes(head + b"".join(blobs[k] for k in names))
+
+    def relayout(doc: dict[str, Any]) -> None:
+        entry = doc["entries"][index]
+        for k in names:
+            a, b = header[k]["data_offsets"]
+            entry["tensors"][k]["byte_range"] = [len(head) + a, len(head) + b]
+        if "header_sha256" in entry:
+            entry["header_sha256"] = sha256_hex(head)
+        doc["files"][entry["file"]] = {"sha256": sha256_hex(path.read_bytes()), "size": path.stat().st_size}
+
+    rewrite.manifest(root, relayout)
+
+
+def test_deep_names_the_first_wrong_tensor_in_a_file_laid_out_in_another_order(rel: Path) -> None:
+    """Tensors stored in reverse name order: the control verifies deep; with two wrong tensor digests the one
+    first in the file is named, by check_release and check_entry alike."""
+    _lay_out_in_reverse_name_order(rel, 1)
+    e = _m(rel)["entries"][1]
+    starts = {k: t["byte_range"][0] for k, t in e["tensors"].items()}
+    assert sorted(starts, key=starts.__getitem__) == sorted(starts, reverse=True)  # the layout under test
+    assert check_release(rel, deep=True).tensors_rehashed == sum(len(x["tensors"]) for x in _m(rel)["entries"])
+    assert check_entry(open_release(rel).release, e["id"], deep=True).tensors == len(starts)
+    first, last = "layer.1.values", "layer.0.keys"  # first and last in this file; last and first by name
+
+    def wrong(doc: dict[str, Any]) -> None:
+        for k in (first, last):
+            doc["entries"][1]["tensors"][k]["sha256"] = "7" * 64
+    rewrite.manifest(rel, wrong)
+    a, b = e["tensors"][first]["byte_range"]
+    real = sha256_hex((rel / e["file"]).read_bytes()[a:b])
+    want = (f"{rel / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'7' * 64}")
+    assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(rel).release, e["id"], deep=True), IntegrityError) == want

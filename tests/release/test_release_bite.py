@@ -492,9 +492,10 @@ def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path,
                                f"({'4' * 64}); it is beside the release, outside its manifest")
 
 
-def _lay_out_in_reverse_name_order(root: Path, index: int) -> None:
+def _lay_out_in_reverse_name_order(root: Path, index: int, gap: int = 0) -> None:
     """Rewrite entry `index`'s file with its tensors stored in reverse name order (as another writer may lay
-    them out), its tensor table and every digest rewritten to match: an intact release."""
+    them out), `gap` zero bytes after the first, its tensor table and every digest rewritten to match (with no
+    gap: an intact release)."""
     import struct
 
     m = _m(root)
@@ -506,13 +507,13 @@ def _lay_out_in_reverse_name_order(root: Path, index: int) -> None:
     names = sorted((k for k in header if k != "__metadata__"), reverse=True)
     blobs = {k: data[e["tensors"][k]["byte_range"][0]:e["tensors"][k]["byte_range"][1]] for k in names}
     at = 0
-    for k in names:
+    for i, k in enumerate(names):
         header[k]["data_offsets"] = [at, at + len(blobs[k])]
-        at += len(blobs[k])
+        at += len(blobs[k]) + (gap if i == 0 else 0)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     head = struct.pack("<Q", len(raw)) + raw
-    path.write_bytes(head + b"".join(blobs[k] for k in names))
+    path.write_bytes(head + blobs[names[0]] + b"\0" * gap + b"".join(blobs[k] for k in names[1:]))
 
     def relayout(doc: dict[str, Any]) -> None:
         entry = doc["entries"][index]
@@ -547,3 +548,162 @@ def test_deep_names_the_first_wrong_tensor_in_a_file_laid_out_in_another_order(r
             f"manifest says {'7' * 64}")
     assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
     assert _err(lambda: check_entry(open_release(rel).release, e["id"], deep=True), IntegrityError) == want
+
+
+# The sampled run of 2026-12-01: release group survivors (format.py, index.py, safetensors_header.py).
+
+def test_a_manifest_that_is_not_an_object_is_refused(rel: Path) -> None:
+    assert Release.open(rel).num_entries == 3  # the control
+    (rel / MANIFEST).write_text("[1, 2]")
+    want = f"{rel / MANIFEST}: manifest is not a JSON object"
+    assert _err(lambda: Release.open(rel), InputError) == want
+    assert _err(lambda: check_release(rel), InputError) == want
+    assert _err(lambda: open_release(rel), InputError) == want
+
+
+def test_a_prefix_lookup_reads_the_prefix_index_and_one_shard(tmp_path: Path) -> None:
+    """Format 2: finding the longest stored prefix reads the prefix index and the hit's shard, no other; the
+    hit is cut to the caller's block size, and one cut to nothing is no hit. Format 1 answers the same."""
+    from kvgraft.release import index as release_index
+
+    root = tmp_path / "v2"
+    make_release(root, entries=3, tokens=40, seed=38, format_version=2, shard_entries=1)
+    ids = list(Release.open(root).entry("rec-002")["token_ids"])
+    rel = Release.open(root)
+    assert rel.index is not None and rel.index.bytes_read == 0
+    hit = rel.longest_prefix([*ids, 7])
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 32)  # two whole blocks of 16 of 40 tokens
+    assert rel.index.bytes_read == ((root / release_index.PREFIX_FILE).stat().st_size
+                                    + (root / release_index.shard_name(2)).stat().st_size)
+    cut = rel.longest_prefix(ids, block_tokens=24)
+    assert cut is not None and (cut[0]["id"], cut[1]) == ("rec-002", 24)
+    assert rel.longest_prefix(ids, block_tokens=64) is None  # 32 tokens hold no block of 64
+    assert rel.longest_prefix(ids[:15]) is None  # shorter than one block
+    flat = tmp_path / "v1"
+    shutil.copytree(root, flat)
+    rewrite.manifest(flat, lambda m: None)  # the same records in the single-manifest layout
+    v1 = Release.open(flat)
+    assert v1.index is None
+    got = v1.longest_prefix([*ids, 7])
+    assert got is not None and (got[0]["id"], got[1]) == ("rec-002", 32)
+    assert v1.longest_prefix(ids, block_tokens=64) is None
+
+
+def test_a_format_2_header_changed_after_opening_is_refused_by_its_digest(tmp_path: Path) -> None:
+    """A format-2 record binds its file's safetensors header bytes: a header that still parses to the same
+    tensor table (its metadata changed, same length) is refused when the header is read again, as a graft
+    of a release changed since it was verified does; the control reads the intact header."""
+    import struct
+
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=39, format_version=2)
+    rel = Release.open(root)
+    e = rel.entry("rec-000")
+    path = root / e["file"]
+    assert set(rel.tensor_layout(e)) == set(e["tensors"])
+    data = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    at = bytes(data[:8 + n]).index(b'"rec-000"')
+    data[at + 7] = ord("9")  # the metadata names rec-009: the same tensors, other header bytes
+    path.write_bytes(bytes(data))
+    header = sha256_hex(bytes(data[:8 + n]))
+    assert _err(lambda: rel.tensor_layout(e), IntegrityError) == (
+        f"{path}: entry 'rec-000': safetensors header bytes [0, {8 + n}): sha256 {header}, the manifest says "
+        f"{e['header_sha256']}")
+
+
+def test_bytes_between_tensors_are_refused_where_the_record_binds_the_header(tmp_path: Path) -> None:
+    """A record with a header digest (format 2, here in the single-manifest layout) says the tensors fill the
+    file after the header: a file with 8 bytes between two tensors is refused naming them, every digest
+    rewritten to match; the control, the same rewrite without the gap, verifies."""
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=40, format_version=2)
+    rewrite.manifest(root, lambda m: None)
+    good = tmp_path / "good"
+    shutil.copytree(root, good)
+    _lay_out_in_reverse_name_order(good, 1)
+    assert check_release(good, deep=True).tensors_rehashed == 8
+    _lay_out_in_reverse_name_order(root, 1, gap=8)
+    e = _m(root)["entries"][1]
+    assert "header_sha256" in e
+    end = e["tensors"]["layer.1.values"]["byte_range"][1]  # the first tensor in the file
+    size = (root / e["file"]).stat().st_size
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / e['file']}: entry {e['id']!r}: bytes [{end}, {size}) belong to no tensor"
+
+
+def _entry_bytes() -> bytes:
+    """A one-tensor safetensors file (float32 [1])."""
+    import struct
+
+    raw = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\0\0\x80?"
+
+
+def test_the_writer_refuses_an_entry_id_twice_and_leaves_nothing(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+
+    out = tmp_path / "out"
+    writer = ReleaseWriter(out, format_version=1)
+    record = {"id": "a", "num_tokens": 1, "token_ids": [5]}
+    assert writer.add_entry_file(record, _entry_bytes())["file"] == "entries/00000.safetensors"  # the control
+    assert writer.add_entry_file({**record, "id": "b"}, _entry_bytes())["file"] == "entries/00001.safetensors"
+    assert _err(lambda: writer.add_entry_file(record, _entry_bytes()), InputError) == \
+        f"{out}: entry id 'a' appears twice"
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwriting_a_release_replaces_it_whole(tmp_path: Path) -> None:
+    from kvgraft.errors import ExistsError
+
+    out = tmp_path / "out"
+    make_release(out, entries=2, seed=41)
+    first = _m(out)["root_digest"]
+    assert _err(lambda: make_release(out, entries=1, seed=42), ExistsError) == \
+        f"{out}: already exists; pass --overwrite to replace it"
+    assert _m(out)["root_digest"] == first  # refused: the old release stays as it was
+    make_release(out, entries=1, seed=42, overwrite=True)
+    assert _m(out)["root_digest"] != first and Release.open(out).num_entries == 1
+    assert check_release(out).files == _subjects(out)  # no file of the old release left inside
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nor beside it (the old one, a temp folder)
+
+
+def test_the_writer_returns_the_release_as_one_document(tmp_path: Path) -> None:
+    """finish (what capture reports) returns Release.flat's shape: in format 2 the records and their files,
+    without the index."""
+    doc = make_release(tmp_path / "v2", entries=3, seed=43, format_version=2, shard_entries=2)
+    assert doc == Release.open(tmp_path / "v2").flat() and "index" not in doc
+    one = make_release(tmp_path / "v1", entries=2, seed=43, format_version=1)
+    assert one == Release.open(tmp_path / "v1").flat() == _m(tmp_path / "v1")
+
+
+def _header_file(path: Path, header: dict[str, Any], data: int) -> Path:
+    import struct
+
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data)
+    return path
+
+
+def test_hostile_safetensors_headers_are_refused_with_whole_lines(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+
+    def f32(shape: list[Any], a: int, b: int) -> dict[str, Any]:
+        return {"dtype": "F32", "shape": shape, "data_offsets": [a, b]}
+
+    good = _header_file(tmp_path / "good", {"a": f32([2], 0, 8), "b": f32([2], 8, 16)}, 16)
+    tensors, _ = stfile.read_header(good)
+    base = good.stat().st_size - 16
+    assert [(t.name, t.start, t.end) for t in tensors.values()] == [("a", base, base + 8), ("b", base + 8, base + 16)]
+    neg = _header_file(tmp_path / "neg", {"a": f32([-2], 0, 8)}, 8)
+    assert _err(lambda: stfile.read_header(neg), InputError) == \
+        f"{neg}: tensor 'a': shape must be a list of non-negative integers"
+    past = _header_file(tmp_path / "past", {"a": f32([2], 0, 8), "b": f32([2], 8, 16)}, 12)
+    size = past.stat().st_size
+    start = size - 12
+    assert _err(lambda: stfile.read_header(past), InputError) == \
+        f"{past}: tensor 'b': byte range [{start + 8}, {start + 16}) does not fit shape [2] float32 in a {size}-byte file"
+    over = _header_file(tmp_path / "over", {"a": f32([2], 0, 8), "b": f32([2], 4, 12)}, 12)
+    assert _err(lambda: stfile.read_header(over), InputError) == f"{over}: tensors 'a' and 'b' overlap"

@@ -154,15 +154,14 @@ def rescore(group: str) -> dict[str, object]:
     done = here / "result.json"
     result = json.loads(done.read_text()) if done.exists() else {"group": group, "files": GROUPS[group][0],
                                                                   "stopped": True}
-    # A sampled run is rescored over its sample alone (the rest of the group was never meant to run).
-    drawn = here / "sample.txt"
-    names = ([n for n in drawn.read_text().splitlines() if n and not n.startswith("#")]
-             if result.get("sample") and drawn.exists() else GROUPS[group][1])
-    result.update(score(here, names))
-    c = result["counts"]
-    judged = c["killed"] + c["survived"] + c["no_tests"]
-    lo, hi = interval(c["killed"], judged)
-    result["wilson95"] = [round(lo, 4), round(hi, 4)]
+    # A sampled run: only its sample (the names it ran; the rest of the group's mutants were never run).
+    names = result.get("mutants")
+    result.update(score(here, names if isinstance(names, list) else GROUPS[group][1]))
+    if result.get("sample"):
+        c = result["counts"]
+        assert isinstance(c, dict)
+        lo, hi = interval(c["killed"], c["killed"] + c["survived"] + c["no_tests"])
+        result["wilson95"] = [round(lo, 4), round(hi, 4)]
     (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -205,8 +204,8 @@ def main(argv: list[str]) -> int:
         argv = argv[2:]
     if argv[:1] == ["--rescore"]:
         for group in argv[1:]:
-            r = rescore(group)
-            print(group, r["counts"], "Wilson 95%", r["wilson95"], "(a sample)" if r.get("sample") else "")
+            result = rescore(group)
+            print(group, result["counts"], *(["Wilson 95%", result["wilson95"]] if result.get("sample") else []))
         return 0
     groups = argv or list(GROUPS)
     unknown = [g for g in groups if g not in GROUPS]

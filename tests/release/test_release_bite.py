@@ -412,3 +412,311 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
         verify_release(root, key=public)
     assert str(info.value) == (f"{root / entry_file}: the OMS signature lists sha256 "
                                f"{'ef' * 32} and the manifest {every[entry_file]}")
+
+
+# The sampled run of 2026-12-01 (`mutation/run.py --sample 100`, docs/mutation-h41.md): integrity survivors.
+
+def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path) -> None:
+    """release_folder_files names the folder it cannot list and why (as root nothing is unreadable: a missing
+    folder and a file stand for it); the control lists a folder."""
+    (tmp_path / "plain").write_text("x")
+    assert release_folder_files(tmp_path) == {"plain"}
+    assert _err(lambda: release_folder_files(tmp_path / "gone"), InputError) == \
+        f"{tmp_path / 'gone'}: cannot list: No such file or directory"
+    assert _err(lambda: release_folder_files(tmp_path / "plain"), InputError) == \
+        f"{tmp_path / 'plain'}: cannot list: Not a directory"
+
+
+def test_a_folder_of_exactly_the_file_limit_is_listed_and_one_more_refused(rel: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_RELEASE_FILES is the most a release may hold (a million here: scaled down to this release's count)."""
+    from kvgraft.release import integrity
+
+    count = len(_m(rel)["files"]) + 1  # manifest.json too
+    monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count)
+    assert len(release_folder_files(rel)) == count
+    assert check_release(rel).files == _subjects(rel)
+    monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count - 1)
+    assert _err(lambda: release_folder_files(rel), InputError) == f"{rel}: more than {count - 1} files"
+    assert _err(lambda: check_release(rel), InputError) == f"{rel}: more than {count - 1} files"
+
+
+def test_manifests_above_the_limits_are_refused_with_whole_lines(rel: Path) -> None:
+    """Unsigned: the data-weighed limit, stated with its reasons; signed: MAX_MANIFEST_BYTES (a sparse file:
+    its size is checked before a byte is read). The control: below the signed limit it is parsed."""
+    path = rel / MANIFEST
+    original = path.read_bytes()
+    with path.open("ab") as f:
+        f.write(b" " * (16 * 1024 * 1024 + 1 - len(original)))
+    size = path.stat().st_size
+    assert size == 16 * 1024 * 1024 + 1
+    assert _err(lambda: check_release(rel), InputError) == (
+        f"{path}: {size} bytes exceeds the 16777216-byte limit for an unsigned manifest (16 MiB here: 1/64 of the "
+        f"stored data, at least 16 MiB)")
+    assert check_release(rel, signed=True).manifest_size == size  # the control: a signed one may be larger
+    os.truncate(path, 256 * 1024 * 1024 + 1)
+    assert _err(lambda: check_release(rel, signed=True), InputError) == \
+        f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
+    assert _err(lambda: open_release(rel, signed=True), InputError) == \
+        f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
+
+
+def test_a_file_removed_after_the_listing_is_named_missing(rel: Path) -> None:
+    """A file the manifest lists that goes away after the folder was listed (here: while the statement's
+    claims are checked, the caller's hook) is refused by name; the control: the same hook removing nothing."""
+    assert check_release(rel, check_claims=lambda m, sha, size: None).files == _subjects(rel)
+
+    def remove(m: dict[str, Any], sha: str, size: int) -> None:
+        os.remove(rel / E1)
+
+    assert _err(lambda: check_release(rel, check_claims=remove), IntegrityError) == \
+        f"{rel / E1}: missing (removed while the release was verified)"
+
+
+def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path, tmp_path: Path) -> None:
+    """Signed with OMS alone and verified without a key: a file beside the release that its list names with
+    another digest is refused naming the unchecked signature (not a checked one); the control: the right digest."""
+    from kvgraft.signing import keys, oms
+    from kvgraft.signing.verify import verify_release
+
+    private, _public = keys.write_keypair(tmp_path / "signer")
+    key = keys.load_private_key(private)
+    (rel / "README.md").write_text("card")
+    card = sha256_hex(b"card")
+    oms.sign(rel, key, {**_subjects(rel), "README.md": card})
+    assert verify_release(rel).signature.status == "not checked"
+    oms.sign(rel, key, {**_subjects(rel), "README.md": "4" * 64})
+    with pytest.raises(IntegrityError) as info:
+        verify_release(rel)
+    assert str(info.value) == (f"{rel / 'README.md'}: sha256 {card} does not match the OMS signature (not checked) "
+                               f"({'4' * 64}); it is beside the release, outside its manifest")
+
+
+def _lay_out_in_reverse_name_order(root: Path, index: int, gap: int = 0) -> None:
+    """Rewrite entry `index`'s file with its tensors stored in reverse name order (as another writer may lay
+    them out), `gap` zero bytes after the first, its tensor table and every digest rewritten to match (with no
+    gap: an intact release)."""
+    import struct
+
+    m = _m(root)
+    e = m["entries"][index]
+    path = root / e["file"]
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    names = sorted((k for k in header if k != "__metadata__"), reverse=True)
+    blobs = {k: data[e["tensors"][k]["byte_range"][0]:e["tensors"][k]["byte_range"][1]] for k in names}
+    at = 0
+    for i, k in enumerate(names):
+        header[k]["data_offsets"] = [at, at + len(blobs[k])]
+        at += len(blobs[k]) + (gap if i == 0 else 0)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    head = struct.pack("<Q", len(raw)) + raw
+    path.write_bytes(head + blobs[names[0]] + b"\0" * gap + b"".join(blobs[k] for k in names[1:]))
+
+    def relayout(doc: dict[str, Any]) -> None:
+        entry = doc["entries"][index]
+        for k in names:
+            a, b = header[k]["data_offsets"]
+            entry["tensors"][k]["byte_range"] = [len(head) + a, len(head) + b]
+        if "header_sha256" in entry:
+            entry["header_sha256"] = sha256_hex(head)
+        doc["files"][entry["file"]] = {"sha256": sha256_hex(path.read_bytes()), "size": path.stat().st_size}
+
+    rewrite.manifest(root, relayout)
+
+
+def test_deep_names_the_first_wrong_tensor_in_a_file_laid_out_in_another_order(rel: Path) -> None:
+    """Tensors stored in reverse name order: the control verifies deep; with two wrong tensor digests the one
+    first in the file is named, by check_release and check_entry alike."""
+    _lay_out_in_reverse_name_order(rel, 1)
+    e = _m(rel)["entries"][1]
+    starts = {k: t["byte_range"][0] for k, t in e["tensors"].items()}
+    assert sorted(starts, key=starts.__getitem__) == sorted(starts, reverse=True)  # the layout under test
+    assert check_release(rel, deep=True).tensors_rehashed == sum(len(x["tensors"]) for x in _m(rel)["entries"])
+    assert check_entry(open_release(rel).release, e["id"], deep=True).tensors == len(starts)
+    first, last = "layer.1.values", "layer.0.keys"  # first and last in this file; last and first by name
+
+    def wrong(doc: dict[str, Any]) -> None:
+        for k in (first, last):
+            doc["entries"][1]["tensors"][k]["sha256"] = "7" * 64
+    rewrite.manifest(rel, wrong)
+    a, b = e["tensors"][first]["byte_range"]
+    real = sha256_hex((rel / e["file"]).read_bytes()[a:b])
+    want = (f"{rel / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'7' * 64}")
+    assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(rel).release, e["id"], deep=True), IntegrityError) == want
+
+
+# The sampled run of 2026-12-01: release group survivors (format.py, index.py, safetensors_header.py).
+
+def test_a_manifest_that_is_not_an_object_is_refused(rel: Path) -> None:
+    assert Release.open(rel).num_entries == 3  # the control
+    (rel / MANIFEST).write_text("[1, 2]")
+    want = f"{rel / MANIFEST}: manifest is not a JSON object"
+    assert _err(lambda: Release.open(rel), InputError) == want
+    assert _err(lambda: check_release(rel), InputError) == want
+    assert _err(lambda: open_release(rel), InputError) == want
+
+
+def test_a_prefix_lookup_reads_the_prefix_index_and_one_shard(tmp_path: Path) -> None:
+    """Format 2: finding the longest stored prefix reads the prefix index and the hit's shard, no other; the
+    hit is cut to the caller's block size, and one cut to nothing is no hit. Format 1 answers the same."""
+    from kvgraft.release import index as release_index
+
+    root = tmp_path / "v2"
+    make_release(root, entries=3, tokens=40, seed=38, format_version=2, shard_entries=1)
+    ids = list(Release.open(root).entry("rec-002")["token_ids"])
+    rel = Release.open(root)
+    assert rel.index is not None and rel.index.bytes_read == 0
+    hit = rel.longest_prefix([*ids, 7])
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 32)  # two whole blocks of 16 of 40 tokens
+    assert rel.index.bytes_read == ((root / release_index.PREFIX_FILE).stat().st_size
+                                    + (root / release_index.shard_name(2)).stat().st_size)
+    cut = rel.longest_prefix(ids, block_tokens=24)
+    assert cut is not None and (cut[0]["id"], cut[1]) == ("rec-002", 24)
+    assert rel.longest_prefix(ids, block_tokens=64) is None  # 32 tokens hold no block of 64
+    assert rel.longest_prefix(ids[:15]) is None  # shorter than one block
+    flat = tmp_path / "v1"
+    shutil.copytree(root, flat)
+    rewrite.manifest(flat, lambda m: None)  # the same records in the single-manifest layout
+    v1 = Release.open(flat)
+    assert v1.index is None
+    got = v1.longest_prefix([*ids, 7])
+    assert got is not None and (got[0]["id"], got[1]) == ("rec-002", 32)
+    assert v1.longest_prefix(ids, block_tokens=64) is None
+
+
+def test_a_format_2_header_changed_after_opening_is_refused_by_its_digest(tmp_path: Path) -> None:
+    """A format-2 record binds its file's safetensors header bytes: a header that still parses to the same
+    tensor table (its metadata changed, same length) is refused when the header is read again, as a graft
+    of a release changed since it was verified does; the control reads the intact header."""
+    import struct
+
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=39, format_version=2)
+    rel = Release.open(root)
+    e = rel.entry("rec-000")
+    path = root / e["file"]
+    assert set(rel.tensor_layout(e)) == set(e["tensors"])
+    data = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    at = bytes(data[:8 + n]).index(b'"rec-000"')
+    data[at + 7] = ord("9")  # the metadata names rec-009: the same tensors, other header bytes
+    path.write_bytes(bytes(data))
+    header = sha256_hex(bytes(data[:8 + n]))
+    assert _err(lambda: rel.tensor_layout(e), IntegrityError) == (
+        f"{path}: entry 'rec-000': safetensors header bytes [0, {8 + n}): sha256 {header}, the manifest says "
+        f"{e['header_sha256']}")
+
+
+def test_bytes_between_tensors_are_refused_where_the_record_binds_the_header(tmp_path: Path) -> None:
+    """A record with a header digest (format 2, here in the single-manifest layout) says the tensors fill the
+    file after the header: a file with 8 bytes between two tensors is refused naming them, every digest
+    rewritten to match; the control, the same rewrite without the gap, verifies."""
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=40, format_version=2)
+    rewrite.manifest(root, lambda m: None)
+    good = tmp_path / "good"
+    shutil.copytree(root, good)
+    _lay_out_in_reverse_name_order(good, 1)
+    assert check_release(good, deep=True).tensors_rehashed == 8
+    _lay_out_in_reverse_name_order(root, 1, gap=8)
+    e = _m(root)["entries"][1]
+    assert "header_sha256" in e
+    end = e["tensors"]["layer.1.values"]["byte_range"][1]  # the first tensor in the file
+    size = (root / e["file"]).stat().st_size
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / e['file']}: entry {e['id']!r}: bytes [{end}, {size}) belong to no tensor"
+
+
+def _entry_bytes() -> bytes:
+    """A one-tensor safetensors file (float32 [1])."""
+    import struct
+
+    raw = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\0\0\x80?"
+
+
+def test_the_writer_refuses_an_entry_id_twice_and_leaves_nothing(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+
+    out = tmp_path / "out"
+    writer = ReleaseWriter(out, format_version=1)
+    record = {"id": "a", "num_tokens": 1, "token_ids": [5]}
+    assert writer.add_entry_file(record, _entry_bytes())["file"] == "entries/00000.safetensors"  # the control
+    assert writer.add_entry_file({**record, "id": "b"}, _entry_bytes())["file"] == "entries/00001.safetensors"
+    assert _err(lambda: writer.add_entry_file(record, _entry_bytes()), InputError) == \
+        f"{out}: entry id 'a' appears twice"
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwriting_a_release_replaces_it_whole(tmp_path: Path) -> None:
+    from kvgraft.errors import ExistsError
+
+    out = tmp_path / "out"
+    make_release(out, entries=2, seed=41)
+    first = _m(out)["root_digest"]
+    assert _err(lambda: make_release(out, entries=1, seed=42), ExistsError) == \
+        f"{out}: already exists; pass --overwrite to replace it"
+    assert _m(out)["root_digest"] == first  # refused: the old release stays as it was
+    make_release(out, entries=1, seed=42, overwrite=True)
+    assert _m(out)["root_digest"] != first and Release.open(out).num_entries == 1
+    assert check_release(out).files == _subjects(out)  # no file of the old release left inside
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nor beside it (the old one, a temp folder)
+
+
+def test_the_writer_returns_the_release_as_one_document(tmp_path: Path) -> None:
+    """finish (what capture reports) returns Release.flat's shape: in format 2 the records and their files,
+    without the index."""
+    doc = make_release(tmp_path / "v2", entries=3, seed=43, format_version=2, shard_entries=2)
+    assert doc == Release.open(tmp_path / "v2").flat() and "index" not in doc
+    one = make_release(tmp_path / "v1", entries=2, seed=43, format_version=1)
+    assert one == Release.open(tmp_path / "v1").flat() == _m(tmp_path / "v1")
+
+
+def _header_file(path: Path, header: dict[str, Any], data: int) -> Path:
+    import struct
+
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data)
+    return path
+
+
+def test_hostile_safetensors_headers_are_refused_with_whole_lines(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+
+    def f32(shape: list[Any], a: int, b: int) -> dict[str, Any]:
+        return {"dtype": "F32", "shape": shape, "data_offsets": [a, b]}
+
+    good = _header_file(tmp_path / "good", {"a": f32([2], 0, 8), "b": f32([2], 8, 16)}, 16)
+    tensors, _ = stfile.read_header(good)
+    base = good.stat().st_size - 16
+    assert [(t.name, t.start, t.end) for t in tensors.values()] == [("a", base, base + 8), ("b", base + 8, base + 16)]
+    neg = _header_file(tmp_path / "neg", {"a": f32([-2], 0, 8)}, 8)
+    assert _err(lambda: stfile.read_header(neg), InputError) == \
+        f"{neg}: tensor 'a': shape must be a list of non-negative integers"
+    past = _header_file(tmp_path / "past", {"a": f32([2], 0, 8), "b": f32([2], 8, 16)}, 12)
+    size = past.stat().st_size
+    start = size - 12
+    assert _err(lambda: stfile.read_header(past), InputError) == \
+        f"{past}: tensor 'b': byte range [{start + 8}, {start + 16}) does not fit shape [2] float32 in a {size}-byte file"
+    over = _header_file(tmp_path / "over", {"a": f32([2], 0, 8), "b": f32([2], 4, 12)}, 12)
+    assert _err(lambda: stfile.read_header(over), InputError) == f"{over}: tensors 'a' and 'b' overlap"
+
+
+def test_hashing_works_where_the_os_has_no_posix_fadvise(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-ahead advice is optional (macOS and Windows have no os.posix_fadvise): without it files and
+    byte ranges hash as before, and a release verifies."""
+    from kvgraft.release.hashing import hash_file, hash_ranges
+
+    path = rel / E0
+    data = path.read_bytes()
+    monkeypatch.delattr(os, "posix_fadvise")
+    assert hash_file(path) == (sha256_hex(data), len(data))
+    assert hash_ranges(path, [(0, 8), (8, len(data))]) == [sha256_hex(data[:8]), sha256_hex(data[8:])]
+    assert check_release(rel, deep=True).files == _subjects(rel)

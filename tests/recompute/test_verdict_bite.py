@@ -469,6 +469,11 @@ def test_classify_every_case() -> None:
                  "first": {"layer": 0, "tensor": "values", "batch": 0, "head": 1, "position": 2, "dim": 3},
                  "worst": {"layer": 2, "tensor": "keys", "batch": 0, "head": 0, "position": 1, "dim": 2,
                            "excess": 9.0}}
+    # the worst is the largest excess, wherever it lies (here in the lower layer, the first row)
+    big = _t(False, outside=1, max_excess=50.0, first_outside=[0, 0, 0, 0], worst=[0, 1, 0, 0], worst_values=None)
+    _, s = recompute.classify([{"index": 0, "keys": big, "values": _t()}, {"index": 3, "keys": a, "values": _t()}])
+    assert s is not None and s["worst"] == {"layer": 0, "tensor": "keys", "batch": 0, "head": 1, "position": 0,
+                                            "dim": 0, "excess": 50.0}
     odd = _t(False, outside=1, max_excess=2.0, first_outside=[1, 2], worst=[1, 2], worst_values={"x": 1.0})
     _, s = recompute.classify([{"index": 1, "values": odd}])
     assert s is not None and s["first"] == {"layer": 1, "tensor": "values"}
@@ -495,14 +500,15 @@ def test_verdict_statement_whole() -> None:
         "replayed: 1 byte-exact, 0 consistent, 0 inconsistent of 1 entries; requirement exact: met.")
     r = _result(["byte-exact", "consistent", "inconsistent", "inconsistent"], require="consistent", passed=False)
     r["conditions"] = {"not_replayed": {"threads": [4, 2], "cpu_isa": ["a", "b"]},
-                       "overridden": {"dtype": {"recorded": "float32", "used": "bfloat16"}}}
+                       "overridden": {"dtype": {"recorded": "float32", "used": "bfloat16"},
+                                      "threads": {"recorded": 4, "used": 1}}}
     r["entries"][2]["outside"] = {"worst": {"layer": 1, "tensor": "keys", "head": 0, "position": 3, "dim": 7,
                                             "abs_diff": 0.012345, "excess": 123.456}, "layout": [], "shape": []}
     r["entries"][3]["outside"] = {"layout": ["layer 0: gone"], "shape": ["layer 1 keys: s"]}
     assert recompute.verdict_statement(r) == (
         "Verdict inconsistent (some difference lies outside the envelope: not the same computation) on cpu0 (cpu, "
         "float32, sdpa, 2 threads), not replayed: cpu_isa 'a' -> 'b', threads 4 -> 2; overridden: dtype 'float32' -> "
-        "'bfloat16': 1 byte-exact, 1 consistent, 2 inconsistent of 4 entries; requirement consistent: NOT met. "
+        "'bfloat16', threads 4 -> 1: 1 byte-exact, 1 consistent, 2 inconsistent of 4 entries; requirement consistent: NOT met. "
         "Outside the envelope: e2: layer 1 keys (head 0, position 3, dim 7) |diff| 0.0123 is 123x the envelope; "
         "e3: layer 0: gone; layer 1 keys: s.")
     r = _result(["consistent"])

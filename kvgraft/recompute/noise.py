@@ -96,10 +96,9 @@ def perturbations(lm: LoadedModel, ids: list[int], schedule: Schedule, every: fr
     if schedule.chunk_tokens is None:
         chunk = 64 if len(ids) > 64 else max(1, len(ids) // 2)
         if chunk < len(ids):
-            out.append((f"chunks of {chunk}", run(lm, Schedule(chunk, schedule.add_special_tokens,
-                                                               schedule.add_generation_prompt))))
+            out.append((f"chunks of {chunk}", run(lm, dataclasses.replace(schedule, chunk_tokens=chunk))))
     else:
-        out.append(("one-shot", run(lm, Schedule(None, schedule.add_special_tokens, schedule.add_generation_prompt))))
+        out.append(("one-shot", run(lm, dataclasses.replace(schedule, chunk_tokens=None))))
     out.append(("row 0 of a left-padded batch of 4", lambda: padded_batch_row(lm, ids, every=every)[0]))
     if lm.torch_device.type == "cuda":
         out.append(("reduced-precision matmul switched", lambda: _switched_matmul(lambda: run(lm, schedule)())))

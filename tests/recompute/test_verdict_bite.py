@@ -241,6 +241,24 @@ def test_perturbations_chunk_a_short_one_shot_prefix_in_halves_down_to_one_token
     assert chunks(10) == ["chunks of 5"] and chunks(200) == ["chunks of 64"]
 
 
+def test_the_schedule_perturbations_rerun_one_shot_or_in_chunks_as_they_say(tiny_lm: Callable[[str], Any]) -> None:
+    """The schedule rerun of a chunked entry is one forward pass; of a one-shot entry, chunks of half (here 5):
+    each equal, bit for bit, to a prefill under that schedule (and the two schedules differ, the control)."""
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+
+    def prefilled(sched: Schedule) -> dict[str, torch.Tensor]:
+        return noise.layer_map(lm, noise.prefill(lm, ids, sched, noise.new_cache(lm, frozenset()))[0])[1]
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    one_shot, halves, ones = prefilled(Schedule()), prefilled(Schedule(5)), prefilled(Schedule(1))
+    assert not same(one_shot, ones)  # the control: chunks of one token change the bytes here
+    assert same(dict(noise.perturbations(lm, ids, Schedule(3)))["one-shot"](), one_shot)
+    assert same(dict(noise.perturbations(lm, ids, Schedule()))["chunks of 5"](), halves)
+
+
 def test_a_benign_rerun_that_overflows_or_gives_nan_adds_no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     """An infinite or NaN difference from a benign rerun says nothing about the noise: it must not widen the
     envelope to the largest float (which would judge every stored value consistent)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.signing import attest, keys
@@ -277,3 +278,220 @@ def test_a_digest_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
         f"{path}: resource 0: expected a name, algorithm sha256 and a lowercase hex digest"
     fine = oms.sign(tmp_path, keys.load_private_key(private), {"a.bin": "a" * 64})
     assert fine is not None and oms.read(fine, [keys.load_public_key(public)], "")[0] == {"a.bin": "a" * 64}
+
+
+# ------------------------------------------------------------------ the sampled mutmut survivors (h42)
+# attest and signing groups of `mutation/run.py --sample 100` (docs/mutation-h42.md): each test names the
+# mutants it kills.
+
+
+def test_a_bundle_with_a_certificate_chain_alone_is_keyless(pair: tuple[Any, Any]) -> None:
+    """Older bundles (v0.1, v0.2) carry `x509CertificateChain` instead of `certificate`: keyless either way
+    (attest parse_bundle 120, 121: the member's name misspelt)."""
+    doc = _edit(_bundle(pair), ["verificationMaterial", "publicKey"], _DELETE)
+    for member in ("x509CertificateChain", "certificate"):
+        keyless = attest.parse_bundle(_raw(_edit(doc, ["verificationMaterial", member], {})), W)
+        assert (keyless.has_certificate, keyless.key_hint) == (True, None), member
+    # control: neither member and no key is refused
+    assert _msg(lambda: attest.parse_bundle(_raw(doc), W)) == \
+        f"{W}: verificationMaterial needs exactly one of publicKey or a certificate"
+
+
+def test_read_bundle_names_a_bundle_in_its_refusals(pair: tuple[Any, Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """attest read_bundle 7 (the `what` of the bounded read dropped)."""
+    raw = _raw(_bundle(pair))
+    path = attest.write_bundle(tmp_path, raw)
+    assert attest.read_bundle(path).raw == raw  # control
+    monkeypatch.setattr(attest, "MAX_BUNDLE_BYTES", len(raw) - 1)
+    assert _msg(lambda: attest.read_bundle(path)) == \
+        f"{path}: {len(raw)} bytes exceeds the {len(raw) - 1}-byte limit for a bundle"
+    path.unlink()
+    path.mkdir()
+    assert _msg(lambda: attest.read_bundle(path)) == f"{path}: not a regular file; refusing to read a bundle from it"
+
+
+def test_private_key_refusals_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keys load_private_key 7 (\"PRIVATE KEY\" in the read's messages), 14 (the passphrase-given message
+    dropped), 16 (`and` -> `or`: a junk file read with a passphrase called a wrong passphrase)."""
+    from cryptography.hazmat.primitives import serialization
+
+    plain, _ = keys.write_keypair(tmp_path / "plain")
+    assert keys.algorithm_of(keys.load_private_key(plain)) == "ecdsa-p256"  # control
+    assert _msg(lambda: keys.load_private_key(plain, b"pw")) == \
+        f"{plain}: the key is not encrypted but a passphrase was given"
+    junk = tmp_path / "junk.key.pem"
+    junk.write_bytes(b"not a key\n")
+    with pytest.raises(ValueError) as raised:  # what cryptography says of it, quoted in kvgraft's message
+        serialization.load_pem_private_key(junk.read_bytes(), password=None)
+    detail = " ".join(str(raised.value).split())
+    assert _msg(lambda: keys.load_private_key(junk)) == f"{junk}: not a PEM private key ({detail})"
+    assert _msg(lambda: keys.load_private_key(junk, b"pw")) == f"{junk}: not a PEM private key ({detail})"
+    enc, _ = keys.write_keypair(tmp_path / "enc", passphrase=b"right")
+    assert _msg(lambda: keys.load_private_key(enc, b"wrong")) == \
+        f"{enc}: cannot decrypt the private key (wrong passphrase?)"
+    missing = tmp_path / "missing.key.pem"
+    assert _msg(lambda: keys.load_private_key(missing)) == \
+        f"{missing}: cannot read the private key: No such file or directory"
+    monkeypatch.setattr(keys, "MAX_KEY_BYTES", 10)
+    size = plain.stat().st_size
+    assert _msg(lambda: keys.load_private_key(plain)) == f"{plain}: {size} bytes is too large for a private key"
+
+
+def _oms_file(tmp_path: Path, stmt: Any, payload_type: str = attest.PAYLOAD_TYPE) -> Path:
+    """A model.sig carrying `stmt` (unsigned: oms.read without keys parses it without verifying)."""
+    payload = stmt if isinstance(stmt, bytes) else json.dumps(stmt).encode()
+    doc = {"mediaType": attest.BUNDLE_MEDIA_TYPE, "verificationMaterial": {"publicKey": {"hint": "h"}, "tlogEntries": []},
+           "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": payload_type,
+                            "signatures": [{"sig": base64.b64encode(b"sig").decode()}]}}
+    path = tmp_path / attest.OMS_NAME
+    path.write_bytes(_raw(doc))
+    return path
+
+
+def test_oms_statement_whole() -> None:
+    """oms statement 31 (`allow_symlinks` misspelt: kvgraft never reads it, the model_signing CLI does)."""
+    from kvgraft._internal.digest import sha256_hex
+    from kvgraft.signing import oms
+
+    s = oms.statement(Path("/x/rel"), {"b.bin": "b" * 64, "a.bin": "a" * 64})
+    assert s == {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "rel", "digest": {"sha256": sha256_hex(bytes.fromhex("a" * 64 + "b" * 64))}}],
+        "predicateType": "https://model_signing/signature/v1.0",
+        "predicate": {
+            "serialization": {"method": "files", "hash_type": "sha256", "allow_symlinks": False,
+                              "ignore_paths": [".git", ".gitignore", ".github", "model.sig", ".gitattributes"]},
+            "resources": [{"name": "a.bin", "algorithm": "sha256", "digest": "a" * 64},
+                          {"name": "b.bin", "algorithm": "sha256", "digest": "b" * 64}]}}
+
+
+def test_oms_read_refusals_are_exact(pair: tuple[Any, Any], other: Any, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """oms read 1 (advice default), 10 (the bounded read's `what`), 43 (payloadType message), 46 (the
+    statement's JSON error location), 49 (`or` -> `and` in the statement-type check), 64 (predicateType
+    message), 116 (`or` -> `and`: another algorithm accepted), 132 (a resource name's error location)."""
+    from kvgraft.signing import oms
+
+    good = oms.statement(tmp_path, {"a.bin": "a" * 64})
+    path = _oms_file(tmp_path, good)
+    assert oms.read(path, None)[:2] == ({"a.bin": "a" * 64}, None)  # control: parsed, no key given
+
+    def refusal(stmt: Any, payload_type: str = attest.PAYLOAD_TYPE) -> str:
+        return _msg(lambda: oms.read(_oms_file(tmp_path, stmt, payload_type), None))
+
+    assert refusal(good, "text/plain") == f"{path}: DSSE payloadType 'text/plain' is not 'application/vnd.in-toto+json'"
+    assert refusal(b"[1,") == f"{path}: statement: invalid JSON: Expecting value: line 1 column 4 (char 3)"
+    assert refusal({**good, "_type": "https://in-toto.io/Statement/v0.1"}) == f"{path}: not an in-toto Statement v1"
+    assert refusal([good]) == f"{path}: not an in-toto Statement v1"
+    assert refusal({**good, "predicateType": "p"}) == \
+        f"{path}: predicateType 'p' is not 'https://model_signing/signature/v1.0'"
+    res = good["predicate"]["resources"]
+
+    def with_resource(**change: Any) -> dict[str, Any]:
+        return {**good, "predicate": {**good["predicate"], "resources": [{**res[0], **change}]}}
+
+    assert refusal(with_resource(algorithm="sha512")) == \
+        f"{path}: resource 0: expected a name, algorithm sha256 and a lowercase hex digest"
+    assert refusal(with_resource(name="../a.bin")) == \
+        f"{path}: resource 0: unsafe file name '../a.bin' (absolute, '..' or empty parts are refused)"
+    # a signed one: the wrong key's message ends with no advice unless given
+    private = tmp_path / "k"
+    private.mkdir()
+    signed = oms.sign(private, pair[0], {"a.bin": "a" * 64})
+    assert signed is not None and oms.read(signed, [pair[1]])[1] == keys.key_id(pair[1])  # control
+    assert _msg(lambda: oms.read(signed, [other])) == (
+        f"{signed}: DSSE signature does not verify with key {keys.key_id(other)} "
+        f"(the bundle names key {oms.pem_hint(pair[1])})")
+    size = signed.stat().st_size
+    monkeypatch.setattr(attest, "MAX_BUNDLE_BYTES", size - 1)
+    assert _msg(lambda: oms.read(signed, None)) == \
+        f"{signed}: {size} bytes exceeds the {size - 1}-byte limit for an OMS signature"
+
+
+@pytest.fixture
+def private_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sigstore writes its embedded trust root under the XDG folders: keep them per test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+
+
+@pytest.mark.usefixtures("private_xdg")
+def test_trust_root_refusals_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sigstore sigstore_verifier 10, 15 (the bounded read's `what`: JSON), 61 (the pydantic detail cut
+    at 300 characters, not 301). No network: each refusal comes before any trust root is fetched."""
+    from sigstore.models import TrustedRoot
+
+    from kvgraft.signing import sigstore
+
+    path = tmp_path / "root.json"
+    path.write_text(json.dumps({"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+                                "tlogs": "x", "certificateAuthorities": 5, "ctlogs": [1, 2]}))
+    with pytest.raises(ValueError) as raised:  # pydantic's own account of the file
+        TrustedRoot.from_file(str(path))
+    detail = " ".join(str(raised.value).split())
+    assert len(detail) > 301  # so that the cut shows
+    trust = sigstore.SigstoreTrust(trusted_root=path)
+    assert _msg(lambda: sigstore.sigstore_verifier(trust)) == \
+        f"{path}: not a valid Sigstore trust root: {detail[:300]}"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"mediaType": "x"}))
+    assert _msg(lambda: sigstore.sigstore_verifier(sigstore.SigstoreTrust(trusted_root=other))) == \
+        f"{other}: not a Sigstore trusted root or client trust config (mediaType 'x')"
+    monkeypatch.setattr(sigstore, "MAX_TRUST_BYTES", 10)
+    size = path.stat().st_size
+    assert _msg(lambda: sigstore.sigstore_verifier(trust)) == f"{path}: {size} bytes exceeds the 10-byte limit for JSON"
+    folder = tmp_path / "dir.json"
+    folder.mkdir()
+    assert _msg(lambda: sigstore.sigstore_verifier(sigstore.SigstoreTrust(trusted_root=folder))) == \
+        f"{folder}: not a regular file; refusing to read JSON from it"
+
+
+@pytest.mark.usefixtures("private_xdg")
+def test_a_bundle_whose_certificate_is_not_der_is_refused_whole() -> None:
+    """sigstore verify_sigstore_bundle 20 (the ValueError branch's detail: str(None)). sigstore-python
+    wraps pydantic errors in InvalidBundle but lets cryptography's ValueError for a certificate that is not
+    DER through; both are unusable input, refused before any trust root is loaded."""
+    from cryptography.x509 import load_der_x509_certificate
+
+    from kvgraft.signing.sigstore import verify_sigstore_bundle
+
+    bundle = {"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+              "verificationMaterial": {"certificate": {"rawBytes": base64.b64encode(b"\0\0\0").decode()},
+                                       "tlogEntries": []},
+              "messageSignature": {"messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(bytes(32)).decode()},
+                                   "signature": base64.b64encode(b"s").decode()}}
+    with pytest.raises(ValueError) as raised:
+        load_der_x509_certificate(b"\0\0\0")
+    detail = " ".join(str(raised.value).split())
+    assert _msg(lambda: verify_sigstore_bundle(b"x", _raw(bundle), identity="i", issuer="o", where=W)) == \
+        f"{W}: not a valid Sigstore bundle: {detail[:300]}"
+    # control: a bundle pydantic refuses takes the InvalidBundle branch, with sigstore's own wording
+    from sigstore.models import Bundle, InvalidBundle
+
+    del bundle["verificationMaterial"]
+    with pytest.raises(InvalidBundle) as invalid:
+        Bundle.from_json(_raw(bundle))
+    detail = " ".join(str(invalid.value).split())
+    assert detail.startswith("failed to load bundle: 1 validation error for Bundle verificationMaterial Field required")
+    assert _msg(lambda: verify_sigstore_bundle(b"x", _raw(bundle), identity="i", issuer="o", where=W)) == \
+        f"{W}: not a valid Sigstore bundle: {detail[:300]}"
+
+
+@needs_sigstore_bundles
+@pytest.mark.usefixtures("private_xdg")
+def test_a_real_message_signature_bundle_has_no_payload_type() -> None:
+    """sigstore verify_sigstore_bundle 30 (payload_type starting as "" instead of None): a message-signature
+    bundle verifies with neither payload nor payload type; a DSSE bundle has both (the control)."""
+    from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
+
+    staging = SigstoreTrust(staging=True, offline=True)
+    result = verify_sigstore_bundle((SIGSTORE_BUNDLES / "bundle.txt").read_bytes(),
+                                    (SIGSTORE_BUNDLES / "bundle.txt.sigstore").read_bytes(), identity="a@tny.town",
+                                    issuer="https://github.com/login/oauth", trust=staging)
+    assert (result.identity, result.payload_type, result.payload) == ("a@tny.town", None, None)
+    beacon = ("https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/.github/workflows/"
+              "extremely-dangerous-oidc-beacon.yml@refs/heads/main")
+    dsse = verify_sigstore_bundle(None, (SIGSTORE_BUNDLES / "a.dsse.staging-rekor-v2.txt.sigstore.json").read_bytes(),
+                                  identity=beacon, issuer="https://token.actions.githubusercontent.com", trust=staging)
+    assert dsse.payload_type == attest.PAYLOAD_TYPE and dsse.payload is not None

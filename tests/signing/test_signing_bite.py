@@ -116,6 +116,23 @@ def test_parse_statement_refusals() -> None:
         f"{W}: statement subject 0: 'a' has no lowercase hex sha256 digest"
 
 
+
+def test_parse_statement_locates_an_unsafe_subject_name_and_a_predicate_schema_error() -> None:
+    """attest parse_statement 45, 67 (the location of check_relpath's and the schema's message dropped);
+    found by a full run of the attest group (outside the sample)."""
+    good = _statement()
+    assert _parse(good) == good  # control
+    unsafe = [good["subject"][0], {"name": "../x", "digest": {"sha256": "a" * 64}}]
+    assert _msg(lambda: _parse({**good, "subject": unsafe})) == \
+        f"{W}: statement subject 1: unsafe file name '../x' (absolute, '..' or empty parts are refused)"
+    assert _msg(lambda: _parse({**good, "subject": [{"name": 7, "digest": {"sha256": "a" * 64}}]})) == \
+        f"{W}: statement subject 0: file name 7 is not a string"
+    no_root = {k: v for k, v in good["predicate"].items() if k != "root_digest"}
+    assert _msg(lambda: _parse({**good, "predicate": no_root})) == \
+        f"{W}: statement predicate: schema error at $: 'root_digest' is a required property"
+    assert _msg(lambda: _parse({**good, "predicate": {**good["predicate"], "num_files": -1}})) == \
+        f"{W}: statement predicate: schema error at $.num_files: -1 is less than the minimum of 1"
+
 def _bundle(pair: tuple[Any, Any]) -> dict[str, Any]:
     payload = attest.statement_bytes(_statement())
     sig = keys.sign(pair[0], attest.pae(attest.PAYLOAD_TYPE, payload))

@@ -512,3 +512,201 @@ def test_a_real_message_signature_bundle_has_no_payload_type() -> None:
     dsse = verify_sigstore_bundle(None, (SIGSTORE_BUNDLES / "a.dsse.staging-rekor-v2.txt.sigstore.json").read_bytes(),
                                   identity=beacon, issuer="https://token.actions.githubusercontent.com", trust=staging)
     assert dsse.payload_type == attest.PAYLOAD_TYPE and dsse.payload is not None
+
+
+# -------------------------------------------- a full run of the signing group (outside the sample)
+
+
+def test_algorithm_of_names_every_curve() -> None:
+    """keys algorithm_of 4-6 (the fallback for a curve without a short name dropped)."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    assert keys.algorithm_of(ed25519.Ed25519PrivateKey.generate()) == "ed25519"
+    for curve, name in ((ec.SECP256R1(), "ecdsa-p256"), (ec.SECP384R1(), "ecdsa-p384"), (ec.SECP521R1(), "ecdsa-p521"),
+                        (ec.SECP256K1(), "ecdsa-secp256k1")):
+        key = ec.generate_private_key(curve)
+        assert (keys.algorithm_of(key), keys.algorithm_of(key.public_key())) == (name, name)
+
+
+@pytest.mark.usefixtures("private_xdg")
+def test_sigstore_bundle_refusals_before_sigstore_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sigstore verify_sigstore_bundle 1, 2 (the default `where`), 3, 4 (the size bound: `>=`, its message),
+    7 (the JSON error's location), 11 (not an object), 17 (pydantic's detail cut at 300, not 301)."""
+    from sigstore.models import Bundle, InvalidBundle
+
+    from kvgraft.signing.sigstore import verify_sigstore_bundle
+
+    def refusal(raw: bytes) -> str:
+        return _msg(lambda: verify_sigstore_bundle(b"x", raw, identity="i", issuer="o"))
+
+    assert refusal(b"[1]") == "bundle: not a Sigstore bundle (not a JSON object)"
+    assert refusal(b"{") == "bundle: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    many = _raw({"mediaType": "x", "verificationMaterial": {"publicKey": 1, "tlogEntries": "t"}, "messageSignature": 2})
+    with pytest.raises(InvalidBundle) as invalid:
+        Bundle.from_json(many)
+    detail = " ".join(str(invalid.value).split())
+    assert len(detail) > 301
+    assert refusal(many) == f"bundle: not a valid Sigstore bundle: {detail[:300]}"
+    monkeypatch.setattr(attest, "MAX_BUNDLE_BYTES", 3)
+    assert refusal(b"[1]") == "bundle: not a Sigstore bundle (not a JSON object)"  # at the limit: read
+    assert refusal(b"[10]") == "bundle: 4 bytes exceeds the 3-byte limit for a bundle"
+
+
+class _Verifier:
+    """Stands in for sigstore's Verifier once its checks passed (they are tested on real bundles in
+    test_sigstore_fixtures.py): what kvgraft does with the verified payload is the check here."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def verify_dsse(self, bundle: Any, policy: Any) -> tuple[str, bytes]:
+        return attest.PAYLOAD_TYPE, self.payload
+
+    def verify_artifact(self, artifact: Any, bundle: Any, policy: Any) -> None:
+        return None
+
+
+@needs_sigstore_bundles
+@pytest.mark.usefixtures("private_xdg")
+def test_a_verified_dsse_statement_must_list_the_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sigstore verify_sigstore_bundle 69-88 (the artifact-in-subjects check after a DSSE bundle verified:
+    the file's digest, the statement's subjects); 42 (a message-signature bundle without its artifact).
+    sigstore's own verification is replaced by _Verifier (no real DSSE fixture lists an artifact we
+    have); the bundles are real, so sigstore-python parses them as it would."""
+    from kvgraft._internal.digest import sha256_hex
+    from kvgraft.signing import sigstore
+
+    raw = (SIGSTORE_BUNDLES / "a.dsse.staging-rekor-v2.txt.sigstore.json").read_bytes()
+    art = b"the artifact\n"
+    file = tmp_path / "a.bin"
+    file.write_bytes(art)
+    listed = {"subject": [{"name": "x", "digest": "not an object"}, "junk", {"name": "a", "digest": {"sha256": sha256_hex(art)}}]}
+
+    def check(artifact: bytes | Path | None, stmt: Any) -> Any:
+        payload = stmt if isinstance(stmt, bytes) else json.dumps(stmt).encode()
+        monkeypatch.setattr(sigstore, "sigstore_verifier", lambda trust: _Verifier(payload))
+        return sigstore.verify_sigstore_bundle(artifact, raw, identity="i", issuer="o")
+
+    for artifact in (art, file, None):  # the artifact's bytes, its file (hashed by kvgraft), none
+        result = check(artifact, listed)
+        assert (result.identity, result.issuer, result.payload_type, result.payload) == (
+            "i", "o", attest.PAYLOAD_TYPE, json.dumps(listed).encode()), artifact
+    other = sha256_hex(b"other")
+    refused = f"bundle: the artifact's sha256 {other} is not a subject of the signed statement"
+    assert _msg(lambda: check(b"other", listed)) == refused
+    assert _msg(lambda: check(tmp_path / "missing", listed)) == f"{tmp_path / 'missing'}: cannot read: No such file or directory"
+    for stmt in ({}, {"subject": []}, [listed], {"SUBJECT": listed["subject"]}):
+        assert _msg(lambda s=stmt: check(b"other", s)) == refused, stmt
+    assert check(None, {}).payload == b"{}"  # no artifact: nothing to look up
+    assert _msg(lambda: check(art, b"{")) == \
+        "bundle: statement: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    message = (SIGSTORE_BUNDLES / "bundle.txt.sigstore").read_bytes()
+    monkeypatch.setattr(sigstore, "sigstore_verifier", lambda trust: _Verifier(b""))
+    assert _msg(lambda: sigstore.verify_sigstore_bundle(None, message, identity="i", issuer="o")) == \
+        "bundle: a message-signature bundle is verified against its artifact; none given"
+    assert sigstore.verify_sigstore_bundle(art, message, identity="i", issuer="o").payload is None  # control
+
+
+def test_key_file_refusals_are_exact(tmp_path: Path) -> None:
+    """keys generate 10, public_pem 3, write_keypair 15 (overwrite dropped), is_encrypted 5/8/9 and
+    load_public_key 3/6/7 (the read's `what`), load_public_key 16/17 (cryptography's detail),
+    load_private_key 27 and _supported_private 1/3 (a private key on a curve kvgraft does not sign with)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    assert _msg(lambda: keys.generate("rsa")) == "--algorithm 'rsa': not supported; choose one of ecdsa-p256, ed25519"
+    private, public = keys.write_keypair(tmp_path / "k")
+    key = keys.load_private_key(private)
+    assert keys.public_pem(key) == keys.public_pem(key.public_key()) == public.read_bytes()
+    again = keys.write_keypair(tmp_path / "k", overwrite=True)  # replaced, not refused
+    assert again == (private, public) and keys.load_public_key(public) is not None
+    missing = tmp_path / "missing.pem"
+    assert _msg(lambda: keys.is_encrypted(missing)) == f"{missing}: cannot read the private key: No such file or directory"
+    assert keys.is_encrypted(private) is False  # control
+    assert _msg(lambda: keys.load_public_key(missing)) == f"{missing}: cannot read the public key: No such file or directory"
+    junk = tmp_path / "junk.pub.pem"
+    junk.write_bytes(b"not a key\n")
+    with pytest.raises(ValueError) as raised:
+        serialization.load_pem_public_key(junk.read_bytes())
+    assert _msg(lambda: keys.load_public_key(junk)) == \
+        f"{junk}: not a PEM public key ({' '.join(str(raised.value).split())})"
+    k1 = tmp_path / "k1.key.pem"
+    k1.write_bytes(keys.private_pem(ec.generate_private_key(ec.SECP256K1())))
+    assert _msg(lambda: keys.load_private_key(k1)) == \
+        f"{k1}: unsupported private key type; kvgraft signs with ECDSA P-256, P-384 or P-521, or Ed25519"
+
+
+def test_oms_read_structure_refusals_are_exact(pair: tuple[Any, Any], tmp_path: Path) -> None:
+    """oms read 24 (one key given alone, not in a list), 74-77 and 84 (one subject and a predicate),
+    89, 90, 104 (the serialization), 110 (resources not a list), 142 (a resource listed twice)."""
+    from kvgraft.signing import oms
+
+    folder = tmp_path / "rel"
+    folder.mkdir()
+    signed = oms.sign(folder, pair[0], {"a.bin": "a" * 64})
+    assert signed is not None and oms.read(signed, pair[1])[1] == keys.key_id(pair[1])  # one key, not a list
+    good = oms.statement(tmp_path, {"a.bin": "a" * 64})
+    path = _oms_file(tmp_path, good)
+    assert oms.read(path, None)[0] == {"a.bin": "a" * 64}  # control
+
+    def refusal(stmt: Any) -> str:
+        return _msg(lambda: oms.read(_oms_file(tmp_path, stmt), None))
+
+    shape = f"{path}: an OMS statement has one subject and a predicate"
+    subject = good["subject"][0]
+    for bad in ({**good, "predicate": []}, {**good, "subject": subject}, {**good, "subject": [subject, subject]},
+                {**good, "subject": []}, {**good, "subject": ["s"]}, {**good, "subject": [{**subject, "digest": "d"}]}):
+        assert refusal(bad) == shape, bad
+    serial = good["predicate"]["serialization"]
+    for other in ({**serial, "hash_type": "sha512"}, {**serial, "method": "shards"}, "files"):
+        assert refusal({**good, "predicate": {**good["predicate"], "serialization": other}}) == \
+            f"{path}: only the OMS 'files' serialization with sha256 is read (found {other!r:.200})", other
+    assert refusal({**good, "predicate": {**good["predicate"], "resources": {}}}) == f"{path}: predicate.resources is not a list"
+    twice = good["predicate"]["resources"] * 2
+    assert refusal({**good, "predicate": {**good["predicate"], "resources": twice}}) == f"{path}: a resource is listed twice"
+
+
+def test_oms_signature_file_is_indented_json(pair: tuple[Any, Any], tmp_path: Path) -> None:
+    """oms sign 5, 7, 12, 62, 64, 65 (the indent of the payload and of model.sig): the file is written as
+    documented, 2-space indented JSON with a final newline, payload included."""
+    from kvgraft.signing import oms
+
+    path = oms.sign(tmp_path, pair[0], {"a.bin": "a" * 64})
+    assert path is not None
+    text = path.read_text()
+    doc = json.loads(text)
+    assert text == json.dumps(doc, indent=2) + "\n"
+    payload = base64.b64decode(doc["dsseEnvelope"]["payload"])
+    assert payload == (json.dumps(oms.statement(tmp_path, {"a.bin": "a" * 64}), indent=2) + "\n").encode()
+
+
+@pytest.mark.usefixtures("private_xdg")
+def test_trust_root_choices_and_load_failures_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sigstore sigstore_verifier 2-4 (both roots given), 18, 21 (the trust file's JSON error location),
+    24-33 (a trust file without a mediaType, or not an object), 49-57 (sigstore's own load failure and
+    the --offline hint). The failure is sigstore.errors.Error raised by a patched Verifier.production
+    (the real one fails like this when its TUF refresh cannot reach the network)."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.verify import Verifier
+
+    from kvgraft.signing import sigstore
+
+    def load(**trust: Any) -> str:
+        return _msg(lambda: sigstore.sigstore_verifier(sigstore.SigstoreTrust(**trust)))
+
+    path = tmp_path / "root.json"
+    assert load(trusted_root=path, staging=True) == "give --trusted-root or --staging, not both"
+    path.write_text("{")
+    assert load(trusted_root=path) == \
+        f"{path}: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    for doc in ({}, [1]):
+        path.write_text(json.dumps(doc))
+        assert load(trusted_root=path) == f"{path}: not a Sigstore trusted root or client trust config (mediaType '')", doc
+
+    def unreachable(cls: Any, offline: bool = False) -> Any:
+        raise SigstoreError("TUF refresh failed:\n  no network")
+
+    monkeypatch.setattr(Verifier, "production", classmethod(unreachable))
+    assert load() == ("cannot load the Sigstore trusted root: TUF refresh failed: no network (pass --offline to use "
+                      "the embedded trusted root)")
+    assert load(offline=True) == "cannot load the Sigstore trusted root: TUF refresh failed: no network"

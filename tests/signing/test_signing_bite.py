@@ -710,3 +710,24 @@ def test_trust_root_choices_and_load_failures_are_exact(tmp_path: Path, monkeypa
     assert load() == ("cannot load the Sigstore trusted root: TUF refresh failed: no network (pass --offline to use "
                       "the embedded trusted root)")
     assert load(offline=True) == "cannot load the Sigstore trusted root: TUF refresh failed: no network"
+
+
+def test_a_key_of_an_unknown_algorithm_and_the_size_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keys load_private_key 25 (cryptography's UnsupportedAlgorithm message dropped), _read_pem 4 (`>`
+    -> `>=`: a key file of exactly MAX_KEY_BYTES refused)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    # PKCS#8 PrivateKeyInfo {version 0, algorithm OID 1.2.3.4, an empty key}: well-formed DER, unknown key type
+    der = bytes.fromhex("3011" "020100" "3005" "06032a0304" "0405" "0403000000")
+    unknown = tmp_path / "unknown.key.pem"
+    unknown.write_bytes(b"-----BEGIN PRIVATE KEY-----\n" + base64.encodebytes(der) + b"-----END PRIVATE KEY-----\n")
+    with pytest.raises(UnsupportedAlgorithm) as raised:
+        serialization.load_pem_private_key(unknown.read_bytes(), password=None)
+    assert _msg(lambda: keys.load_private_key(unknown)) == f"{unknown}: unsupported key: {raised.value}"
+    private, _ = keys.write_keypair(tmp_path / "k")
+    size = private.stat().st_size
+    monkeypatch.setattr(keys, "MAX_KEY_BYTES", size)
+    assert keys.algorithm_of(keys.load_private_key(private)) == "ecdsa-p256"  # exactly at the bound: read
+    monkeypatch.setattr(keys, "MAX_KEY_BYTES", size - 1)
+    assert _msg(lambda: keys.load_private_key(private)) == f"{private}: {size} bytes is too large for a private key"

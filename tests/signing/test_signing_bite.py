@@ -455,6 +455,9 @@ def test_trust_root_refusals_are_exact(tmp_path: Path, monkeypatch: pytest.Monke
     other.write_text(json.dumps({"mediaType": "x"}))
     assert _msg(lambda: sigstore.sigstore_verifier(sigstore.SigstoreTrust(trusted_root=other))) == \
         f"{other}: not a Sigstore trusted root or client trust config (mediaType 'x')"
+    other.write_text(json.dumps({"mediaType": 3}))  # not a string: the same one line, no traceback
+    assert _msg(lambda: sigstore.sigstore_verifier(sigstore.SigstoreTrust(trusted_root=other))) == \
+        f"{other}: not a Sigstore trusted root or client trust config (mediaType 3)"
     monkeypatch.setattr(sigstore, "MAX_TRUST_BYTES", 10)
     size = path.stat().st_size
     assert _msg(lambda: sigstore.sigstore_verifier(trust)) == f"{path}: {size} bytes exceeds the 10-byte limit for JSON"

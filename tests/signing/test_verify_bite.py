@@ -519,3 +519,62 @@ def test_verified_hands_back_the_release_it_was_given_and_forgets_it_when_droppe
     del opened, first, again
     gc.collect()
     assert key not in verify_module._CHECKED  # a library of many releases opened in turn keeps no record of each
+
+
+# --------------------------------------------------------------------------- verify sample C survivors (docs/mutation.md)
+
+
+def test_a_keyless_release_verified_by_identity_says_sigstore(rel: Path, ecdsa: tuple[Path, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity path of verify_release, without the network: the release's bundle carries a certificate
+    (so it is keyless), and Sigstore's own verification (tested on real bundles in test_sigstore_fixtures.py
+    and test_signing_bite.py) is replaced by one that hands back the envelope's payload as verified."""
+    import base64
+
+    from kvgraft.signing import verify as verify_module
+    from kvgraft.signing.sigstore import SigstoreVerified
+
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    (rel / attest.OMS_NAME).unlink()
+    bundle = json.loads((rel / attest.BUNDLE_NAME).read_text())
+    bundle["verificationMaterial"] = {"certificate": {"rawBytes": base64.b64encode(b"not a real one").decode()},
+                                      "tlogEntries": []}
+    (rel / attest.BUNDLE_NAME).write_text(json.dumps(bundle))
+    asked: list[tuple[str, str]] = []
+
+    def sigstore_says_yes(artifact: object, raw: bytes, *, identity: str, issuer: str, **_: object) -> SigstoreVerified:
+        asked.append((identity, issuer))
+        envelope = json.loads(raw)["dsseEnvelope"]
+        return SigstoreVerified(identity, issuer, envelope["payloadType"], base64.b64decode(envelope["payload"]))
+
+    monkeypatch.setattr(verify_module, "verify_sigstore_bundle", sigstore_says_yes)
+    status = verify_release(rel, identity="ci@example.org", issuer="https://issuer").signature
+    assert asked == [("ci@example.org", "https://issuer")]
+    assert (status.status, status.method, status.identity, status.issuer) == (
+        "verified", "sigstore", "ci@example.org", "https://issuer")
+    assert status.describe() == "verified: ci@example.org via https://issuer (Sigstore)"
+    # the control: the same bundle checked with a key is refused as keyless, before any signature check
+    assert _message(lambda: verify_release(rel, key=ecdsa[1])) == (
+        f"{rel / attest.BUNDLE_NAME}: the release is signed keyless with a Sigstore certificate, not a key; "
+        f"verify it with --certificate-identity and --certificate-oidc-issuer")
+
+
+def test_opening_a_bundle_signed_release_names_the_oms_signature_it_did_not_read(rel: Path,
+                                                                                 ecdsa: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    opened = verify_release(rel, key=ecdsa[1], scope="open").signature
+    assert (opened.oms_signature, opened.oms_verified) == (str(rel / attest.OMS_NAME), False)
+    assert verify_release(rel, key=ecdsa[1]).signature.oms_verified  # the control: verifying everything reads it
+
+
+def test_a_second_key_that_verifies_nothing_names_a_signature_no_key_could_check(
+        rel: Path, ecdsa: tuple[Path, Path], ed: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two Ed25519 keys: one verifies the bundle, neither can check the OMS signature (it needs ECDSA)."""
+    ed2 = keys.write_keypair(tmp_path / "ed2", algorithm="ed25519")
+    sign.sign_release(rel, keys.load_private_key(ed[0]))
+    bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    assert _message(lambda: verify_release(rel, policy=verify_policy(key=ed[1], more_keys=(ed2[1],)))) == (
+        f"{rel}: key {_kid(ed2[1])} verifies no signature of the release ({attest.BUNDLE_NAME}: key {_kid(ed[1])}; "
+        f"{attest.OMS_NAME}: not checked)")
+    assert verify_release(rel, key=ed[1]).signature.status == "verified"  # the control: the one key alone

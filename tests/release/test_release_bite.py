@@ -296,6 +296,16 @@ def test_check_entry_refuses_a_grown_file_naming_the_entry(rel: Path) -> None:
         f"{rel / E1}: {size + 4} bytes, the manifest says {size} (grown): entry {e['id']!r}"
 
 
+def _deep_names_first(root: Path, e: dict[str, Any], first: str) -> None:
+    """check_release and check_entry, deep, both name `first` (its digest rewritten to 7...7) and its bytes."""
+    a, b = e["tensors"][first]["byte_range"]
+    real = sha256_hex((root / e["file"]).read_bytes()[a:b])
+    want = (f"{root / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
+            f"manifest says {'7' * 64}")
+    assert _err(lambda: check_release(root, deep=True), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(root).release, e["id"], deep=True), IntegrityError) == want
+
+
 def test_deep_reports_the_first_wrong_tensor_in_file_order(tmp_path: Path) -> None:
     """Two wrong tensor digests: the first in the file is named (11 layers: layer.10 and layer.2 sort differently
     as names and as numbers)."""
@@ -308,12 +318,7 @@ def test_deep_reports_the_first_wrong_tensor_in_file_order(tmp_path: Path) -> No
     rewrite.manifest(root, wrong)
     e = _m(root)["entries"][0]
     first = min(("layer.2.keys", "layer.10.keys"), key=lambda n: e["tensors"][n]["byte_range"][0])
-    a, b = e["tensors"][first]["byte_range"]
-    real = sha256_hex((root / e["file"]).read_bytes()[a:b])
-    want = (f"{root / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
-            f"manifest says {'7' * 64}")
-    assert _err(lambda: check_release(root, deep=True), IntegrityError) == want
-    assert _err(lambda: check_entry(open_release(root).release, e["id"], deep=True), IntegrityError) == want
+    _deep_names_first(root, e, first)
 
 
 def test_opening_weighs_an_unsigned_manifest_as_verifying_does(rel: Path) -> None:
@@ -542,12 +547,7 @@ def test_deep_names_the_first_wrong_tensor_in_a_file_laid_out_in_another_order(r
         for k in (first, last):
             doc["entries"][1]["tensors"][k]["sha256"] = "7" * 64
     rewrite.manifest(rel, wrong)
-    a, b = e["tensors"][first]["byte_range"]
-    real = sha256_hex((rel / e["file"]).read_bytes()[a:b])
-    want = (f"{rel / e['file']}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {real}, the "
-            f"manifest says {'7' * 64}")
-    assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
-    assert _err(lambda: check_entry(open_release(rel).release, e["id"], deep=True), IntegrityError) == want
+    _deep_names_first(rel, e, first)
 
 
 # The sampled run of 2026-12-01: release group survivors (format.py, index.py, safetensors_header.py).

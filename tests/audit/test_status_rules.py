@@ -71,3 +71,14 @@ def test_the_registry_status_is_the_kinds_rule_and_refuses_an_unknown_kind_or_st
     monkeypatch.setitem(checks.KINDS, "verify", odd)
     with pytest.raises(AssertionError, match="'fine'"):
         checks.status("verify", {"ok": True})
+
+
+def test_seal_names_the_result_whose_schema_it_refuses() -> None:
+    from kvgraft.errors import SchemaError
+
+    with pytest.raises(SchemaError) as info:
+        checks.seal("determinism", {"conditions": "not a list"})
+    assert str(info.value).startswith("determinism result")
+    with pytest.raises(SchemaError) as info:
+        checks.seal("determinism", {"conditions": "not a list"}, where="plan.toml [checks.determinism]")
+    assert str(info.value).startswith("plan.toml [checks.determinism]")

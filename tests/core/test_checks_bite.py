@@ -248,8 +248,9 @@ def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_l
     assert recompute.classify(recompute.compare_layers(rel, entry, lm, fresh)) == ("byte-exact", None)  # control
     _flip_tensor_byte(cap, entry, "layer.2.keys")
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
-    with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.2.keys' bytes \[\d+, \d+\): sha256"):
+    with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.2.keys' bytes \[\d+, \d+\): sha256") as info:
         recompute.compare_layers(rel, entry, lm, fresh)
+    assert str(info.value).endswith(f"the manifest says {entry['tensors']['layer.2.keys']['sha256']}")
 
 
 def _next_ulp(x: float) -> float:

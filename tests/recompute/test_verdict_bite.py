@@ -271,6 +271,37 @@ def test_a_benign_rerun_that_overflows_or_gives_nan_adds_no_noise(monkeypatch: p
     bound = noise._measure(None, [1, 2, 3], Schedule(), ref, None, None)  # type: ignore[arg-type]
     assert bound.noise["layer0.keys"].flatten().tolist() == [0.0, 0.0, 0.25]
     assert bound.runs[0]["name"] == "overflow" and bound.runs[0]["max_abs"] == 0.25
+    assert bound.runs[0]["tensors_differing"] == 1
+
+
+def test_measure_counts_the_tensors_each_rerun_changes_and_refuses_another_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = {"a": torch.zeros(1, 1, 2, 2), "b": torch.zeros(1, 1, 2, 2), "c": torch.zeros(1, 1, 2, 2)}
+    small = {**ref, "a": torch.full((1, 1, 2, 2), 1e-6), "c": torch.full((1, 1, 2, 2), 3.0)}
+    runs = [("same", lambda: dict(ref)), ("two differ", lambda: small)]
+    monkeypatch.setattr(noise, "perturbations", lambda *a, **k: runs)
+    bound = noise._measure(None, [1, 2], Schedule(), ref, None, None)  # type: ignore[arg-type]
+    assert [(r["name"], r["tensors_differing"], r["max_abs"]) for r in bound.runs] == [
+        ("same", 0, 0.0), ("two differ", 2, 3.0)]
+    runs[:] = [("cut", lambda: {**ref, "b": torch.zeros(1, 1, 1, 2)})]
+    with pytest.raises(ValueError) as info:
+        noise._measure(None, [1, 2], Schedule(), ref, None, None)  # type: ignore[arg-type]
+    assert str(info.value) == "perturbation 'cut' gave b of shape [1, 1, 1, 2], expected [1, 1, 2, 2]"
+
+
+def test_calibrating_an_entry_that_stores_a_sliding_layer_whole_measures_every_position(
+        tiny_lm: Callable[[str], Any]) -> None:
+    """_measure hands the entry's layout (`every`) to each rerun: without it the sliding layer's reruns hold the
+    window only, and the bound cannot be measured against the whole stored layer."""
+    import tiny
+
+    lm = tiny_lm("gemma3")
+    ids = list(range(5, 5 + tiny.SLIDING_WINDOW + 6))
+    every = frozenset({0})
+    reference = noise.layer_map(lm, noise.prefill(lm, ids, Schedule(), noise.new_cache(lm, every))[0])[1]
+    assert reference["layer.0.keys"].shape[2] == len(ids)
+    bound = noise._measure(lm, ids, Schedule(), reference, {"eager attention", "sdpa attention"}, None, every)
+    assert bound.noise["layer.0.keys"].shape[2] == len(ids) and len(bound.runs) == 1
 
 
 def test_on_a_gpu_the_perturbations_add_the_same_run_with_matmul_precision_switched(

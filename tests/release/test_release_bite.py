@@ -720,3 +720,54 @@ def test_hashing_works_where_the_os_has_no_posix_fadvise(rel: Path, monkeypatch:
     assert hash_file(path) == (sha256_hex(data), len(data))
     assert hash_ranges(path, [(0, 8), (8, len(data))]) == [sha256_hex(data[:8]), sha256_hex(data[8:])]
     assert check_release(rel, deep=True).files == _subjects(rel)
+
+
+# The sampled run C (seed 2) of 2026-12-01: integrity survivors.
+
+def test_a_format_2_release_whose_root_digest_is_stale_is_refused(tmp_path: Path) -> None:
+    """Format 2 checks the commitments before it trusts the shard digests (format 1 after the sizes): without a
+    signature, only the root digest tells that the manifest was edited."""
+    root = tmp_path / "r2"
+    make_release(root, entries=3, seed=43, format_version=2, shard_entries=2)
+    assert check_release(root).tensors > 0  # the control
+    m = _m(root)
+    m["model"]["spec"] = "someone/else"
+    (root / MANIFEST).write_text(json.dumps(m))
+    message = _err(lambda: check_release(root), IntegrityError)
+    assert message.startswith(f"{root / MANIFEST}: root_digest {m['root_digest']} does not match the manifest")
+
+
+def test_a_file_beside_the_release_is_named_with_what_lists_it(rel: Path) -> None:
+    """check_release's `beside` (files outside the manifest, such as a Hub card) names the OMS signature by
+    default, or the source its caller gives."""
+    (rel / "README.md").write_text("# card\n")
+    real = sha256_hex((rel / "README.md").read_bytes())
+    assert check_release(rel, beside={"README.md": real}).tensors > 0  # the control: listed with its digest
+    wrong = {"README.md": "0" * 64}
+    assert _err(lambda: check_release(rel, beside=wrong), IntegrityError) == (
+        f"{rel / 'README.md'}: sha256 {real} does not match the OMS signature ({'0' * 64}); it is beside the release, "
+        f"outside its manifest")
+    assert _err(lambda: check_release(rel, beside=wrong, beside_source="card list"), IntegrityError).startswith(
+        f"{rel / 'README.md'}: sha256 {real} does not match the card list (")
+
+
+def test_a_folder_differing_in_many_files_names_five_and_counts_the_rest(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    make_release(root, entries=6, seed=44)
+    files = sorted(_m(root)["files"])
+    assert len(files) == 6
+    for name in files[:5]:
+        (root / name).unlink()
+    assert "more)" not in _err(lambda: check_release(root), IntegrityError)  # exactly five: all named
+    (root / files[5]).unlink()
+    missing = _err(lambda: check_release(root), IntegrityError)
+    assert missing.endswith(" (+1 more)") and missing.count("(entry '") == 5
+    root = tmp_path / "s"
+    make_release(root, entries=1, seed=45)
+    for i in range(5):
+        (root / f"stray{i}.bin").write_bytes(b"x")
+    assert _err(lambda: check_release(root), IntegrityError) == (
+        f"{root}: files differ from the manifest: not part of the release: "
+        f"{', '.join(f'stray{i}.bin' for i in range(5))}")
+    (root / "stray5.bin").write_bytes(b"x")
+    assert _err(lambda: check_release(root), IntegrityError).endswith("stray4.bin (+1 more)")

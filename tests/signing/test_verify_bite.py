@@ -578,3 +578,73 @@ def test_a_second_key_that_verifies_nothing_names_a_signature_no_key_could_check
         f"{rel}: key {_kid(ed2[1])} verifies no signature of the release ({attest.BUNDLE_NAME}: key {_kid(ed[1])}; "
         f"{attest.OMS_NAME}: not checked)")
     assert verify_release(rel, key=ed[1]).signature.status == "verified"  # the control: the one key alone
+
+
+# --------------------------------------------------------------------------- verify sample D survivors (docs/mutation.md)
+
+
+def test_entries_checked_deep_hash_each_tensor_again(rel: Path) -> None:
+    m = json.loads((rel / MANIFEST).read_text())
+    entry = m["entries"][0]
+    plain = verify_release(rel, entries=[entry["id"]])
+    deep = verify_release(rel, entries=[entry["id"]], deep=True)
+    ranges = sum(t["byte_range"][1] - t["byte_range"][0] for t in entry["tensors"].values())
+    assert deep.bytes_hashed == plain.bytes_hashed + ranges and ranges > 0
+
+
+def test_the_json_document_rounds_seconds_to_the_microsecond(rel: Path) -> None:
+    import dataclasses
+
+    result = dataclasses.replace(verify_release(rel), seconds=0.12345678)
+    assert result.as_dict()["seconds"] == 0.123457
+
+
+def test_require_signature_on_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    keyed = verify_release(rel, policy=verify_policy(key=ecdsa[1], require_signature=True))
+    assert keyed.signature.status == "verified"
+    assert _message(lambda: verify_release(rel, policy=verify_policy(require_signature=True))) == (
+        "--require-signature needs --key or --certificate-identity/--certificate-oidc-issuer to check the signature "
+        "with")
+
+
+def test_an_oms_only_release_verified_whole_lifts_the_unsigned_bound(rel: Path, ecdsa: tuple[Path, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft.release import integrity
+
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    monkeypatch.setattr(integrity, "UNSIGNED_MANIFEST_FLOOR", 64)
+    assert verify_release(rel, key=ecdsa[1]).signature.oms_verified
+    assert "limit for an unsigned manifest" in _message(lambda: verify_release(rel))  # the control
+
+
+def test_a_beside_file_that_differs_names_the_oms_signature_file(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
+    (rel / "README.md").write_text("# a model card\n")
+    listed_sha = sha256_hex((rel / "README.md").read_bytes())
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {
+        **_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+        "README.md": listed_sha})
+    (rel / "README.md").write_text("# another card\n")
+    now = sha256_hex((rel / "README.md").read_bytes())
+    assert _message(lambda: verify_release(rel, key=ecdsa[1])) == (
+        f"{rel / 'README.md'}: sha256 {now} does not match the OMS signature ({attest.OMS_NAME}) ({listed_sha}); it is "
+        f"beside the release, outside its manifest")
+
+
+def test_an_oms_list_of_other_files_names_three_of_them(rel: Path, ecdsa: tuple[Path, Path],
+                                                        ed: tuple[Path, Path]) -> None:
+    sign.sign_release(rel, keys.load_private_key(ed[0]))
+    listed = {**_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())}
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed, **{f"x{i}.bin": "1" * 64 for i in range(4)}})
+    assert _message(lambda: verify_release(rel, key=ed[1])).endswith(
+        "lists other files or digests than the release has (x0.bin, x1.bin, x2.bin)")
+
+
+def test_files_beside_listed_only_by_an_unchecked_oms_signature_are_a_warning(rel: Path, ecdsa: tuple[Path, Path]) -> None:
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    (rel / "README.md").write_text("# card\n")
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), "README.md": sha256_hex((rel / "README.md").read_bytes())})
+    result = verify_release(rel)
+    assert "files beside the release, listed only by the OMS signature (not checked): README.md" in result.warnings
+    assert verify_release(rel, key=ecdsa[1]).warnings == []  # the control: checked, nothing to warn of

@@ -771,3 +771,329 @@ def test_a_folder_differing_in_many_files_names_five_and_counts_the_rest(tmp_pat
         f"{', '.join(f'stray{i}.bin' for i in range(5))}")
     (root / "stray5.bin").write_bytes(b"x")
     assert _err(lambda: check_release(root), IntegrityError).endswith("stray4.bin (+1 more)")
+
+
+# The sampled run C (seed 2): release survivors (docs/mutation-h43.md).
+
+def test_a_manifest_tensor_table_that_differs_from_the_file_is_refused_naming_both_sides(rel: Path) -> None:
+    """A record listing a tensor its file does not hold (the manifest edited, every digest recomputed: the
+    file is intact, so only the tensor tables can tell) is refused naming the missing and the unexpected."""
+    e = _m(rel)["entries"][1]
+    assert check_release(rel).tensors == 12  # the control
+
+    def rename(m: dict[str, Any]) -> None:
+        entry = m["entries"][1]
+        entry["tensors"]["layer.0.kexs"] = entry["tensors"].pop("layer.0.keys")
+        entry["layers"][0]["keys"] = "layer.0.kexs"
+
+    rewrite.manifest(rel, rename)
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E1}: entry {e['id']!r}: tensors differ from the manifest (missing ['layer.0.kexs'], "
+        f"unexpected ['layer.0.keys'])")
+
+
+def test_a_header_already_checked_is_not_parsed_again(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensor_layout's promise (a graft and an audit read the layout of a verified entry again): the same
+    header bytes, checked once in this opened release, are not parsed again; other bytes are."""
+    from kvgraft.release import safetensors_header as stfile
+
+    parsed: list[Path] = []
+    real = stfile.parse_header
+
+    def counting(path: Path, size: int, n: int, raw: bytes) -> Any:
+        parsed.append(path)
+        return real(path, size, n, raw)
+
+    monkeypatch.setattr(stfile, "parse_header", counting)
+    r = Release.open(rel)
+    e = r.entry(_m(rel)["entries"][0]["id"])
+    first = r.tensor_layout(e)
+    with open(rel / E0, "rb") as f:
+        assert r.tensor_layout(e, f.fileno()) == first
+    assert r.tensor_layout(e) == first and parsed == [rel / E0]
+    data = bytearray((rel / E0).read_bytes())
+    at = data.index(b'"rec-000"')
+    data[at + 7] = ord("9")  # the metadata names rec-009: other header bytes, the same tensor table
+    (rel / E0).write_bytes(bytes(data))
+    assert r.tensor_layout(e) == first and parsed == [rel / E0] * 2  # format 1 binds no header bytes
+
+
+def test_an_entry_file_names_its_entry_in_its_safetensors_metadata(tmp_path: Path) -> None:
+    """add_entry (what capture writes) labels each file with its entry id, so a file taken out of its release
+    still says which record it is; add_entry_file keeps the caller's bytes as given (the control)."""
+    from kvgraft.release import safetensors_header as stfile
+
+    doc = make_release(tmp_path / "rel", entries=2, seed=46)
+    for e in doc["entries"]:
+        assert stfile.read_header(tmp_path / "rel" / e["file"])[1] == {"kvgraft_entry": e["id"]}
+    from kvgraft.release.format import ReleaseWriter
+
+    writer = ReleaseWriter(tmp_path / "given", format_version=1)
+    written = writer.add_entry_file({"id": "a", "num_tokens": 1, "token_ids": [5]}, _entry_bytes())
+    assert stfile.read_header(writer.tmp / written["file"])[1] == {}
+    writer.abort()
+
+
+def test_abort_after_a_finish_that_failed_late_keeps_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture aborts the writer on any failure, also one after the release was renamed into place (here the
+    parent folder's fsync fails): abort, with no temp folder left to remove, must not replace that error; the
+    release in place is whole. The control: abort before finish removes the temp folder."""
+    from kvgraft._internal import jsonio
+    from kvgraft.release.format import ReleaseWriter
+
+    early = ReleaseWriter(tmp_path / "early", format_version=1)
+    early.add_entry_file({"id": "a", "num_tokens": 1, "token_ids": [5]}, _entry_bytes())
+    early.abort()
+    assert list(tmp_path.iterdir()) == []
+
+    real = jsonio.fsync_dir
+
+    def failing(path: Path) -> None:  # the release's parent only: the manifest's own folder syncs
+        if path == tmp_path:
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(jsonio, "fsync_dir", failing)
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as info:
+        make_release(out, entries=1, seed=47)  # its except: writer.abort(); raise, as capture's
+    assert type(info.value) is OSError and info.value.strerror == "Input/output error"
+    monkeypatch.undo()
+    assert check_release(out).files == _subjects(out) and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def _v2_manifest(root: Path, change: Any) -> None:
+    """Edit a format-2 manifest.json in place and recompute its root digest (what an unsigned release's author
+    can publish)."""
+    from kvgraft.release.records import root_digest
+
+    m = _m(root)
+    change(m)
+    m["root_digest"] = root_digest(m)
+    (root / MANIFEST).write_text(json.dumps(m))
+
+
+def test_a_prefix_index_whose_size_is_not_its_records_is_refused_on_opening(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=2, tokens=20, seed=48, format_version=2)
+    meta = _m(root)["index"]["prefix"]
+    assert Release.open(root).index is not None  # the control, and the root digest recomputed below is valid:
+    _v2_manifest(root, lambda m: None)
+    assert Release.open(root).num_entries == 2
+
+    def more(m: dict[str, Any]) -> None:
+        m["index"]["prefix"]["records"] += 1
+
+    _v2_manifest(root, more)
+    assert _err(lambda: Release.open(root), InputError) == (
+        f"{root / MANIFEST}: prefix index of {meta['records'] + 1} records cannot be {meta['size']} bytes")
+
+
+def test_a_grown_index_file_is_named_grown(tmp_path: Path) -> None:
+    """An index shard or the prefix index longer than the manifest says is refused when it is read, with its
+    size; the control: the same reads of the intact release."""
+    from kvgraft.release import index as release_index
+
+    root = tmp_path / "rel"
+    make_release(root, entries=2, tokens=20, seed=49, format_version=2)
+    ids = list(Release.open(root).entry("rec-001")["token_ids"])
+    hit = Release.open(root).longest_prefix(ids)
+    assert hit is not None and hit[0]["id"] == "rec-001"  # the control
+    shard = root / release_index.shard_name(0)
+    size = shard.stat().st_size
+    with shard.open("ab") as f:
+        f.write(b" ")
+    assert _err(lambda: Release.open(root).entry("rec-001"), IntegrityError) == \
+        f"{shard}: index shard 0: {size + 1} bytes, the manifest says {size} (grown)"
+    prefix = root / release_index.PREFIX_FILE
+    psize = prefix.stat().st_size
+    with prefix.open("ab") as f:
+        f.write(b"\0")
+    assert _err(lambda: Release.open(root).longest_prefix(ids), IntegrityError) == \
+        f"{prefix}: prefix index: {psize + 1} bytes, the manifest says {psize} (grown)"
+
+
+def test_an_entry_record_of_another_release_is_refused_by_id(tmp_path: Path) -> None:
+    """Format 2: asking a release for the file of a record it does not hold (here another release's, renamed)
+    names the id; the control: its own record."""
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=50, format_version=2)
+    r = Release.open(root)
+    own = r.entry("rec-001")
+    assert r.file_meta(own) == {"sha256": sha256_hex((root / own["file"]).read_bytes()),
+                                "size": (root / own["file"]).stat().st_size}
+    foreign = {**own, "id": "rec-099"}
+    assert _err(lambda: r.file_meta(foreign), InputError) == f"{root / MANIFEST}: no entry 'rec-099'"
+    assert _err(lambda: r.tensor_layout(foreign), InputError) == f"{root / MANIFEST}: no entry 'rec-099'"
+
+
+def test_the_prefix_index_binary_search_finds_every_record() -> None:
+    """The sorted prefix records (format 2) answer every lookup as the in-memory table (format 1) does: each
+    stored prefix at every length, and misses."""
+    import random
+
+    from kvgraft.release.index import PrefixTable, PrefixWriter
+
+    gen = random.Random(51)
+    entries = [{"token_ids": [gen.randrange(1, 1000) for _ in range(16 * gen.randrange(1, 6) + gen.randrange(16))]}
+               for _ in range(12)]
+    entries.append({"token_ids": entries[0]["token_ids"][:40] + [7] * 30})  # shares two blocks with entry 0
+    writer = PrefixWriter(16)
+    for i, e in enumerate(entries):
+        writer.add(i, e["token_ids"])
+    records = writer.data()
+    searched = PrefixTable(16, records)
+    table = PrefixTable.from_entries(entries, 16)
+    assert len(records) // 40 == len(writer.records) > 30
+    asked = 0
+    for e in entries:
+        ids = e["token_ids"]
+        for n in range(16, len(ids) + 1, 16):
+            want = table.longest(ids[:n])
+            assert want is not None and want[1] == n // 16
+            assert searched.longest(ids[:n]) == want
+            asked += 1
+        assert searched.longest([*ids[:16], 1001]) == table.longest([*ids[:16], 1001])
+    assert asked == len(writer.records) + 2  # entry 12's first two blocks are entry 0's records
+    assert searched.longest([1001] * 32) is None and table.longest([1001] * 32) is None
+
+
+def test_a_file_name_with_a_backslash_is_refused(rel: Path) -> None:
+    """A name from a signature (not schema-checked, as the manifest's are) holding a backslash, a separator on
+    Windows, is refused; the control: the same file named with a forward slash."""
+    from kvgraft.release.records import check_relpath
+
+    assert check_relpath("entries/00000.safetensors", "here") == "entries/00000.safetensors"
+    assert _err(lambda: check_relpath("entries\\00000.safetensors", "here"), InputError) == \
+        "here: unsafe file name 'entries\\\\00000.safetensors' (absolute, '..' or empty parts are refused)"
+    (rel / "README.md").write_text("card")
+    assert check_release(rel, beside={"README.md": sha256_hex(b"card")}).beside == {"README.md": sha256_hex(b"card")}
+    assert _err(lambda: check_release(rel, beside={"docs\\README.md": "0" * 64}), InputError) == \
+        f"{rel}: the OMS signature: unsafe file name 'docs\\\\README.md' (absolute, '..' or empty parts are refused)"
+
+
+def test_a_layer_naming_a_values_tensor_its_entry_lacks_is_refused(rel: Path) -> None:
+    e = _m(rel)["entries"][2]
+    assert Release.open(rel).entry(e["id"])["layers"][1]["values"] == "layer.1.values"  # the control
+
+    def rename(m: dict[str, Any]) -> None:
+        m["entries"][2]["layers"][1]["values"] = "layer.1.valuez"
+
+    rewrite.manifest(rel, rename)
+    assert _err(lambda: Release.open(rel), InputError) == \
+        f"{rel / MANIFEST}: entry {e['id']!r} layer 1: tensor 'layer.1.valuez' is not listed"
+
+
+def test_a_safetensors_header_length_past_the_file_is_out_of_bounds(tmp_path: Path) -> None:
+    import struct
+
+    from kvgraft.release import safetensors_header as stfile
+
+    good = _header_file(tmp_path / "good", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8)
+    assert list(stfile.read_header(good)[0]) == ["a"]  # the control
+    bad = tmp_path / "bad"
+    bad.write_bytes(struct.pack("<Q", 100) + b"{}" + b" " * 40)
+    assert _err(lambda: stfile.read_header(bad), InputError) == \
+        f"{bad}: safetensors header length 100 is out of bounds (file is 50 bytes)"
+
+
+def test_a_safetensors_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+
+    assert _err(lambda: stfile.read_header(tmp_path / "gone"), InputError) == \
+        f"{tmp_path / 'gone'}: cannot read: No such file or directory"
+    assert _err(lambda: stfile.read_header(tmp_path), InputError) == f"{tmp_path}: cannot read: Is a directory"
+
+
+def test_read_header_reads_the_open_file_not_the_path_again(tmp_path: Path) -> None:
+    """With `fd` the header is the open file's (the one the caller reads tensors from), even after another file
+    was renamed to its path; the control: by path, the new file."""
+    from kvgraft.release import safetensors_header as stfile
+
+    path = _header_file(tmp_path / "f", {"old": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.replace(_header_file(tmp_path / "new", {"new": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4),
+                   path)
+        assert list(stfile.read_header(path)[0]) == ["new"]
+        assert list(stfile.read_header(path, fd)[0]) == ["old"]
+        path.unlink()
+        assert list(stfile.read_header(path, fd)[0]) == ["old"]  # `path` only names it
+    finally:
+        os.close(fd)
+
+
+def test_more_hostile_safetensors_headers_are_refused_with_whole_lines(tmp_path: Path) -> None:
+    """Headers that are not an object, offsets that are not two integers, a byte range of another length
+    than the shape's; the control: the same header with integer offsets of the right length parses."""
+    from kvgraft.release import safetensors_header as stfile
+
+    good = _header_file(tmp_path / "good", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 12)
+    assert [(t.end - t.start) for t in stfile.read_header(good)[0].values()] == [8]
+    import struct
+
+    listed = tmp_path / "list"
+    listed.write_bytes(struct.pack("<Q", 18) + b"[{\"dtype\": \"F32\"}]" + b"\0" * 8)
+    assert _err(lambda: stfile.read_header(listed), InputError) == f"{listed}: safetensors header is not an object"
+    for offsets in ([0, 8.0], [0, "8"], [0.0, 8], [True, 8]):
+        f = _header_file(tmp_path / "offsets", {"a": {"dtype": "F32", "shape": [2], "data_offsets": offsets}}, 12)
+        assert _err(lambda f=f: stfile.read_header(f), InputError) == \
+            f"{f}: tensor 'a': data_offsets must be two integers", offsets
+    longer = _header_file(tmp_path / "longer", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}}, 12)
+    size = longer.stat().st_size
+    base = size - 12
+    assert _err(lambda: stfile.read_header(longer), InputError) == \
+        f"{longer}: tensor 'a': byte range [{base}, {base + 12}) does not fit shape [2] float32 in a {size}-byte file"
+
+
+def test_a_tensor_of_exactly_the_element_bound_is_accepted_and_one_more_refused(tmp_path: Path) -> None:
+    """MAX_ELEMENTS (2^40) is the most a tensor may hold: parse_header is given the file size, so a 1 TiB
+    tensor is checked without a 1 TiB file."""
+    from kvgraft.release import safetensors_header as stfile
+
+    bound = stfile.MAX_ELEMENTS
+
+    def header(count: int) -> tuple[int, bytes]:
+        raw = json.dumps({"a": {"dtype": "U8", "shape": [count], "data_offsets": [0, count]}}).encode()
+        return len(raw), raw
+
+    n, raw = header(bound)
+    tensors, _ = stfile.parse_header(tmp_path / "f", 8 + n + bound, n, raw)
+    assert tensors["a"].end - tensors["a"].start == bound
+    n, raw = header(bound + 1)
+    assert _err(lambda: stfile.parse_header(tmp_path / "f", 8 + n + bound + 1, n, raw), InputError) == \
+        f"{tmp_path / 'f'}: tensor 'a': shape [{bound + 1}] has more than {bound} elements: exceeds the bound"
+
+
+def test_a_tensor_with_a_zero_dimension_is_accepted_and_verifies(tmp_path: Path) -> None:
+    """safetensors writes an empty tensor as an empty byte range (shape [0, 4], data_offsets [k, k]), and the
+    manifest schema allows a zero dimension: kvgraft reads such a header, writes its record (the digest of no
+    bytes) and verifies the release deep, in both layouts. A negative dimension is still refused."""
+    import torch
+    from safetensors.torch import save
+
+    from kvgraft.release import safetensors_header as stfile
+    from kvgraft.release.format import ReleaseWriter
+    from kvgraft.release.records import new_entry, source_record
+
+    from release_factory import fake_header
+
+    data = save({"empty": torch.zeros(0, 4), "layer.0.keys": torch.ones(1, 1, 2, 4),
+                 "layer.0.values": torch.ones(1, 1, 2, 4)})
+    path = tmp_path / "e.safetensors"
+    path.write_bytes(data)
+    tensors, _ = stfile.read_header(path)
+    assert (tensors["empty"].shape, tensors["empty"].end - tensors["empty"].start) == ((0, 4), 0)
+    for version in (1, 2):
+        out = tmp_path / f"v{version}"
+        writer = ReleaseWriter(out, format_version=version)
+        layer = {"index": 0, "kind": "full", "keys": "layer.0.keys", "values": "layer.0.values", "positions": [0, 2]}
+        record = new_entry("e", [3, 4], source_record("text", "t"), [layer],
+                           {"logits_sha256": "0" * 64, "argmax": 0, "dtype": "float32"})
+        written = writer.add_entry_file(record, data)
+        assert written["tensors"]["empty"]["sha256"] == sha256_hex(b"")
+        writer.finish(fake_header(num_layers=1))
+        assert check_release(out, deep=True).tensors_rehashed == 3
+    neg = _header_file(tmp_path / "neg", {"a": {"dtype": "F32", "shape": [0, -1], "data_offsets": [0, 0]}}, 0)
+    assert _err(lambda: stfile.read_header(neg), InputError) == \
+        f"{neg}: tensor 'a': shape must be a list of non-negative integers"

@@ -239,6 +239,34 @@ def test_perturbations_chunk_a_short_one_shot_prefix_in_halves_down_to_one_token
 
     assert chunks(3) == ["chunks of 1"] and chunks(2) == ["chunks of 1"] and chunks(1) == []
     assert chunks(10) == ["chunks of 5"] and chunks(200) == ["chunks of 64"]
+    assert chunks(64) == ["chunks of 32"] and chunks(65) == ["chunks of 64"]  # the edge: more than 64 tokens
+
+
+def test_the_other_attention_rerun_runs_under_that_kernel(tiny_lm: Callable[[str], Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = tiny_lm("llama")
+    ids = list(range(5, 15))
+    real = noise.prefill
+    seen: list[str] = []
+    monkeypatch.setattr(noise, "prefill", lambda model, *a: seen.append(model.model.config._attn_implementation)
+                        or real(model, *a))
+    for kernel, other in (("eager", "sdpa"), ("sdpa", "eager")):
+        with attention(lm, kernel):
+            seen.clear()
+            dict(noise.perturbations(lm, ids, Schedule()))[f"{other} attention"]()
+            assert seen == [other] and lm.attn == kernel  # and switched back after the rerun
+
+
+def test_a_calibration_is_reused_only_for_the_same_choice_of_perturbations(tiny_lm: Callable[[str], Any]) -> None:
+    lm = tiny_lm("llama")
+    ids = [31, 41, 59, 26, 53, 58, 97, 93, 23, 84, 62, 64]  # tokens no other test calibrates (the memo is shared)
+    reference = noise.layer_map(lm, noise.prefill(lm, ids, Schedule(), noise.new_cache(lm, frozenset()))[0])[1]
+    other = "eager attention" if lm.attn != "eager" else "sdpa attention"
+    one = noise.calibrate(lm, ids, Schedule(), reference, only={other})
+    every = noise.calibrate(lm, ids, Schedule(), reference)
+    assert [r["name"] for r in one.runs] == [other] and not every.reused and len(every.runs) > 1
+    again = noise.calibrate(lm, ids, Schedule(), reference)  # the control: the same question, answered once
+    assert again.reused and [r["name"] for r in again.runs] == [r["name"] for r in every.runs]
 
 
 def test_the_schedule_perturbations_rerun_one_shot_or_in_chunks_as_they_say(tiny_lm: Callable[[str], Any]) -> None:

@@ -84,6 +84,7 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
 }
 # mutmut's exit codes per mutant (mutmut/__main__.py status_by_exit_code)
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a test failed, or the run timed out (counted as killed, as mutmut does)
+TIMED_OUT = {-24, 24, 36, 152, 255}  # of those, the ones killed by the CPU-time limit: reported apart
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 
@@ -142,6 +143,8 @@ def score(here: Path, names: list[str] | None = None) -> dict[str, object]:
                     else "no_tests" if code in NO_TESTS else "other")
             counts[kind] += 1
             fc[kind] += 1
+            if code in TIMED_OUT:
+                counts["of_killed_timed_out"] = counts.get("of_killed_timed_out", 0) + 1
             if kind in ("survived", "no_tests"):
                 survivors.append(f"{key} ({kind})")
     return {"counts": counts, "per_file": per_file, "survivors": survivors}

@@ -1097,3 +1097,26 @@ def test_a_tensor_with_a_zero_dimension_is_accepted_and_verifies(tmp_path: Path)
     neg = _header_file(tmp_path / "neg", {"a": {"dtype": "F32", "shape": [0, -1], "data_offsets": [0, 0]}}, 0)
     assert _err(lambda: stfile.read_header(neg), InputError) == \
         f"{neg}: tensor 'a': shape must be a list of non-negative integers"
+
+
+# The sampled run D (seed 3) of 2026-12-01: integrity survivors.
+
+def test_a_file_whose_path_is_too_long_to_read_is_named(tmp_path: Path) -> None:
+    """A file whose full path exceeds PATH_MAX inside a folder that can still be listed: the listing names the file
+    it cannot read and why (as root nothing else is unreadable). Built with dir_fd, one level at a time."""
+    limit = os.pathconf("/", "PC_PATH_MAX")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    deep, name = tmp_path, "d" * 200
+    try:
+        while limit - len(str(deep)) > 250:  # then 50 to 250 characters are left for the file's name
+            os.mkdir(name, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd, deep = nxt, deep / name
+        leaf = "f" * (limit - len(str(deep)) + 5)
+        os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+    assert len(str(deep / leaf)) > limit > len(str(deep))
+    assert _err(lambda: release_folder_files(tmp_path), InputError) == (
+        f"{deep / leaf}: cannot read: File name too long")

@@ -1120,3 +1120,176 @@ def test_a_file_whose_path_is_too_long_to_read_is_named(tmp_path: Path) -> None:
     assert len(str(deep / leaf)) > limit > len(str(deep))
     assert _err(lambda: release_folder_files(tmp_path), InputError) == (
         f"{deep / leaf}: cannot read: File name too long")
+
+
+# The sampled run E (seed 4): release survivors (docs/mutation-h44.md).
+
+def test_a_manifest_that_is_a_link_or_too_large_is_refused_naming_a_manifest(rel: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_manifest names what the file should be: a manifest.json that is a symlink, or larger than the
+    bound (lowered here), is refused in one whole line; the control: the same release read intact."""
+    from kvgraft.release import format as release_format
+
+    size = (rel / MANIFEST).stat().st_size
+    assert release_format.load_manifest(rel)["root_digest"] == _m(rel)["root_digest"]  # the control
+    monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size - 1)
+    assert _err(lambda: release_format.load_manifest(rel), InputError) == \
+        f"{rel / MANIFEST}: {size} bytes exceeds the {size - 1}-byte limit for a manifest"
+    monkeypatch.undo()
+    (rel / "real.json").write_bytes((rel / MANIFEST).read_bytes())
+    (rel / MANIFEST).unlink()
+    (rel / MANIFEST).symlink_to("real.json")
+    assert _err(lambda: release_format.load_manifest(rel), InputError) == \
+        f"{rel / MANIFEST}: manifest is a symlink; releases may not contain links"
+
+
+def test_a_tensor_whose_shape_differs_from_its_record_is_named_with_both_sides(rel: Path) -> None:
+    """The record's tensor table edited (every digest recomputed): the line names the header's and the
+    manifest's dtype, shape and byte range."""
+    e = _m(rel)["entries"][1]
+    t = e["tensors"]["layer.0.keys"]
+    assert check_release(rel).tensors == 12  # the control
+
+    def reshape(m: dict[str, Any]) -> None:
+        m["entries"][1]["tensors"]["layer.0.keys"]["shape"] = [1, t["shape"][1], t["shape"][2] * t["shape"][3]]
+
+    rewrite.manifest(rel, reshape)
+    a, b = t["byte_range"]
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E1}: entry {e['id']!r} tensor 'layer.0.keys': header says {t['dtype']} {t['shape']} bytes "
+        f"[{a}, {b}), manifest says {t['dtype']} {[1, t['shape'][1], t['shape'][2] * t['shape'][3]]} bytes [{a}, {b}]")
+
+
+def test_a_header_checked_against_an_equal_tensor_table_is_not_parsed_again(rel: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header cache compares the tensor table by value: a record read again (a copy, as format 2 hands out
+    for each shard it reads) does not parse the same header again; a different table does (the control)."""
+    import copy
+
+    from kvgraft.release import safetensors_header as stfile
+
+    parsed: list[Path] = []
+    real = stfile.parse_header
+
+    def counting(path: Path, size: int, n: int, raw: bytes) -> Any:
+        parsed.append(path)
+        return real(path, size, n, raw)
+
+    monkeypatch.setattr(stfile, "parse_header", counting)
+    r = Release.open(rel)
+    e = r.entry(_m(rel)["entries"][0]["id"])
+    first = r.tensor_layout(e)
+    again = copy.deepcopy(e)
+    assert again["tensors"] is not e["tensors"] and r.tensor_layout(again) == first and parsed == [rel / E0]
+    other = copy.deepcopy(e)
+    other["tensors"]["layer.0.keys"]["shape"] = [9]
+    with pytest.raises(IntegrityError):
+        r.tensor_layout(other)
+    assert parsed == [rel / E0] * 2
+
+
+def test_now_utc_is_whole_seconds_in_utc_marked_z() -> None:
+    import datetime
+    import re
+
+    from kvgraft.release.format import now_utc
+
+    stamp = now_utc()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp), stamp
+    when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 5
+
+
+def test_entry_file_names_at_the_folder_edges(tmp_path: Path) -> None:
+    """Format 1 names entries flat up to 99,999, then in folders of 1,000; format 2 always in folders, the
+    1,000th entry of a folder starting the next one."""
+    from kvgraft.release.format import ReleaseWriter
+
+    names = {}
+    for version in (1, 2):
+        writer = ReleaseWriter(tmp_path / f"v{version}", format_version=version)
+        for n in (0, 999, 1000, 99_999, 100_000, 100_999):
+            writer.count = n
+            names[version, n] = writer._entry_name()
+        writer.abort()
+    assert [names[1, n] for n in (0, 999, 99_999, 100_000, 100_999)] == [
+        "entries/00000.safetensors", "entries/00999.safetensors", "entries/99999.safetensors",
+        "entries/00100/000.safetensors", "entries/00100/999.safetensors"]
+    assert [names[2, n] for n in (0, 999, 1000, 99_999, 100_000)] == [
+        "entries/00000/000.safetensors", "entries/00000/999.safetensors", "entries/00001/000.safetensors",
+        "entries/00099/999.safetensors", "entries/00100/000.safetensors"]
+
+
+def test_a_format_2_manifest_that_fails_its_schema_names_manifest_json(tmp_path: Path) -> None:
+    """finish validates the manifest it is about to write; the error names the file it would be; the
+    control: the same writer with a valid header finishes."""
+    from kvgraft.errors import SchemaError
+    from kvgraft.release.format import ReleaseWriter
+
+    from release_factory import fake_header
+
+    out = tmp_path / "out"
+    writer = ReleaseWriter(out, format_version=2)
+    with pytest.raises(SchemaError) as info:
+        writer.finish({**fake_header(num_layers=1), "num_layers": "one"})
+    assert info.value.where == str(out / MANIFEST) and str(info.value).startswith(f"{out / MANIFEST}: schema error at ")
+    writer.abort()
+    good = ReleaseWriter(tmp_path / "good", format_version=2)
+    good.finish(fake_header(num_layers=1))
+    assert Release.open(tmp_path / "good").num_entries == 0
+
+
+def test_a_range_past_the_end_of_its_file_is_named_with_both_ends(rel: Path) -> None:
+    from kvgraft.release import hashing
+
+    data = (rel / E0).read_bytes()
+    assert hashing.hash_ranges(rel / E0, [(8, len(data))]) == [sha256_hex(data[8:])]  # the control
+    assert _err(lambda: hashing.hash_ranges(rel / E0, [(8, len(data) + 3)]), EOFError) == \
+        f"{rel / E0}: file ends at byte {len(data)}, expected data up to {len(data) + 3}"
+
+
+def test_an_index_whose_shards_repeat_an_id_or_miscount_is_refused_naming_both(tmp_path: Path) -> None:
+    """Format 2: shards listing one id twice (here the second and third of three) name that id; an entry count
+    that is not the shards' names both numbers; the control: the release intact (its digest recomputed)."""
+    root = tmp_path / "rel"
+    make_release(root, entries=3, seed=52, format_version=2)
+    _v2_manifest(root, lambda m: None)
+    assert Release.open(root).num_entries == 3  # the control
+    ids = _m(root)["index"]["shards"][0]["ids"]
+
+    def repeat(m: dict[str, Any]) -> None:
+        m["index"]["shards"][0]["ids"] = [ids[0], ids[1], ids[1]]
+
+    _v2_manifest(root, repeat)
+    assert _err(lambda: Release.open(root), InputError) == f"{root / MANIFEST}: entry id {ids[1]!r} appears twice"
+    _v2_manifest(root, lambda m: m["index"]["shards"][0].update(ids=ids))
+
+    def more(m: dict[str, Any]) -> None:
+        m["index"]["entries"] = 4
+
+    _v2_manifest(root, more)
+    assert _err(lambda: Release.open(root), InputError) == f"{root / MANIFEST}: index says 4 entries, its shards list 3"
+
+
+def test_a_shard_holding_other_entries_than_the_manifest_lists_names_both(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=3, seed=53, format_version=2)
+    ids = _m(root)["index"]["shards"][0]["ids"]
+    assert Release.open(root).entry(ids[1])["id"] == ids[1]  # the control
+    listed = [ids[0], "rec-009", ids[2]]
+    _v2_manifest(root, lambda m: m["index"]["shards"][0].update(ids=listed))
+    from kvgraft.release import index as release_index
+
+    shard = root / release_index.shard_name(0)
+    assert _err(lambda: Release.open(root).entry("rec-009"), IntegrityError) == \
+        f"{shard}: index shard 0 holds entries {ids[:3]}..., the manifest lists {listed[:3]}..."
+
+
+def test_a_tensor_of_too_many_dimensions_is_named(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+
+    ok = _header_file(tmp_path / "ok", {"a": {"dtype": "F32", "shape": [1] * 8, "data_offsets": [0, 4]}}, 4)
+    assert stfile.read_header(ok)[0]["a"].shape == (1,) * 8  # the control: 8 dimensions
+    bad = _header_file(tmp_path / "bad", {"a": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, 4)
+    assert _err(lambda: stfile.read_header(bad), InputError) == \
+        f"{bad}: tensor 'a': shape has 9 dimensions; at most 8"

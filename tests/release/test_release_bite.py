@@ -419,7 +419,7 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
                                f"{'ef' * 32} and the manifest {every[entry_file]}")
 
 
-# The sampled run of 2026-12-01 (`mutation/run.py --sample 100`, docs/mutation-h41.md): integrity survivors.
+# The sampled run of 2026-12-01 (`mutation/run.py --sample 100`, docs/mutation.md): integrity survivors.
 
 def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path) -> None:
     """release_folder_files names the folder it cannot list and why (as root nothing is unreadable: a missing
@@ -773,7 +773,7 @@ def test_a_folder_differing_in_many_files_names_five_and_counts_the_rest(tmp_pat
     assert _err(lambda: check_release(root), IntegrityError).endswith("stray4.bin (+1 more)")
 
 
-# The sampled run C (seed 2): release survivors (docs/mutation-h43.md).
+# The sampled run C (seed 2): release survivors (docs/mutation.md).
 
 def test_a_manifest_tensor_table_that_differs_from_the_file_is_refused_naming_both_sides(rel: Path) -> None:
     """A record listing a tensor its file does not hold (the manifest edited, every digest recomputed: the
@@ -1122,7 +1122,7 @@ def test_a_file_whose_path_is_too_long_to_read_is_named(tmp_path: Path) -> None:
         f"{deep / leaf}: cannot read: File name too long")
 
 
-# The sampled run E (seed 4): release survivors (docs/mutation-h44.md).
+# The sampled run E (seed 4): release survivors (docs/mutation.md).
 
 def test_a_manifest_that_is_a_link_or_too_large_is_refused_naming_a_manifest(rel: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:

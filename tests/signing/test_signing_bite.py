@@ -298,7 +298,7 @@ def test_a_digest_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the sampled mutmut survivors (h42)
-# attest and signing groups of `mutation/run.py --sample 100` (docs/mutation-h42.md): each test names the
+# attest and signing groups of `mutation/run.py --sample 100` (docs/mutation.md): each test names the
 # mutants it kills.
 
 

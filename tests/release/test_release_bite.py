@@ -792,9 +792,8 @@ def test_a_manifest_tensor_table_that_differs_from_the_file_is_refused_naming_bo
         f"unexpected ['layer.0.keys'])")
 
 
-def test_a_header_already_checked_is_not_parsed_again(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """tensor_layout's promise (a graft and an audit read the layout of a verified entry again): the same
-    header bytes, checked once in this opened release, are not parsed again; other bytes are."""
+def _count_header_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The files whose safetensors header is parsed from now on (parse_header wrapped, not replaced)."""
     from kvgraft.release import safetensors_header as stfile
 
     parsed: list[Path] = []
@@ -805,6 +804,13 @@ def test_a_header_already_checked_is_not_parsed_again(rel: Path, monkeypatch: py
         return real(path, size, n, raw)
 
     monkeypatch.setattr(stfile, "parse_header", counting)
+    return parsed
+
+
+def test_a_header_already_checked_is_not_parsed_again(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensor_layout's promise (a graft and an audit read the layout of a verified entry again): the same
+    header bytes, checked once in this opened release, are not parsed again; other bytes are."""
+    parsed = _count_header_parses(monkeypatch)
     r = Release.open(rel)
     e = r.entry(_m(rel)["entries"][0]["id"])
     first = r.tensor_layout(e)
@@ -1166,16 +1172,7 @@ def test_a_header_checked_against_an_equal_tensor_table_is_not_parsed_again(rel:
     for each shard it reads) does not parse the same header again; a different table does (the control)."""
     import copy
 
-    from kvgraft.release import safetensors_header as stfile
-
-    parsed: list[Path] = []
-    real = stfile.parse_header
-
-    def counting(path: Path, size: int, n: int, raw: bytes) -> Any:
-        parsed.append(path)
-        return real(path, size, n, raw)
-
-    monkeypatch.setattr(stfile, "parse_header", counting)
+    parsed = _count_header_parses(monkeypatch)
     r = Release.open(rel)
     e = r.entry(_m(rel)["entries"][0]["id"])
     first = r.tensor_layout(e)

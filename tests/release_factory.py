@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvgraft._internal.digest import digest_json
-from kvgraft.release.format import ReleaseWriter, token_ids_digest
+from kvgraft._internal.digest import digest_json, sha256_hex
+from kvgraft.release.format import MANIFEST, Release, ReleaseWriter, token_ids_digest
 
 
 def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "synthetic/tiny-test-model") -> dict[str, Any]:
@@ -162,3 +162,10 @@ def release_fixtures(base: str = "base", copy: str = "rel", **release: Any) -> t
         return Path(shutil.copytree(request.getfixturevalue(base), tmp_path / "rel"))
 
     return _base, _copy
+
+
+def listed_digests(root: Path) -> dict[str, str]:
+    """name -> sha256 of every file the release's manifest lists, manifest.json included (format 2: the index and
+    the entry files): what a signer lists. Read from the manifest, not checked against the bytes."""
+    return {MANIFEST: sha256_hex((Path(root) / MANIFEST).read_bytes()),
+            **{n: f["sha256"] for n, f in Release.open(root).all_files().items()}}

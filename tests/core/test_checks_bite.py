@@ -28,7 +28,7 @@ from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_p
 from kvgraft.signing.verify import verified, verify_release
 
 import rewrite
-from release_factory import release_fixtures
+from release_factory import listed_digests, release_fixtures
 
 ENTRY_FILE = "entries/00000.safetensors"
 
@@ -48,11 +48,6 @@ def other_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 base, rel = release_fixtures(entries=2, seed=26)
 
-
-def _files(root: Path) -> dict[str, str]:
-    """name -> sha256 of every file the release lists, manifest.json included (what a signer lists)."""
-    m = json.loads((root / MANIFEST).read_text())
-    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
 
 
 def _sign_statement(root: Path, private: Path, change: Callable[[dict[str, Any]], None]) -> None:
@@ -113,30 +108,30 @@ def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: 
     signed = sign.sign_release(rel, keys.load_private_key(keypair[0]))
     assert signed.oms is not None
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    _sign_oms_statement(rel, keypair[0], {**_files(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
+    _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the OpenSSF model signing signature lists other files"):
             verify_release(rel, key=key)
     # Control: the same signature over the release's own files verifies.
-    _sign_oms_statement(rel, keypair[0], {**_files(rel), attest.BUNDLE_NAME: bundle_sha})
+    _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     assert verify_release(rel, key=keypair[1]).signature.oms_verified
 
 
 def test_oms_only_signature_over_another_file_list_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
     """Without a kvgraft bundle the OMS file list is the statement: integrity step 3 and verify.py's
     comparison both refuse it (removing both together must still fail this test)."""
-    _sign_oms_statement(rel, keypair[0], {**_files(rel), ENTRY_FILE: "ef" * 32})
+    _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=f"({ENTRY_FILE}|model.sig): .*(lists sha256 efef|lists other files)"):
             verify_release(rel, key=key)
-    _sign_oms_statement(rel, keypair[0], _files(rel))
+    _sign_oms_statement(rel, keypair[0], listed_digests(rel))
     assert verify_release(rel, key=keypair[1]).signature.status == "verified"
 
 
 def test_oms_subject_digest_not_of_its_resources_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
     """signing/oms.py: the one subject's digest must be the one the listed resources imply; model_signing
     verifies that digest, so a signature whose subject names other bytes is not a signature of these."""
-    _sign_oms_statement(rel, keypair[0], _files(rel), lambda s: s["subject"][0]["digest"].update(sha256="01" * 32))
+    _sign_oms_statement(rel, keypair[0], listed_digests(rel), lambda s: s["subject"][0]["digest"].update(sha256="01" * 32))
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the subject digest does not match"):
             verify_release(rel, key=key)

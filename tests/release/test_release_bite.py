@@ -23,7 +23,7 @@ from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import check_entry, check_release, open_release, release_folder_files
 
 import rewrite
-from release_factory import make_release, release_fixtures
+from release_factory import listed_digests, make_release, release_fixtures
 
 E0, E1 = "entries/00000.safetensors", "entries/00001.safetensors"
 
@@ -41,10 +41,6 @@ def _err(call: Any, kind: type[Exception] = Exception) -> str:
     return str(info.value)
 
 
-def _subjects(root: Path) -> dict[str, str]:
-    m = _m(root)
-    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
-
 
 def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
     m = _m(rel)
@@ -54,13 +50,13 @@ def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
     tensor_bytes = sum(t["byte_range"][1] - t["byte_range"][0] for e in m["entries"] for t in e["tensors"].values())
     c = check_release(rel)
     assert (c.manifest_size, c.bytes_hashed, c.tensors, c.tensors_rehashed) == (msize, msize + sizes, ntensors, 0)
-    assert c.files == _subjects(rel) and c.beside == {} and c.manifest_sha256 == _subjects(rel)[MANIFEST]
+    assert c.files == listed_digests(rel) and c.beside == {} and c.manifest_sha256 == listed_digests(rel)[MANIFEST]
     assert c.root == rel and c.release.root == rel and c.manifest["root_digest"] == m["root_digest"]
-    d = check_release(rel, deep=True, subjects=_subjects(rel), source="signed statement", signed=True)
+    d = check_release(rel, deep=True, subjects=listed_digests(rel), source="signed statement", signed=True)
     assert (d.bytes_hashed, d.tensors, d.tensors_rehashed) == (msize + sizes + tensor_bytes, ntensors, ntensors)
-    o = open_release(rel, subjects=_subjects(rel))
+    o = open_release(rel, subjects=listed_digests(rel))
     assert (o.bytes_hashed, o.tensors, o.tensors_rehashed, o.manifest_size) == (msize, 0, 0, msize)
-    assert o.files == _subjects(rel)
+    assert o.files == listed_digests(rel)
     one = check_entry(o.release, m["entries"][1]["id"])
     size1 = m["files"][E1]["size"]
     assert (one.entry["id"], one.bytes_hashed, one.tensors) == (m["entries"][1]["id"], size1, 4)
@@ -72,7 +68,7 @@ def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
 def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
     assert _err(lambda: check_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
     assert _err(lambda: open_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
-    subjects = _subjects(rel)
+    subjects = listed_digests(rel)
     no_manifest = {k: v for k, v in subjects.items() if k != MANIFEST}
     for call in (check_release, open_release):
         assert _err(lambda c=call: c(rel, subjects=no_manifest, source="signed statement"), VerificationError) == \
@@ -86,7 +82,7 @@ def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
 
 
 def test_manifest_digest_against_the_statement(rel: Path) -> None:
-    subjects = {**_subjects(rel), MANIFEST: "0" * 64}
+    subjects = {**listed_digests(rel), MANIFEST: "0" * 64}
     actual = sha256_hex((rel / MANIFEST).read_bytes())
     for call in (check_release, open_release):
         assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), IntegrityError) == \
@@ -97,20 +93,20 @@ def test_manifest_digest_against_the_statement(rel: Path) -> None:
 
 
 def test_statement_subjects_against_the_manifest(rel: Path) -> None:
-    subjects = {**_subjects(rel), E1: "1" * 64}
+    subjects = {**listed_digests(rel), E1: "1" * 64}
     real = _m(rel)["files"][E1]["sha256"]
     for call in (check_release, open_release):
         assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), VerificationError) == \
             f"{rel / E1}: the S lists sha256 {'1' * 64} and the manifest {real}"
-    extra = {**_subjects(rel), "entries/zz.safetensors": "2" * 64}
+    extra = {**listed_digests(rel), "entries/zz.safetensors": "2" * 64}
     assert _err(lambda: check_release(rel, subjects=extra, source="S"), VerificationError) == \
         f"{rel / 'entries/zz.safetensors'}: the S lists sha256 {'2' * 64} and the manifest None"
     # An OMS list (lists_more) may name further files; open_release ignores them.
-    assert open_release(rel, subjects=extra, lists_more=True).files == _subjects(rel)
+    assert open_release(rel, subjects=extra, lists_more=True).files == listed_digests(rel)
     seen: list[tuple[str, int]] = []
     check_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
     open_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
-    assert seen == [(_subjects(rel)[MANIFEST], (rel / MANIFEST).stat().st_size)] * 2
+    assert seen == [(listed_digests(rel)[MANIFEST], (rel / MANIFEST).stat().st_size)] * 2
 
 
 def test_missing_and_extra_files_are_named(rel: Path) -> None:
@@ -122,7 +118,7 @@ def test_missing_and_extra_files_are_named(rel: Path) -> None:
         f"extra.txt")
     (rel / E0).unlink()
     (rel / "extra.txt").unlink()
-    assert _err(lambda: check_release(rel, subjects=_subjects(rel) | {}, source="S"), Exception).startswith(
+    assert _err(lambda: check_release(rel, subjects=listed_digests(rel) | {}, source="S"), Exception).startswith(
         f"{rel / E0}: files differ from the S: missing {E0} (entry {ids[0]!r}), {E1} (entry {ids[1]!r})")
 
 
@@ -280,7 +276,7 @@ def test_files_beside_the_release_a_signature_lists(rel: Path) -> None:
     assert check_release(rel, beside={E0: "6" * 64}).beside == {}
     # subjects_beside: what an OMS list names beyond the manifest is beside the release.
     (rel / "README.md").write_text("card")
-    oms_list = {**_subjects(rel), "README.md": card}
+    oms_list = {**listed_digests(rel), "README.md": card}
     got = check_release(rel, subjects=oms_list, subjects_beside=True, every_file=True, source="OMS")
     assert got.beside == {"README.md": card}
     assert Release.open(rel).root == rel
@@ -334,7 +330,7 @@ def test_opening_weighs_an_unsigned_manifest_as_verifying_does(rel: Path) -> Non
 
 def test_opening_names_the_manifest_in_a_schema_error_and_returns_its_root(rel: Path) -> None:
     o = open_release(rel)
-    assert (o.root, o.manifest_sha256, o.release.root) == (rel, _subjects(rel)[MANIFEST], rel)
+    assert (o.root, o.manifest_sha256, o.release.root) == (rel, listed_digests(rel)[MANIFEST], rel)
     rewrite.manifest(rel, lambda m: m.update(num_layers="two"))
     message = _err(lambda: open_release(rel), InputError)
     assert message.startswith(f"{rel / MANIFEST}: ") and message == _err(lambda: check_release(rel), InputError)
@@ -405,8 +401,7 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
     private, public = keys.write_keypair(tmp_path / "signer")
     key = keys.load_private_key(private)
     rel = Release.open(root)
-    every = {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()),
-             **{n: f["sha256"] for n, f in rel.all_files().items()}}
+    every = listed_digests(root)
     entry_file = rel.entry("rec-002")["file"]
     assert entry_file not in rel.subject_files()  # what makes format 2 differ here
     assert oms.sign(root, key, every) is not None
@@ -440,7 +435,7 @@ def test_a_folder_of_exactly_the_file_limit_is_listed_and_one_more_refused(rel: 
     count = len(_m(rel)["files"]) + 1  # manifest.json too
     monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count)
     assert len(release_folder_files(rel)) == count
-    assert check_release(rel).files == _subjects(rel)
+    assert check_release(rel).files == listed_digests(rel)
     monkeypatch.setattr(integrity, "MAX_RELEASE_FILES", count - 1)
     assert _err(lambda: release_folder_files(rel), InputError) == f"{rel}: more than {count - 1} files"
     assert _err(lambda: check_release(rel), InputError) == f"{rel}: more than {count - 1} files"
@@ -469,7 +464,7 @@ def test_manifests_above_the_limits_are_refused_with_whole_lines(rel: Path) -> N
 def test_a_file_removed_after_the_listing_is_named_missing(rel: Path) -> None:
     """A file the manifest lists that goes away after the folder was listed (here: while the statement's
     claims are checked, the caller's hook) is refused by name; the control: the same hook removing nothing."""
-    assert check_release(rel, check_claims=lambda m, sha, size: None).files == _subjects(rel)
+    assert check_release(rel, check_claims=lambda m, sha, size: None).files == listed_digests(rel)
 
     def remove(m: dict[str, Any], sha: str, size: int) -> None:
         os.remove(rel / E1)
@@ -488,9 +483,9 @@ def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path,
     key = keys.load_private_key(private)
     (rel / "README.md").write_text("card")
     card = sha256_hex(b"card")
-    oms.sign(rel, key, {**_subjects(rel), "README.md": card})
+    oms.sign(rel, key, {**listed_digests(rel), "README.md": card})
     assert verify_release(rel).signature.status == "not checked"
-    oms.sign(rel, key, {**_subjects(rel), "README.md": "4" * 64})
+    oms.sign(rel, key, {**listed_digests(rel), "README.md": "4" * 64})
     with pytest.raises(IntegrityError) as info:
         verify_release(rel)
     assert str(info.value) == (f"{rel / 'README.md'}: sha256 {card} does not match the OMS signature (not checked) "
@@ -666,7 +661,7 @@ def test_overwriting_a_release_replaces_it_whole(tmp_path: Path) -> None:
     assert _m(out)["root_digest"] == first  # refused: the old release stays as it was
     make_release(out, entries=1, seed=42, overwrite=True)
     assert _m(out)["root_digest"] != first and Release.open(out).num_entries == 1
-    assert check_release(out).files == _subjects(out)  # no file of the old release left inside
+    assert check_release(out).files == listed_digests(out)  # no file of the old release left inside
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nor beside it (the old one, a temp folder)
 
 
@@ -719,7 +714,7 @@ def test_hashing_works_where_the_os_has_no_posix_fadvise(rel: Path, monkeypatch:
     monkeypatch.delattr(os, "posix_fadvise")
     assert hash_file(path) == (sha256_hex(data), len(data))
     assert hash_ranges(path, [(0, 8), (8, len(data))]) == [sha256_hex(data[:8]), sha256_hex(data[8:])]
-    assert check_release(rel, deep=True).files == _subjects(rel)
+    assert check_release(rel, deep=True).files == listed_digests(rel)
 
 
 # The sampled run C (seed 2) of 2026-12-01: integrity survivors.
@@ -865,7 +860,7 @@ def test_abort_after_a_finish_that_failed_late_keeps_the_error(tmp_path: Path, m
         make_release(out, entries=1, seed=47)  # its except: writer.abort(); raise, as capture's
     assert type(info.value) is OSError and info.value.strerror == "Input/output error"
     monkeypatch.undo()
-    assert check_release(out).files == _subjects(out) and [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert check_release(out).files == listed_digests(out) and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def _v2_manifest(root: Path, change: Any) -> None:

@@ -22,7 +22,7 @@ from kvgraft.signing.policy import verify_policy
 from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
 
 import rewrite
-from release_factory import release_fixtures
+from release_factory import listed_digests, release_fixtures
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +51,13 @@ def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> 
     assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
         f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ecdsa[1])}; {attest.OMS_NAME} verified with key {_kid(ecdsa[1])}"
     (rel / attest.BUNDLE_NAME).unlink()
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     assert verify_release(rel).signature.describe() == \
         "not checked: an OpenSSF model signing signature (model.sig) is present; pass --key"
     assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
         f"verified: key {_kid(ecdsa[1])}; OpenSSF model signing signature verified"
     sigstore = SignatureStatus("verified", "sigstore", bundle="b", identity="ci@example.org", issuer="https://issuer")
     assert sigstore.describe() == "verified: ci@example.org via https://issuer (Sigstore)"
-
-
-def _digests(root: Path) -> dict[str, str]:
-    from kvgraft._internal.digest import sha256_hex
-
-    m = json.loads((root / MANIFEST).read_text())
-    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()), **{n: f["sha256"] for n, f in m["files"].items()}}
 
 
 def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: Path, ecdsa: tuple[Path, Path],
@@ -74,7 +67,7 @@ def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: 
     signed = sign.sign_release(rel, keys.load_private_key(ed[0]))
     assert signed.oms is None and not (rel / attest.OMS_NAME).exists()  # OMS cannot use an Ed25519 key
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     status = verify_release(rel, key=ed[1]).signature
     assert (status.status, status.oms_verified, status.oms_signature) == ("verified", False, str(rel / attest.OMS_NAME))
     assert status.describe() == f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ed[1])}; {attest.OMS_NAME} not checked"
@@ -83,7 +76,7 @@ def test_an_oms_signature_beside_an_ed25519_bundle_is_compared_not_checked(rel: 
 def test_an_ed25519_key_cannot_vouch_for_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path],
                                                               ed: tuple[Path, Path]) -> None:
     """The key asked for must check the signature: an OMS-only release and a key OMS cannot use fail."""
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     with pytest.raises(VerificationError, match="an OMS signature is made with an ECDSA key"):
         verify_release(rel, key=ed[1])
 
@@ -228,7 +221,7 @@ def test_unsigned_and_unchecked_warnings_are_exact(rel: Path, ecdsa: tuple[Path,
 
 
 def test_oms_only_release_unchecked_and_required(rel: Path, ecdsa: tuple[Path, Path]) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     result = verify_release(rel)
     assert result.warnings == [f"the OpenSSF model signing signature ({attest.OMS_NAME}) was not checked (no --key "
                                f"given); its file list was compared with the files"]
@@ -251,7 +244,7 @@ def test_a_key_that_verifies_no_signature_names_each(rel: Path, ecdsa: tuple[Pat
 
 def test_a_detached_oms_signature_beside_one_in_the_release_is_refused(rel: Path, ecdsa: tuple[Path, Path],
                                                                        tmp_path: Path) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     other = tmp_path / "detached.sig"
     shutil.copy(rel / attest.OMS_NAME, other)
     assert _message(lambda: verify_release(rel, policy=verify_policy(oms_signature=other))) == (
@@ -284,7 +277,7 @@ def test_an_oms_signature_by_another_signer_beside_the_bundle(rel: Path, ecdsa: 
     other = keys.write_keypair(tmp_path / "other")
     sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    oms.sign(rel, keys.load_private_key(other[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    oms.sign(rel, keys.load_private_key(other[0]), {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     with pytest.raises(VerificationError) as info:
         verify_release(rel, key=ecdsa[1])
     assert str(info.value).endswith(f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): "
@@ -316,7 +309,7 @@ def test_a_statement_signed_by_another_kvgraft_version_verifies(rel: Path, ecdsa
 def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: Path, ecdsa: tuple[Path, Path],
                                                                            tmp_path: Path) -> None:
     other = keys.write_keypair(tmp_path / "other")
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     with pytest.raises(VerificationError) as info:
         verify_release(rel, key=other[1])
     hint = oms.pem_hint(keys.load_private_key(ecdsa[0]))
@@ -326,7 +319,7 @@ def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: P
 
 def test_a_detached_oms_signature_is_read_from_where_it_is_named(rel: Path, ecdsa: tuple[Path, Path],
                                                                  tmp_path: Path) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     detached = tmp_path / "detached.sig"
     (rel / attest.OMS_NAME).rename(detached)
     result = verify_release(rel, policy=verify_policy(key=ecdsa[1], oms_signature=detached))
@@ -355,7 +348,7 @@ def test_a_signed_manifest_may_be_larger_than_an_unsigned_one(rel: Path, ecdsa: 
     with pytest.raises(InputError, match="limit for an unsigned manifest"):  # the control: nothing verified
         verify_release(rel)
     (rel / attest.BUNDLE_NAME).unlink()
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     assert verify_release(rel, key=ecdsa[1], scope="open").signature.status == "verified"
     with pytest.raises(InputError, match="limit for an unsigned manifest"):
         verify_release(rel, scope="open")
@@ -366,7 +359,7 @@ def _oms_signed_indexed(root: Path, private: Path) -> Release:
     from release_factory import make_release
 
     make_release(root, entries=3, seed=41, format_version=2, shard_entries=2)
-    assert oms.sign(root, keys.load_private_key(private), _every(root)) is not None
+    assert oms.sign(root, keys.load_private_key(private), listed_digests(root)) is not None
     return Release.open(root)
 
 
@@ -388,7 +381,7 @@ def test_an_entry_checked_against_an_oms_list_that_names_another_digest_is_refus
     opened = _oms_signed_indexed(root, ecdsa[0])
     entry = opened.entry("rec-002")
     manifest_sha = opened.file_meta(entry)["sha256"]
-    oms.sign(root, keys.load_private_key(ecdsa[0]), {**_every(root), entry["file"]: "0" * 64})  # signed again
+    oms.sign(root, keys.load_private_key(ecdsa[0]), {**listed_digests(root), entry["file"]: "0" * 64})  # signed again
     assert _message(lambda: verify_release(root, key=ecdsa[1], entries=["rec-002"])) == (
         f"{root / attest.OMS_NAME}: the OpenSSF model signing signature lists {entry['file']} (entry 'rec-002') "
         f"with sha256 {'0' * 64}, the manifest {manifest_sha}")
@@ -396,10 +389,6 @@ def test_an_entry_checked_against_an_oms_list_that_names_another_digest_is_refus
     other = next(e["id"] for e in opened.entries if e["file"] != entry["file"])
     assert verify_release(root, key=ecdsa[1], entries=[other]).checked_entries == [other]
 
-
-def _every(root: Path) -> dict[str, str]:
-    return {MANIFEST: sha256_hex((root / MANIFEST).read_bytes()),
-            **{n: f["sha256"] for n, f in Release.open(root).all_files().items()}}
 
 
 def test_entries_checked_count_their_tensors_and_bytes(rel: Path) -> None:
@@ -419,7 +408,7 @@ def test_an_oms_list_not_checked_but_naming_a_file_the_release_lacks_is_refused(
     the release; its whole list is still compared with the release's files."""
     sign.sign_release(rel, keys.load_private_key(ed[0]))
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    listed = {**_digests(rel), attest.BUNDLE_NAME: bundle_sha}
+    listed = {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha}
     oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed, "extra.bin": "1" * 64})
     assert _message(lambda: verify_release(rel, key=ed[1])) == (
         f"{rel / attest.OMS_NAME}: the OpenSSF model signing signature lists other files or digests than the "
@@ -443,7 +432,7 @@ def test_a_bundle_another_signer_made_beside_an_oms_signature_says_to_give_a_key
     other = keys.write_keypair(tmp_path / "other")
     sign.sign_release(rel, keys.load_private_key(other[0]))
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     message = _message(lambda: verify_release(rel, key=ecdsa[1]))
     assert message.startswith(f"{rel / attest.BUNDLE_NAME}: ") and message.endswith(
         f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): give --key for each signer")
@@ -455,7 +444,7 @@ def test_a_file_beside_the_release_listed_by_a_verified_oms_signature_is_accepte
     """A Hub card beside the release: the kvgraft statement does not list it, the verified OMS signature does."""
     sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
     (rel / "README.md").write_text("# a model card\n")
-    listed = {**_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+    listed = {**listed_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
               "README.md": sha256_hex((rel / "README.md").read_bytes())}
     oms.sign(rel, keys.load_private_key(ecdsa[0]), listed)
     result = verify_release(rel, key=ecdsa[1])
@@ -483,7 +472,7 @@ def test_opening_compares_manifest_json_with_what_signed_it_and_says_which(rel: 
 
 
 def test_opening_an_oms_only_release_compares_manifest_json_with_the_oms_list(rel: Path, ecdsa: tuple[Path, Path]) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     listed_sha = sha256_hex((rel / MANIFEST).read_bytes())
     assert verify_release(rel, key=ecdsa[1], scope="open").signature.oms_verified  # the control
     _pad_manifest(rel)
@@ -573,7 +562,7 @@ def test_a_second_key_that_verifies_nothing_names_a_signature_no_key_could_check
     ed2 = keys.write_keypair(tmp_path / "ed2", algorithm="ed25519")
     sign.sign_release(rel, keys.load_private_key(ed[0]))
     bundle_sha = sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), attest.BUNDLE_NAME: bundle_sha})
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     assert _message(lambda: verify_release(rel, policy=verify_policy(key=ed[1], more_keys=(ed2[1],)))) == (
         f"{rel}: key {_kid(ed2[1])} verifies no signature of the release ({attest.BUNDLE_NAME}: key {_kid(ed[1])}; "
         f"{attest.OMS_NAME}: not checked)")
@@ -600,7 +589,7 @@ def test_the_json_document_rounds_seconds_to_the_microsecond(rel: Path) -> None:
 
 
 def test_require_signature_on_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path]) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     keyed = verify_release(rel, policy=verify_policy(key=ecdsa[1], require_signature=True))
     assert keyed.signature.status == "verified"
     assert _message(lambda: verify_release(rel, policy=verify_policy(require_signature=True))) == (
@@ -612,7 +601,7 @@ def test_an_oms_only_release_verified_whole_lifts_the_unsigned_bound(rel: Path, 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from kvgraft.release import integrity
 
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     monkeypatch.setattr(integrity, "UNSIGNED_MANIFEST_FLOOR", 64)
     assert verify_release(rel, key=ecdsa[1]).signature.oms_verified
     assert "limit for an unsigned manifest" in _message(lambda: verify_release(rel))  # the control
@@ -623,7 +612,7 @@ def test_a_beside_file_that_differs_names_the_oms_signature_file(rel: Path, ecds
     (rel / "README.md").write_text("# a model card\n")
     listed_sha = sha256_hex((rel / "README.md").read_bytes())
     oms.sign(rel, keys.load_private_key(ecdsa[0]), {
-        **_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+        **listed_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
         "README.md": listed_sha})
     (rel / "README.md").write_text("# another card\n")
     now = sha256_hex((rel / "README.md").read_bytes())
@@ -635,16 +624,17 @@ def test_a_beside_file_that_differs_names_the_oms_signature_file(rel: Path, ecds
 def test_an_oms_list_of_other_files_names_three_of_them(rel: Path, ecdsa: tuple[Path, Path],
                                                         ed: tuple[Path, Path]) -> None:
     sign.sign_release(rel, keys.load_private_key(ed[0]))
-    listed = {**_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())}
+    listed = {**listed_digests(rel), attest.BUNDLE_NAME: sha256_hex((rel / attest.BUNDLE_NAME).read_bytes())}
     oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed, **{f"x{i}.bin": "1" * 64 for i in range(4)}})
     assert _message(lambda: verify_release(rel, key=ed[1])).endswith(
         "lists other files or digests than the release has (x0.bin, x1.bin, x2.bin)")
 
 
 def test_files_beside_listed_only_by_an_unchecked_oms_signature_are_a_warning(rel: Path, ecdsa: tuple[Path, Path]) -> None:
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), _digests(rel))
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     (rel / "README.md").write_text("# card\n")
-    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**_digests(rel), "README.md": sha256_hex((rel / "README.md").read_bytes())})
+    card = sha256_hex((rel / "README.md").read_bytes())
+    oms.sign(rel, keys.load_private_key(ecdsa[0]), {**listed_digests(rel), "README.md": card})
     result = verify_release(rel)
     assert "files beside the release, listed only by the OMS signature (not checked): README.md" in result.warnings
     assert verify_release(rel, key=ecdsa[1]).warnings == []  # the control: checked, nothing to warn of

@@ -28,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".mutation"
@@ -127,30 +129,45 @@ timeout_constant = 2.0
     return here
 
 
+def records(here: Path) -> Iterator[tuple[Path, dict[str, Any], str, Any]]:
+    """mutmut's per-mutant records in a scratch copy: (the .meta file, its parsed document, mutant name, exit code;
+    None: not run). The one reader of them (score, draw, retest.py)."""
+    for meta in sorted((here / "mutants").rglob("*.meta")):
+        doc = json.loads(meta.read_text())
+        for key, code in list(doc.get("exit_code_by_key", {}).items()):
+            yield meta, doc, key, code
+
+
 def score(here: Path, names: list[str] | None = None) -> dict[str, object]:
     """Counts from mutmut's records; `names` (fnmatch patterns): only those mutants (a group's part of a file)."""
     counts = {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0}
     per_file: dict[str, dict[str, int]] = {}
     survivors: list[str] = []
-    for meta in sorted((here / "mutants").rglob("*.meta")):
-        doc = json.loads(meta.read_text())
+    for meta, _doc, key, code in records(here):
         name = str(meta.relative_to(here / "mutants")).removesuffix(".meta")
         fc = per_file.setdefault(name, {"killed": 0, "survived": 0, "no_tests": 0, "not_run": 0, "other": 0})
-        for key, code in doc.get("exit_code_by_key", {}).items():
-            if names and not any(fnmatch.fnmatch(key, n) for n in names):
-                continue
-            kind = ("not_run" if code is None else "killed" if code in KILLED else "survived" if code in SURVIVED
-                    else "no_tests" if code in NO_TESTS else "other")
-            counts[kind] += 1
-            fc[kind] += 1
-            if code in TIMED_OUT:
-                counts["of_killed_timed_out"] = counts.get("of_killed_timed_out", 0) + 1
-            if kind in ("survived", "no_tests"):
-                survivors.append(f"{key} ({kind})")
+        if names and not any(fnmatch.fnmatch(key, n) for n in names):
+            continue
+        kind = ("not_run" if code is None else "killed" if code in KILLED else "survived" if code in SURVIVED
+                else "no_tests" if code in NO_TESTS else "other")
+        counts[kind] += 1
+        fc[kind] += 1
+        if code in TIMED_OUT:
+            counts["of_killed_timed_out"] = counts.get("of_killed_timed_out", 0) + 1
+        if kind in ("survived", "no_tests"):
+            survivors.append(f"{key} ({kind})")
     return {"counts": counts, "per_file": per_file, "survivors": survivors}
 
 
-def rescore(group: str) -> dict[str, object]:
+def with_interval(result: dict[str, Any]) -> tuple[float, float]:
+    """Sets result["wilson95"] from its counts (killed of killed + survived + without a test); returns it."""
+    c = result["counts"]
+    lo, hi = interval(c["killed"], c["killed"] + c["survived"] + c["no_tests"])
+    result["wilson95"] = [round(lo, 4), round(hi, 4)]
+    return lo, hi
+
+
+def rescore(group: str) -> dict[str, Any]:
     """Re-read a group's records after `mutmut run NAME...` retested some mutants in .mutation/GROUP."""
     here = WORK / group
     # A run stopped before it ended wrote no result.json: its per-mutant records are still there.
@@ -160,11 +177,7 @@ def rescore(group: str) -> dict[str, object]:
     # A sampled run: only its sample (the names it ran; the rest of the group's mutants were never run).
     names = result.get("mutants")
     result.update(score(here, names if isinstance(names, list) else GROUPS[group][1]))
-    if result.get("sample"):
-        c = result["counts"]
-        assert isinstance(c, dict)
-        lo, hi = interval(c["killed"], c["killed"] + c["survived"] + c["no_tests"])
-        result["wilson95"] = [round(lo, 4), round(hi, 4)]
+    with_interval(result)
     (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -183,8 +196,7 @@ def draw(here: Path, group: str, n: int, seed: int, env: dict[str, str]) -> list
     subprocess.run([sys.executable, "-c", GENERATE], cwd=here, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     patterns = GROUPS[group][1]
-    names = sorted(key for meta in (here / "mutants").rglob("*.meta")
-                   for key in json.loads(meta.read_text()).get("exit_code_by_key", {})
+    names = sorted(key for _meta, _doc, key, _code in records(here)
                    if not patterns or any(fnmatch.fnmatch(key, p) for p in patterns))
     chosen = sorted(random.Random(f"{seed}:{group}").sample(names, min(n, len(names))))
     (here / "sample.txt").write_text(f"# {len(chosen)} of {len(names)} mutants, seed {seed}\n" + "\n".join(chosen) + "\n")
@@ -208,7 +220,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--rescore"]:
         for group in argv[1:]:
             result = rescore(group)
-            print(group, result["counts"], *(["Wilson 95%", result["wilson95"]] if result.get("sample") else []))
+            print(group, result["counts"], "Wilson 95%", result["wilson95"])
         return 0
     groups = argv or list(GROUPS)
     unknown = [g for g in groups if g not in GROUPS]
@@ -227,17 +239,15 @@ def main(argv: list[str]) -> int:
         run = subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=here, env=env,
                              stdout=(here / "mutmut.log").open("w"), stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - t0
-        result = {"group": group, "files": GROUPS[group][0], "mutants": names or "all", "tests": GROUPS[group][2],
-                  "sample": {"n": len(names), "seed": seed} if sample else None,
-                  "seconds": round(seconds), "mutmut_exit": run.returncode, **score(here, names)}
+        result: dict[str, Any] = {
+            "group": group, "files": GROUPS[group][0], "mutants": names or "all", "tests": GROUPS[group][2],
+            "sample": {"n": len(names), "seed": seed} if sample else None,
+            "seconds": round(seconds), "mutmut_exit": run.returncode, **score(here, names)}
+        lo, hi = with_interval(result)
         (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         c = result["counts"]
-        assert isinstance(c, dict)
         judged = c["killed"] + c["survived"] + c["no_tests"]
         pct = 100.0 * c["killed"] / judged if judged else 0.0
-        lo, hi = interval(c["killed"], judged)
-        result["wilson95"] = [round(lo, 4), round(hi, 4)]
-        (here / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         print(f"{group}: {c['killed']}/{judged} killed ({pct:.1f}%, Wilson 95% {100 * lo:.1f}-{100 * hi:.1f}%"
               f"{', a sample' if sample else ''}), {c['survived']} survived, {c['no_tests']} "
               f"without a covering test, {c['not_run']} not run; {seconds / 60:.1f} min; mutmut exit "

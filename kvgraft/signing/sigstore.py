@@ -63,10 +63,10 @@ def sigstore_verifier(trust: SigstoreTrust) -> Verifier:
             raw = jsonio.read_bounded(path, MAX_TRUST_BYTES, "JSON")
             doc = jsonio.loads_strict(raw, str(path))
             media_type = doc.get("mediaType", "") if isinstance(doc, dict) else ""
-            text = isinstance(media_type, str)  # any other JSON value is refused below, in one line
-            if text and media_type.startswith("application/vnd.dev.sigstore.clienttrustconfig"):
+            kind = media_type if isinstance(media_type, str) else ""  # any other JSON value: refused below
+            if kind.startswith("application/vnd.dev.sigstore.clienttrustconfig"):
                 root = ClientTrustConfig.from_json(raw.decode()).trusted_root
-            elif text and media_type.startswith("application/vnd.dev.sigstore.trustedroot"):
+            elif kind.startswith("application/vnd.dev.sigstore.trustedroot"):
                 root = TrustedRoot.from_file(str(path))
             else:
                 raise InputError(f"{path}: not a Sigstore trusted root or client trust config (mediaType {media_type!r})")

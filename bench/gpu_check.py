@@ -56,10 +56,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+PROCESS_START = time.time()  # the budget's start when run by hand (bench/gpu_check.sh passes its own)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tiny.py: the tiny random model families the tests use
 
+import gpu_plan as plan  # noqa: E402
 import torch  # noqa: E402
 from graft_vs_recompute import hash_in_memory  # noqa: E402
 
@@ -76,6 +78,7 @@ from kvgraft.signing.verify import verified  # noqa: E402
 import rewrite  # noqa: E402  # tests/rewrite.py: change stored bytes and every commitment over them
 import tiny  # noqa: E402
 
+BUDGET = 480.0  # s, from bench/gpu_check.sh's start: the install, imports and every step
 CLAIMS = ROOT / "audit" / "claims" / "kv-grafting-preprint.toml"
 BOUND, CONFIDENCE = 0.01, 0.95
 SCHEDULE = runtime.Schedule(add_special_tokens=False)
@@ -111,23 +114,6 @@ def big_config(name: str, dry: bool) -> Any:
                      num_key_value_heads=8, head_dim=128, vocab_size=128256))
         return tf.LlamaConfig(**size, max_position_embeddings=131072, rope_theta=500000.0, **ids)
     raise SystemExit(f"--big {name}: expected gemma3-12b or llama-8b")
-
-
-class Budget:
-    """Seconds left of the run; a part starts only when its estimate fits."""
-
-    def __init__(self, seconds: float) -> None:
-        self.start = time.monotonic()
-        self.seconds = seconds
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def fits(self, need: float) -> bool:
-        return self.elapsed() + need <= self.seconds
-
-    def skipped(self, what: str, need: float) -> dict[str, Any]:
-        return {"skipped": f"{what}: {self.seconds - self.elapsed():.0f} s of the budget left, needs about {need:.0f} s"}
 
 
 def sync(device: str) -> None:
@@ -210,80 +196,88 @@ def controls(family: str, rel: Path, lm: models.LoadedModel, device: str) -> lis
     return rows
 
 
-def part_tiny(args: argparse.Namespace, device: str, budget: Budget, rows: list[dict[str, Any]],
-              written: Callable[[], None]) -> None:
-    """(a) and (b) for each tiny family, while the 12B-class part's estimate still fits after it."""
+def tiny_family(args: argparse.Namespace, device: str, family: str, rows: list[dict[str, Any]]) -> None:
+    """(a) and (b) for one tiny family: each capture and audit a row (an exception becomes the row's error)."""
     records = tiny_records()
-    for family in tiny.FAMILIES:
-        if not budget.fits(args.tiny_estimate + args.big_reserve):
-            rows.append({"family": family, **budget.skipped(f"tiny {family}", args.tiny_estimate)})
-            continue
-        folder = args.work / "tiny" / family
-        try:
-            tiny.build(family, folder, seed=args.seed)
-        except Exception as exc:
-            rows.append({"family": family, "part": "build", **error_of(exc)})
-            continue
-        cpu_releases: dict[str, Path] = {}
-        for dtype in ("float32", "bfloat16"):
-            for where in dict.fromkeys((device, "cpu")):  # (a) on the device; the CPU captures for (b)
-                rel = args.work / "releases" / f"{family}-{where}-{dtype}"
-                try:
-                    lm = models.load(str(folder), device=where, dtype=dtype)
-                    capture.capture(lm, records, rel, probe_tokens=4)
-                except Exception as exc:
-                    rows.append({"family": family, "part": "capture", "captured": f"{where} {dtype}", **error_of(exc)})
-                    continue
-                if where == "cpu":
-                    cpu_releases[dtype] = rel
-                if where == device:
-                    rows.append({"family": family, "part": "a", "captured": f"{where} {dtype}",
-                                 "recomputed": f"{device} {dtype}", "identity": lm.identity.sha256,
-                                 **audit_row(rel, lm, "exact", device)})
-                    if dtype == "float32":
-                        rows += [{**r, "identity": lm.identity.sha256} for r in controls(family, rel, lm, device)]
-        for label, dtype, on in CPU_TO_DEVICE:
-            if dtype not in cpu_releases:
-                continue
+    folder = args.work / "tiny" / family
+    tiny.build(family, folder, seed=args.seed)
+    cpu_releases: dict[str, Path] = {}
+    for dtype in ("float32", "bfloat16"):
+        for where in dict.fromkeys((device, "cpu")):  # (a) on the device; the CPU captures for (b)
+            rel = args.work / "releases" / f"{family}-{where}-{dtype}"
             try:
-                lm = models.load(str(folder), device=device, dtype=dtype)
+                lm = models.load(str(folder), device=where, dtype=dtype)
+                capture.capture(lm, records, rel, probe_tokens=4)
             except Exception as exc:
-                rows.append({"family": family, "part": "b", "recomputed": f"{device} {label}", **error_of(exc)})
+                rows.append({"family": family, "part": "capture", "captured": f"{where} {dtype}", **error_of(exc)})
                 continue
-            with tf32(on):
-                rows.append({"family": family, "part": "b", "captured": f"cpu {dtype}", "recomputed": f"{device} {label}",
-                             "identity": lm.identity.sha256, **audit_row(cpu_releases[dtype], lm, "consistent", device)})
-        done = [r for r in rows if r["family"] == family]
-        print(f"[{budget.elapsed():.0f} s] tiny {family}: " + "; ".join(
-            f"{r.get('part')} {r.get('recomputed', '')} {r.get('verdict', r.get('error'))}" for r in done))
-        written()
+            if where == "cpu":
+                cpu_releases[dtype] = rel
+            if where == device:
+                rows.append({"family": family, "part": "a", "captured": f"{where} {dtype}",
+                             "recomputed": f"{device} {dtype}", "identity": lm.identity.sha256,
+                             **audit_row(rel, lm, "exact", device)})
+                if dtype == "float32":
+                    rows += [{**r, "identity": lm.identity.sha256} for r in controls(family, rel, lm, device)]
+    for label, dtype, on in CPU_TO_DEVICE:
+        if dtype not in cpu_releases:
+            continue
+        try:
+            lm = models.load(str(folder), device=device, dtype=dtype)
+        except Exception as exc:
+            rows.append({"family": family, "part": "b", "recomputed": f"{device} {label}", **error_of(exc)})
+            continue
+        with tf32(on):
+            rows.append({"family": family, "part": "b", "captured": f"cpu {dtype}", "recomputed": f"{device} {label}",
+                         "identity": lm.identity.sha256, **audit_row(cpu_releases[dtype], lm, "consistent", device)})
+    mine = [r for r in rows if r["family"] == family]
+    print(f"tiny {family}: " + "; ".join(f"{r.get('part')} {r.get('recomputed', '')} {r.get('verdict', r.get('error'))}"
+                                         for r in mine))
+    if any("error" in r for r in mine):
+        raise RuntimeError(f"{sum('error' in r for r in mine)} of {family}'s captures or audits raised (see its rows)")
 
 
-def build_big(args: argparse.Namespace, device: str) -> tuple[models.LoadedModel, dict[str, Any]]:
-    """The 12B-class model: random bfloat16 weights drawn on the device from a fixed seed."""
+def big_model(args: argparse.Namespace, device: str) -> Any:
+    """The 12B-class model, random bfloat16 weights from a fixed seed, made on `device` ("meta": no memory, to size it)."""
     from transformers import AutoModelForCausalLM
 
-    cfg = big_config(args.big, args.dry_run)
-    tok = tiny.tokenizer(args.work / "big-tokenizer")  # token ids below 300 of the model's vocabulary
     torch.manual_seed(args.seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(big_config(args.big, args.dry_run), dtype=torch.bfloat16,
+                                                attn_implementation="sdpa")
 
-    def make() -> Any:
-        with torch.device(device):
-            return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
 
-    model, build_s = timed(make, device)
+def big_size(args: argparse.Namespace) -> dict[str, int]:
+    """Parameters and their bytes (what the build draws), and the state dict's bytes (what the identity hashes:
+    a tied output layer counts again) of the 12B-class model, from a copy on the meta device (under a second)."""
+    model = big_model(args, "meta")
+    state = model.state_dict()
+    return {"parameters": sum(p.numel() for p in model.parameters()),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "state_bytes": sum(t.numel() * t.element_size() for t in state.values()), "tensors": len(state)}
+
+
+def build_big(args: argparse.Namespace, device: str, big: dict[str, Any]) -> None:
+    """The 12B-class model drawn on the device; its identity is the next step."""
+    tok = tiny.tokenizer(args.work / "big-tokenizer")  # token ids below 300 of the model's vocabulary
+    model, build_s = timed(lambda: big_model(args, device), device)
     if next(model.parameters()).device.type != device:
         model.to(device)
-    lm = models.wrap(model, tok, f"random {args.big} (seed {args.seed})")
-    ident, ident_s = timed(lambda: lm.identity, device)
+    big["lm"] = models.wrap(model, tok, f"random {args.big} (seed {args.seed})")
+    cfg = model.config.get_text_config()
     params = sum(p.numel() for p in model.parameters())
-    info = {"name": args.big, "class": type(model).__name__, "parameters": params,
-            "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "layers": cfg.num_hidden_layers, "identity": ident.sha256, "build_seconds": build_s,
-            "identity_seconds": ident_s, "seed": args.seed}
-    print(f"[built] {info['class']} {params / 1e9:.2f} B parameters in {build_s:.1f} s; identity "
-          f"{ident.sha256[:16]}… in {ident_s:.1f} s")
-    return lm, info
+    big["model"] = {"name": args.big, "class": type(model).__name__, "parameters": params,
+                    "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                    "layers": cfg.num_hidden_layers, "build_seconds": build_s, "seed": args.seed}
+    print(f"[built] {type(model).__name__} {params / 1e9:.2f} B parameters in {build_s:.1f} s")
+
+
+def identify_big(device: str, big: dict[str, Any]) -> None:
+    """The model's identity: SHA-256 of every weight (copied to the host) on every core, the tokenizer and
+    config. Every capture records it and every audit compares it, so it is computed here, once."""
+    ident, secs = timed(lambda: big["lm"].identity, device)
+    big["model"].update(identity=ident.sha256, identity_seconds=secs)
+    print(f"[identity] {ident.sha256[:16]}… in {secs:.1f} s")
 
 
 def hash_limit(nbytes: int) -> dict[str, float]:
@@ -298,62 +292,62 @@ def hash_limit(nbytes: int) -> dict[str, float]:
     return {"one_core_gbps": one / 1e9, "cores": cores(), "limit_gbps": one * cores() / 1e9}
 
 
-def part_big(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,
-             rows: list[dict[str, Any]], written: Callable[[], None]) -> None:
-    """(c) and (d) at each length: capture, prefill, audit, restore; each row appended, then `written()`."""
-    runtime.prefill(lm, prefix_ids(lm, 128), SCHEDULE)  # kernels, handles, allocator: out of every timing
-    for length in args.lengths:
-        need = args.big_estimate * length / max(args.lengths)
-        if not budget.fits(need):
-            rows.append({"length": length, **budget.skipped(f"{length} tokens", need)})
-            continue
-        row: dict[str, Any] = {"length": length}
-        try:
-            rel_dir = args.work / "releases" / f"big-{length}"
-            text = lm.tokenizer.decode(prefix_ids(lm, length))
-            _, row["capture_seconds"] = timed(lambda: capture.capture(
-                lm, [("big", {"id": f"p{length}", "text": text})], rel_dir, schedule=SCHEDULE, probe_tokens=4), device)  # noqa: B023
-            rel = verified(Release.open(rel_dir)).release
-            entry = rel.entries[0]
-            row["tokens"] = n = entry["num_tokens"]
-            prefills = [timed(lambda: runtime.prefill(lm, entry["token_ids"], SCHEDULE), device)[1]  # noqa: B023
-                        for _ in range(3)]
-            row["prefill_seconds"] = prefills
-            row["prefill_tokens_per_s"] = n / statistics.median(prefills)
-            audits = []
-            for _ in range(2):
-                audit = audit_row(rel_dir, lm, "exact", device)
-                if "error" in audit:
-                    row.update(audit)
-                    break
-                audits.append(audit)
-            if audits:
-                row["audit"] = audits[-1]
-                row["audit_seconds"] = [a["seconds"] for a in audits]
-                row["audit_tokens_per_s"] = n / statistics.median(row["audit_seconds"])
-            restores = []
-            for _ in range(5):
-                restored, secs = timed(lambda: graft.restore(rel, entry["id"], lm), device)  # noqa: B023
-                row["kv_bytes"] = restored.kv_bytes
-                del restored
-                restores.append(secs)
-            row["restore_seconds"] = restores
-            row["restore_gbps"] = row["kv_bytes"] / statistics.median(restores) / 1e9
-            ranges = sorted(tuple(t["byte_range"]) for t in entry["tensors"].values())
-            dest = bytearray(row["kv_bytes"])
-            path = rel.entry_file(entry)
-            read_hash = [timed(lambda: hashing.read_and_hash(path, ranges, memoryview(dest)), "cpu")[1]  # noqa: B023
-                         for _ in range(3)]
-            all_cores = [timed(lambda: hash_in_memory(memoryview(dest), ranges), "cpu")[1] for _ in range(3)]  # noqa: B023
-            row["read_hash_gbps"] = row["kv_bytes"] / statistics.median(read_hash) / 1e9
-            row["all_cores_hash_gbps"] = row["kv_bytes"] / statistics.median(all_cores) / 1e9
-            row.update(hash_limit(row["kv_bytes"]))
-        except Exception as exc:
-            row.update(error_of(exc))
-        rows.append(row)
-        written()
-        print(f"[{budget.elapsed():.0f} s] {args.big} at {length} tokens: " +
-              ", ".join(f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float)))
+def big_length(args: argparse.Namespace, device: str, big: dict[str, Any], length: int) -> None:
+    """(c) and (d) at one length: capture, prefill, audit, restore; the row appended to big["lengths"]."""
+    lm = big["lm"]
+    if not big.get("warm"):
+        runtime.prefill(lm, prefix_ids(lm, 128), SCHEDULE)  # kernels, handles, allocator: out of every timing
+        big["warm"] = True
+    row: dict[str, Any] = {"length": length}
+    big["lengths"].append(row)  # a step cut at the budget keeps what it measured
+    try:
+        rel_dir = args.work / "releases" / f"big-{length}"
+        text = lm.tokenizer.decode(prefix_ids(lm, length))
+        _, row["capture_seconds"] = timed(lambda: capture.capture(
+            lm, [("big", {"id": f"p{length}", "text": text})], rel_dir, schedule=SCHEDULE, probe_tokens=4), device)
+        rel = verified(Release.open(rel_dir)).release
+        entry = rel.entries[0]
+        row["tokens"] = n = entry["num_tokens"]
+        prefills = [timed(lambda: runtime.prefill(lm, entry["token_ids"], SCHEDULE), device)[1]
+                    for _ in range(3)]
+        row["prefill_seconds"] = prefills
+        row["prefill_tokens_per_s"] = n / statistics.median(prefills)
+        audits = []
+        for _ in range(2):
+            audit = audit_row(rel_dir, lm, "exact", device)
+            if "error" in audit:
+                row.update(audit)
+                break
+            audits.append(audit)
+        if audits:
+            row["audit"] = audits[-1]
+            row["audit_seconds"] = [a["seconds"] for a in audits]
+            row["audit_tokens_per_s"] = n / statistics.median(row["audit_seconds"])
+        restores = []
+        for _ in range(5):
+            restored, secs = timed(lambda: graft.restore(rel, entry["id"], lm), device)
+            row["kv_bytes"] = restored.kv_bytes
+            del restored
+            restores.append(secs)
+        row["restore_seconds"] = restores
+        row["restore_gbps"] = row["kv_bytes"] / statistics.median(restores) / 1e9
+        ranges = sorted(tuple(t["byte_range"]) for t in entry["tensors"].values())
+        dest = bytearray(row["kv_bytes"])
+        path = rel.entry_file(entry)
+        read_hash = [timed(lambda: hashing.read_and_hash(path, ranges, memoryview(dest)), "cpu")[1]
+                     for _ in range(3)]
+        all_cores = [timed(lambda: hash_in_memory(memoryview(dest), ranges), "cpu")[1] for _ in range(3)]
+        row["read_hash_gbps"] = row["kv_bytes"] / statistics.median(read_hash) / 1e9
+        row["all_cores_hash_gbps"] = row["kv_bytes"] / statistics.median(all_cores) / 1e9
+        row.update(hash_limit(row["kv_bytes"]))
+        if "error" in row:  # an audit raised (audit_row recorded it); the restores still ran
+            raise RuntimeError(row["error"])
+    except Exception as exc:
+        row.setdefault("error", error_of(exc)["error"])
+        raise
+    finally:
+        big["projection"] = projections(big["lengths"], library_tokens())
+    print(f"{args.big} at {length} tokens: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float)))
 
 
 def kv_entry_bytes(cfg: Any, tokens: int, element_bytes: int = 2) -> int:
@@ -381,45 +375,6 @@ def library_records(lm: models.LoadedModel, total: int, entry_tokens: int) -> tu
     return records, tokens
 
 
-def library_folder(args: argparse.Namespace, need: int) -> tuple[Path | None, dict[str, Any]]:
-    """Where the library goes: --library-dir, else /dev/shm when it has room (memory-backed: no write-back
-    of tens of GB at the writer's sync), else --work; None when none has `need` bytes free (+ 10%, + 1 GB)."""
-    candidates = [args.library_dir] if args.library_dir else [Path("/dev/shm"), args.work]
-    seen = []
-    for c in candidates:
-        try:
-            free = shutil.disk_usage(c).free
-        except OSError:
-            continue
-        kind = fs_type(c)
-        if kind == "tmpfs":  # memory-backed: the process needs the rest (16 GB kept for it)
-            free = min(free, max(0, mem_available() - int(16e9)))
-        seen.append(f"{c}: {free / 1e9:.1f} GB free{' (tmpfs: memory available less 16 GB)' if kind == 'tmpfs' else ''}")
-        if free >= need * 1.1 + 1e9:
-            return c / "kvgraft-gpu-check-library", {"folder": str(c), "free_bytes": free, "filesystem": kind}
-    return None, {"no_room": f"{need / 1e9:.1f} GB (+ 10%, + 1 GB) needed; " + "; ".join(seen)}
-
-
-def mem_available() -> int:
-    """MemAvailable of /proc/meminfo in bytes (0 when unreadable)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def fs_type(path: Path) -> str:
-    """The file system `path` lies on (/proc/mounts: the longest mount point above it), or ''."""
-    best, kind = "", ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and str(path.resolve()).startswith(parts[1]) and len(parts[1]) >= len(best):
-                best, kind = parts[1], parts[2]
-    return kind
-
-
 def plant(rel: Path, position: int, tensor: str) -> dict[str, Any]:
     """One element (head 0, middle stored position, dim 0) of `tensor` in the entry at `position` set to
     v + max(|v|, 1), every commitment rewritten (tests/rewrite.py): only a recompute can tell."""
@@ -439,97 +394,104 @@ def plant(rel: Path, position: int, tensor: str) -> dict[str, Any]:
             "new": struct.unpack("<f", new if size == 4 else b"\0\0" + new[2:])[0]}
 
 
-def library_estimates(args: argparse.Namespace, lengths: list[dict[str, Any]], entry_bytes: int,
-                      entries: int) -> dict[str, Any]:
-    """Seconds the library part needs, from (c)'s measured capture and audit rates (its longest measured
-    length), else from --library-estimate: capture, one sampled entry's audit, the planted control."""
-    measured = [r for r in lengths if r.get("capture_seconds") and r.get("audit_tokens_per_s") and r.get("kv_bytes")]
+def library_rates(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per library entry to capture and to audit, and the control's, from (c)'s longest measured
+    length (x1.5), the capture at least the chosen folder's measured write rate; else from --library-estimate."""
+    store, entry_bytes = state["storage"], state["entry_bytes"]
+    write_s = entry_bytes / store["write_bps"] if store.get("write_bps") else 0.0
+    measured = [r for r in state["big"].get("lengths", [])
+                if r.get("capture_seconds") and r.get("audit_tokens_per_s") and r.get("kv_bytes")]
     if not measured:
-        return {"from": "--library-estimate (no measured rate)", "capture": args.library_estimate * 0.6,
-                "entry_audit": args.library_estimate * 0.2 / max(1, args.library_sample),
-                "control": args.library_estimate * 0.2}
+        audit_s = args.library_estimate * 0.2 / max(1, args.library_sample)
+        return {"from": "--library-estimate (no rate measured yet)", "entry_audit": audit_s, "control": 5 * audit_s,
+                "entry_capture": max(args.library_estimate * 0.6 / max(1, state["planned_entries"]), 1.5 * write_s)}
     r = max(measured, key=lambda r: r["tokens"])
-    capture_s = 1.5 * r["capture_seconds"] * entry_bytes * entries / r["kv_bytes"]
-    entry_s = 1.5 * args.library_entry_tokens / r["audit_tokens_per_s"]
+    audit_s = 1.5 * args.library_entry_tokens / r["audit_tokens_per_s"]
     # The control's audit also measures the envelope (about 4 more prefills) and rewrites one entry file.
-    return {"from": f"(c) at {r['tokens']} tokens, x1.5", "capture": capture_s, "entry_audit": entry_s,
-            "control": 5 * entry_s + 2 * entry_bytes / 0.5e9}
+    return {"from": f"(c) at {r['tokens']} tokens, x1.5", "entry_audit": audit_s, "control": 5 * audit_s + 2 * write_s,
+            "entry_capture": 1.5 * max(r["capture_seconds"] * entry_bytes / r["kv_bytes"], write_s)}
 
 
-def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: models.LoadedModel,
-                 lengths: list[dict[str, Any]], out: dict[str, Any], written: Callable[[], None]) -> None:
-    """(e) a library of >= --library-tokens tokens captured on the device, then one sampled audit of it
-    (recompute.audit(sample=n): a fresh nonce, kvgraft.sampling's draw and bound), the sample re-derived
-    from the root and nonce, and a positive control: one planted element in a sampled entry, audited alone."""
-    records, tokens = library_records(lm, args.library_tokens, args.library_entry_tokens)
-    entry_bytes = kv_entry_bytes(lm.model.config.get_text_config(), args.library_entry_tokens)
-    need_bytes = entry_bytes * len(records)
-    out.update({"target_tokens": args.library_tokens, "entry_tokens": args.library_entry_tokens,
-                "entries": len(records), "tokens": tokens, "estimated_bytes": need_bytes,
-                "requested_sample": args.library_sample})
-    est = library_estimates(args, lengths, entry_bytes, len(records))
-    out["estimate"] = est
-    minimum = est["capture"] + args.library_min_sample * est["entry_audit"]
-    if not budget.fits(minimum):
-        out.update(budget.skipped(f"the {tokens:,}-token library (capture, a sample of {args.library_min_sample})", minimum))
-        return
-    folder, where = library_folder(args, need_bytes)
-    out["storage"] = where
-    if folder is None:
-        out["skipped"] = f"no room for the library: {where['no_room']}"
-        return
+def library_entries(args: argparse.Namespace, state: dict[str, Any], left: float) -> tuple[int, str]:
+    """Entries to capture when `left` seconds remain: as planned (the storage's room), fewer when the
+    time after a sample of --library-min-sample and the control is short; at least --library-min-entries."""
+    rates, planned = library_rates(args, state), state["planned_entries"]
+    spare = left - args.library_min_sample * rates["entry_audit"] - rates["control"]
+    n = min(planned, int(spare // rates["entry_capture"]))
+    why = f"{planned} entries" + (f" cut to {n}: the time left" if n < planned else "")
+    return max(n, args.library_min_entries), why
+
+
+def library_sample(args: argparse.Namespace, state: dict[str, Any], left: float) -> int:
+    """The sample: as many as `left` seconds allow after the control, at most --library-sample."""
+    rates = library_rates(args, state)
+    fit = int((left - rates["control"]) // max(rates["entry_audit"], 1e-9))
+    return max(args.library_min_sample, min(args.library_sample, state["library"].get("entries", state["planned_entries"]), fit))
+
+
+def library_capture(args: argparse.Namespace, device: str, state: dict[str, Any], left: float) -> None:
+    """(e)'s library: >= --library-tokens in entries of --library-entry-tokens (as many as the storage and
+    the time allow), captured on the device by the project's writer into the folder the probe chose."""
+    lm, lib = state["big"]["lm"], state["library"]
+    records, _ = library_records(lm, args.library_tokens, args.library_entry_tokens)
+    n, why = library_entries(args, state, left)
+    records = records[:n]
+    folder = Path(state["storage"]["folder"]) / "kvgraft-gpu-check-library"
+    lib.update({"target_tokens": args.library_tokens, "entry_tokens": args.library_entry_tokens, "entries": len(records),
+                "size_reason": why, "estimated_bytes": state["entry_bytes"] * len(records),
+                "requested_sample": args.library_sample, "folder": str(folder), "estimate": library_rates(args, state),
+                "storage": {k: state["storage"].get(k) for k in ("folder", "filesystem", "write_bps")}})
     shutil.rmtree(folder, ignore_errors=True)
-    try:
-        _, out["capture_seconds"] = timed(lambda: capture.capture(lm, records, folder, schedule=SCHEDULE, probe_tokens=1),
-                                          device)
-        rel = verified(Release.open(folder)).release
-        entries = rel.entries
-        out["release"] = {"entries": len(entries), "tokens": sum(int(e["num_tokens"]) for e in entries),
-                          "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
-                          "kv_bytes": sum(t["byte_range"][1] - t["byte_range"][0] for e in entries
-                                          for t in e["tensors"].values()),
-                          "root_digest": rel.manifest["root_digest"]}
-        print(f"[{budget.elapsed():.0f} s] library: {len(entries)} entries, {out['release']['tokens']:,} tokens, "
-              f"{out['release']['bytes'] / 1e9:.2f} GB in {out['capture_seconds']:.1f} s ({where['folder']})")
-        written()
-        # The sample: as many as the budget leaves (the control's time kept), at most --library-sample. The
-        # size is fixed before the nonce is drawn, so it does not depend on which entries the draw picks.
-        left = budget.seconds - budget.elapsed() - est["control"]
-        n = min(args.library_sample, len(entries), max(0, int(left // max(est["entry_audit"], 1e-9))))
-        if n < args.library_min_sample:
-            out.update(budget.skipped(f"a sample of {args.library_min_sample}",
-                                      args.library_min_sample * est["entry_audit"] + est["control"]))
-            return
-        if n < min(args.library_sample, len(entries)):
-            out["sample_reduced"] = f"sample of {n} instead of {min(args.library_sample, len(entries))}: what the budget left"
-        res, secs = timed(lambda: recompute.audit(rel, lm, require="exact", sample=n), device)  # a fresh nonce
-        es = res["entries"]
-        out["audit"] = {"verdict": res["verdict"], "passed": res["passed"], "seconds": secs,
-                        "sampled_tokens": sum(e["num_tokens"] for e in es),
-                        "verdicts": dict(collections.Counter(str(e["verdict"]) for e in es)),
-                        "not_replayed": sorted(res["conditions"]["not_replayed"]),
-                        "sample": {k: res["sample"][k] for k in ("method", "weighting", "nonce", "nonce_source",
-                                                                 "population", "population_tokens", "size", "entries")},
-                        "bound": res["bound"], "bound_sentence": sampling.sentence(res["bound"]),
-                        "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]), entries),
-                        "one_percent_sample": sampling.sample_size(BOUND, len(entries))}
-        out["audit"]["tokens_per_s"] = out["audit"]["sampled_tokens"] / secs
-        print(f"[{budget.elapsed():.0f} s] sampled audit: {out['audit']['bound_sentence']} ({secs:.1f} s)")
-        written()
-        first = res["sample"]["positions"][0]
-        if not budget.fits(est["control"]):
-            out["control"] = budget.skipped("the planted control", est["control"])
-            return
-        name = sorted(entries[first]["tensors"])[-1]  # the last by name: a values tensor
-        planted = plant(folder, first, name)
-        row = audit_row(folder, lm, "exact", device, entries=[planted["entry"]])
-        out["control"] = {**planted, "expect": "not byte-exact (fails --require exact)", **row,
-                          "failing": row.get("verdict") not in (None, "byte-exact")}
-    except Exception as exc:
-        out.update(error_of(exc))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)  # tens of GB, in memory when /dev/shm
-        written()
+    _, lib["capture_seconds"] = timed(lambda: capture.capture(lm, records, folder, schedule=SCHEDULE, probe_tokens=1), device)
+    rel = verified(Release.open(folder)).release
+    entries = rel.entries
+    lib["tokens"] = sum(int(e["num_tokens"]) for e in entries)
+    lib["release"] = {"entries": len(entries), "tokens": lib["tokens"],
+                      "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+                      "kv_bytes": sum(t["byte_range"][1] - t["byte_range"][0] for e in entries for t in e["tensors"].values()),
+                      "root_digest": rel.manifest["root_digest"]}
+    print(f"library: {len(entries)} entries, {lib['tokens']:,} tokens, {lib['release']['bytes'] / 1e9:.2f} GB in "
+          f"{lib['capture_seconds']:.1f} s ({folder})")
+
+
+def library_audit(args: argparse.Namespace, device: str, state: dict[str, Any], left: float) -> None:
+    """One `recompute.audit(sample=n)` with a fresh nonce; n fixed before the nonce is drawn, so it does
+    not depend on which entries the draw picks; the sample re-derived from the root and the nonce."""
+    lm, lib = state["big"]["lm"], state["library"]
+    rel = Release.open(Path(lib["folder"]))
+    entries = rel.entries
+    n = library_sample(args, state, left)
+    if n < min(args.library_sample, len(entries)):
+        lib["sample_reduced"] = f"sample of {n} instead of {min(args.library_sample, len(entries))}: what the budget left"
+    res, secs = timed(lambda: recompute.audit(rel, lm, require="exact", sample=n), device)  # a fresh nonce
+    es = res["entries"]
+    lib["audit"] = {"verdict": res["verdict"], "passed": res["passed"], "seconds": secs,
+                    "sampled_tokens": sum(e["num_tokens"] for e in es),
+                    "verdicts": dict(collections.Counter(str(e["verdict"]) for e in es)),
+                    "not_replayed": sorted(res["conditions"]["not_replayed"]),
+                    "sample": {k: res["sample"][k] for k in ("method", "weighting", "nonce", "nonce_source",
+                                                             "population", "population_tokens", "size", "entries")},
+                    "positions": res["sample"]["positions"],
+                    "bound": res["bound"], "bound_sentence": sampling.sentence(res["bound"]),
+                    "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]), entries),
+                    "one_percent_sample": sampling.sample_size(BOUND, len(entries))}
+    lib["audit"]["tokens_per_s"] = lib["audit"]["sampled_tokens"] / secs
+    print(f"sampled audit: {lib['audit']['bound_sentence']} ({secs:.1f} s)")
+
+
+def library_control(device: str, state: dict[str, Any]) -> None:
+    """The positive control: one element of the first sampled entry changed, every commitment rewritten,
+    that entry audited alone: must fail `--require exact`."""
+    lm, lib = state["big"]["lm"], state["library"]
+    folder = Path(lib["folder"])
+    first = lib["audit"]["positions"][0]
+    name = sorted(Release.open(folder).entries[first]["tensors"])[-1]  # the last by name: a values tensor
+    planted = plant(folder, first, name)
+    row = audit_row(folder, lm, "exact", device, entries=[planted["entry"]])
+    lib["control"] = {**planted, "expect": "not byte-exact (fails --require exact)", **row,
+                      "failing": row.get("verdict") not in (None, "byte-exact")}
+    if "error" in row or not lib["control"]["failing"]:
+        raise RuntimeError(row.get("error") or f"the planted entry came out {row.get('verdict')}")
 
 
 def sample_sizes(entries: int) -> dict[str, int]:
@@ -605,9 +567,9 @@ def markdown(res: dict[str, Any]) -> str:
         info = big["model"]
         lines += [f"### (c) {info['name']}-shaped model ({info['class']}, {info['parameters'] / 1e9:.2f} B parameters, "
                   f"{info['layers']} layers, bfloat16, sdpa), random weights seed {info['seed']}, identity "
-                  f"{info['identity'][:16]}…", "",
+                  f"{info.get('identity', 'not computed')[:16]}…", "",
                   f"Built on the device in {info['build_seconds']:.1f} s; its identity (SHA-256 of every weight) took "
-                  f"{info['identity_seconds']:.1f} s. Prefill: median of 3 one-shot prefills. Audit: the whole "
+                  f"{info.get('identity_seconds', math.nan):.1f} s. Prefill: median of 3 one-shot prefills. Audit: the whole "
                   "`recompute.audit` of a one-entry release (verify, prefill, hash and compare every tensor, probe "
                   "forward, verified graft, natural contrast), median of 2.", "",
                   "| tokens | prefill tokens/s | audit tokens/s | audit verdict | capture s | KV MB |",
@@ -642,9 +604,24 @@ def markdown(res: dict[str, Any]) -> str:
                              f"({r['cores']} x {r['one_core_gbps']:.2f}) | {r['restore_gbps'] / r['limit_gbps']:.2f} |")
         lines.append("")
     lines += library_markdown(res)
+    lines += steps_markdown(res)
     if res.get("errors"):
-        lines += [f"**{res['errors']} step(s) raised**; see gpu_check.log.", ""]
+        lines += [f"**{res['errors']} step(s) raised or were cut**; see gpu_check.log.", ""]
     return "\n".join(lines)
+
+
+def steps_markdown(res: dict[str, Any]) -> list[str]:
+    """The plan as run: each step's estimate, basis, seconds and status; where the library went and why."""
+    probe = res.get("probe", {})
+    lines = ["### Steps and budget", "", f"Budget {res['budget']:.0f} s from the script's start (wheel install and "
+             f"imports included); {res.get('elapsed', 0):.0f} s used. Each step started only when its estimate fit "
+             "what was left (the 12B-class steps' kept); a step past the budget is cut.", "",
+             f"Library storage, measured first: {probe.get('storage', {}).get('said', 'not measured')}.", "",
+             "| step | estimate s | seconds | status | basis |", "|---|---|---|---|---|"]
+    for r in res.get("steps", []):
+        status = r["status"] + (f": {r['why']}" if r.get("why") else "")
+        lines.append(f"| {r['step']} | {r['estimate']:.1f} | {r.get('seconds', math.nan):.1f} | {status} | {r['basis']} |")
+    return [*lines, ""]
 
 
 def library_markdown(res: dict[str, Any]) -> list[str]:
@@ -653,9 +630,11 @@ def library_markdown(res: dict[str, Any]) -> list[str]:
     name = res.get("big", {}).get("model", {}).get("name", "12B-class")
     lines = [f"### (e) one sampled audit of a library of the {name}-shaped model", ""]
     if not lib:
-        return [*lines, "Not run: " + (res.get("big_skipped") or res.get("big_error") or "the 12B-class model was not built"), ""]
-    lines += [f"A library of {lib['entries']:,} entries of about {lib['entry_tokens']:,} tokens ({lib['tokens']:,} tokens, "
-              f"at least {lib['target_tokens']:,} asked; about {lib['estimated_bytes'] / 1e9:.1f} GB of KV) captured on "
+        why = next((f"{r['status']}: {r['why']}" for r in res.get("steps", []) if r["step"] == "library capture (e)"), "")
+        return [*lines, f"Not run: {why or 'the 12B-class model was not built'}", ""]
+    lines += [f"A library of {lib['entries']:,} entries of about {lib['entry_tokens']:,} tokens (at least "
+              f"{lib['target_tokens']:,} tokens asked; {lib['size_reason']}; about {lib['estimated_bytes'] / 1e9:.1f} GB of "
+              "KV) captured on "
               "the device by `capture.capture` (the project's writer, format 2) from the random-weight model above; then "
               "one `recompute.audit(sample=n)` with a fresh nonce (kvgraft.sampling: sha256-rank-v1 draw from the root "
               "digest and the nonce, uniform over entries; exact hypergeometric bound, 95% one-sided), recomputing only "
@@ -686,93 +665,215 @@ def library_markdown(res: dict[str, Any]) -> list[str]:
                   f"{c['max_excess']:.3g}, {c['seconds']:.1f} s."]
     elif c:
         lines += ["", f"Positive control: {c.get('error') or c.get('skipped')}"]
-    for key in ("skipped", "error"):
-        if lib.get(key):
-            lines += ["", f"**{'Skipped' if key == 'skipped' else 'Error'}:** {lib[key]}"]
-    est = lib.get("estimate")
-    if est:
-        lines += ["", f"Budget estimate ({est['from']}): capture {est['capture']:.0f} s, {est['entry_audit']:.1f} s per "
-                  f"sampled entry, control {est['control']:.0f} s."]
+    if lib.get("estimate"):
+        est = lib["estimate"]
+        lines += ["", f"Size: {lib['size_reason']}. Estimates ({est['from']}): capture {est['entry_capture']:.2f} s per "
+                  f"entry, {est['entry_audit']:.1f} s per sampled entry, control {est['control']:.0f} s."]
     return [*lines, ""]
+
+
+def copy_rate(device: str) -> float | None:
+    """Bytes/s of a 256 MiB copy from the device to the host (the identity's copies); None on the CPU."""
+    if device != "cuda":
+        return None
+    t = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    secs = [timed(lambda: t.cpu(), device)[1] for _ in range(2)]  # the first also sets up the staging
+    return t.numel() / secs[-1]
+
+
+def probe(args: argparse.Namespace, device: str, state: dict[str, Any]) -> dict[str, Any]:
+    """Measured before anything runs: the library's folders (room, file system, write rate) and the rates the
+    identity's estimate uses (one core's SHA-256, the device-to-host copy). The plan follows from these."""
+    cfg = big_config(args.big, args.dry_run)
+    state["entry_bytes"] = kv_entry_bytes(cfg, args.library_entry_tokens)
+    entries = -(-args.library_tokens // (args.library_entry_tokens - 8))  # each record has at least this many tokens
+    folders = [args.library_dir] if args.library_dir else [Path("/dev/shm"), args.work]
+    measured = [plan.measure_folder(f) for f in folders]
+    state["storage"] = plan.choose_storage(measured, state["entry_bytes"], entries, args.library_min_entries)
+    state["planned_entries"] = state["storage"]["entries"]
+    block = os.urandom(64 << 20)
+    t0 = time.perf_counter()
+    hashlib.sha256(block).digest()
+    state["hash_bps"] = len(block) / (time.perf_counter() - t0)
+    state["copy_bps"] = copy_rate(device) if torch.cuda.is_available() else None
+    state["size"] = big_size(args)
+    print(f"storage: {state['storage']['said']}")
+    return {"storage": {k: v for k, v in state["storage"].items()}, "folders": measured, "entry_bytes": state["entry_bytes"],
+            "hash_one_core_bps": state["hash_bps"], "cores": cores(), "copy_bps": state["copy_bps"],
+            "memory_available": plan.mem_available(), "big": state["size"]}
+
+
+def steps(args: argparse.Namespace, device: str, state: dict[str, Any], res: dict[str, Any]) -> list[plan.Step]:
+    """The run's steps in order, with their estimates (s): generous for an H200 where nothing is measured
+    yet; the dry run's are this 2-core machine's CPU times."""
+    big = state["big"]
+    weight, hashed = state["size"]["weight_bytes"], state["size"]["state_bytes"]
+
+    def fixed(seconds: float, basis: str) -> Callable[[float], tuple[float, str]]:
+        return lambda left: (seconds, basis)
+
+    def identity_estimate(left: float) -> tuple[float, str]:
+        hash_bps = state["hash_bps"] * cores()
+        rate = min(hash_bps, state["copy_bps"] or math.inf)
+        return 2 + 1.5 * hashed / rate, (f"{hashed / 1e9:.1f} GB of state dict: SHA-256 at {hash_bps / 1e9:.1f} GB/s "
+                                         f"({cores()} cores x one measured)" + (
+            f", device-to-host copy at {state['copy_bps'] / 1e9:.1f} GB/s measured" if state["copy_bps"] else "")
+                                         + ", the slower of the two, x1.5, + 2 s")
+
+    def length_estimate(length: int) -> Callable[[float], tuple[float, str]]:
+        share = args.big_estimate * length / max(args.lengths)
+        return fixed(share + (5 if length == args.lengths[0] else 0),
+                     f"{args.big_estimate:.0f} s at {max(args.lengths)} tokens, in proportion"
+                     + ("; + 5 s warm-up prefill" if length == args.lengths[0] else ""))
+
+    def library_estimate(left: float) -> tuple[float, str]:
+        n, why = library_entries(args, state, left)
+        rates = library_rates(args, state)
+        return n * rates["entry_capture"], f"{why} x {rates['entry_capture']:.2f} s each ({rates['from']})"
+
+    def sample_estimate(left: float) -> tuple[float, str]:
+        n, rates = library_sample(args, state, left), library_rates(args, state)
+        return n * rates["entry_audit"], f"sample of {n} x {rates['entry_audit']:.2f} s ({rates['from']})"
+
+    def control_estimate(left: float) -> tuple[float, str]:
+        return library_rates(args, state)["control"], "5 entry audits (it measures an envelope) + 2 writes of the entry"
+
+    def tiny_step(family: str) -> plan.Step:
+        return plan.Step(f"tiny {family} (a, b)", fixed(args.tiny_estimate, "fixed"),
+                         lambda left: tiny_family(args, device, family, res["tiny"]))
+
+    build_s = 10 + weight / 0.5e9
+
+    def no_room() -> str:
+        return "" if state["storage"]["folder"] else f"no room: {state['storage']['said']}"
+
+    return [
+        *[tiny_step(f) for f in tiny.FAMILIES],
+        plan.Step("12B build", fixed(build_s, f"{weight / 1e9:.1f} GB of weights drawn at 0.5 GB/s, + 10 s"),
+                  lambda left: build_big(args, device, big), reserved=True),
+        plan.Step("12B identity", identity_estimate, lambda left: identify_big(device, big), needs=("12B build",),
+                  reserved=True),
+        *[plan.Step(f"12B {n} tokens (c, d)", length_estimate(n), lambda left, n=n: big_length(args, device, big, n),
+                    needs=("12B identity",), reserved=True) for n in args.lengths],
+        plan.Step("library capture (e)", library_estimate, lambda left: library_capture(args, device, state, left),
+                  needs=("12B identity",), blocked=no_room),
+        plan.Step("sampled audit (e)", sample_estimate, lambda left: library_audit(args, device, state, left),
+                  needs=("library capture (e)",)),
+        plan.Step("planted control (e)", control_estimate, lambda left: library_control(device, state),
+                  needs=("sampled audit (e)",)),
+        plan.Step("remove the library", fixed(0.0, "under a second"),
+                  lambda left: remove_library(state), always=True),
+    ]
+
+
+def remove_library(state: dict[str, Any]) -> None:
+    folder = state["library"].get("folder")
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)  # tens of GB, in memory when /dev/shm
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="gpu_check.md and gpu_check.json go here")
+    ap.add_argument("--out", type=Path, help="gpu_check.md and gpu_check.json go here (required unless --plan)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kvgraft-gpu-check"), help="models and releases")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny models, short lengths")
+    ap.add_argument("--plan", action="store_true", help="measure the folders and rates, print the steps, their "
+                    "estimates and order, and exit without running a step")
     ap.add_argument("--big", default="gemma3-12b", choices=("gemma3-12b", "llama-8b"))
     ap.add_argument("--lengths", type=int, nargs="+", help="12B-class prefix lengths (default 2048 8192; dry run 64 256)")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds the parts may take in all (default 420)")
+    ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the whole run (default {BUDGET:g}), "
+                    "counted from --started-at")
+    ap.add_argument("--started-at", type=float, help="the time (epoch s) the budget counts from (bench/gpu_check.sh "
+                    "passes its own start; default: this process's start)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--library-tokens", type=int, help="(e): the library's tokens at least (default 200000; dry run 4096)")
     ap.add_argument("--library-entry-tokens", type=int, help="(e): tokens of each entry (default 4096; dry run 128)")
     ap.add_argument("--library-sample", type=int, help="(e): entries to sample at most (default 16; dry run 8)")
     ap.add_argument("--library-min-sample", type=int, default=4, help="(e): skip the audit when fewer fit (default 4)")
+    ap.add_argument("--library-min-entries", type=int, default=8, help="(e): skip the library when fewer fit (default 8)")
     ap.add_argument("--library-dir", type=Path, help="(e): where the library goes (default /dev/shm if it has room, "
                     "else --work)")
     args = ap.parse_args()
+    if args.out is None and not args.plan:
+        ap.error("--out is required unless --plan")
     args.lengths = args.lengths or ([64, 256] if args.dry_run else [2048, 8192])
     args.library_tokens = args.library_tokens or (4096 if args.dry_run else 200_000)
     args.library_entry_tokens = args.library_entry_tokens or (128 if args.dry_run else 4096)
     args.library_sample = args.library_sample or (8 if args.dry_run else 16)
     # (e)'s need when (c) measured no rate to derive it from (s).
     args.library_estimate = 60.0 if args.dry_run else 240.0
-    # Estimates (s) a part needs to start: generous for the H200; the dry run's are its CPU times.
-    args.tiny_estimate, args.big_estimate, big_build = (10.0, 30.0, 30.0) if args.dry_run else (30.0, 90.0, 60.0)
-    args.big_reserve = big_build + sum(args.big_estimate * n / max(args.lengths) for n in args.lengths)
+    # Estimates (s): generous for the H200; the dry run's are this 2-core machine's CPU times.
+    args.tiny_estimate, args.big_estimate = (10.0, 30.0) if args.dry_run else (30.0, 90.0)
     device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and not args.plan:
         print("no CUDA device visible to torch (use --dry-run on a CPU)", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    budget = plan.Budget(args.budget, spent=max(0.0, time.time() - (args.started_at or PROCESS_START)))
     args.work.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget)
     import transformers
 
+    state: dict[str, Any] = {"big": {"lengths": [], "projection": []}, "library": {}}
     res: dict[str, Any] = {
-        "kind": "kvgraft-gpu-check", "dry_run": args.dry_run, "seed": args.seed,
+        "kind": "kvgraft-gpu-check", "dry_run": args.dry_run, "seed": args.seed, "budget": args.budget,
         "command": " ".join(["bash bench/gpu_check.sh", *(["--dry-run"] if args.dry_run else []),
                              *([f"--big {args.big}"] if args.big != "gemma3-12b" else []),
-                             *([f"--budget {args.budget:g}"] if args.budget != 420.0 else [])]),
+                             *([f"--budget {args.budget:g}"] if args.budget != BUDGET else [])]),
         "started": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "library_tokens": library_tokens(),
-        "machine": {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
-                    f"CPU {cpu_name()}", "cpu": cpu_name(), "torch": str(torch.__version__),
+        "machine": {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" and
+                    torch.cuda.is_available() else f"CPU {cpu_name()}", "cpu": cpu_name(), "torch": str(torch.__version__),
                     "transformers": transformers.__version__, "python": platform.python_version(),
                     "cores": os.cpu_count(), "cuda": torch.version.cuda},
+        "tiny": [],
     }
+    res["probe"] = probe(args, device, state)
+    todo = steps(args, device, state, res)
+    res["plan"] = plan.describe(todo, budget)
+    print(plan.plan_table(res["plan"], args.budget))
+    if args.plan:
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
         res["elapsed"] = budget.elapsed()
-        lib = res.get("library", {})
-        res["errors"] = sum("error" in r for r in [*res.get("tiny", []), *res.get("big", {}).get("lengths", []), lib,
-                                                   lib.get("control", {})])
-        (args.out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+        if state["big"].get("model"):
+            res["big"] = {k: v for k, v in state["big"].items() if k in ("model", "lengths", "projection")}
+        if state["library"]:
+            res["library"] = state["library"]
+        res["errors"] = sum(r.get("status") in ("error", "stopped") for r in res.get("steps", []))
+        for attempt in range(3):  # the hard stop writes from its own thread: a dict may change under json.dumps
+            try:
+                text = json.dumps(res, indent=1, default=str) + "\n"
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+        (args.out / "gpu_check.json").write_text(text)
         (args.out / "gpu_check.md").write_text(markdown(res))
 
-    res["tiny"] = []
-    part_tiny(args, device, budget, res["tiny"], write)
-    if budget.fits(big_build + args.big_estimate):
+    run = plan.Plan(todo, budget, after=write)
+    res["steps"] = run.records
+
+    def stop(rec: dict[str, Any]) -> None:
+        rec.update(status="stopped", seconds=budget.elapsed() - rec["start"])
+        rec["why"] = (f"cut at the budget ({budget.elapsed():.0f} of {args.budget:.0f} s) after {rec['seconds']:.0f} s; "
+                      f"estimated {rec['estimate']:.0f} s")
         try:
-            lm, info = build_big(args, device)
-            res["big"] = {"model": info, "lengths": [], "projection": []}
+            remove_library(state)
+            reached = {r["step"] for r in run.records}
+            run.records += [{**{k: r[k] for k in ("step", "estimate", "basis")}, "status": "not started",
+                             "why": "the run was cut at the budget before it"} for r in res["plan"] if r["step"] not in reached]
+            write()
+            print(f"STOPPED {rec['step']}: {rec['why']}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(1)  # from the watchdog thread, whatever the main thread is in
 
-            def written() -> None:  # after each length: a call cut short keeps what it measured
-                res["big"]["projection"] = projections(res["big"]["lengths"], res["library_tokens"])
-                write()
-
-            part_big(args, device, budget, lm, res["big"]["lengths"], written)
-            res["library"] = {}
-            part_library(args, device, budget, lm, res["big"]["lengths"], res["library"], written)
-        except Exception as exc:
-            res["big_error"] = error_of(exc)["error"]
-    else:
-        res["big_skipped"] = budget.skipped("12B-class model", big_build + args.big_estimate)["skipped"]
+    plan.start_watch(run, stop)
+    run.run()
     res["imported_distributions"] = imported_distributions()
     res["sigstore_imported"] = any(m == "sigstore" or m.startswith("sigstore.") for m in sys.modules)
     write()
     print(markdown(res))
-    return 1 if res["errors"] or "big_error" in res else 0
+    return 1 if res["errors"] else 0
 
 
 if __name__ == "__main__":

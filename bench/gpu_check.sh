@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# GPU check (issues 11, 24): verdicts and throughput on one GPU, with models of seeded random weights.
+# GPU check: verdicts and throughput on one GPU, with models of seeded random weights.
 #
-#   bash bench/gpu_check.sh [--dry-run] [bench/gpu_check.py options]
+#   bash bench/gpu_check.sh [--dry-run] [--plan] [bench/gpu_check.py options]
 #
 # Runs on a bare, offline GPU machine from this tree plus the wheel folder `make gpu-wheels` builds
-# (bench/wheels/pyX.Y for that machine's python3; carry it: the device tool's `run` with carry
-# ["bench/wheels/py3.12"], command `OUT=$OUT bash bench/gpu_check.sh`, timeout_s 540, the --budget of
-# 420 s plus the install, imports and margin): installs those wheels with --no-index into a scratch folder, puts it and
-# this tree on PYTHONPATH (kvgraft is not installed) and runs bench/gpu_check.py, which builds its
-# models from configs on the device, downloads nothing, and writes gpu_check.md (ready for
-# bench/RESULTS.md), gpu_check.json and this log to $OUT (default out/gpu-check); releases and models
-# go to $WORK (default /tmp/kvgraft-gpu-check), never to $OUT. --dry-run: tiny models on the CPU.
+# (bench/wheels/pyX.Y for that machine's python3), in one call: `OUT=DIR bash bench/gpu_check.sh`
+# under an outer limit of 540 s (the default --budget of 480 s, counted from this script's start, plus
+# margin). It installs those wheels with --no-index into a scratch folder, puts it and this tree on
+# PYTHONPATH (kvgraft is not installed) and runs bench/gpu_check.py: it measures the storage and rates
+# first, prints its plan (--plan: only that), then runs each step whose estimate fits what is left of
+# the budget and cuts one that overruns it at the budget. Models are built from configs on the device;
+# nothing is downloaded. It writes gpu_check.md (ready for bench/RESULTS.md), gpu_check.json and this
+# log to $OUT (default out/gpu-check) after every step; releases and models go to $WORK (default
+# /tmp/kvgraft-gpu-check), never to $OUT. --dry-run: tiny models on the CPU.
 # Environment: PY (default python3), GPU_WHEELS (default bench/wheels/py<PY's version>), OUT, WORK.
 set -euo pipefail
+STARTED_AT=$(date +%s.%N)
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 OUT="${OUT:-out/gpu-check}"
@@ -28,7 +31,7 @@ mkdir -p "$WORK"
 t0=$SECONDS
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
   --target "$WORK/site" "$WHEELS"/*.whl
-echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $WORK/site in $((SECONDS - t0)) s"
+echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $WORK/site in $((SECONDS - t0)) s" | tee "$OUT/gpu_check.log"
 export PYTHONPATH="$WORK/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   KVGRAFT_HOME="$WORK/home" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-"$PY" bench/gpu_check.py --out "$OUT" --work "$WORK" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+"$PY" bench/gpu_check.py --out "$OUT" --work "$WORK" --started-at "$STARTED_AT" "$@" 2>&1 | tee -a "$OUT/gpu_check.log"

@@ -1,6 +1,7 @@
 """A fresh venv that sees only the GPU machine's packages, for the GPU check's dry run on this machine.
 
 Run: python3 bench/gpu_emulate.py VENV [--from SITE_PACKAGES] [--machine-wheels DIR]
+     python3 bench/gpu_emulate.py SCRATCH --check-wheels 3.12 bench/wheels/py3.12
 
 The GPU machine (bench/gpu_machine_packages.txt) has torch, transformers, safetensors, typer, rich,
 scipy and more, but not cryptography, rfc8785, jsonschema(-rs) or sigstore, and reaches no package
@@ -22,6 +23,7 @@ import argparse
 import importlib.metadata as md
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -121,6 +123,64 @@ def check_absent(python: Path) -> None:
         raise SystemExit(f"{python}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
 
 
+# Run with the carried wheels (and the tree) on PYTHONPATH: kvgraft's torch-free uses of every carried
+# module with compiled code: signing (cryptography, cffi's backend), RFC 8785 digests, schema validation
+# (jsonschema-rs; jsonschema with referencing and rpds-py), and cffi with pycparser.
+WHEEL_PROBE = """
+import sys, cffi, rpds
+from kvgraft import schema
+from kvgraft.errors import SchemaError
+from kvgraft.signing import keys
+import kvgraft.signing.verify
+from kvgraft._internal.digest import digest_json
+key = keys.generate()
+assert keys.verify(key.public_key(), keys.sign(key, b"probe"), b"probe")
+assert digest_json({"b": 1, "a": [1.5, "x"]}) == digest_json({"a": [1.5, "x"], "b": 1})
+try:
+    schema.validate({}, "claims.v1.json", "probe")
+    sys.exit("an empty claims file validated")
+except SchemaError:
+    pass
+ffi = cffi.FFI()
+ffi.cdef("int abs(int);")
+assert ffi.dlopen(None).abs(-3) == 3 and rpds.HashTrieMap({1: 2})[1] == 2
+print("Python %d.%d.%d" % sys.version_info[:3])
+"""
+# What the carried modules import from the GPU machine's own packages (its list has both).
+WHEEL_PROBE_MACHINE = ("attrs", "typing-extensions")
+
+
+def find_python(version: str) -> Path | None:
+    """A CPython `version` on this machine: pythonX.Y on PATH when it runs (a pyenv shim runs only for a
+    version chosen), else pyenv's installed one; None when neither."""
+    found = [shutil.which(f"python{version}")]
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
+        found += sorted(Path(root).glob(f"versions/{version}.*/bin/python{version}")) if root else []
+    for python in found:
+        if python and subprocess.run([str(python), "-c", "pass"], capture_output=True).returncode == 0:
+            return Path(python)
+    return None
+
+
+def check_wheels(python: Path, wheels: Path, scratch: Path) -> str:
+    """Install the wheel folder with `python` as bench/gpu_check.sh does (pip --no-index refuses a wheel
+    whose tags that Python does not take), then run WHEEL_PROBE there; its last line (the version)."""
+    files = sorted(str(f) for f in wheels.glob("*.whl"))
+    if not files:
+        raise SystemExit(f"{wheels}: no wheels")
+    quiet = ["-q", "--disable-pip-version-check", "--no-compile", "--no-deps"]
+    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--no-index", "--target", str(scratch / "site"), *files],
+                   check=True)
+    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--only-binary=:all:", "--target",
+                    str(scratch / "machine"), *WHEEL_PROBE_MACHINE], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (scratch / "site", scratch / "machine", HERE.parent))}
+    out = subprocess.run([str(python), "-c", WHEEL_PROBE], env=env, cwd=scratch, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{python} with {wheels}: {(out.stderr.strip() or str(out.returncode)).splitlines()[-1]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("venv", type=Path)
@@ -128,7 +188,20 @@ def main() -> None:
                     help="site-packages holding the GPU machine's packages (default: this Python's)")
     ap.add_argument("--machine-wheels", type=Path, default=None,
                     help="where the pinned versions' wheels are downloaded to (default: VENV/../machine-wheels)")
+    ap.add_argument("--check-wheels", nargs=2, metavar=("PYTHON_VERSION", "WHEELS"),
+                    help="instead: install WHEELS into a CPython of that version here, if there is one, and use them")
     args = ap.parse_args()
+    if args.check_wheels:
+        version, folder = args.check_wheels
+        python = find_python(version)
+        if python is None:  # said, not failed: bench/gpu_check.sh's install on the GPU machine is the check then
+            print(f"no CPython {version} on this machine: {folder} not installed here", file=sys.stderr)
+            return
+        scratch = args.venv.resolve()
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(f"{folder}: installed with --no-index into {python} ({check_wheels(python, Path(folder), scratch)}), "
+              "kvgraft's signing, digests and schema validation ran there", file=sys.stderr)
+        return
     wheels = (args.machine_wheels or args.venv.resolve().parent / "machine-wheels").resolve()
     linked = build(args.venv.resolve(), args.site.resolve(), wheels)
     print(f"{args.venv}: {len(linked)} distributions of the GPU machine's list linked from {args.site}; at that "

@@ -153,15 +153,75 @@ def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tm
 
 
 @pytest.mark.slow
-def test_a_run_out_of_budget_skips_every_part_and_still_writes_its_files(tmp_path: Path) -> None:
+def test_a_run_out_of_budget_skips_every_step_and_still_writes_its_files(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--budget", "1",
                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    assert [r["family"] for r in res["tiny"]] == ["llama", "qwen3", "gpt2", "gemma3", "gemma4"]
-    assert all("skipped" in r for r in res["tiny"]) and "big_skipped" in res and "big" not in res
-    assert "library" not in res  # (e) needs the 12B-class model: the markdown says why it did not run
+    steps = res["steps"]
+    assert [r["step"] for r in steps[:5]] == [f"tiny {f} (a, b)" for f in ("llama", "qwen3", "gpt2", "gemma3", "gemma4")]
+    assert [r["status"] for r in steps] == ["skipped"] * (len(steps) - 1) + ["done"]  # removing the library always runs
+    assert all("of the budget left" in r["why"] for r in steps[:6])  # the tiny ones and the 12B build
+    assert "needs 12B build" in steps[6]["why"] and res["tiny"] == [] and "big" not in res and "library" not in res
     md = (tmp_path / "out" / "gpu_check.md").read_text()
-    assert "of the budget left" in md and "### (e)" in md and f"Not run: {res['big_skipped']}" in md
+    assert "### Steps and budget" in md and f"| {steps[0]['step']} | 10.0 | nan | skipped: " in md
+    assert "### (e)" in md and f"Not run: skipped: {steps[-4]['why']}" in md
+
+
+@pytest.mark.slow
+def test_plan_prints_the_steps_and_their_estimates_and_runs_none(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    work = tmp_path / "work"
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--plan", "--dry-run", "--budget", "120",
+                          "--work", str(work), "--library-dir", str(tmp_path)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [r[1] for r in rows][:6] == [*(f"tiny {f} (a, b)" for f in ("llama", "qwen3", "gpt2", "gemma3", "gemma4")),
+                                        "12B build"]
+    assert [r[1] for r in rows][-4:] == ["library capture (e)", "sampled audit (e)", "planted control (e)",
+                                         "remove the library"]
+    starts = [float(r[3]) for r in rows]
+    assert starts == sorted(starts) and {r[4] for r in rows} == {"yes", "skipped"}  # 120 s: not everything fits
+    # The storage was measured and chosen before the plan; nothing ran: no release, no library, no output files.
+    assert f"chose {tmp_path}" in run.stdout and not (work / "releases").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+@pytest.mark.slow
+def test_the_gpu_machines_wheel_set_takes_cpython_312(tmp_path: Path) -> None:
+    """The GPU machine's Python is 3.12 (bench/gpu_machine_packages.txt): every wheel of its set admits
+    CPython 3.12 on manylinux x86-64 by its tags and Requires-Python, transformers' requirements admit that
+    machine's torch 2.11 and pinned packages; and where this machine has a CPython 3.12 the set installs
+    there with --no-index and kvgraft's signing, digests and schema validation run on it."""
+    from packaging.requirements import Requirement
+    from packaging.tags import compatible_tags, cpython_tags, parse_tag
+    from packaging.version import Version
+
+    wheels = tmp_path / "py3.12"
+    subprocess.run(["make", "-s", "gpu-wheels", "GPU_PY=3.12", f"GPU_WHEELS={wheels}"], cwd=ROOT, check=True)
+    platforms = [f"manylinux_2_{m}_x86_64" for m in range(28, 4, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
+    supported = {*cpython_tags((3, 12), platforms=platforms), *compatible_tags((3, 12), "cp312", platforms)}
+    pins = {**_bench("gpu_emulate").machine_pins(), "torch": "2.11.0", "safetensors": "0.8.0"}
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            info = {n.rsplit("/", 1)[1]: z.read(n).decode() for n in z.namelist()
+                    if n.count("/") == 1 and n.split("/")[0].endswith(".dist-info") and n.endswith(("/WHEEL", "/METADATA"))}
+        tags = {t for line in info["WHEEL"].splitlines() if line.startswith("Tag: ") for t in parse_tag(line[5:])}
+        assert tags & supported, (wheel.name, tags)
+        meta = info["METADATA"].splitlines()
+        python = next((line.split(":", 1)[1].strip() for line in meta if line.startswith("Requires-Python:")), "")
+        assert Version("3.12.3") in Requirement(f"x{python}").specifier, (wheel.name, python)
+        for line in meta:
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                if _norm(req.name) in pins and (req.marker is None or req.marker.evaluate({"extra": "torch"})):
+                    assert Version(pins[_norm(req.name)]) in req.specifier, (wheel.name, str(req))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_emulate.py"), str(tmp_path / "py312"),
+                          "--check-wheels", "3.12", str(wheels)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stderr.strip().splitlines()[-1]
+    assert said.startswith((f"{wheels}: installed with --no-index into", "no CPython 3.12 on this machine")), said
+    if "installed" in said:
+        assert "(Python 3.12." in said

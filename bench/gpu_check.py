@@ -1,8 +1,8 @@
 """GPU check: recompute verdicts on the GPU, a 12B-class model's prefill and audit throughput, graft restore GB/s.
 
 Run through bench/gpu_check.sh (it installs the carried wheels first); by hand:
-    python bench/gpu_check.py --out DIR [--work DIR] [--dry-run] [--big gemma3-12b|llama-8b] [--budget S]
-        [--library-tokens N] [--library-entry-tokens N] [--library-sample N] [--library-dir DIR]
+    python bench/gpu_check.py --out DIR [--work DIR] [--dry-run] [--plan] [--big gemma3-12b|llama-8b] [--budget S]
+        [--started-at EPOCH_S] [--library-tokens N] [--library-entry-tokens N] [--library-sample N] [--library-dir DIR]
 
 Every model is built here from a config with seeded random weights (the tiny families of tests/tiny.py
 on the CPU, saved to --work; the 12B-class model directly on the device in bfloat16): nothing is
@@ -19,19 +19,23 @@ weights decide neither the verdict machinery nor the throughput; accuracy figure
       time to audit the preprint's library in full and by a sample bounding failing entries at 1%;
   (d) graft restore (read + SHA-256 + copy to the device) GB/s against this machine's SHA-256 limit;
   (e) one sampled audit of a library of the 12B-class model: >= --library-tokens (200,000) tokens in
-      entries of --library-entry-tokens (4,096) captured on the device by the project's writer (into
-      /dev/shm when it has room, else --work), then `recompute.audit(sample=n)` with a fresh nonce
-      (kvgraft.sampling's draw and exact hypergeometric bound, as `kvgraft audit recompute --sample`),
-      recomputing only the n sampled entries; the sample re-derived from the root and the nonce; a
-      positive control (one element of the first sampled entry changed, commitments rewritten, that
-      entry audited alone: must fail `--require exact`). n: --library-sample (16), fewer when the
-      budget (estimated from (c)'s measured capture and audit rates) leaves less, said so.
+      entries of --library-entry-tokens (4,096; fewer when the room or the time measured says so)
+      captured on the device by the project's writer (into /dev/shm when it holds them all, else
+      --work), then `recompute.audit(sample=n)` with a fresh nonce (kvgraft.sampling's draw and exact
+      hypergeometric bound, as `kvgraft audit recompute --sample`), recomputing only the n sampled
+      entries; the sample re-derived from the root and the nonce; a positive control (one element of
+      the first sampled entry changed, commitments rewritten, that entry audited alone: must fail
+      `--require exact`). n: --library-sample (16), fewer when the budget (estimated from (c)'s
+      measured capture and audit rates) leaves less, said so.
 
-Writes gpu_check.md (tables for bench/RESULTS.md) and gpu_check.json to --out after every part, so a
-run cut short keeps what it measured; each part starts only if --budget seconds leave time for it.
-Exit 1 if any step raised (each is recorded and the run goes on), else 0. --dry-run: the same steps
-on the CPU with tiny models and short lengths, (e) with a 4,096-token library of 128-token entries and
-a sample of 8 (what tests/bench/test_gpu_check.py runs).
+First it measures the library's folders (room, file system, write rate) and the rates the estimates use,
+then prints its plan (--plan: only that): the steps of bench/gpu_plan.py in order, each started only
+when its estimate fits what is left of --budget (from --started-at: bench/gpu_check.sh passes its
+start), and cut at the budget if it overruns. Writes gpu_check.md (tables for bench/RESULTS.md) and
+gpu_check.json to --out after every step, so a run cut short keeps what it measured. Exit 1 if any step
+raised or was cut (each is recorded and the run goes on), else 0. --dry-run: the same steps on the CPU
+with tiny models and short lengths, (e) with a 4,096-token library of 128-token entries and a sample of
+8 (what tests/bench/test_gpu_check.py runs).
 """
 
 from __future__ import annotations

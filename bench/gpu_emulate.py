@@ -153,10 +153,12 @@ WHEEL_PROBE_MACHINE = ("attrs", "typing-extensions")
 def find_python(version: str) -> Path | None:
     """A CPython `version` on this machine: pythonX.Y on PATH when it runs (a pyenv shim runs only for a
     version chosen), else pyenv's installed one; None when neither."""
-    found = [shutil.which(f"python{version}")]
-    if shutil.which("pyenv"):
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
-        found += sorted(Path(root).glob(f"versions/{version}.*/bin/python{version}")) if root else []
+    found: list[str | Path | None] = [shutil.which(f"python{version}")]
+    pyenv = shutil.which("pyenv")
+    if pyenv:  # its root: what it says (PYENV_ROOT, else ~/.pyenv), and where it lies (ROOT/libexec/pyenv)
+        said = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        for root in dict.fromkeys([*([Path(said)] if said else []), Path(pyenv).resolve().parent.parent]):
+            found += sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
     for python in found:
         if python and subprocess.run([str(python), "-c", "pass"], capture_output=True).returncode == 0:
             return Path(python)

@@ -53,6 +53,7 @@ import shutil
 import statistics
 import struct
 import sys
+import threading
 import time
 import tomllib
 import traceback
@@ -837,14 +838,20 @@ def main() -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
 
+    lock = threading.Lock()  # the hard stop writes from its own thread
+
     def write() -> None:
+        with lock:
+            write_files()
+
+    def write_files() -> None:
         res["elapsed"] = budget.elapsed()
         if state["big"].get("model"):
             res["big"] = {k: v for k, v in state["big"].items() if k in ("model", "lengths", "projection")}
         if state["library"]:
             res["library"] = state["library"]
         res["errors"] = sum(r.get("status") in ("error", "stopped") for r in res.get("steps", []))
-        for attempt in range(3):  # the hard stop writes from its own thread: a dict may change under json.dumps
+        for attempt in range(3):  # the main thread may change a dict under json.dumps while the stop writes
             try:
                 text = json.dumps(res, indent=1, default=str) + "\n"
                 break

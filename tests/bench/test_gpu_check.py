@@ -98,6 +98,11 @@ def test_dry_run_from_the_wheel_folder_in_a_venv_of_the_gpu_machines_packages(tm
     print(f"dry run: {seconds:.0f} s")
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]  # <= 8
     res = json.loads((out / "gpu_check.json").read_text())
+    # Every step of the plan ran, each after its estimate was checked; the library went where the probe chose.
+    assert [r["step"] for r in res["steps"]] == [r["step"] for r in res["plan"]]
+    assert all(r["status"] == "done" and r["estimate"] >= 0 for r in res["steps"]), res["steps"]
+    assert res["probe"]["storage"]["folder"] and res["library"]["folder"].startswith(res["probe"]["storage"]["folder"])
+    assert res["elapsed"] <= 3600 and "### Steps and budget" in (out / "gpu_check.md").read_text()
     tiny = res["tiny"]
     assert {r["family"] for r in tiny} == {"llama", "qwen3", "gpt2", "gemma3", "gemma4"}
     assert all("verdict" in r for r in tiny), [r for r in tiny if "verdict" not in r]

@@ -172,10 +172,12 @@ def check_wheels(python: Path, wheels: Path, scratch: Path) -> str:
     if not files:
         raise SystemExit(f"{wheels}: no wheels")
     quiet = ["-q", "--disable-pip-version-check", "--no-compile", "--no-deps"]
-    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--no-index", "--target", str(scratch / "site"), *files],
-                   check=True)
-    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--only-binary=:all:", "--target",
-                    str(scratch / "machine"), *WHEEL_PROBE_MACHINE], check=True)
+    for what, target, names in (("--no-index", "site", files), ("--only-binary=:all:", "machine", WHEEL_PROBE_MACHINE)):
+        done = subprocess.run([str(python), "-m", "pip", "install", *quiet, what, "--target", str(scratch / target), *names],
+                              capture_output=True, text=True)
+        if done.returncode != 0:  # pip's own reason, e.g. "... is not a supported wheel on this platform."
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or [str(done.returncode)]
+            raise SystemExit(f"{python}: pip install {what} {' '.join(Path(n).name for n in names)}: {errors[-1]}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (scratch / "site", scratch / "machine", HERE.parent))}
     out = subprocess.run([str(python), "-c", WHEEL_PROBE], env=env, cwd=scratch, capture_output=True, text=True)
     if out.returncode != 0:

@@ -423,8 +423,9 @@ def library_entries(args: argparse.Namespace, state: dict[str, Any], left: float
     rates, planned = library_rates(args, state), state["planned_entries"]
     spare = left - args.library_min_sample * rates["entry_audit"] - rates["control"]
     n = min(planned, int(spare // rates["entry_capture"]))
-    why = f"{planned} entries" + (f" cut to {n}: the time left" if n < planned else "")
-    return max(n, args.library_min_entries), why
+    if n < args.library_min_entries:  # estimated at the minimum, which does not fit: the step is skipped
+        return args.library_min_entries, f"{planned} entries planned; the time left holds under {args.library_min_entries}"
+    return n, f"{planned} entries" + (f" cut to {n}: the time left" if n < planned else "")
 
 
 def library_sample(args: argparse.Namespace, state: dict[str, Any], left: float) -> int:

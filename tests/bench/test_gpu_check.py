@@ -39,14 +39,43 @@ def test_gpu_audit_path_imports_no_sigstore_nor_gguf() -> None:
     assert out.returncode == 0, f"imported on the GPU audit path: {out.stderr.strip()}"
 
 
+def _gpu_check():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "bench"))  # its own imports: gpu_plan, graft_vs_recompute
+    try:
+        return _bench("gpu_check")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_the_tables_draw_from_a_run_cut_anywhere() -> None:
+    # The hard stop writes whatever is there: a length row with only its capture, an (e) with only its size.
+    res = {"dry_run": False, "started": "2026-12-01T00:00Z", "command": "bash bench/gpu_check.sh", "elapsed": 475.0,
+           "budget": 480.0, "seed": 0, "library_tokens": 2_854_766, "tiny": [],
+           "machine": {"device_name": "GPU", "torch": "2.11.0", "transformers": "5.24.0", "python": "3.12.3",
+                       "cores": 16, "cpu": "CPU"},
+           "probe": {"storage": {"said": "chose /dev/shm"}},
+           "big": {"model": {"name": "gemma3-12b", "class": "Gemma3ForCausalLM", "parameters": 11.8e9, "layers": 48,
+                             "build_seconds": 20.0, "seed": 0},
+                   "lengths": [{"length": 2048, "capture_seconds": 3.0, "tokens": 2048, "prefill_seconds": [0.1]}],
+                   "projection": []},
+           "library": {"entries": 49, "entry_tokens": 4096, "target_tokens": 200_000, "size_reason": "49 entries",
+                       "estimated_bytes": 29.6e9},
+           "steps": [{"step": "12B 2048 tokens (c, d)", "estimate": 27.5, "basis": "b", "start": 440.0, "seconds": 35.0,
+                      "status": "stopped", "why": "cut at the budget (475 of 480 s) after 35 s; estimated 28 s"},
+                     {"step": "library capture (e)", "estimate": 30.0, "basis": "b", "status": "not started",
+                      "why": "the run was cut at the budget before it"}],
+           "errors": 1}
+    md = _gpu_check().markdown(res)
+    assert "| 2048 | not finished | | | | |" in md and "identity not computed" in md
+    assert "| 12B 2048 tokens (c, d) | 27.5 | 35.0 | stopped: cut at the budget (475 of 480 s)" in md
+    assert "| library capture (e) | 30.0 | nan | not started: the run was cut at the budget before it |" in md
+    assert "A library of 49 entries" in md and "**1 step(s) raised or were cut**" in md
+
+
 def test_sample_sizes_match_the_hypergeometric_and_binomial_bounds() -> None:
     from scipy.stats import hypergeom
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        sizes = _bench("gpu_check").sample_sizes
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    sizes = _gpu_check().sample_sizes
     for entries in (50, 100, 349, 1394, 44606):
         s = sizes(entries)
         failing = max(1, -(-entries // 100))

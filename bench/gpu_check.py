@@ -400,20 +400,24 @@ def plant(rel: Path, position: int, tensor: str) -> dict[str, Any]:
 
 
 def library_rates(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
-    """Seconds per library entry to capture and to audit, and the control's, from (c)'s longest measured
-    length (x1.5), the capture at least the chosen folder's measured write rate; else from --library-estimate."""
+    """Seconds per library entry to capture and to audit, an audit's fixed cost, and the control's, from
+    (c)'s longest measured length (x1.5; the fixed cost: its one-entry audit, whole), the capture at least
+    the chosen folder's measured write rate; else from --library-estimate."""
     store, entry_bytes = state["storage"], state["entry_bytes"]
     write_s = entry_bytes / store["write_bps"] if store.get("write_bps") else 0.0
     measured = [r for r in state["big"].get("lengths", [])
                 if r.get("capture_seconds") and r.get("audit_tokens_per_s") and r.get("kv_bytes")]
     if not measured:
         audit_s = args.library_estimate * 0.2 / max(1, args.library_sample)
-        return {"from": "--library-estimate (no rate measured yet)", "entry_audit": audit_s, "control": 5 * audit_s,
-                "entry_capture": max(args.library_estimate * 0.6 / max(1, state["planned_entries"]), 1.5 * write_s)}
+        return {"from": "--library-estimate (no rate measured yet)", "entry_audit": audit_s, "overhead": audit_s,
+                "control": 5 * audit_s, "entry_capture": max(args.library_estimate * 0.6 / max(1, state["planned_entries"]),
+                                                             1.5 * write_s)}
     r = max(measured, key=lambda r: r["tokens"])
     audit_s = 1.5 * args.library_entry_tokens / r["audit_tokens_per_s"]
+    overhead = 1.5 * statistics.median(r["audit_seconds"])
     # The control's audit also measures the envelope (about 4 more prefills) and rewrites one entry file.
-    return {"from": f"(c) at {r['tokens']} tokens, x1.5", "entry_audit": audit_s, "control": 5 * audit_s + 2 * write_s,
+    return {"from": f"(c) at {r['tokens']} tokens, x1.5", "entry_audit": audit_s, "overhead": overhead,
+            "control": overhead + 5 * audit_s + 2 * write_s,
             "entry_capture": 1.5 * max(r["capture_seconds"] * entry_bytes / r["kv_bytes"], write_s)}
 
 
@@ -421,7 +425,7 @@ def library_entries(args: argparse.Namespace, state: dict[str, Any], left: float
     """Entries to capture when `left` seconds remain: as planned (the storage's room), fewer when the
     time after a sample of --library-min-sample and the control is short; at least --library-min-entries."""
     rates, planned = library_rates(args, state), state["planned_entries"]
-    spare = left - args.library_min_sample * rates["entry_audit"] - rates["control"]
+    spare = left - rates["overhead"] - args.library_min_sample * rates["entry_audit"] - rates["control"]
     n = min(planned, int(spare // rates["entry_capture"]))
     if n < args.library_min_entries:  # estimated at the minimum, which does not fit: the step is skipped
         return args.library_min_entries, f"{planned} entries planned; the time left holds under {args.library_min_entries}"
@@ -431,7 +435,7 @@ def library_entries(args: argparse.Namespace, state: dict[str, Any], left: float
 def library_sample(args: argparse.Namespace, state: dict[str, Any], left: float) -> int:
     """The sample: as many as `left` seconds allow after the control, at most --library-sample."""
     rates = library_rates(args, state)
-    fit = int((left - rates["control"]) // max(rates["entry_audit"], 1e-9))
+    fit = int((left - rates["control"] - rates["overhead"]) // max(rates["entry_audit"], 1e-9))
     return max(args.library_min_sample, min(args.library_sample, state["library"].get("entries", state["planned_entries"]), fit))
 
 
@@ -674,7 +678,8 @@ def library_markdown(res: dict[str, Any]) -> list[str]:
     if lib.get("estimate"):
         est = lib["estimate"]
         lines += ["", f"Size: {lib['size_reason']}. Estimates ({est['from']}): capture {est['entry_capture']:.2f} s per "
-                  f"entry, {est['entry_audit']:.1f} s per sampled entry, control {est['control']:.0f} s."]
+                  f"entry, an audit's fixed cost {est['overhead']:.1f} s, {est['entry_audit']:.1f} s per sampled entry, "
+                  f"control {est['control']:.0f} s."]
     return [*lines, ""]
 
 
@@ -739,10 +744,12 @@ def steps(args: argparse.Namespace, device: str, state: dict[str, Any], res: dic
 
     def sample_estimate(left: float) -> tuple[float, str]:
         n, rates = library_sample(args, state, left), library_rates(args, state)
-        return n * rates["entry_audit"], f"sample of {n} x {rates['entry_audit']:.2f} s ({rates['from']})"
+        return rates["overhead"] + n * rates["entry_audit"], (f"{rates['overhead']:.1f} s + a sample of {n} x "
+                                                              f"{rates['entry_audit']:.2f} s ({rates['from']})")
 
     def control_estimate(left: float) -> tuple[float, str]:
-        return library_rates(args, state)["control"], "5 entry audits (it measures an envelope) + 2 writes of the entry"
+        return library_rates(args, state)["control"], ("an audit's fixed cost + 5 entry audits (it measures an envelope) "
+                                                       "+ 2 writes of the entry")
 
     def tiny_step(family: str) -> plan.Step:
         return plan.Step(f"tiny {family} (a, b)", fixed(args.tiny_estimate, "fixed"),
@@ -808,8 +815,9 @@ def main() -> int:
     args.library_sample = args.library_sample or (8 if args.dry_run else 16)
     # (e)'s need when (c) measured no rate to derive it from (s).
     args.library_estimate = 60.0 if args.dry_run else 240.0
-    # Estimates (s): generous for the H200; the dry run's are this 2-core machine's CPU times.
-    args.tiny_estimate, args.big_estimate = (10.0, 30.0) if args.dry_run else (30.0, 90.0)
+    # Estimates (s): generous for the H200; the dry run's are this 2-core machine's CPU times (a tiny
+    # family took 14-76 s there, loaded).
+    args.tiny_estimate, args.big_estimate = (30.0, 30.0) if args.dry_run else (30.0, 90.0)
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available() and not args.plan:
         print("no CUDA device visible to torch (use --dry-run on a CPU)", file=sys.stderr)

@@ -200,7 +200,7 @@ def test_a_run_out_of_budget_skips_every_step_and_still_writes_its_files(tmp_pat
     assert all("of the budget left" in r["why"] for r in steps[:6])  # the tiny ones and the 12B build
     assert "needs 12B build" in steps[6]["why"] and res["tiny"] == [] and "big" not in res and "library" not in res
     md = (tmp_path / "out" / "gpu_check.md").read_text()
-    assert "### Steps and budget" in md and f"| {steps[0]['step']} | 10.0 | nan | skipped: " in md
+    assert "### Steps and budget" in md and f"| {steps[0]['step']} | 30.0 | nan | skipped: " in md
     assert "### (e)" in md and f"Not run: skipped: {steps[-4]['why']}" in md
 
 

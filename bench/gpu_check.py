@@ -445,6 +445,8 @@ def library_capture(args: argparse.Namespace, device: str, state: dict[str, Any]
     lm, lib = state["big"]["lm"], state["library"]
     records, _ = library_records(lm, args.library_tokens, args.library_entry_tokens)
     n, why = library_entries(args, state, left)
+    if len(records) < n:  # the plan counted entries of the fewest tokens a record can have
+        why = f"{len(records)} entries: the {args.library_tokens:,} tokens asked"
     records = records[:n]
     folder = Path(state["storage"]["folder"]) / "kvgraft-gpu-check-library"
     lib.update({"target_tokens": args.library_tokens, "entry_tokens": args.library_entry_tokens, "entries": len(records),

@@ -273,3 +273,137 @@ def test_records_of_the_writer_pass_the_record_checks(rel: Path) -> None:
     assert integrity.check_release(rel).release.num_entries == ENTRIES
     _records(rel, shorter)
     assert integrity.check_release(rel).release.num_entries == ENTRIES
+
+
+# ------------------------------------------------------------------ 3. inspect's work and output bounded
+
+
+@pytest.fixture
+def console_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows handed to rich tables (what rendering costs grow with) and characters made printable, from here on."""
+    from rich.table import Table
+
+    from kvgraft.cli import inspection as cli_inspection
+
+    counts = [0, 0]
+    real_row, real_plain = Table.add_row, cli_inspection.plain
+
+    def add_row(self: Table, *cells: Any, **kw: Any) -> None:
+        counts[0] += 1
+        real_row(self, *cells, **kw)
+
+    def plain(text: object) -> str:
+        counts[1] += len(str(text))
+        return real_plain(text)
+
+    monkeypatch.setattr(Table, "add_row", add_row)
+    monkeypatch.setattr(cli_inspection, "plain", plain)
+    return counts
+
+
+def _inspect(*args: Any) -> Any:
+    r = runner.invoke(app, ["inspect", *map(str, args)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def _json(*args: Any) -> tuple[dict[str, Any], int]:
+    from test_attest import schema_validator
+
+    r = _inspect(*args, "--json")
+    doc: dict[str, Any] = json.loads(r.stdout)
+    assert list(schema_validator("inspect-result.v1.json").iter_errors(doc)) == []
+    return doc, len(r.stdout)
+
+
+def test_inspect_shows_a_bounded_part_of_an_entry_with_countless_layers_and_tensors(
+        tmp_path: Path, console_rows: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: an entry of 10,000 layers took 20 s to inspect, 300,000 layers or 200,000 tensors no answer in 120 s:
+    every row went through rich. The page shows SHOWN_ROWS of each and says how many more; --json lists DETAIL_ROWS
+    and the totals (both set small here, so that the release stays small). The control: an ordinary entry beside it
+    is shown whole."""
+    from kvgraft import inspection
+    from kvgraft.cli import inspection as cli_inspection
+
+    import rewrite
+
+    shown, listed = 8, 20
+    monkeypatch.setattr(cli_inspection, "SHOWN_ROWS", shown, raising=False)
+    monkeypatch.setattr(inspection, "DETAIL_ROWS", listed, raising=False)
+    many = listed + 3 * shown
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=32)
+
+    def crowd(m: dict[str, Any]) -> None:
+        e = m["entries"][0]
+        t = e["tensors"]["layer.0.keys"]
+        e["layers"] = [{"index": i, "kind": "full", "keys": "layer.0.keys", "values": "layer.0.values"}
+                       for i in range(many)]
+        e["tensors"].update({f"extra.{i:05d}": dict(t) for i in range(many)})
+
+    rewrite.manifest(root, crowd)
+    small = _inspect(root, "rec-001")
+    assert console_rows[0] == 2 + 4 and "more layers" not in small.stdout  # two layers, four tensors: all shown
+    console_rows[0] = 0
+    page = _inspect(root, "rec-000")
+    assert console_rows[0] == 2 * shown
+    assert f"layers ({many:,})" in page.stdout and f"tensors ({many + 4:,})" in page.stdout
+    assert f"… {many - shown:,} more layers not shown" in page.stdout
+    assert f"… {many + 4 - shown:,} more tensors" in page.stdout
+    # the control's lines, with `shown` rows in place of its 2 and 4, and the two "more" lines
+    assert len(page.stdout.splitlines()) == len(small.stdout.splitlines()) + 2 * shown - 6 + 2
+    doc, _ = _json(root, "rec-000")
+    e = doc["entry"]
+    assert (len(e["layers"]), e["layers_total"], len(e["tensors"]), e["tensors_total"]) == \
+        (listed, many, listed, many + 4)
+    assert [t["byte_range"][0] for t in e["tensors"]] == sorted(t["byte_range"][0] for t in e["tensors"])
+
+
+def test_inspect_cuts_every_long_string_of_a_release(tmp_path: Path, console_rows: list[int]) -> None:
+    """Issue: a 20 MB `answer` gave no answer in 120 s (printed whole, where `text` is cut at 2,000 characters), 2 MB
+    of newlines took 70 s, and the summary page 1-17 s. Every string of the release is cut before it is shown or
+    written as JSON: text and answer at DETAIL_TEXT_CHARS (flagged), the others at FIELD_CHARS, free-form members at
+    FIELD_VALUES values. What is made printable and what is printed stay bounded, not proportional to the release."""
+    from kvgraft import inspection
+    from kvgraft._internal.digest import digest_json
+
+    import rewrite
+
+    big = 50 * inspection.DETAIL_TEXT_CHARS
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=33)
+
+    def long_strings(m: dict[str, Any]) -> None:
+        e = m["entries"][0]
+        e["answer"] = "Q" * big
+        e["source"]["text"] = "\n" * big
+        e["source"]["sha256"] = digest_json(e["source"]["text"])
+        e["meta"] = {"notes": ["n" * big] * (inspection.DETAIL_TEXT_CHARS // 10), "k" * big: 1}
+        m["model"]["spec"] = "s" * big
+        extra = "\x1b" * (inspection.DETAIL_TEXT_CHARS // 5)
+        m["environment"].update({f"extra{i}": extra for i in range(inspection.DETAIL_TEXT_CHARS // 8)})
+        m["environment"]["platform"] = "\n" * big
+
+    rewrite.manifest(root, long_strings)
+    bound = 10 * inspection.DETAIL_TEXT_CHARS  # each hostile member alone is 50 times that
+    for args in ((root,), (root, "rec-000")):
+        console_rows[1] = 0
+        shown = _inspect(*args)
+        assert console_rows[1] < 2 * bound and len(shown.stdout) < 4 * bound, (args, console_rows[1], len(shown.stdout))
+    assert "…(cut for display)" in shown.stdout and shown.stdout.count("Q") == inspection.DETAIL_TEXT_CHARS
+    # JSON: a free-form member holds at most FIELD_VALUES strings of FIELD_CHARS, 6 characters each as \u escapes
+    member = 6 * inspection.FIELD_VALUES * (inspection.FIELD_CHARS + 1)
+    page, size = _json(root)
+    assert size < 2 * member
+    assert page["model"]["spec"] == "s" * inspection.FIELD_CHARS + "…"
+    env = page["environment"]
+    assert env["platform"] == "\n" * inspection.FIELD_CHARS + "…" and env["torch"] and env["python"]
+    assert len(env) <= inspection.FIELD_VALUES + 1 and env["…"].endswith(" more")
+    detail, size = _json(root, "rec-000")
+    assert size < 2 * member + 2 * bound
+    e = detail["entry"]
+    assert (e["answer"], e["answer_truncated"]) == ("Q" * inspection.DETAIL_TEXT_CHARS, True)
+    assert (len(e["source"]["text"]), e["source"]["truncated"]) == (inspection.DETAIL_TEXT_CHARS, True)
+    assert len(json.dumps(e["meta"])) < bound
+    control, _ = _json(root, "rec-001")
+    assert "answer" not in control["entry"] and control["entry"]["source"]["truncated"] is False

@@ -378,7 +378,7 @@ def test_inspect_cuts_every_long_string_of_a_release(tmp_path: Path, console_row
         e["answer"] = "Q" * big
         e["source"]["text"] = "\n" * big
         e["source"]["sha256"] = digest_json(e["source"]["text"])
-        e["meta"] = {"notes": ["n" * big] * (inspection.DETAIL_TEXT_CHARS // 10), "k" * big: 1}
+        e["meta"] = {"notes": ["n" * (inspection.DETAIL_TEXT_CHARS // 5)] * (inspection.DETAIL_TEXT_CHARS // 10), "k" * big: 1}
         m["model"]["spec"] = "s" * big
         extra = "\x1b" * (inspection.DETAIL_TEXT_CHARS // 5)
         m["environment"].update({f"extra{i}": extra for i in range(inspection.DETAIL_TEXT_CHARS // 8)})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft.errors import Error, InputError
 from kvgraft.release.format import BUNDLE_NAME, OMS_NAME, Release
+from kvgraft.schema import CACHE_MANIFEST, load_schema
 
 RESULT_FORMAT = "kvgraft-inspect-result"
 RESULT_VERSION = 1
@@ -28,7 +30,16 @@ NOT_VERIFIED = ("not verified: the manifest was parsed and its own digests check
                 "signature was checked (run kvgraft verify)")
 PREVIEW_WORDS = 8
 PREVIEW_CHARS = 60
+# What one inspection holds is bounded whatever the release holds (its records are the author's): an
+# entry's text and answer are cut at DETAIL_TEXT_CHARS (flagged `truncated`), every other string at
+# FIELD_CHARS (ending "…"), an entry's layers and tensors at DETAIL_ROWS rows (`layers_total` and
+# `tensors_total` count them all; the terminal shows fewer, kvgraft.cli.inspection.SHOWN_ROWS), and a
+# free-form member (`meta`, an environment's extra keys) at FIELD_VALUES values. `--json` is then at most
+# a few hundred KB, whatever the record.
 DETAIL_TEXT_CHARS = 2000
+FIELD_CHARS = 200
+DETAIL_ROWS = 1024
+FIELD_VALUES = 64
 # Fulcio certificate extensions naming the OIDC issuer: v2 (a DER UTF8String), then v1 (raw bytes; deprecated).
 _FULCIO_ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
 _FULCIO_ISSUER_V1 = "1.3.6.1.4.1.57264.1.1"
@@ -50,10 +61,15 @@ class Listing:
         return cls(Path(root), Release.open(root))
 
     def header(self) -> dict[str, Any]:
+        """The manifest's header, each member `clipped` (the environment's own keys first: it may hold more)."""
         m = self._release.manifest
-        return {"release_format": {"format": m["format"], "version": m["format_version"],
-                                   "kvgraft_version": m["kvgraft_version"]},
-                **{k: m[k] for k in ("created", "model", "schedule", "environment", "root_digest")}}
+        env = m["environment"]
+        own = load_schema(CACHE_MANIFEST)["properties"]["environment"]["required"]
+        doc = {"release_format": {"format": m["format"], "version": m["format_version"],
+                                  "kvgraft_version": m["kvgraft_version"]},
+               **{k: m[k] for k in ("created", "model", "schedule", "root_digest")},
+               "environment": {**{k: env[k] for k in own if k in env}, **env}}
+        return {k: clipped(v) for k, v in doc.items()}
 
     def count(self) -> int:
         return self._release.num_entries
@@ -78,6 +94,41 @@ class Listing:
     def file_record(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
         return self._release.file_meta(entry)
+
+
+def cut(text: str, chars: int = FIELD_CHARS) -> str:
+    """`text`, or its first `chars` characters and "…" when longer."""
+    return text if len(text) <= chars else text[:chars] + "…"
+
+
+def clipped(value: Any, chars: int = FIELD_CHARS, values: int = FIELD_VALUES) -> Any:
+    """A copy of a JSON value to show: strings (keys too) cut to `chars` characters, and at most `values`
+    values in all; a list or object cut short ends with a string saying how many more it holds."""
+    left = values
+
+    def walk(v: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if isinstance(v, str):
+            return cut(v, chars)
+        if isinstance(v, list):
+            items: list[Any] = []
+            for x in v:
+                if left <= 0:
+                    return [*items, f"… {len(v) - len(items)} more"]
+                items.append(walk(x))
+            return items
+        if isinstance(v, dict):
+            members: dict[str, Any] = {}
+            for k, x in v.items():
+                if left <= 0:
+                    members["…"] = f"{len(v) - len(members)} more"
+                    break
+                members[cut(k, chars)] = walk(x)
+            return members
+        return v
+
+    return walk(value)
 
 
 def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = PREVIEW_CHARS) -> str:
@@ -113,25 +164,29 @@ def entry_detail(listing: Listing, entry_id: str) -> dict[str, Any]:
     e = listing.entry(entry_id)
     source = e["source"]
     text = source.get("text") if source.get("kind") == "text" else None
-    layers = [{k: v for k, v in layer.items()} for layer in e["layers"]]
-    tensors = [{"name": name, "dtype": t["dtype"], "shape": list(t["shape"]), "byte_range": list(t["byte_range"]),
-                "bytes": int(t["byte_range"][1]) - int(t["byte_range"][0]), "sha256": t["sha256"]}
-               for name, t in sorted(e["tensors"].items(), key=lambda kv: kv[1]["byte_range"][0])]
+    # The first DETAIL_ROWS by position in the file: a selection, not a sort of every tensor.
+    first = heapq.nsmallest(DETAIL_ROWS, e["tensors"].items(), key=lambda kv: kv[1]["byte_range"][0])
+    tensors = [{"name": cut(name), "dtype": t["dtype"], "shape": list(t["shape"]), "byte_range": list(t["byte_range"]),
+                "bytes": int(t["byte_range"][1]) - int(t["byte_range"][0]), "sha256": t["sha256"]} for name, t in first]
     out: dict[str, Any] = {
-        **entry_row(listing, e), "file": e["file"], "file_sha256": listing.file_record(e)["sha256"],
+        **entry_row(listing, e), "file": cut(e["file"]), "file_sha256": listing.file_record(e)["sha256"],
         "digest": e["digest"], "token_ids_sha256": e["token_ids_sha256"],
         "token_ids_head": e["token_ids"][:16], "source": {"kind": source["kind"], "sha256": source["sha256"]},
         "next_token": dict(e["next_token"]), "probe_tokens": len((e.get("probe") or {}).get("token_ids") or []),
-        "layers": layers, "tensors": tensors,
+        "layers": [clipped(layer) for layer in e["layers"][:DETAIL_ROWS]], "layers_total": len(e["layers"]),
+        "tensors": tensors, "tensors_total": len(e["tensors"]),
     }
     if isinstance(text, str):
         out["source"]["text"] = text[:DETAIL_TEXT_CHARS]
         out["source"]["truncated"] = len(text) > DETAIL_TEXT_CHARS
     elif source["kind"] == "messages":
         out["source"]["messages"] = len(source.get("messages") or [])
-    for key in ("answer", "meta"):
-        if key in e:
-            out[key] = e[key]
+    if "answer" in e:
+        answer = e["answer"]
+        out["answer"] = answer[:DETAIL_TEXT_CHARS] if isinstance(answer, str) else answer
+        out["answer_truncated"] = isinstance(answer, str) and len(answer) > DETAIL_TEXT_CHARS
+    if "meta" in e:
+        out["meta"] = clipped(e["meta"])
     return out
 
 
@@ -206,7 +261,7 @@ def signatures(root: Path, manifest_root: str) -> list[dict[str, Any]]:
     """The release's signature files (its bundle, an OpenSSF model signing signature) and whom they name."""
     found = [_signature_file(root, BUNDLE_NAME, "kvgraft attestation (Sigstore bundle, DSSE)", manifest_root),
              _signature_file(root, OMS_NAME, "OpenSSF model signing v1.0 signature", manifest_root)]
-    return [f for f in found if f is not None]
+    return [clipped(f, DETAIL_TEXT_CHARS) for f in found if f is not None]
 
 
 def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> dict[str, Any]:

@@ -169,3 +169,18 @@ def listed_digests(root: Path) -> dict[str, str]:
     the entry files): what a signer lists. Read from the manifest, not checked against the bytes."""
     return {MANIFEST: sha256_hex((Path(root) / MANIFEST).read_bytes()),
             **{n: f["sha256"] for n, f in Release.open(root).all_files().items()}}
+
+
+def sign_as(root: Path, private: Path) -> None:
+    """Sign the release as it is with `private`, checking nothing: what an attacker publishes under their own
+    key after editing it (the victim verifies with `--key` that key)."""
+    import json
+
+    from kvgraft.signing import attest, keys
+
+    data = (Path(root) / MANIFEST).read_bytes()
+    payload = attest.statement_bytes(attest.statement(json.loads(data), sha256_hex(data), len(data)))
+    key = keys.load_private_key(private)
+    sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
+    attest.write_bundle(Path(root), json.dumps(attest.key_bundle(payload, sig, keys.key_id(key))).encode())
+    (Path(root) / attest.OMS_NAME).unlink(missing_ok=True)

@@ -18,6 +18,10 @@ from rich.text import Text
 from kvgraft.cli._base import app, handled, out, plain
 from kvgraft.reporting.render import fitted, hanging, kv_lines, num
 
+# Rows of an entry's layers and tensors tables: rich lays out a row in 1-2 ms, so two tables of this many
+# stay well under a second (a 64-layer model's 128 tensors are shown whole); `--json` lists more.
+SHOWN_ROWS = 128
+
 
 @app.command("inspect")
 @handled
@@ -131,18 +135,18 @@ def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableT
             ("next token", f"argmax {e['next_token']['argmax']}, logits sha256 {e['next_token']['logits_sha256']}"),
             ("probe tokens", num(e["probe_tokens"]))]
     if "answer" in e:
-        rows.append(("answer", str(e["answer"])))
+        rows.append(("answer", str(e["answer"]) + (" …(cut for display)" if e.get("answer_truncated") else "")))
     if "text" in src:
         rows.append(("text", src["text"] + (" …(cut for display)" if src.get("truncated") else "")))
     elif "messages" in src:
         rows.append(("messages", f"{src['messages']} messages; first: {e['preview']}"))
     out: list[RenderableType] = [_lines(console.width, "", rows)]
-    lt = Table(title=f"layers ({len(e['layers'])})", title_justify="left")
+    lt = Table(title=f"layers ({num(e['layers_total'])})", title_justify="left")
     lheads = ["layer", "kind", "keys", "values", "positions", "window / seen / shared with"]
     for i, h in enumerate(lheads):
         lt.add_column(h, justify="right" if i == 0 else "left")
     lrows = []
-    for layer in e["layers"]:
+    for layer in e["layers"][:SHOWN_ROWS]:
         pos = layer.get("positions")
         extra = " / ".join(str(layer[k]) if k in layer else "-" for k in ("sliding_window", "cumulative_length", "shared_with"))
         lrows.append([str(layer["index"]), plain(layer["kind"]), plain(layer.get("keys", "-")),
@@ -150,14 +154,24 @@ def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableT
     for row in lrows:
         lt.add_row(*[Text(c) for c in row])
     out.append(fitted(console, lt, lheads, lrows))
-    tt = Table(title=f"tensors ({len(e['tensors'])})", title_justify="left")
+    out += _more(e["layers_total"] - len(lrows), "layers")
+    tt = Table(title=f"tensors ({num(e['tensors_total'])})", title_justify="left")
     theads = ["tensor", "dtype", "shape", "bytes", "sha256"]
     for i, h in enumerate(theads):
         tt.add_column(h, justify="right" if i == 3 else "left", overflow="fold")
     trows = [[plain(t["name"]), t["dtype"], "×".join(str(s) for s in t["shape"]), num(t["bytes"]), t["sha256"]]
-             for t in e["tensors"]]
+             for t in e["tensors"][:SHOWN_ROWS]]
     for row in trows:
         tt.add_row(*[Text(c) for c in row])
     out.append(fitted(console, tt, theads, trows))
+    out += _more(e["tensors_total"] - len(trows), "tensors (by position in the file)")
     out.append(Text("\n".join(hanging("", doc["note"], console.width, indent=0)), style="yellow"))
     return out
+
+
+def _more(rest: int, what: str) -> list[RenderableType]:
+    """The line under a table cut at SHOWN_ROWS rows."""
+    from kvgraft.inspection import DETAIL_ROWS
+
+    return [Text(f"… {num(rest)} more {what} not shown (--json lists up to {num(DETAIL_ROWS)})", style="dim")] \
+        if rest > 0 else []

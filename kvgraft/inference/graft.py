@@ -28,7 +28,7 @@ from kvgraft.signing.verify import VerifiedRelease, verified
 class Restored:
     cache: Any
     entry: dict[str, Any]
-    kv_bytes: int
+    kv_bytes: int  # read and checked against their digests: the whole entry's tensors, also for a prefix graft
     seconds: float
     forced: bool
     conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
@@ -36,6 +36,12 @@ class Restored:
     # A prefix graft: {"tokens": n, "of": T, "schedule": ...}: rows [0, n) of the entry's recorded
     # prefill of all T tokens, which need not be byte-identical to a prefill of the n tokens alone.
     prefix: dict[str, Any] | None = None
+    # Of the states put into the cache: a prefix graft's rows [0, n) of each layer; None: all kv_bytes.
+    grafted_bytes: int | None = None
+
+    @property
+    def kv_bytes_grafted(self) -> int:
+        return self.kv_bytes if self.grafted_bytes is None else self.grafted_bytes
 
 
 def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
@@ -247,8 +253,9 @@ def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: l
     sched = rel.manifest["schedule"]
     prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
               "rows": prefix_rows(sched, n, int(entry["num_tokens"]))}
+    grafted = sum(v.numel() * v.element_size() for v in views.values())
     return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
-                    list(checked.warnings), prefix)
+                    list(checked.warnings), prefix, grafted)
 
 
 def free_buffers() -> None:
@@ -337,7 +344,9 @@ def run(release: VerifiedRelease | Release | Path | str, entry_id: str | None, l
         conditions = reapply.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
     ledger = {
         "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
-        "kv_bytes_restored": restored.kv_bytes, "restore_seconds": restored.seconds,
+        # Apart: a prefix graft reads and verifies the whole entry, and grafts rows [0, n) of it.
+        "kv_bytes_verified": restored.kv_bytes, "kv_bytes_grafted": restored.kv_bytes_grafted,
+        "restore_seconds": restored.seconds,
         "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forced_model": restored.forced,
         "conditions_differing": {k: list(v) for k, v in restored.conditions.items()},
         "conditions": conditions,

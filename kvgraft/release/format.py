@@ -186,10 +186,11 @@ class Release:
         """Longest-prefix lookups by chained block hashes (format 2: the signed prefix index)."""
         if self._prefix is None:
             idx = self._index
-            records = idx.prefix_records() if idx is not None else None
-            if idx is not None and records is not None:
+            pages = idx.prefix_pages() if idx is not None else None
+            if idx is not None and pages is not None:
                 assert idx.prefix_meta is not None
-                self._prefix = release_index.PrefixTable(int(idx.prefix_meta["block_tokens"]), records)
+                self._prefix = release_index.PrefixTable(int(idx.prefix_meta["block_tokens"]), pages, where=str(
+                    pages.path))
             else:
                 self._prefix = release_index.PrefixTable.from_entries(self.entries)
         return self._prefix
@@ -206,6 +207,9 @@ class Release:
         if hit is None:
             return None
         ordinal, blocks = hit
+        if ordinal >= self.num_entries:
+            raise IntegrityError(f"{table.where}: the record of the prompt's first {blocks} blocks names entry ordinal "
+                                 f"{ordinal}; the release has {self.num_entries} entries")
         eid = self._index.id_at(ordinal) if self._index is not None else self.manifest["entries"][ordinal]["id"]
         entry = self.entry(eid)
         n = blocks * table.block_tokens

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import os
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,46 @@ PREFIX_FILE = f"{INDEX_DIR}/prefix.bin"
 # Entries per shard: finding one entry parses one shard, ~64 x 16-25 KB of JSON for a 30-48 layer
 # model (1-2 MB, tens of ms); a 100,000-entry release has 1,563 shards listed in a ~3 MB manifest.
 SHARD_ENTRIES = 64
+# Refused at opening when the manifest states more (a shard is read whole: the bound is on memory).
 MAX_SHARD_BYTES = 256 * 1024 * 1024
 # Token-id block size of the prefix index: vLLM's default block; any serving block size is a
 # multiple or is handled by rounding the matched length down.
 BLOCK_TOKENS = 16
 RECORD = struct.Struct("<32sII")  # chained block hash, entry ordinal, blocks
 _CHAIN_SEED = b"kvgraft prefix index v1"
+# The prefix index is never held whole (PrefixPages): one pass hashes it against the manifest and keeps
+# each page's first hash and SHA-256 (64 bytes a page of 1,024 records, 40 KiB), and the CACHED_PAGES pages
+# read last (10 MiB); a lookup that needs another page reads it again and checks its digest. Memory is
+# then ~10 MiB + size / 640, whatever the manifest says; MAX_PREFIX_BYTES (refused at opening) bounds the
+# time of that pass, about that of hashing one large entry file: 10^8 distinct blocks of 16 tokens (1.6
+# billion tokens), far beyond the preprint's library (2.9 million tokens: ~180,000 records, 7 MB).
+# `verify` first weighs the record count against the blocks its entries hold (Index.check_prefix).
 MAX_PREFIX_BYTES = 4 * 1024 * 1024 * 1024
+PAGE_RECORDS = 1024
+CACHED_PAGES = 256
+
+
+def _bounded(path: Path, size: int, limit: int, what: str) -> None:
+    """Refuse, before anything is read, an index file the manifest says is larger than `limit`: the
+    manifest's number is the attacker's (a sparse file of that size costs nothing to publish)."""
+    if size > limit:
+        raise InputError(f"{path}: the manifest says {size} bytes, above the {limit}-byte limit for {what}")
+
+
+def _sized(have: int, want: int) -> str:
+    return f"{have} bytes, the manifest says {want} ({'truncated' if have < want else 'grown'})"
+
+
+def _open_sized(path: Path, size: int, what: str) -> int:
+    """A descriptor of an index file whose size is the one the manifest states (else IntegrityError)."""
+    if jsonio.stat_or_none(path) is None:
+        raise IntegrityError(f"{path}: {what} is missing")
+    fd = jsonio.open_regular(path, what)
+    have = os.fstat(fd).st_size
+    if have != size:
+        os.close(fd)
+        raise IntegrityError(f"{path}: {what}: {_sized(have, size)}")
+    return fd
 
 
 def shard_name(k: int) -> str:
@@ -114,6 +148,7 @@ class Index:
             if not name.startswith(f"{INDEX_DIR}/") or name in names or name == PREFIX_FILE:
                 raise InputError(f"{self.where}: index shard {k}: file {name!r} is not a distinct file under {INDEX_DIR}/")
             names.add(name)
+            _bounded(root / name, shard["size"], MAX_SHARD_BYTES, "an index shard")
             self.starts.append(count)
             self.owner.update(dict.fromkeys(shard["ids"], k))  # C speed: 100,000 ids in a few ms
             count += len(shard["ids"])
@@ -133,9 +168,15 @@ class Index:
             if self.prefix_meta["size"] != self.prefix_meta["records"] * RECORD.size:
                 raise InputError(f"{self.where}: prefix index of {self.prefix_meta['records']} records cannot be "
                                  f"{self.prefix_meta['size']} bytes")
+            _bounded(root / self.prefix_meta["file"], self.prefix_meta["size"], MAX_PREFIX_BYTES, "a prefix index")
         self._cache: OrderedDict[int, Shard] = OrderedDict()
-        self._prefix: bytes | None = None
-        self.bytes_read = 0  # index bytes read since opening (tests bound it)
+        self._prefix: PrefixPages | None = None
+        self._shard_bytes = 0
+
+    @property
+    def bytes_read(self) -> int:
+        """Index bytes read since opening (tests bound it)."""
+        return self._shard_bytes + (self._prefix.bytes_read if self._prefix is not None else 0)
 
     # -------------------------------------------------------------------------------------- files
 
@@ -146,18 +187,20 @@ class Index:
             files[self.prefix_meta["file"]] = {"sha256": self.prefix_meta["sha256"], "size": self.prefix_meta["size"]}
         return files
 
-    def _read_checked(self, name: str, sha256: str, size: int, limit: int, what: str) -> bytes:
+    def _read_checked(self, name: str, sha256: str, size: int, what: str) -> bytes:
+        """A file's bytes, of the size the manifest states (bounded at opening), checked against its digest;
+        a file of another size is refused unread."""
         path = safe_path(self.root, name, what)
+        fd = _open_sized(path, size, what)
         try:
-            data = jsonio.read_bounded(path, max(limit, size), what)
-        except InputError:
-            if jsonio.stat_or_none(path) is None:
-                raise IntegrityError(f"{path}: {what} is missing") from None
-            raise
-        self.bytes_read += len(data)
+            data = jsonio.read_fd_bounded(fd, size)  # one byte more shows it grew since
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        self._shard_bytes += len(data)
         if len(data) != size:
-            how = "truncated" if len(data) < size else "grown"
-            raise IntegrityError(f"{path}: {what}: {len(data)} bytes, the manifest says {size} ({how})")
+            raise IntegrityError(f"{path}: {what}: {_sized(len(data), size)} (changed while it was read)")
         actual = sha256_hex(data)
         if actual != sha256:
             raise IntegrityError(f"{path}: {what}: sha256 {actual} does not match the manifest ({sha256})")
@@ -174,7 +217,7 @@ class Index:
 
         meta = self.shards[k]
         what = f"index shard {k}"
-        data = self._read_checked(meta["file"], meta["sha256"], meta["size"], MAX_SHARD_BYTES, what)
+        data = self._read_checked(meta["file"], meta["sha256"], meta["size"], what)
         path = self.root / meta["file"]
         doc = jsonio.loads_strict(data, str(path))
         del data
@@ -231,14 +274,148 @@ class Index:
 
     # -------------------------------------------------------------------------------------- prefixes
 
-    def prefix_records(self) -> bytes | None:
+    def prefix_pages(self) -> PrefixPages | None:
+        """The prefix index, hashed against the manifest in one pass (on first use), read a page at a time."""
         if self.prefix_meta is None:
             return None
         if self._prefix is None:
-            m = self.prefix_meta
-            data = self._read_checked(m["file"], m["sha256"], m["size"], MAX_PREFIX_BYTES, "prefix index")
-            self._prefix = data
+            pages = self._new_pages()
+            pages.scan()
+            self._prefix = pages
         return self._prefix
+
+    def _new_pages(self) -> PrefixPages:
+        m = self.prefix_meta
+        assert m is not None
+        return PrefixPages(safe_path(self.root, m["file"], "prefix index"), m["size"], m["sha256"])
+
+    def prefix_blocks(self, entries: Sequence[dict[str, Any]]) -> list[int]:
+        """The blocks of the prefix index's size each entry holds, given every entry record in order; the
+        manifest's record count is refused, before the file is read, when above their sum (a record is
+        one entry's block, each chain hash kept once)."""
+        m = self.prefix_meta
+        if m is None:
+            return []
+        bt = int(m["block_tokens"])
+        blocks = [int(e["num_tokens"]) // bt for e in entries]
+        if m["records"] > sum(blocks):
+            raise InputError(f"{self.root / m['file']}: prefix index: the manifest says {m['records']} records; the "
+                             f"entries' token ids hold {sum(blocks)} blocks of {bt} (a record is one of them)")
+        return blocks
+
+    def check_prefix(self, blocks: list[int]) -> None:
+        """What `verify` checks of the prefix index beyond its digest, given `prefix_blocks`: each record names
+        an entry (its ordinal below the count) and a number of blocks, at least one, that the entry's token
+        ids hold, and the records are sorted strictly by hash (the binary search needs it)."""
+        if self.prefix_meta is None:
+            return
+        pages = self._new_pages()
+        bt = int(self.prefix_meta["block_tokens"])
+        last = b""
+
+        def check(at: int, page: bytes) -> None:
+            nonlocal last
+            for i, (h, ordinal, k) in enumerate(RECORD.iter_unpack(page)):
+                if h <= last or ordinal >= len(blocks) or not 1 <= k <= blocks[ordinal]:
+                    a = at + i * RECORD.size
+                    what = ("its chain hash is not above the previous record's (records are sorted strictly)"
+                            if h <= last else f"entry ordinal {ordinal}, the release has {len(blocks)} entries"
+                            if ordinal >= len(blocks) else
+                            f"{k} blocks, entry {self.id_at(ordinal)!r} holds {blocks[ordinal]} blocks of {bt} tokens")
+                    raise IntegrityError(f"{pages.path}: prefix index record {a // RECORD.size} (bytes "
+                                         f"[{a}, {a + RECORD.size})): {what}")
+                last = h
+
+        pages.scan(check)
+        self._prefix = pages
+
+
+def search(records: bytes, h: bytes) -> tuple[int, int] | None:
+    """(entry ordinal, blocks) of the record for chain hash `h` in sorted records, or None."""
+    lo, hi = 0, len(records) // RECORD.size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        key = records[mid * RECORD.size: mid * RECORD.size + 32]
+        if key < h:
+            lo = mid + 1
+        elif key > h:
+            hi = mid
+        else:
+            _, ordinal, k = RECORD.unpack_from(records, mid * RECORD.size)
+            return ordinal, k
+    return None
+
+
+class PrefixPages:
+    """A prefix index file read a page at a time (MAX_PREFIX_BYTES says why): `scan` hashes it against the
+    manifest once, keeping each page's first hash and digest; `find` reads the one page a hash can be on,
+    checked against that digest, so what is searched is what was hashed."""
+
+    PAGE = PAGE_RECORDS * RECORD.size
+    WHAT = "prefix index"
+
+    def __init__(self, path: Path, size: int, sha256: str) -> None:
+        self.path, self.size, self.sha256 = path, size, sha256
+        self.keys: list[bytes] = []  # each page's first chain hash
+        self.digests: list[bytes] = []  # each page's SHA-256
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self.bytes_read = 0
+
+    def _read(self, fd: int, p: int) -> bytes:
+        at = p * self.PAGE
+        n = min(self.PAGE, self.size - at)
+        page = os.pread(fd, n, at)
+        self.bytes_read += len(page)
+        if len(page) != n:
+            raise IntegrityError(f"{self.path}: {self.WHAT}: {_sized(at + len(page), self.size)} (changed since opening)")
+        self._cache[p] = page
+        while len(self._cache) > CACHED_PAGES:
+            self._cache.popitem(last=False)
+        return page
+
+    def scan(self, check: Callable[[int, bytes], None] | None = None) -> None:
+        """Hash every page (`check(offset, page)` sees each) and compare with the manifest's digest."""
+        whole = hashlib.sha256()
+        fd = _open_sized(self.path, self.size, self.WHAT)
+        try:
+            for p in range(-(-self.size // self.PAGE)):
+                page = self._read(fd, p)
+                whole.update(page)
+                self.keys.append(page[:32])
+                self.digests.append(hashlib.sha256(page).digest())
+                if check is not None:
+                    check(p * self.PAGE, page)
+            if os.pread(fd, 1, self.size):
+                raise IntegrityError(f"{self.path}: {self.WHAT}: grew while it was read")
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        if whole.hexdigest() != self.sha256:
+            raise IntegrityError(f"{self.path}: {self.WHAT}: sha256 {whole.hexdigest()} does not match the manifest "
+                                 f"({self.sha256})")
+
+    def page(self, p: int) -> bytes:
+        cached = self._cache.get(p)
+        if cached is not None:
+            self._cache.move_to_end(p)
+            return cached
+        fd = _open_sized(self.path, self.size, self.WHAT)
+        try:
+            page = self._read(fd, p)
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        if hashlib.sha256(page).digest() != self.digests[p]:
+            del self._cache[p]
+            raise IntegrityError(f"{self.path}: {self.WHAT}: bytes [{p * self.PAGE}, {p * self.PAGE + len(page)}) "
+                                 "changed since they were checked against the manifest")
+        return page
+
+    def find(self, h: bytes) -> tuple[int, int] | None:
+        p = bisect.bisect_right(self.keys, h) - 1
+        return None if p < 0 else search(self.page(p), h)
 
 
 class PrefixTable:
@@ -249,12 +426,12 @@ class PrefixTable:
     of the entry record (bound by the root digest) before grafting (`match` does).
     """
 
-    def __init__(self, block_tokens: int, records: bytes | None = None,
-                 table: dict[bytes, tuple[int, int]] | None = None) -> None:
+    def __init__(self, block_tokens: int, records: bytes | PrefixPages | None = None,
+                 table: dict[bytes, tuple[int, int]] | None = None, where: str = "prefix index") -> None:
         self.block_tokens = block_tokens
         self._records = records
-        self._n = len(records) // RECORD.size if records is not None else 0
         self._table = table
+        self.where = where
 
     @classmethod
     def from_entries(cls, entries: Sequence[dict[str, Any]], block_tokens: int = BLOCK_TOKENS) -> PrefixTable:
@@ -266,30 +443,23 @@ class PrefixTable:
     def _get(self, h: bytes) -> tuple[int, int] | None:
         if self._table is not None:
             return self._table.get(h)
+        if isinstance(self._records, PrefixPages):
+            return self._records.find(h)
         assert self._records is not None
-        lo, hi = 0, self._n
-        rec = self._records
-        while lo < hi:
-            mid = (lo + hi) // 2
-            key = rec[mid * RECORD.size: mid * RECORD.size + 32]
-            if key < h:
-                lo = mid + 1
-            elif key > h:
-                hi = mid
-            else:
-                _, ordinal, k = RECORD.unpack_from(rec, mid * RECORD.size)
-                return ordinal, k
-        return None
+        return search(self._records, h)
 
     def longest(self, token_ids: Sequence[int]) -> tuple[int, int] | None:
         """(entry ordinal, blocks) of the longest block-aligned prefix of `token_ids` some entry starts with.
 
-        Chained hashes make a miss at block j a miss for every longer prefix, so the walk stops there.
+        Chained hashes make a miss at block j a miss for every longer prefix, so the walk stops there. The
+        record of the chain hash of j blocks must say j blocks (another count is a tampered index).
         """
         best = None
-        for h in chain_hashes(token_ids, self.block_tokens):
+        for j, h in enumerate(chain_hashes(token_ids, self.block_tokens), start=1):
             hit = self._get(h)
             if hit is None:
                 break
+            if hit[1] != j:
+                raise IntegrityError(f"{self.where}: the record of the prompt's first {j} blocks says {hit[1]} blocks")
             best = hit
         return best

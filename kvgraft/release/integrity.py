@@ -412,6 +412,8 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     if rel.index is None:
         check_commitments(root, manifest)
 
+    blocks = rel.index.prefix_blocks(entries) if rel.index is not None else []
+
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
     pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, all_files[n]["size"], stop)
                for n in names}
@@ -429,6 +431,11 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         if len(bad) > 1:
             message += f" (and {len(bad) - 1} more files differ: {', '.join(n for n, _ in bad[1:4])})"
         raise IntegrityError(message)
+
+    # The prefix index's records, which a lookup trusts to name an entry and a number of blocks it holds
+    # (their count weighed against the entries' blocks before step 5 reads them).
+    if rel.index is not None:
+        rel.index.check_prefix(blocks)
 
     # 6. safetensors headers against the manifest's tensor tables
     tensors = 0

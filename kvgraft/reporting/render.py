@@ -151,7 +151,8 @@ def ledger_table(ledger: dict[str, Any]) -> Table:
         t.add_row("prefix graft", f"{p['entry']}: {p['rows']}" if p else "no entry matched")
     t.add_row("prompt tokens prefilled", str(ledger["prompt_tokens"]))
     t.add_row("decode tokens", str(ledger["decode_tokens"]))
-    t.add_row("KV bytes restored (verified)", f"{ledger['kv_bytes_restored']:,}")
+    t.add_row("KV bytes verified (the entry's, read whole)", f"{ledger['kv_bytes_verified']:,}")
+    t.add_row("KV bytes grafted", f"{ledger['kv_bytes_grafted']:,}")
     t.add_row("restore / prefill / decode s",
               f"{ledger['restore_seconds']:.4f} / {ledger['prefill_seconds']:.4f} / {ledger['decode_seconds']:.4f}")
     if ledger.get("forced_model"):

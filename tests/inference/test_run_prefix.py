@@ -26,8 +26,8 @@ def _release(tiny_lm: Any, tmp_path: Path) -> Release:
     return Release.open(tmp_path / "rel")
 
 
-def _run(tiny_dir: Any, rel: Path, *args: str) -> Any:
-    return runner.invoke(app, ["run", str(rel), "--model", str(tiny_dir("llama")), "-n", "4", *args])
+def _run(tiny_dir: Any, rel: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    return runner.invoke(app, ["run", str(rel), "--model", str(tiny_dir("llama")), "-n", "4", *args], env=env)
 
 
 def test_run_prefix_hit_grafts_the_longest_prefix(tiny_dir: Any, tiny_lm: Any, tmp_path: Path) -> None:
@@ -76,9 +76,39 @@ def test_run_prefix_partial_and_miss(tiny_dir: Any, tiny_lm: Any, tmp_path: Path
     assert res.exit_code == 0, res.output
     assert "no entry starts with the prompt's first block" in res.stderr and "no entry matched" in res.stdout
     miss = graft.run(rel, None, lm, "zz qq Problem: Mia has apples", max_new_tokens=2, prefix=True)
-    assert miss.ledger["prefix"] is None and miss.ledger["restored_tokens"] == 0 and miss.ledger["kv_bytes_restored"] == 0
+    assert miss.ledger["prefix"] is None and miss.ledger["restored_tokens"] == 0
+    assert miss.ledger["kv_bytes_verified"] == miss.ledger["kv_bytes_grafted"] == 0
 
     both = _run(tiny_dir, tmp_path / "rel", "--prefix", "--entry", "long", "--prompt", "x")
     neither = _run(tiny_dir, tmp_path / "rel", "--prompt", "x")
     for r in (both, neither):
         assert r.exit_code == 2 and "--entry" in r.output and "--prefix" in r.output
+
+
+def test_a_prefix_graft_s_ledger_says_the_bytes_verified_and_the_bytes_grafted_apart(
+        tiny_dir: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    """Issue: "KV bytes restored (verified)" showed the whole entry's bytes (1,612,800 for 16 of 35 tokens). The whole
+    entry is read and verified; rows [0, n) of each layer are grafted: n / T of its bytes (every layer of this model
+    holds every position). The control: a graft of the whole entry grafts every byte it verified."""
+    from kvgraft.inspection import tensor_bytes
+
+    rel = _release(tiny_lm, tmp_path)
+    entry = rel.entry("long")
+    total = tensor_bytes(entry)
+    prompt = str(tiny_lm("llama").tokenizer.decode(entry["token_ids"][:B + 5])) + " zz qq"
+    res = _run(tiny_dir, tmp_path / "rel", "--prefix", "--prompt", prompt, "--json")
+    assert res.exit_code == 0, res.output
+    ledger = json.loads(res.stdout)["ledger"]
+    n, of = ledger["prefix"]["tokens"], ledger["prefix"]["of"]
+    assert n < of and ledger["kv_bytes_verified"] == total
+    assert ledger["kv_bytes_grafted"] == total * n // of < total
+    table = _run(tiny_dir, tmp_path / "rel", "--prefix", "--prompt", prompt, env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.stdout.splitlines()
+            if line.count("│") == 3}
+    assert rows["KV bytes verified (the entry's, read whole)"] == f"{total:,}"
+    assert rows["KV bytes grafted"] == f"{total * n // of:,}"
+    whole = _run(tiny_dir, tmp_path / "rel", "--entry", "long", "--prompt", "and more", "--json")
+    assert whole.exit_code == 0, whole.output
+    full = json.loads(whole.stdout)["ledger"]
+    assert full["kv_bytes_verified"] == full["kv_bytes_grafted"] == total

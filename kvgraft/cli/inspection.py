@@ -51,7 +51,9 @@ def _signer(s: dict[str, Any]) -> str:
     if s.get("problem") and not s.get("method"):
         return f"cannot be read: {s['problem']}"
     if s["method"] == "key":
-        who = f"key {s['signer']}" if s.get("signer") else "a key it does not name"
+        from kvgraft.signing.keys import KEY_ID_IS
+
+        who = f"key {s['signer']} ({KEY_ID_IS})" if s.get("signer") else "a key it does not name"
     else:
         who = f"{s.get('signer') or '?'} via {s.get('issuer') or '?'} (Sigstore certificate)"
     named = s.get("names_this_manifest")

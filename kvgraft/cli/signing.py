@@ -44,7 +44,7 @@ def keygen(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
 ) -> None:
     """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
-    from kvgraft.signing.keys import key_id, load_public_key, write_keypair
+    from kvgraft.signing.keys import KEY_ID_IS, key_id, load_public_key, write_keypair
 
     passphrase: bytes | None = None
     if passphrase_env is not None:
@@ -54,7 +54,7 @@ def keygen(
     private, public = write_keypair(out_prefix, algorithm=algorithm, passphrase=passphrase, overwrite=overwrite)
     state = "encrypted" if passphrase else "NOT encrypted"
     say(f"private key {private} ({algorithm}, {state}; keep it secret)")
-    say(f"public key  {public} (key id {key_id(load_public_key(public))})")
+    say(f"public key  {public} (key id {key_id(load_public_key(public))}: {KEY_ID_IS})")
 
 
 @app.command()
@@ -91,7 +91,7 @@ def sign(
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
     say(f"signed {release} ({files} files, root digest {root_digest})")
-    say(f"signer {signed.signer}")
+    say(f"signer {f'key {signed.signer} ({keys.KEY_ID_IS})' if key is not None else signed.signer}")
     say(f"bundle {signed.bundle}")
     if signed.oms is not None:
         say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "

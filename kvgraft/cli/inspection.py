@@ -6,7 +6,6 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +14,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import app, handled, out, plain
+from kvgraft.cli._base import app, echo_json, handled, out, plain
 from kvgraft.reporting.render import fitted, hanging, kv_lines, num
 
 
@@ -37,7 +36,7 @@ def inspect_cmd(
     doc = (inspection.inspect_entry(release, entry) if entry is not None
            else inspection.inspect(release, offset=offset, limit=limit or None))
     if as_json:
-        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        echo_json(doc)
         return
     for r in (entry_renderables(doc, out) if entry is not None else renderables(doc, out)):
         out.print(r)

@@ -191,26 +191,31 @@ def entry_detail(listing: Listing, entry_id: str) -> dict[str, Any]:
 
 
 def _certificate_signer(material: dict[str, Any]) -> dict[str, Any]:
-    """The identities and OIDC issuer a Fulcio certificate names (read, not checked against any root)."""
+    """The identities and OIDC issuer a Fulcio certificate names (read, not checked against any root).
+
+    A certificate that cannot be read, or whose extensions do not parse (cryptography parses them when first
+    read: a malformed SubjectAlternativeName raises there), is a `problem` the row shows."""
     from cryptography import x509
 
     cert = material.get("certificate")
     if not isinstance(cert, dict):
-        chain = (material.get("x509CertificateChain") or {}).get("certificates") or [{}]
-        cert = chain[0] if isinstance(chain[0], dict) else {}
+        chain = material.get("x509CertificateChain")
+        certs = chain.get("certificates") if isinstance(chain, dict) else None
+        cert = certs[0] if isinstance(certs, list) and certs and isinstance(certs[0], dict) else {}
     try:
         der = base64.b64decode(str(cert.get("rawBytes", "")), validate=True)
         c = x509.load_der_x509_certificate(der)
+        extensions = c.extensions
     except (binascii.Error, ValueError) as exc:
-        return {"identity": None, "issuer": None, "problem": f"certificate cannot be read: {exc}"}
+        return {"identity": None, "issuer": None, "problem": f"certificate cannot be read: {' '.join(str(exc).split())[:200]}"}
     names: list[str] = []
     try:
-        san = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        san = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         names = [str(v) for kind in (x509.RFC822Name, x509.UniformResourceIdentifier) for v in san.get_values_for_type(kind)]
     except x509.ExtensionNotFound:
         pass
     issuer = None
-    for ext in c.extensions:
+    for ext in extensions:
         if ext.oid.dotted_string in (_FULCIO_ISSUER_V2, _FULCIO_ISSUER_V1) and issuer is None:
             raw = getattr(ext.value, "value", b"")
             # v2 is a DER UTF8String (tag 0x0c, one length byte for any real issuer URL); v1 the bare bytes.
@@ -241,9 +246,12 @@ def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> dic
     if bundle.has_certificate:
         material = bundle.doc["verificationMaterial"]
         cert = _certificate_signer(material)
+        entries = material.get("tlogEntries")
         info.update(method="sigstore", signer=cert.get("identity"), issuer=cert.get("issuer"),
-                    certificate={k: v for k, v in cert.items() if k not in ("identity", "issuer")},
-                    transparency_log_entries=len(material.get("tlogEntries") or []))
+                    certificate={k: v for k, v in cert.items() if k not in ("identity", "issuer", "problem")},
+                    transparency_log_entries=len(entries) if isinstance(entries, list) else 0)
+        if "problem" in cert:
+            info["problem"] = cert["problem"]
     else:
         info.update(method="key", signer=bundle.key_hint or bundle.keyid)
     if name == BUNDLE_NAME:

@@ -22,6 +22,7 @@ D - k longest unsampled entries (the worst case of which entries fail), at the s
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from fractions import Fraction
 from math import comb
 from typing import Any
 
-from kvgraft.errors import InputError
+from kvgraft.errors import InputError, short_repr
 
 METHOD = "sha256-rank-v1"
 TAG = b"kvgraft-sample-v1"
@@ -49,7 +50,7 @@ def new_nonce() -> str:
 
 def check_nonce(nonce: str) -> str:
     if not isinstance(nonce, str) or not NONCE_RE.fullmatch(nonce):
-        raise InputError(f"--nonce {nonce!r}: expected 1 to 256 printable ASCII characters without spaces")
+        raise InputError(f"--nonce {short_repr(nonce)}: expected 1 to 256 printable ASCII characters without spaces")
     return nonce
 
 
@@ -88,22 +89,33 @@ def sample_record(root: str, nonce: str, entries: Sequence[dict[str, Any]], size
 
 
 def check_sample(recorded: dict[str, Any], root: str, entries: Sequence[dict[str, Any]]) -> list[str]:
-    """Re-derive a recorded sample from the release (its root and entry list): the differences, [] if none."""
+    """Re-derive a recorded sample from the release (its root and entry list): the differences, [] if none.
+
+    Values are compared as JSON (`true` is not 1), and each is quoted cut to 120 characters (it came from a file)."""
     problems = []
     if recorded.get("method") != METHOD:
-        return [f"method {recorded.get('method')!r} is not {METHOD!r}"]
-    if recorded.get("root_digest") != root:
-        problems.append(f"recorded root digest {recorded.get('root_digest')} is not the release's {root}")
-    if recorded.get("population") != len(entries):
-        problems.append(f"recorded population {recorded.get('population')} is not the release's {len(entries)} entries")
-    size = recorded.get("size")
-    if not isinstance(size, int) or not 1 <= size <= len(entries):
-        return [*problems, f"recorded size {size!r} is not 1 to {len(entries)}"]
-    again = sample_record(root, str(recorded.get("nonce")), entries, size, nonce_source="re-derived")
+        return [f"method {short_repr(recorded.get('method'))} is not {METHOD!r}"]
+    if not _same(recorded.get("root_digest"), root):
+        problems.append(f"recorded root digest {short_repr(recorded.get('root_digest'))} is not the release's {root}")
+    if not _same(recorded.get("population"), len(entries)):
+        problems.append(f"recorded population {short_repr(recorded.get('population'))} is not the release's "
+                        f"{len(entries)} entries")
+    size, nonce = recorded.get("size"), recorded.get("nonce")
+    if type(size) is not int or not 1 <= size <= len(entries):
+        return [*problems, f"recorded size {short_repr(size)} is not 1 to {len(entries)}"]
+    if not isinstance(nonce, str) or not NONCE_RE.fullmatch(nonce):
+        return [*problems, f"recorded nonce {short_repr(nonce)} is not 1 to 256 printable ASCII characters without "
+                           f"spaces"]
+    again = sample_record(root, nonce, entries, size, nonce_source="re-derived")
     for k in ("positions", "entries"):
-        if recorded.get(k) != again[k]:
+        if not _same(recorded.get(k), again[k]):
             problems.append(f"recorded {k} differ from the re-derived ones (first re-derived: {again[k][:5]})")
     return problems
+
+
+def _same(recorded: Any, expected: Any) -> bool:
+    """Equal as JSON values: Python's == takes true for 1 and 1.0 for 1, which a JSON document states differently."""
+    return json.dumps(recorded, sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 
 # ---------------------------------------------------------------- the bound

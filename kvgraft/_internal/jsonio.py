@@ -315,6 +315,24 @@ def refuse_existing(path: Path, overwrite: bool) -> None:
         raise ExistsError(f"{path}: already exists; pass --overwrite to replace it")
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an output that cannot be written (InputError, exit 2) before the work that would make it: a
+    model load, a release's hashing. The folder it is created in (its nearest existing ancestor: writers
+    create the rest) must take a new file; probed by making an unnamed temporary file there (O_TMPFILE,
+    else a named one removed at once), so a read-only filesystem or a missing permission says so now."""
+    path = Path(path)
+    folder = path.parent
+    while stat_or_none(folder, follow=True) is None and folder != folder.parent:
+        folder = folder.parent
+    if not is_folder(folder):
+        raise InputError(f"{path}: cannot write it: {folder} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write it: {exc.strerror or exc} ({folder})") from None
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

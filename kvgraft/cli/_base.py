@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import sys
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -12,6 +16,7 @@ from rich.text import Text
 
 from kvgraft import __version__
 from kvgraft.errors import Error
+from kvgraft.reporting.render import json_text
 from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
@@ -24,11 +29,30 @@ audit_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
 report_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP, help="Show and verify audit reports.")
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
+EXIT_INTERNAL = 70
+EXIT_PIPE = 141  # 128 + SIGPIPE: the status a shell shows for a Unix tool whose reader stopped reading
+
+
+def reader_gone() -> NoReturn:
+    """The reader of our output closed it (`kvgraft verify ... | head -1`): stop quietly, as Unix tools do.
+    Output still buffered, and the flush at exit, go to /dev/null instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # not a file descriptor (a test runner's captured stream)
+            os.dup2(devnull, stream.fileno())
+    raise typer.Exit(EXIT_PIPE)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich's own exits with status 1
+        self.quiet = True
+        reader_gone()
+
+
 # Markup and emoji codes off: a string printed is shown as written (names, fields and paths come from
 # files an attacker may have chosen); styles come from rich Text objects.
-out = Console(highlight=False, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
-EXIT_INTERNAL = 70
+out = _Console(highlight=False, markup=False, emoji=False)
+err = _Console(stderr=True, highlight=False, markup=False, emoji=False)
 _state = {"verbose": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,6 +60,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 def say(text: object, *, error: bool = False) -> None:
     """Print one line of plain text: no markup, emoji codes or highlighting are interpreted."""
     typer.echo(plain(text), err=error)
+
+
+def echo_json(doc: Any) -> None:
+    """The one way a --json document is printed: indented, every control, bidi or separator character escaped
+    (reporting.render.json_text), as text mode shows them escaped."""
+    typer.echo(json_text(doc))
 
 
 def handled(fn: F) -> F:
@@ -49,6 +79,8 @@ def handled(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            reader_gone()
         except Error as exc:
             if _state["verbose"]:
                 err.print_exception()
@@ -82,6 +114,9 @@ def main(
     _state["verbose"] = verbose
 
 
+KeysOpt = Annotated[list[Path] | None, typer.Option(
+    "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft bundle and "
+                        "model.sig), each signature verifying with one of them and each key verifying one.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id, local folder, or smollm2-135m.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]

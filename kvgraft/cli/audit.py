@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from kvgraft.cli._base import ModelOpt, audit_app, err, exit_with, handled, load_model, out, say
+from kvgraft.cli._base import KeysOpt, ModelOpt, audit_app, echo_json, err, exit_with, handled, load_model, out, say
 from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
@@ -63,8 +62,7 @@ def recompute_cmd(
     ray_address: RayAddressOpt = None,
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
-    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
-    = None,
+    key: KeysOpt = None,
     require_signature: Annotated[bool, typer.Option(
         "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
     sample: Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest "
@@ -96,19 +94,23 @@ def recompute_cmd(
     against a prefill of the N tokens alone; its verdict counts in the release's.
     """
     from kvgraft import sampling
+    from kvgraft._internal.jsonio import check_writable
     from kvgraft.execution.executor import NotAuditedError
     from kvgraft.inference import reapply
     from kvgraft.recompute import audit as recompute
-    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.verify import verified
 
     recompute.check_requirement(require)
+    for output in (json_out, journal):  # before the model loads (the default journal is beside --json)
+        if output is not None:
+            check_writable(output)
     if prefix is not None:
         from kvgraft.recompute.prefix import check_tokens
 
         check_tokens(prefix)
     # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
-    checked = verified(release, verify_policy(key=key, require_signature=require_signature))
+    checked = verified(release, keys_policy(key, require_signature=require_signature))
     rel = checked.release
     if target_fraction is not None:
         if sample is not None:
@@ -262,7 +264,7 @@ def claims_cmd(
 
     result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
     if as_json:
-        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        echo_json(result)
     else:
         from kvgraft.reporting.render_report import claims_check_renderables
 
@@ -285,10 +287,13 @@ def determinism_cmd(
     """
     from rich.progress import Progress
 
+    from kvgraft._internal.jsonio import check_writable
     from kvgraft.audit.checks import seal
     from kvgraft.recompute import determinism
     from kvgraft.reporting.render_report import check_renderables
 
+    if json_out is not None:
+        check_writable(json_out)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)
         result = determinism.matrix(model, length=length, include_gpu=gpu,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import DeviceOpt, audit_app, err, exit_with, handled, out, plain
+from kvgraft.cli._base import DeviceOpt, audit_app, echo_json, err, exit_with, handled, out, plain
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 
 
@@ -51,7 +50,7 @@ def audit_run_cmd(
     outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say,
                            executor={"kind": executor, "address": ray_address, "workers": workers, "ship": ship or None})
     if as_json:
-        typer.echo(json.dumps(outcome.report, indent=2, ensure_ascii=False))
+        echo_json(outcome.report)
     elif not quiet:
         from kvgraft.reporting.render_report import print_report
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,6 +15,7 @@ from kvgraft.cli._base import (
     ModelOpt,
     app,
     audit_app,
+    echo_json,
     err,
     exit_with,
     handled,
@@ -74,7 +74,7 @@ def build_cmd(
     The reference solution when the source has one (accepted only if the answer checker agrees), else
     the model's greedy and then sampled generations. Problems without a verified trace are listed.
     """
-    from kvgraft._internal.jsonio import refuse_existing
+    from kvgraft._internal.jsonio import check_writable, refuse_existing
     from kvgraft.errors import InputError
     from kvgraft.generalization import library
     from kvgraft.inference import runtime
@@ -83,6 +83,7 @@ def build_cmd(
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
+    check_writable(out_dir)
     problems, source_rec = library.load_problems(source, limit, synthetic_seed=synthetic_seed)
     settings = library.BuildSettings(attempts=attempts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                      use_reference=not no_reference, generate=not no_generate)
@@ -97,7 +98,7 @@ def build_cmd(
                                    probe_tokens=probe, overwrite=overwrite,
                                    progress=lambda i, n: bar.update(task, completed=i, total=n))
     if as_json:
-        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        echo_json(result)
     elif not quiet:
         for r in build_renderables(result, out):
             out.print(r)
@@ -146,11 +147,14 @@ def generalization_cmd(
     3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
     With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
     """
+    from kvgraft._internal.jsonio import check_writable
     from kvgraft.audit.checks import seal
     from kvgraft.generalization import audit as gen
     from kvgraft.release.format import Release
     from kvgraft.reporting.render_generalization import renderables
 
+    if json_out is not None:
+        check_writable(json_out)
     settings = gen.Settings(max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed,
                             policy=policy, force=force, budget=budget)
     rel = Release.open(library_dir)

@@ -6,7 +6,6 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +14,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import app, handled, out, plain
+from kvgraft.cli._base import app, echo_json, handled, out, plain
 from kvgraft.reporting.render import fitted, hanging, kv_lines, num
 
 # Rows of an entry's layers and tensors tables: rich lays out a row in 1-2 ms, so two tables of this many
@@ -41,7 +40,7 @@ def inspect_cmd(
     doc = (inspection.inspect_entry(release, entry) if entry is not None
            else inspection.inspect(release, offset=offset, limit=limit or None))
     if as_json:
-        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        echo_json(doc)
         return
     for r in (entry_renderables(doc, out) if entry is not None else renderables(doc, out)):
         out.print(r)
@@ -55,7 +54,9 @@ def _signer(s: dict[str, Any]) -> str:
     if s.get("problem") and not s.get("method"):
         return f"cannot be read: {s['problem']}"
     if s["method"] == "key":
-        who = f"key {s['signer']}" if s.get("signer") else "a key it does not name"
+        from kvgraft.signing.keys import KEY_ID_IS
+
+        who = f"key {s['signer']} ({KEY_ID_IS})" if s.get("signer") else "a key it does not name"
     else:
         who = f"{s.get('signer') or '?'} via {s.get('issuer') or '?'} (Sigstore certificate)"
     named = s.get("names_this_manifest")

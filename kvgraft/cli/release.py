@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from kvgraft.cli._base import AttnOpt, DeviceOpt, DtypeOpt, ModelOpt, app, err, handled, load_model, out, plain, say
+from kvgraft.cli._base import (
+    AttnOpt,
+    DeviceOpt,
+    DtypeOpt,
+    KeysOpt,
+    ModelOpt,
+    app,
+    echo_json,
+    err,
+    handled,
+    load_model,
+    out,
+    plain,
+    say,
+)
 from kvgraft.errors import InputError
 
 
@@ -31,7 +44,7 @@ def capture(
     """Capture KV states of each record into a cache release."""
     from rich.progress import Progress
 
-    from kvgraft._internal.jsonio import refuse_existing
+    from kvgraft._internal.jsonio import check_writable, refuse_existing
     from kvgraft.inference.capture import SLIDING_LAYOUTS, read_records
     from kvgraft.inference.capture import capture as do_capture
     from kvgraft.inference.runtime import Schedule
@@ -40,6 +53,7 @@ def capture(
         raise InputError(f"--sliding-layers {sliding}: expected one of {', '.join(SLIDING_LAYOUTS)}")
     records = read_records(source)
     refuse_existing(out_dir, overwrite)  # before the model loads, not after
+    check_writable(out_dir)
     lm = load_model(model, device, dtype, attn)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("capturing", total=len(records))
@@ -69,8 +83,7 @@ def run_cmd(
     attn: Annotated[str | None, typer.Option("--attn", help="eager or sdpa (default: the release's recorded attention "
                                                             "kernel).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
-    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
-    = None,
+    key: KeysOpt = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")] = False,
@@ -87,13 +100,13 @@ def run_cmd(
     entry's tokens), or that nothing matched and the whole prompt was prefilled.
     """
     from kvgraft.inference import graft, reapply
-    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import verified
 
     # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
-    policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                           require_signature=require_signature)
+    policy = keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+                         require_signature=require_signature)
     if prefix == (entry is not None):
         raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     checked = verified(release, policy)
@@ -111,8 +124,7 @@ def run_cmd(
         say(f"kvgraft: note: {prefix_words(result.ledger)}", error=True)
     if as_json:
         grafted = entry if not prefix else (result.ledger["prefix"] or {}).get("entry")
-        out.print_json(json.dumps({"entry": grafted, "token_ids": result.token_ids, "text": result.text,
-                                   "ledger": result.ledger}))
+        echo_json({"entry": grafted, "token_ids": result.token_ids, "text": result.text, "ledger": result.ledger})
         return
     from kvgraft.reporting.render import ledger_table
 

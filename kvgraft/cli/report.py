@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import handled, out, report_app, say
+from kvgraft.cli._base import echo_json, handled, out, report_app, say
 
 
 @report_app.command("show")
@@ -60,7 +59,7 @@ def report_verify_cmd(
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
     result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
     if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+        echo_json(result.as_dict())
         return
     bound = " and bound to the release" if result.release_checked else ""
     say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -11,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import EXIT_INTERNAL, _state, app, handled, say
+from kvgraft.cli._base import EXIT_INTERNAL, KeysOpt, _state, app, echo_json, handled, say
 from kvgraft.errors import Error, InputError
 
 RequireSignatureOpt = Annotated[bool, typer.Option(
@@ -44,8 +43,10 @@ def keygen(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing key files.")] = False,
 ) -> None:
     """Generate a signing key pair for `kvgraft sign --key` (PEM; encrypted when a passphrase is given)."""
-    from kvgraft.signing.keys import key_id, load_public_key, write_keypair
+    from kvgraft._internal.jsonio import check_writable
+    from kvgraft.signing.keys import KEY_ID_IS, key_id, load_public_key, write_keypair
 
+    check_writable(out_prefix)
     passphrase: bytes | None = None
     if passphrase_env is not None:
         passphrase = _passphrase_from_env(passphrase_env)
@@ -54,7 +55,7 @@ def keygen(
     private, public = write_keypair(out_prefix, algorithm=algorithm, passphrase=passphrase, overwrite=overwrite)
     state = "encrypted" if passphrase else "NOT encrypted"
     say(f"private key {private} ({algorithm}, {state}; keep it secret)")
-    say(f"public key  {public} (key id {key_id(load_public_key(public))})")
+    say(f"public key  {public} (key id {key_id(load_public_key(public))}: {KEY_ID_IS})")
 
 
 @app.command()
@@ -70,6 +71,8 @@ def sign(
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
+    from kvgraft._internal.jsonio import check_writable
+    from kvgraft.release.format import BUNDLE_NAME
     from kvgraft.signing import keys, sign
 
     _quiet_sigstore()
@@ -77,6 +80,7 @@ def sign(
         raise InputError("give exactly one of --key KEY.pem or --sigstore")
     if staging and not sigstore:
         raise InputError("--staging goes with --sigstore")
+    check_writable(release / BUNDLE_NAME)  # before the release is hashed
     if key is not None:
         passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
         try:
@@ -91,7 +95,7 @@ def sign(
     files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
     say(f"signed {release} ({files} files, root digest {root_digest})")
-    say(f"signer {signed.signer}")
+    say(f"signer {f'key {signed.signer} ({keys.KEY_ID_IS})' if key is not None else signed.signer}")
     say(f"bundle {signed.bundle}")
     if signed.oms is not None:
         say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "
@@ -102,9 +106,7 @@ def sign(
 @handled
 def verify(
     release: Annotated[Path, typer.Argument(help="Cache release folder.")],
-    key: Annotated[list[Path] | None, typer.Option(
-        "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
-                            "bundle and model.sig), each signature verifying with one of them.")] = None,
+    key: KeysOpt = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
     trusted_root: Annotated[Path | None, typer.Option(
@@ -120,26 +122,26 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import failure_dict, verify_release
 
     _quiet_sigstore()
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
-    given = list(key or [])  # each key must verify one of the signatures, so a stray one fails
     try:
-        policy = verify_policy(key=given[0] if given else None, more_keys=tuple(given[1:]), identity=identity,
-                               issuer=issuer, trust=trust, require_signature=require_signature, oms_signature=oms_signature)
+        # each key must verify one of the signatures, so a stray one fails
+        policy = keys_policy(key, identity=identity, issuer=issuer, trust=trust, require_signature=require_signature,
+                             oms_signature=oms_signature)
         result = verify_release(release, policy=policy, deep=deep, entries=entry or None)
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.
         code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
                       else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
         if as_json:
-            typer.echo(json.dumps(failure_dict(release, text, code), indent=2))
+            echo_json(failure_dict(release, text, code))
         raise
     if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+        echo_json(result.as_dict())
         return
     gib = result.bytes_hashed / 2**30
     say(f"verified {release}")

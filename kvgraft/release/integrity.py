@@ -10,7 +10,7 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,7 @@ class CheckedRelease:
     tensors_rehashed: int
     release: Release
     beside: dict[str, str] = field(default_factory=dict)  # files outside the manifest a signature lists, their sha256
+    ignored: list[str] = field(default_factory=list)  # files outside the manifest a signature says it ignores
 
 
 def release_folder_files(root: Path) -> set[str]:
@@ -153,7 +154,7 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
                   deep: bool = False, signed: bool = False, attested_root: str | None = None,
                   check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
                   beside_source: str = "OMS signature", subjects_beside: bool = False,
-                  every_file: bool = False) -> CheckedRelease:
+                  every_file: bool = False, ignored: Sequence[str] = ()) -> CheckedRelease:
     """The release's bytes against `subjects` (if any) and the manifest (module docstring).
 
     `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
@@ -169,6 +170,9 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
     `subjects_beside`, the names `subjects` lists beyond the manifest are such files (an OMS signature
     that is the statement). `every_file`: `subjects` names every file of the release (an OMS list), not
     manifest.json and the files the statement binds directly (format 2: the index files).
+    `ignored`: paths (files, or folders and all under them) that `beside_source` says it leaves out
+    (OMS `ignore_paths`): a file there is not refused as extra, and reported in CheckedRelease.ignored; it
+    excuses nothing the manifest lists.
     """
     root = Path(root)
     if not jsonio.is_folder(root):
@@ -197,7 +201,8 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
                 for name, size in _files_to_prefetch(root, present, doc)}
     try:
         return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
-                      dict(beside or {}), beside_source if beside else source, subjects_beside, every_file)
+                      dict(beside or {}), beside_source if beside else source, subjects_beside, every_file,
+                      tuple(ignored))
     finally:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
@@ -342,7 +347,7 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
            msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
-           subjects_beside: bool, every_file: bool) -> CheckedRelease:
+           subjects_beside: bool, every_file: bool, ignored: tuple[str, ...]) -> CheckedRelease:
     manifest_path = root / MANIFEST
 
     # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
@@ -376,6 +381,8 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         safe_path(root, name, "manifest file")
     missing = sorted((set(expected) | set(beside)) - present)
     extra = sorted(present - set(expected) - set(beside))
+    excused = [n for n in extra if any(n == p or n.startswith(p + "/") for p in ignored)]
+    extra = sorted(set(extra) - set(excused))
     users: dict[str, list[str]] = {}
     for entry in entries:
         users.setdefault(entry["file"], []).append(entry["id"])
@@ -462,5 +469,5 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in entries for t in e["tensors"].values())
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
     return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel,
-                          {n: sha for n, (sha, _) in beside_digests.items()})
+                          {n: sha for n, (sha, _) in beside_digests.items()}, excused)
 

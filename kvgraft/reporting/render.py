@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 import unicodedata
 from typing import Any
@@ -27,12 +29,39 @@ def plain(text: object) -> str:
     s = str(text)
     if s.isascii() and s.isprintable():  # the usual case, at C speed
         return s
-    return "".join(c if c == " " or unicodedata.category(c)[0] not in "CZ" else _escape(c) for c in s)
+    return "".join(_escape(c) if _hidden(c) else c for c in s)
+
+
+def _hidden(c: str) -> bool:
+    """A control, format (bidi overrides), separator (U+2028) or unassigned character: shown escaped."""
+    return c != " " and unicodedata.category(c)[0] in "CZ"
 
 
 def _escape(c: str) -> str:
     o = ord(c)
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+_NOT_ASCII = re.compile("[\x7f-\U0010ffff]")  # json.dumps escapes the C0 controls itself
+
+
+def json_text(doc: Any) -> str:
+    """`doc` as indented JSON to print (every --json): text as it is, but each character `plain` escapes in text
+    mode (C1 controls, bidi overrides, U+2028...) written as a JSON \\u escape. Such a character can only be
+    inside a string there, where the escape stands for the same character: the document parses the same."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    return _NOT_ASCII.sub(_json_escape, text)
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if not _hidden(c):
+        return c
+    o = ord(c)
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    o -= 0x10000  # beyond the BMP: a UTF-16 surrogate pair, as JSON writes it
+    return f"\\u{0xD800 + (o >> 10):04x}\\u{0xDC00 + (o & 0x3FF):04x}"
 
 
 def plain_tree(doc: Any) -> Any:

@@ -9,7 +9,8 @@ signature is over the pre-authentication encoding PAE(payloadType, payload) of t
 The bundle lives at RELEASE/release.sigstore.json and is not itself a subject. Two kinds:
 
 * key-signed (`kvgraft.signing.sign.sign_release`): `verificationMaterial.publicKey.hint` is the key id
-  (hex SHA-256 of the DER public key) and `tlogEntries` is empty; offline, no Sigstore services.
+  (`kvgraft.signing.keys.key_id`: hex SHA-256 of the public key PEM) and `tlogEntries` is empty; offline, no
+  Sigstore services.
 * keyless (`kvgraft.signing.sign.sign_release_sigstore`): Sigstore's Fulcio certificate and Rekor entry, made by
   sigstore-python's `Signer.sign_dsse`; needs the network and an OIDC identity.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from kvgraft.release.format import BUNDLE_NAME as BUNDLE_NAME  # the signature f
 from kvgraft.release.format import FORMAT, MANIFEST, check_relpath
 from kvgraft.release.format import OMS_NAME as OMS_NAME  # folder layout, which release/ checks without signing/
 from kvgraft.schema import validate
-from kvgraft.signing.keys import PublicKey, key_id
+from kvgraft.signing.keys import PublicKey, der_fingerprint, key_id
 from kvgraft.signing.keys import verify as key_verify
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -259,9 +260,9 @@ def write_bundle(root: Path, data: bytes) -> Path:
     return path
 
 
-def verify_with_key(bundle: Bundle, key: PublicKey, also_hint: str | None = None) -> str:
-    """Check the DSSE signature of a key-signed bundle with `key`; return the key id. The bundle's
-    hint may name the key by its key id or by `also_hint` (another tool's name for the same key)."""
+def verify_with_key(bundle: Bundle, key: PublicKey) -> str:
+    """Check the DSSE signature of a key-signed bundle with `key`; return the key id. The bundle's hint
+    may name the key by its key id or by the DER fingerprint older kvgraft bundles carry."""
     kid = key_id(key)
     if bundle.has_certificate:
         raise VerificationError(f"{bundle.where}: the release is signed keyless with a Sigstore certificate, not a key; "
@@ -271,13 +272,12 @@ def verify_with_key(bundle: Bundle, key: PublicKey, also_hint: str | None = None
         raise VerificationError(f"{bundle.where}: DSSE signature does not verify with key {kid}{named}")
     # The hint and keyid are outside what is signed: they must name the key that verified, or say nothing.
     for what, value in (("verificationMaterial.publicKey.hint", bundle.key_hint), ("dsseEnvelope keyid", bundle.keyid)):
-        if value not in (None, "", kid, also_hint):
+        if value not in (None, "", kid, der_fingerprint(key)):
             raise VerificationError(f"{bundle.where}: {what} {value!r} names another key than {kid}, which verified it")
     return kid
 
 
-def verify_with_any(bundle: Bundle, public_keys: Sequence[PublicKey], *,
-                    also_hint: Callable[[PublicKey], str] | None = None, advice: str = "") -> str:
+def verify_with_any(bundle: Bundle, public_keys: Sequence[PublicKey], *, advice: str = "") -> str:
     """`verify_with_key` with the first of `public_keys` that verifies the bundle; return its key id.
 
     Signing keys are tried in turn (a verification costs well under a millisecond), not picked by the
@@ -285,16 +285,15 @@ def verify_with_any(bundle: Bundle, public_keys: Sequence[PublicKey], *,
     """
     if len(public_keys) == 1:
         try:
-            return verify_with_key(bundle, public_keys[0], also_hint(public_keys[0]) if also_hint else None)
+            return verify_with_key(bundle, public_keys[0])
         except VerificationError as exc:
             raise VerificationError(f"{exc}{advice}") from None
     for key in public_keys:
         try:
-            return verify_with_key(bundle, key, also_hint(key) if also_hint else None)
+            return verify_with_key(bundle, key)
         except VerificationError:
             if bundle.has_certificate:
                 raise
     ids = ", ".join(key_id(k) for k in public_keys)
     named = f" (the bundle names key {bundle.key_hint})" if bundle.key_hint else ""
     raise VerificationError(f"{bundle.where}: DSSE signature does not verify with any key given ({ids}){named}{advice}")
-

@@ -7,7 +7,10 @@ SHA-512), as OMS and Sigstore define it. Private keys are PKCS#8 PEM, encrypted 
 passphrase when one is given (the best available PEM encryption of `cryptography`); public keys are
 SubjectPublicKeyInfo PEM. ECDSA signatures are DER encoded, Ed25519 signatures are the raw 64 bytes.
 
-A key's id (the "hint" in a bundle) is the lowercase hex SHA-256 of its DER SubjectPublicKeyInfo.
+A key has one id everywhere (`key_id`: keygen, sign, verify, inspect, the "hint" a bundle names it by): the
+lowercase hex SHA-256 of its SubjectPublicKeyInfo PEM, the fingerprint OpenSSF model signing writes as
+model.sig's hint and checks. Bundles signed before used the SHA-256 of the DER form as their hint
+(`der_fingerprint`); a hint of that form is still accepted for the key it names.
 """
 
 from __future__ import annotations
@@ -61,16 +64,25 @@ def private_pem(key: PrivateKey, passphrase: bytes | None = None) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
 
 
+def _public(key: PrivateKey | PublicKey) -> PublicKey:
+    return key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
+
+
 def public_pem(key: PrivateKey | PublicKey) -> bytes:
-    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
-    return pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return _public(key).public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+KEY_ID_IS = "SHA-256 of the public key PEM"  # what a key id shown to a person is the fingerprint of
 
 
 def key_id(key: PrivateKey | PublicKey) -> str:
-    """Lowercase hex SHA-256 of the DER SubjectPublicKeyInfo: the bundle's public-key hint."""
-    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
-    der = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return sha256_hex(der)
+    """The key id: lowercase hex SHA-256 of the public key's SubjectPublicKeyInfo PEM (module docstring)."""
+    return sha256_hex(public_pem(key))
+
+
+def der_fingerprint(key: PrivateKey | PublicKey) -> str:
+    """Hex SHA-256 of the DER SubjectPublicKeyInfo: the hint kvgraft wrote before key ids were `key_id`."""
+    return sha256_hex(_public(key).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
 def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,

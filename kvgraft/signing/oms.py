@@ -13,7 +13,8 @@ include release.sigstore.json, so `model_signing verify` checks every byte of th
 
 Keys: OMS signs with ECDSA keys only, on P-256, P-384 or P-521 (the hash follows the curve: SHA-256,
 SHA-384, SHA-512; kvgraft.signing.keys.CURVES); its
-`publicKey.hint` is the SHA-256 of the public key's SubjectPublicKeyInfo PEM. An Ed25519 kvgraft key
+`publicKey.hint` is the SHA-256 of the public key's SubjectPublicKeyInfo PEM, which is kvgraft's key id
+(`keys.key_id`), so a signer has one id in both signature files. An Ed25519 kvgraft key
 writes no OMS signature. Nothing here imports torch or model_signing.
 """
 
@@ -24,10 +25,9 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -40,13 +40,6 @@ PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 # What the model_signing CLI records when the signature lies inside the folder (its defaults).
 IGNORE_PATHS = [".git", ".gitignore", ".github", OMS_NAME, ".gitattributes"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def pem_hint(key: keys.PrivateKey | keys.PublicKey) -> str:
-    """OMS's key hint: SHA-256 of the SubjectPublicKeyInfo PEM of the public key."""
-    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) else key
-    pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return sha256_hex(pem)
 
 
 def _root_digest(resources: list[tuple[str, str]]) -> str:
@@ -76,7 +69,7 @@ def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | No
     signature = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     bundle = {
         "mediaType": attest.BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": pem_hint(key)}, "tlogEntries": []},
+        "verificationMaterial": {"publicKey": {"hint": keys.key_id(key)}, "tlogEntries": []},
         "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": attest.PAYLOAD_TYPE,
                          "signatures": [{"sig": base64.b64encode(signature).decode()}]},
     }
@@ -85,11 +78,18 @@ def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | No
     return path
 
 
-def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | None,
-         advice: str = "") -> tuple[dict[str, str], str | None, str]:
-    """Parse (strictly) and, with `public_keys`, verify an OMS signature with the first of them that does;
-    return (resources as name -> sha256, the key id that verified it or None, the sha256 of the
-    signature file's bytes). `advice` ends the message when no key verifies it.
+class OmsSignature(NamedTuple):
+    """What `read` found in an OMS signature."""
+
+    files: dict[str, str]  # its resources: name -> sha256
+    verified_by: str | None  # the key id that verified it; None when no key was given
+    sha256: str  # of the signature file's bytes
+    ignored: tuple[str, ...]  # the paths its serialization says it leaves out (ignore_paths), release-relative
+
+
+def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | None, advice: str = "") -> OmsSignature:
+    """Parse (strictly) and, with `public_keys`, verify an OMS signature with the first of them that does.
+    `advice` ends the message when no key verifies it.
 
     The statement's subject digest must be the one its resources imply, and the serialization must
     be the per-file SHA-256 one (the only one kvgraft can compare with a release's files).
@@ -104,7 +104,7 @@ def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | No
         if not usable:
             raise VerificationError(f"{where}: an OMS signature is made with an ECDSA key; {keys.key_id(given[0])} "
                                     f"is not one")
-        verified_by = attest.verify_with_any(bundle, usable, also_hint=pem_hint, advice=advice)
+        verified_by = attest.verify_with_any(bundle, usable, advice=advice)
     if bundle.payload_type != attest.PAYLOAD_TYPE:
         raise VerificationError(f"{where}: DSSE payloadType {bundle.payload_type!r} is not {attest.PAYLOAD_TYPE!r}")
     stmt = jsonio.loads_strict(bundle.payload, f"{where}: statement")
@@ -122,6 +122,9 @@ def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | No
             or serialization_.get("hash_type") != "sha256"):
         raise VerificationError(f"{where}: only the OMS 'files' serialization with sha256 is read "
                                 f"(found {serialization_!r:.200})")
+    ignore_paths = serialization_.get("ignore_paths", [])
+    if not isinstance(ignore_paths, list) or not all(isinstance(p, str) for p in ignore_paths):
+        raise InputError(f"{where}: predicate.serialization.ignore_paths is not a list of strings")
     resources = predicate.get("resources")
     if not isinstance(resources, list):
         raise InputError(f"{where}: predicate.resources is not a list")
@@ -137,4 +140,16 @@ def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | No
         raise InputError(f"{where}: a resource is listed twice")
     if subject[0]["digest"].get("sha256") != _root_digest(listed):
         raise VerificationError(f"{where}: the subject digest does not match the digests of the listed resources")
-    return dict(listed), verified_by, sha256_hex(raw)
+    return OmsSignature(dict(listed), verified_by, sha256_hex(raw), _release_paths(ignore_paths))
+
+
+def _release_paths(paths: list[str]) -> tuple[str, ...]:
+    """The ignored paths that name something inside the folder; model_signing writes them relative to it. Any
+    other ("." for the folder itself, an absolute path) excuses nothing: kvgraft only ever narrows what it accepts."""
+    inside = []
+    for p in paths:
+        try:
+            inside.append(check_relpath(p, "ignore_paths"))
+        except InputError:
+            continue
+    return tuple(inside)

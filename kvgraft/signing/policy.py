@@ -20,8 +20,10 @@ checked with what was given. `oms_signature`: a detached OpenSSF model signing s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvgraft.errors import InputError
 from kvgraft.signing.sigstore import SigstoreTrust
@@ -92,3 +94,10 @@ def verify_policy(*, key: Path | None = None, more_keys: tuple[Path, ...] = (), 
         raise InputError("--require-signature needs --key or --certificate-identity/--certificate-oidc-issuer "
                          "to check the signature with")
     return SignatureNotChecked(oms_signature=oms_signature)
+
+
+def keys_policy(keys: Sequence[Path] | None, **options: Any) -> VerifyPolicy:
+    """`verify_policy` for the keys a command line gave (--key, repeatable): one rule for every command that
+    verifies (`verify`, `run`, `audit recompute`): each key must verify one of the release's signatures."""
+    given = list(keys or [])
+    return verify_policy(key=given[0] if given else None, more_keys=tuple(given[1:]), **options)

@@ -54,6 +54,11 @@ RESULT_FORMAT = "kvgraft-verify-result"
 RESULT_VERSION = 1
 
 
+# What model.sig says: its files (release.sigstore.json aside), the digest it lists for release.sigstore.json
+# (None: none), and the paths it says it ignores.
+_OmsList = tuple[dict[str, str], str | None, tuple[str, ...]]
+
+
 @dataclass
 class SignatureStatus:
     status: str  # "verified" or "not checked"
@@ -70,6 +75,8 @@ class SignatureStatus:
     signatures: list[dict[str, Any]] = field(default_factory=list)
     # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
     oms_beside_release: list[str] = field(default_factory=list)
+    # Files outside the manifest in paths the OMS signature says it ignores: no signature covers them.
+    oms_ignored: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
@@ -158,7 +165,7 @@ def _predicate_check(root: Path, statement: dict[str, Any], source: str) -> Mani
 
 
 def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatus,
-              has_bundle: bool) -> tuple[dict[str, str], str | None] | None:
+              has_bundle: bool) -> _OmsList | None:
     """An OpenSSF model signing signature (RELEASE/model.sig, or the detached one at `path`), if present:
     its files (name -> sha256) without release.sigstore.json, and the digest it lists for
     release.sigstore.json (None if none). With keys given it must verify with one of them; beside a
@@ -171,11 +178,12 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
     usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)] if has_bundle else given
     advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {path.name}): give --key for each "
               f"signer" if has_bundle else "")
-    files, verified_by, digest = oms.read(path, usable or None, advice)
+    found = oms.read(path, usable or None, advice)
+    files, verified_by, digest = found.files, found.verified_by, found.sha256
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
     signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
                                  "status": "verified" if verified_by else "not checked", "key_id": verified_by})
-    return files, files.pop(attest.BUNDLE_NAME, None)
+    return files, files.pop(attest.BUNDLE_NAME, None), found.ignored
 
 
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
@@ -295,7 +303,7 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
 
 
 def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], read: _Read, oms_path: Path,
-                        scope: str) -> tuple[dict[str, str], str | None] | None:
+                        scope: str) -> _OmsList | None:
     """Step 1's other signature: model.sig read (and checked with the keys) when there is one and this scope reads it;
     signed with it alone, its file list plays the statement's part."""
     signature = read.signature
@@ -331,13 +339,15 @@ def _every_key_verifies_a_signature(root: Path, given: list[keys.PublicKey], sig
             raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
 
 
-def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: tuple[dict[str, str], str | None] | None,
+def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsList | None,
                  oms_path: Path, scope: str, deep: bool) -> CheckedRelease:
     """Steps 2-7 (scope "all") or what opening checks, against the statement or else the OMS file list."""
     oms_files = oms_read[0] if oms_read is not None else None
     # Files beside the release (a Hub card, README.md) are accepted only when an OMS signature lists them and
     # it was verified, or when nothing is verified at all (then nothing is authenticated, as the warnings say).
     beside_ok = read.signature.oms_verified or not policy.checks_signature
+    # So are files in the paths it says it ignores (model_signing --ignore-paths), under the same rule.
+    ignored = oms_read[2] if oms_read is not None and beside_ok else ()
     signed = read.signature.status == "verified"
     source = read.source
     if read.statement is not None:
@@ -349,20 +359,20 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: tuple[
                       if oms_files is not None and beside_ok else None)
             return check_release(root, subjects=subjects, source=source, deep=deep, signed=signed,
                                  attested_root=attested, check_claims=claims, beside=beside,
-                                 beside_source=f"OMS signature ({oms_path.name})")
+                                 beside_source=f"OMS signature ({oms_path.name})", ignored=ignored)
         return open_release(root, subjects=subjects, source=source, signed=signed, attested_root=attested,
                             check_claims=claims)
     if scope == "all":
         # An OMS file list (or none) plays the statement's part; it names every file of the folder.
         return check_release(root, subjects=oms_files, source=source, deep=deep, signed=signed,
-                             subjects_beside=beside_ok and oms_files is not None, every_file=True)
+                             subjects_beside=beside_ok and oms_files is not None, every_file=True, ignored=ignored)
     # Signed with OMS alone: its list names every file; opening compares those opening reads
     # (manifest.json, which binds the rest, and the index files), each entry's file when it is checked.
     return open_release(root, subjects=oms_files, source=source, signed=signed, lists_more=True)
 
 
 def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
-                   oms_read: tuple[dict[str, str], str | None] | None, oms_path: Path) -> tuple[list[str], int, int]:
+                   oms_read: _OmsList | None, oms_path: Path) -> tuple[list[str], int, int]:
     """`--entry ID`: those entries' files (size, SHA-256, header), and against the OMS file list when there is one."""
     oms_files = oms_read[0] if oms_read is not None else None
     checked_entries: list[str] = []
@@ -380,11 +390,11 @@ def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
     return checked_entries, tensors, hashed
 
 
-def _compare_oms_list(oms_read: tuple[dict[str, str], str | None], checked: CheckedRelease, read: _Read,
+def _compare_oms_list(oms_read: _OmsList, checked: CheckedRelease, read: _Read,
                       oms_path: Path, scope: str) -> None:
     """The OMS signature's file list against the files checked: after the release's own checks, which say
     more precisely what changed."""
-    oms_files, listed_bundle = oms_read
+    oms_files, listed_bundle, _ = oms_read
     has = {**checked.files, **checked.beside}
     compared = oms_files if scope == "all" else {n: sha for n, sha in oms_files.items() if n in has}
     if compared != has:
@@ -396,6 +406,10 @@ def _compare_oms_list(oms_read: tuple[dict[str, str], str | None], checked: Chec
         raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
                                 f"{attest.BUNDLE_NAME} with sha256 {listed_bundle}, the release has {actual_bundle}")
     read.signature.oms_beside_release = sorted(checked.beside)
+    read.signature.oms_ignored = list(checked.ignored)
+    if checked.ignored:
+        read.warnings.append(f"files the OMS signature ({oms_path.name}) says it ignores, which no signature covers: "
+                             f"{', '.join(checked.ignored[:5])}{' ...' if len(checked.ignored) > 5 else ''}")
     if checked.beside and not read.signature.oms_verified:
         read.warnings.append(f"files beside the release, listed only by the OMS signature (not checked): "
                              f"{', '.join(sorted(checked.beside)[:5])}")

@@ -73,7 +73,7 @@ def _sign_oms_statement(root: Path, private: Path, digests: dict[str, str],
     key = keys.load_private_key(private)
     sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     bundle = {"mediaType": attest.BUNDLE_MEDIA_TYPE,
-              "verificationMaterial": {"publicKey": {"hint": oms.pem_hint(key)}, "tlogEntries": []},
+              "verificationMaterial": {"publicKey": {"hint": keys.key_id(key)}, "tlogEntries": []},
               "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": attest.PAYLOAD_TYPE,
                                "signatures": [{"sig": base64.b64encode(sig).decode()}]}}
     (root / attest.OMS_NAME).write_text(json.dumps(bundle))

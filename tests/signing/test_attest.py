@@ -187,8 +187,8 @@ def test_independent_dsse_check_with_cryptography_only(release: Path, tmp_path: 
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     for subject in statement["subject"]:
         assert hashlib.sha256((release / subject["name"]).read_bytes()).hexdigest() == subject["digest"]["sha256"]
-    der = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    assert bundle["verificationMaterial"]["publicKey"]["hint"] == hashlib.sha256(der).hexdigest()
+    pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert bundle["verificationMaterial"]["publicKey"]["hint"] == hashlib.sha256(pem).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------- library

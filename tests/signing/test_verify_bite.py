@@ -312,7 +312,7 @@ def test_an_oms_only_release_and_the_wrong_key_gives_no_two_signer_advice(rel: P
     oms.sign(rel, keys.load_private_key(ecdsa[0]), listed_digests(rel))
     with pytest.raises(VerificationError) as info:
         verify_release(rel, key=other[1])
-    hint = oms.pem_hint(keys.load_private_key(ecdsa[0]))
+    hint = _kid(ecdsa[1])
     assert str(info.value) == (f"{rel / attest.OMS_NAME}: DSSE signature does not verify with key {_kid(other[1])} "
                                f"(the bundle names key {hint})")  # no advice about two signers: there is one
 

@@ -21,6 +21,7 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError
+from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, safe_path
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
@@ -147,6 +148,7 @@ class Index:
         return files
 
     def _read_checked(self, name: str, sha256: str, size: int, limit: int, what: str) -> bytes:
+        sources.fetch(self.root, name, sha256, size, what)  # a release read from elsewhere: the file arrives checked
         path = safe_path(self.root, name, what)
         try:
             data = jsonio.read_bounded(path, max(limit, size), what)

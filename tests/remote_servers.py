@@ -11,6 +11,7 @@ requests it served taken from werkzeug's log.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -61,6 +62,7 @@ class FolderServer:
     documents: dict[str, Any] = field(default_factory=dict)  # exact URL path -> JSON
     faults: list[Fault] = field(default_factory=list)
     log: list[Logged] = field(default_factory=list)
+    ranges: bool = True  # False: a server that ignores Range and sends the whole file (200)
     stopping: threading.Event = field(default_factory=threading.Event)
     _httpd: ThreadingHTTPServer | None = None
 
@@ -129,7 +131,7 @@ class FolderServer:
                     return
                 data = target.read_bytes()
                 start, end, status = 0, len(data), 200
-                if rng is not None:
+                if rng is not None and server.ranges:
                     m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
                     if m is None or int(m.group(1)) >= len(data):
                         entry.status = 416
@@ -193,7 +195,8 @@ class _Requests(logging.Handler):
         self.seen: list[tuple[str, str, int]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r'"([A-Z]+) (\S+) HTTP/[\d.]+" (\d+)', record.getMessage())
+        text = re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage())  # werkzeug colours the status
+        m = re.search(r'"([A-Z]+) (\S+) HTTP/[\d.]+" (\d+)', text)
         if m:
             self.seen.append((m.group(1), unquote(urlsplit(m.group(2)).path), int(m.group(3))))
 
@@ -249,3 +252,12 @@ def wait_for(predicate: Any, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return bool(predicate())
+
+
+def verified_pieces(cache: Path) -> list[str]:
+    """The digests of a cache's pieces, after checking that each file hashes to its name."""
+    names = []
+    for piece in sorted((cache / "pieces").glob("*/*")):
+        assert hashlib.sha256(piece.read_bytes()).hexdigest() == piece.name, f"{piece}: an unverified piece"
+        names.append(piece.name)
+    return names

@@ -7,7 +7,6 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,14 +14,14 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import app, handled, out, plain
+from kvgraft.cli._base import RELEASE_HELP, app, handled, out, plain
 from kvgraft.reporting.render import fitted, hanging, kv_lines, num
 
 
 @app.command("inspect")
 @handled
 def inspect_cmd(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     entry: Annotated[str | None, typer.Argument(help="Show this entry in detail: layers, tensors, shapes, digests.")]
     = None,
     limit: Annotated[int, typer.Option("--limit", help="Entries to list (0: all).")] = 20,

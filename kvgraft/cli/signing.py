@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import EXIT_INTERNAL, _state, app, handled, say
+from kvgraft.cli._base import EXIT_INTERNAL, RELEASE_HELP, _state, app, handled, say
 from kvgraft.errors import Error, InputError
 
 RequireSignatureOpt = Annotated[bool, typer.Option(
@@ -101,7 +101,7 @@ def sign(
 @app.command()
 @handled
 def verify(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     key: Annotated[list[Path] | None, typer.Option(
         "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
                             "bundle and model.sig), each signature verifying with one of them.")] = None,

@@ -43,6 +43,7 @@ from kvgraft.release.format import (
 from kvgraft.remote.cache import Cache
 from kvgraft.remote.location import Location, open_store
 from kvgraft.remote.store import FetchError, Store
+from kvgraft.remote.subset import MAX_SUBSET_BYTES, SUBSET_NAME
 from kvgraft.remote.transfer import Meter, fetch_piece, read_small
 
 MAX_SIGNATURE_BYTES = 64 * 1024 * 1024  # kvgraft.signing.attest.MAX_BUNDLE_BYTES: what the verifier reads at most
@@ -87,9 +88,9 @@ class Mirror:
     # ------------------------------------------------------------------------------------------ opening
 
     def open(self) -> None:
-        """manifest.json and the signature files, read at once (the signatures may be absent)."""
+        """manifest.json, the signature files and a pulled subset's list, read at once (all but the first may be absent)."""
         wanted = [(MANIFEST, MAX_MANIFEST_BYTES, "the manifest"), (BUNDLE_NAME, MAX_SIGNATURE_BYTES, "a signature"),
-                  (OMS_NAME, MAX_SIGNATURE_BYTES, "a signature")]
+                  (OMS_NAME, MAX_SIGNATURE_BYTES, "a signature"), (SUBSET_NAME, MAX_SUBSET_BYTES, "a subset list")]
         with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="kvgraft-open") as ex:
             got = list(ex.map(lambda w: read_small(self.store, w[0], w[1], w[2]), wanted))
         if got[0] is None:
@@ -129,7 +130,7 @@ class Mirror:
             return
         for name in listed:
             top = name.split("/")[0]
-            if name in files or name in (MANIFEST, BUNDLE_NAME, OMS_NAME) or top in REPOSITORY_METADATA:
+            if name in files or name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME) or top in REPOSITORY_METADATA:
                 continue
             data = read_small(self.store, name, MAX_BESIDE_BYTES, "a file beside the release")
             if data is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,23 +73,46 @@ def _missing(package: str) -> FetchError:
     return FetchError(f"reading a remote release needs {package}: pip install 'kvgraft[remote]'")
 
 
-async def _drain(read: Callable[[int], Awaitable[bytes]], skip: int, limit: int, sink: Sink) -> int:
-    """Feed `sink` at most `limit` bytes of a body, after discarding its first `skip`; return how many came.
-    A byte beyond `limit` is an error: the server answered with more than was asked for."""
-    while skip > 0:
-        block = await read(min(BLOCK, skip))
+async def _counted(drain: Awaitable[int], counted: list[int], ended_early: tuple[type[BaseException], ...]) -> int:
+    """`drain`'s count; when the body ends before its Content-Length (connection closed), the bytes that did
+    come (`counted`, kept by the sink): the caller sees a short answer and resumes after them."""
+    try:
+        return await drain
+    except ended_early:
+        return counted[0]
+
+
+def _counting(sink: Sink) -> tuple[Sink, list[int]]:
+    counted = [0]
+
+    def count(block: bytes) -> None:
+        sink(block)
+        counted[0] += len(block)
+
+    return count, counted
+
+
+async def _drain(read: Callable[[int], Awaitable[bytes]], limit: int, sink: Sink, *, skip: int | None = None) -> int:
+    """Feed `sink` at most `limit` bytes of a body; return how many came. A byte beyond `limit` is an error
+    (the server answered with more than was asked for), unless the body is the whole file (`skip` given:
+    its first `skip` bytes are discarded, and what follows the range is not read)."""
+    left = skip or 0
+    while left > 0:
+        block = await read(min(BLOCK, left))
         if not block:
             return 0
-        skip -= len(block)
+        left -= len(block)
     got = 0
     while True:
-        block = await read(min(BLOCK, limit + 1 - got))
+        block = await read(min(BLOCK, limit + (0 if skip is not None else 1) - got))
         if not block:
             return got
         if got + len(block) > limit:
             raise Oversize(f"the server sent more than the {limit} bytes asked for")
         got += len(block)
         sink(block)
+        if got == limit and skip is not None:
+            return got
 
 
 def _range_header(start: int, end: int) -> str:
@@ -97,6 +121,8 @@ def _range_header(start: int, end: int) -> str:
 
 class Store:
     """The files of one remote folder. `get` may be called from many threads at once."""
+
+    _making = threading.Lock()  # one file system (and session) per store, made by the first thread that asks
 
     display: str  # the folder as messages name it (the URL given)
     ranges: bool = True  # False once the server answered a range request with the whole file
@@ -112,6 +138,17 @@ class Store:
         """Every file name under the folder, or None where a folder cannot be listed (HTTP)."""
         return None
 
+    _fs: Any = None
+
+    def _filesystem(self) -> Any:
+        with self._making:
+            if self._fs is None:
+                self._fs = self._make()
+            return self._fs
+
+    def _make(self) -> Any:
+        raise NotImplementedError
+
 
 class HttpStore(Store):
     """A folder served over HTTP(S); a Hugging Face Hub `resolve/<revision>/` URL is one."""
@@ -124,33 +161,33 @@ class HttpStore(Store):
         self.display = display or self._base
         self.headers = dict(headers or {})
         self.settings = settings or Settings.from_env()
-        self._fs: Any = None
 
     def url(self, name: str) -> str:
         return f"{self._base}/{quote(name, safe='/')}" + (f"?{self._query}" if self._query else "")
 
-    def _filesystem(self) -> Any:
-        if self._fs is None:
-            try:
-                import aiohttp
-                from fsspec.implementations.http import HTTPFileSystem
-            except ImportError:
-                raise _missing("fsspec and aiohttp") from None
-            t = self.settings.timeout
-            # No decompression (the bytes hashed are the bytes served); proxies and .netrc credentials from
-            # the environment, as curl and requests take them.
-            self._fs = HTTPFileSystem(skip_instance_cache=True, client_kwargs={
-                "timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t),
-                "auto_decompress": False, "trust_env": True})
-        return self._fs
+    def _make(self) -> Any:
+        try:
+            import aiohttp
+            from fsspec.asyn import sync
+            from fsspec.implementations.http import HTTPFileSystem
+        except ImportError:
+            raise _missing("fsspec and aiohttp") from None
+        t = self.settings.timeout
+        # No decompression (the bytes hashed are the bytes served); proxies and .netrc credentials from the
+        # environment, as curl and requests take them.
+        fs = HTTPFileSystem(skip_instance_cache=True, client_kwargs={
+            "timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t),
+            "auto_decompress": False, "trust_env": True})
+        sync(fs.loop, fs.set_session)  # once, before the threads: each would open a session of its own
+        return fs
 
     def get(self, name: str, start: int, end: int, sink: Sink) -> int:
-
         import aiohttp
         from fsspec.asyn import sync
 
         fs = self._filesystem()
         url = self.url(name)
+        ended = (aiohttp.ClientPayloadError,)
 
         async def go() -> int:
             session = await fs.set_session()
@@ -162,15 +199,15 @@ class HttpStore(Store):
                     raise Transient(f"HTTP {r.status} {r.reason or ''}".rstrip())
                 if r.status not in (200, 206):
                     raise FetchError(f"{self.shown(name)}: HTTP {r.status} {r.reason or ''}".rstrip())
-                skip = 0
+                count, counted = _counting(sink)
                 if r.status == 200:  # the whole file: this server serves no ranges
-                    skip, self.ranges = start, False if start > 0 else self.ranges
-                else:
-                    m = re.match(r"bytes (\d+)-", r.headers.get("Content-Range", ""))
-                    if m is None or int(m.group(1)) != start:
-                        raise Transient(f"asked for bytes from {start}, answered with "
-                                        f"{r.headers.get('Content-Range', 'no Content-Range')!r}")
-                return await _drain(r.content.read, skip, end - start, sink)
+                    self.ranges = False
+                    return await _counted(_drain(r.content.read, end - start, count, skip=start), counted, ended)
+                m = re.match(r"bytes (\d+)-", r.headers.get("Content-Range", ""))
+                if m is None or int(m.group(1)) != start:
+                    raise Transient(f"asked for bytes from {start}, answered with "
+                                    f"{r.headers.get('Content-Range', 'no Content-Range')!r}")
+                return await _counted(_drain(r.content.read, end - start, count), counted, ended)
 
         try:
             return int(sync(fs.loop, go))
@@ -189,26 +226,29 @@ class S3Store(Store):
     def __init__(self, bucket: str, prefix: str, *, display: str, settings: Settings | None = None) -> None:
         self.bucket, self.prefix, self.display = bucket, prefix.strip("/"), display
         self.settings = settings or Settings.from_env()
-        self._fs: Any = None
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
-    def _filesystem(self) -> Any:
-        if self._fs is None:
-            try:
-                import fsspec
-                import s3fs  # noqa: F401  (registers the protocol)
-            except ImportError:
-                raise _missing("s3fs") from None
-            t = self.settings.timeout
-            # Retries are this module's (each resumes after the bytes already received); botocore's and
-            # s3fs's own are turned off so that a failure is reported once, after the tries it took.
-            self._fs = fsspec.filesystem("s3", skip_instance_cache=True, retries=1, config_kwargs={
-                "connect_timeout": t, "read_timeout": t, "retries": {"max_attempts": 1}})
-        return self._fs
+    def _make(self) -> Any:
+        try:
+            import fsspec
+            import s3fs  # noqa: F401  (registers the protocol)
+            from fsspec.asyn import sync
+        except ImportError:
+            raise _missing("s3fs") from None
+        t = self.settings.timeout
+        # Retries are this module's (each resumes after the bytes already received); botocore's and s3fs's
+        # own are turned off so that a failure is reported once, after the tries it took.
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs={
+            "connect_timeout": t, "read_timeout": t, "retries": {"max_attempts": 1}})
+        fs.retries = 1
+        sync(fs.loop, fs.set_session)  # once, before the threads: each would build a client of its own
+        return fs
 
     def get(self, name: str, start: int, end: int, sink: Sink) -> int:
+        import aiohttp
+        import botocore.exceptions
         from fsspec.asyn import sync
 
         fs = self._filesystem()
@@ -216,8 +256,11 @@ class S3Store(Store):
         async def go() -> int:
             resp = await fs._call_s3("get_object", Bucket=self.bucket, Key=self.key(name), Range=_range_header(start, end))
             body = resp["Body"]
+            count, counted = _counting(sink)
             try:
-                return await _drain(body.read, 0, end - start, sink)
+                return await _counted(_drain(body.read, end - start, count), counted,
+                                      (aiohttp.ClientPayloadError, botocore.exceptions.IncompleteReadError,
+                                       botocore.exceptions.ResponseStreamingError))
             finally:
                 body.close()
 
@@ -227,9 +270,8 @@ class S3Store(Store):
             raise NotFound("no such key") from None
         except PermissionError as exc:
             raise FetchError(f"{self.shown(name)}: access denied ({exc})") from None
-        except (NotFound, Transient, Oversize, FetchError):
-            raise
-        except Exception as exc:  # botocore's, aiohttp's and s3fs's failures: connection, timeout, 5xx
+        except (OSError, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, aiohttp.ClientError) as exc:
+            # s3fs's translation of S3's errors (OSError), botocore's and aiohttp's: connection, timeout, 5xx
             if "InvalidRange" in str(exc):
                 return 0  # asked past the end: the object is shorter than the signed size
             raise Transient(f"{type(exc).__name__}: {exc}") from None

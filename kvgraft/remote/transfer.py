@@ -180,17 +180,20 @@ def fetch_piece(store: Store, cache: Cache, name: str, sha256: str, size: int, w
             piece = _fetch_locked(store, cache, name, sha256, size, what, entry, meter)
             cache.added += size
         if link is not None:
-            _place(piece, link)
+            place(piece, link)
     return piece
 
 
-def _place(piece: Path, link: Path) -> None:
+def place(piece: Path, link: Path, *, hard: bool = True) -> None:
+    """`piece` at `link`: a hard link (pieces are never written in place), else, or unless `hard`, a copy."""
     link.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         if os.path.samefile(piece, link):
             return
         link.unlink()
     try:
+        if not hard:
+            raise OSError("a copy was asked for")
         os.link(piece, link)
     except OSError:  # another file system, or one without hard links
         shutil.copyfile(piece, link)
@@ -243,8 +246,9 @@ def _fetch_locked(store: Store, cache: Cache, name: str, sha256: str, size: int,
     if got != sha256:
         where = _locate(tmp, entry, size) or f"sha256 {got}, the release states {sha256}"
         shutil.rmtree(work, ignore_errors=True)  # bytes that failed their check are kept nowhere
+        why = "" if entry is not None else " (did the release change on the server after its manifest was read?)"
         raise IntegrityError(f"{store.shown(name)}: {what}: {where}; the server sent other bytes than the release "
-                             f"signed (nothing was cached)")
+                             f"signed{why}; nothing was cached")
     piece = cache.store(sha256, tmp)
     shutil.rmtree(work, ignore_errors=True)
     return piece

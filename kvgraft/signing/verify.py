@@ -47,7 +47,7 @@ from kvgraft.errors import InputError, IntegrityError, VerificationError, shown
 from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import CheckedRelease, ManifestCheck, check_entry, check_release, open_release
-from kvgraft.remote import local_root
+from kvgraft.remote import local_root, subset
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy
 from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
@@ -216,6 +216,9 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     root = local_root(root)
     if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder (expected a cache release)")
+    pulled = subset.read(root) if scope == "all" else None
+    if pulled is not None:  # a subset `kvgraft pull` made: the entries it holds, and no other file
+        scope, entries = "entries", pulled.entries
     given = [keys.load_public_key(p) for p in policy.keys]
     oms_path = _oms_path(root, policy)
     read = _read_bundle(root, policy, given, oms_path)
@@ -225,6 +228,8 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
     if oms_read is not None:
         _compare_oms_list(oms_read, checked, read, oms_path, scope)
+    if pulled is not None:
+        read.warnings.append(subset.check_folder(root, pulled, checked.release))
     if (remote := sources.of(root)) is not None:
         read.warnings.extend(remote.notes)  # what reading it from elsewhere could not check
     m = checked.manifest

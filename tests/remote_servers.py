@@ -33,7 +33,8 @@ class Fault:
     kind: "drop" (send `after` bytes of the body, then close), "corrupt" (flip the byte at file offset `at`),
     "short-length" (a Content-Length `by` bytes short of the body), "long-length" (`by` bytes more than
     the body, then close), "status" (answer `status`), "stall" (send `after` bytes, then wait `seconds`),
-    "redirect" (302 to the same path with `to` in place of `match`), "missing" (404).
+    "redirect" (302 to the same path with `to` in place of `match`), "missing" (404), "slow" (wait `seconds`,
+    then answer).
     """
 
     match: str
@@ -115,6 +116,8 @@ class FolderServer:
                 entry = Logged(self.command, path, rng, 0)
                 server.log.append(entry)
                 fault = server.fault(path)
+                if fault is not None and fault.kind == "slow":
+                    server.stopping.wait(fault.seconds)
                 if path in server.documents:
                     entry.status = 200
                     self._answer(200, json.dumps(server.documents[path]).encode(), {"Content-Type": "application/json"})

@@ -70,7 +70,8 @@ class Mirror:
         self._guard = threading.Lock()
         errors.SHOWN_AS[str(self.root)] = loc.url
         sources.register(self.root, self)
-        atexit.register(self.close)
+        with _OPEN_LOCK:
+            _OPEN.append(self)
 
     def close(self) -> None:
         if self._lock_fd < 0:
@@ -160,6 +161,20 @@ class Mirror:
                     raise
         finally:
             meter.close()
+
+
+_OPEN: list[Mirror] = []
+_OPEN_LOCK = threading.Lock()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every mirror this process opened (at exit): their folders go, and the cache keeps its limit."""
+    with _OPEN_LOCK:
+        mirrors = list(_OPEN)
+        _OPEN.clear()
+    for mirror in mirrors:
+        mirror.close()
 
 
 def open_mirror(loc: Location, cache: Cache | None = None) -> Mirror:

@@ -55,6 +55,7 @@ class Logged:
     path: str
     range: str | None
     status: int
+    authorization: str | None = None
 
 
 @dataclass
@@ -113,7 +114,7 @@ class FolderServer:
             def do_GET(self) -> None:
                 path = unquote(urlsplit(self.path).path)
                 rng = self.headers.get("Range")
-                entry = Logged(self.command, path, rng, 0)
+                entry = Logged(self.command, path, rng, 0, self.headers.get("Authorization"))
                 server.log.append(entry)
                 fault = server.fault(path)
                 if fault is not None and fault.kind == "slow":

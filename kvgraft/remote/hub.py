@@ -59,14 +59,16 @@ def open_store(loc: Location, settings: Settings) -> tuple[Store, list[str]]:
     if constants.is_offline_mode():
         raise FetchError(f"{loc.url}: HF_HUB_OFFLINE is set; an hf:// location is read from the Hub")
     endpoint = constants.ENDPOINT.rstrip("/")
+    api = hub.HfApi(endpoint=endpoint)
     try:
-        resolved = hub.HfApi(endpoint=endpoint).resolve_revision(loc.repo_id, repo_type=loc.repo_type,
-                                                                 revision=loc.revision)
+        if hasattr(api, "resolve_revision"):  # where the library has it: made for pinning a revision once
+            commit = str(api.resolve_revision(loc.repo_id, repo_type=loc.repo_type, revision=loc.revision).resolved)
+        else:
+            commit = str(api.repo_info(loc.repo_id, repo_type=loc.repo_type, revision=loc.revision).sha)
     except Exception as exc:  # the library's errors: repository or revision not found, no connection
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FetchError(f"{loc.url}: the Hub cannot resolve {loc.repo_type} {loc.repo_id} at revision "
                          f"{loc.revision or 'main'}: {first}") from None
-    commit = str(resolved.resolved)
     headers = {k: v for k, v in build_hf_headers().items() if k.lower() == "authorization"}
     note = [] if loc.revision == commit else [f"{loc.url}: revision {loc.revision or 'main'} is commit {commit}; every "
                                               f"file was read at that commit"]

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from kvgraft.errors import InputError
-from kvgraft.remote.store import HttpStore, S3Store, Settings, Store
 
 SCHEMES = ("http://", "https://", "hf://", "s3://")
 HUB_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
@@ -68,16 +67,3 @@ def _hub(text: str, url: str) -> Location:
     return Location("hf", url, prefix="/".join(words[2:]), repo_type=repo_type, repo_id=f"{org}/{name}",
                     revision=revision)
 
-
-def open_store(loc: Location, settings: Settings | None = None) -> tuple[Store, list[str]]:
-    """The store reading `loc`'s files, and what to say about it (the commit a Hub revision resolved to)."""
-    settings = settings or Settings.from_env()
-    if loc.kind == "s3":
-        return S3Store(loc.bucket, loc.prefix, display=loc.url, settings=settings), []
-    if loc.kind == "hf":
-        from kvgraft.remote import hub
-
-        return hub.open_store(loc, settings)
-    from kvgraft.remote import hub
-
-    return HttpStore(loc.url, headers=hub.headers_for(loc.url), settings=settings), []

@@ -40,9 +40,10 @@ from kvgraft.release.format import (
     load_manifest,
     safe_path,
 )
+from kvgraft.remote import hub
 from kvgraft.remote.cache import Cache
-from kvgraft.remote.location import Location, open_store
-from kvgraft.remote.store import FetchError, Store
+from kvgraft.remote.location import Location
+from kvgraft.remote.store import FetchError, HttpStore, S3Store, Settings, Store
 from kvgraft.remote.subset import MAX_SUBSET_BYTES, SUBSET_NAME
 from kvgraft.remote.transfer import Meter, fetch_piece, read_small
 
@@ -161,6 +162,16 @@ class Mirror:
                     raise
         finally:
             meter.close()
+
+
+def open_store(loc: Location, settings: Settings | None = None) -> tuple[Store, list[str]]:
+    """The store reading `loc`'s files, and what to say about it (the commit a Hub revision resolved to)."""
+    settings = settings or Settings.from_env()
+    if loc.kind == "s3":
+        return S3Store(loc.bucket, loc.prefix, display=loc.url, settings=settings), []
+    if loc.kind == "hf":
+        return hub.open_store(loc, settings)
+    return HttpStore(loc.url, headers=hub.headers_for(loc.url), settings=settings), []
 
 
 _OPEN: list[Mirror] = []

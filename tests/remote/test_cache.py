@@ -93,3 +93,19 @@ def test_prune_removes_what_a_crashed_process_left(private_cache: Path) -> None:
     (cache.partial("a" * 64, 10) / "0000000000000000").parent.mkdir(parents=True)
     assert cache.prune_stale() == (1, 1)
     assert not stale.exists() and not list((cache.root / "partial").iterdir())
+
+
+def test_a_long_fetch_prints_bytes_rate_and_time_left_and_a_short_one_nothing() -> None:
+    import io
+
+    from kvgraft.remote.transfer import Meter
+
+    quiet, loud = io.StringIO(), io.StringIO()
+    Meter("https://example.org/rel/entries/a", 8 * 2**20, stream=quiet).add(2**20)  # within its first 2 s
+    meter = Meter("https://example.org/rel/entries/a", 8 * 2**20, stream=loud, after=0, every=0)
+    meter.add(2 * 2**20)
+    meter.add(2 * 2**20)
+    lines = loud.getvalue().splitlines()
+    assert quiet.getvalue() == ""
+    assert len(lines) == 2 and lines[1].startswith("kvgraft: fetching https://example.org/rel/entries/a: 4.0 of 8.0 MiB, ")
+    assert lines[1].endswith(" s left") and " MiB/s, " in lines[1]

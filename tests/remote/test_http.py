@@ -104,3 +104,17 @@ def test_a_location_that_names_no_release_is_one_line(kind: str, tmp_path: Path)
     url = {"http": "http://", "https": "https://", "s3": "s3://", "hf": "hf://datasets/only-org"}[kind]
     res = runner.invoke(app, ["verify", url])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "kvgraft: error:" in res.stderr, res.output
+
+
+def test_an_audit_plan_names_a_release_by_its_url(http: FolderServer, rel: Path, tmp_path: Path) -> None:
+    from kvgraft.audit.plan import Plan
+    from kvgraft.audit.run import _release
+    from kvgraft.errors import InputError
+
+    url, root = http.url("rel"), Release.open(rel).manifest["root_digest"]
+    path, info = _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": root}}),
+                          None, tmp_path, lambda _m: None)  # type: ignore[arg-type]  (no model: an existing release)
+    assert info == {"kind": "existing", "path": url} and (path / "manifest.json").is_file()
+    with pytest.raises(InputError, match=f"^{url}: root digest {root} is not the plan's"):
+        _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": "0" * 64}}),
+                 None, tmp_path, lambda _m: None)  # type: ignore[arg-type]

@@ -82,3 +82,17 @@ def test_run_refuses_a_tampered_entry_naming_it(captured: tuple[Path, Path], tin
         assert res.exit_code == 1
         assert res.stderr.startswith(f"kvgraft: error: {server.url('rel')}/{entry['file']}: entry 'e2': bytes [")
         assert res.stdout == ""  # nothing was generated from the grafted bytes
+
+
+def test_audit_recompute_of_a_sample_over_http_fetches_only_the_sampled_entry(
+        captured: tuple[Path, Path], tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
+    rel, pub = captured
+    with folder_server(rel=rel) as server:
+        res = runner.invoke(app, ["audit", "recompute", server.url("rel"), "--model", str(tiny_dir("llama")),
+                                  "--sample", "1", "--nonce", "n1", "--key", str(pub), "--quiet",
+                                  "--json", str(tmp_path / "out.json")])
+        assert res.exit_code == 0, res.output
+        entries = {p.split("/rel/", 1)[1] for p in server.paths() if "/entries/" in p}
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["sample"]["entries"] and len(doc["sample"]["entries"]) == 1
+    assert entries == {Release.open(rel).entry(doc["sample"]["entries"][0])["file"]}

@@ -34,7 +34,7 @@ class Fault:
     "short-length" (a Content-Length `by` bytes short of the body), "long-length" (`by` bytes more than
     the body, then close), "status" (answer `status`), "stall" (send `after` bytes, then wait `seconds`),
     "redirect" (302 to the same path with `to` in place of `match`), "missing" (404), "slow" (wait `seconds`,
-    then answer).
+    then answer), "extra" (`by` bytes more than the range asked for, Content-Length saying so).
     """
 
     match: str
@@ -149,6 +149,8 @@ class FolderServer:
                 entry.status = status
                 if fault is not None and fault.kind == "corrupt" and start <= fault.at < end:
                     body[fault.at - start] ^= 0xFF
+                if fault is not None and fault.kind == "extra":
+                    body += b"\0" * fault.by
                 length = len(body)
                 if fault is not None and fault.kind == "short-length":
                     length = max(0, len(body) - fault.by)

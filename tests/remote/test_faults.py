@@ -106,6 +106,17 @@ def test_a_wrong_content_length_is_retried_and_the_bytes_checked(kind: str, http
     assert sha in verified_pieces(private_cache)
 
 
+def test_more_bytes_than_the_range_asked_for_are_refused(http: FolderServer, rel: Path, pub: Path,
+                                                          private_cache: Path) -> None:
+    file, sha, _ = entry_of(rel, "rec-002")
+    http.faults.append(Fault(f"/{file}", "extra", times=-1, by=7))
+    code, line = verify(http, pub)
+    assert code == 2 and "\n" not in line
+    assert f"{http.url('rel')}/{file}: entry 'rec-002': bytes [" in line
+    assert "the server sent more than the" in line
+    assert sha not in verified_pieces(private_cache)
+
+
 def test_5xx_answers_are_retried(http: FolderServer, rel: Path, pub: Path) -> None:
     file, _, _ = entry_of(rel, "rec-002")
     http.faults.append(Fault(f"/{file}", "status", times=2, status=503))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import errors
+from kvgraft.errors import InputError
 from kvgraft.release import sources
 from kvgraft.release.format import (
     BUNDLE_NAME,
@@ -107,6 +108,8 @@ class Mirror:
               meter: Meter | None = None) -> None:
         if name in self._placed:
             return
+        if name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME):  # read at opening, never replaced by a listed file
+            raise InputError(f"{self.store.shown(name)}: {what}: the manifest lists {name} as a file of the release")
         target = safe_path(self.root, name, what)
         fetch_piece(self.store, self.cache, name, sha256, size, what, entry=entry, link=target, meter=meter)
         with self._guard:

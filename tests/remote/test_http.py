@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -115,6 +116,21 @@ def test_an_audit_plan_names_a_release_by_its_url(http: FolderServer, rel: Path,
     path, info = _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": root}}),
                           None, tmp_path, lambda _m: None)  # type: ignore[arg-type]  (no model: an existing release)
     assert info == {"kind": "existing", "path": url} and (path / "manifest.json").is_file()
-    with pytest.raises(InputError, match=f"^{url}: root digest {root} is not the plan's"):
+    with pytest.raises(InputError, match=f"^{re.escape(url)}: root digest {root} is not the plan's"):
         _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": "0" * 64}}),
                  None, tmp_path, lambda _m: None)  # type: ignore[arg-type]
+
+
+def test_a_listed_file_never_replaces_the_manifest_or_a_signature_read_at_opening(http: FolderServer) -> None:
+    from kvgraft.errors import InputError
+    from kvgraft.remote.location import parse
+    from kvgraft.remote.mirror import open_mirror
+
+    loc = parse(http.url("rel"))
+    assert loc is not None
+    opened = open_mirror(loc)
+    bundle = (opened.root / "release.sigstore.json").read_bytes()
+    with pytest.raises(InputError, match=r"the manifest lists release\.sigstore\.json as a file of the release"):
+        opened.fetch("release.sigstore.json", "0" * 64, 10, "entry 'x'", None)
+    assert (opened.root / "release.sigstore.json").read_bytes() == bundle
+    opened.close()

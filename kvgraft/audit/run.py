@@ -36,13 +36,18 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
 
     spec = plan.doc["release"]
     if "path" in spec:
-        path = plan.resolve(spec["path"])
         from kvgraft.release.format import Release
+        from kvgraft.remote import is_remote, local_root
 
+        remote = is_remote(spec["path"])  # a location the release is published at (docs/remote.md)
+        if remote and plan.doc.get("signing", {}).get("key"):
+            raise InputError(f"{plan.path}: a plan that signs its release needs a local folder, not {spec['path']}")
+        path = local_root(spec["path"]) if remote else plan.resolve(spec["path"])
         rel = Release.open(path)
         if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
-            raise InputError(f"{path}: root digest {rel.manifest['root_digest']} is not the plan's {spec['root_digest']}")
-        return path, {"kind": "existing", "path": str(path)}
+            raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
+                             f"plan's {spec['root_digest']}")
+        return path, {"kind": "existing", "path": spec["path"] if remote else str(path)}
     target = out / "release"
     schedule = Schedule(chunk_tokens=spec.get("chunk"))
     if "records" in spec:

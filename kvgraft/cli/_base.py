@@ -117,6 +117,9 @@ def main(
 KeysOpt = Annotated[list[Path] | None, typer.Option(
     "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft bundle and "
                         "model.sig), each signature verifying with one of them and each key verifying one.")]
+# A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
+# Path, which would fold the scheme's "//".
+RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id, local folder, or smollm2-135m.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from kvgraft.cli._base import KeysOpt, ModelOpt, audit_app, echo_json, err, exit_with, handled, load_model, out, say
+from kvgraft.cli._base import RELEASE_HELP, KeysOpt, ModelOpt, audit_app, echo_json, err, exit_with, handled, load_model, out, say
 from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, 
 @audit_app.command("recompute")
 @handled
 def recompute_cmd(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     model: ModelOpt = "smollm2-135m",
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
                                                                 "machine has it).")] = None,
@@ -201,7 +201,7 @@ def _duration(seconds: float) -> str:
 @audit_app.command("sample")
 @handled
 def sample_cmd(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce.")] = None,
     size: Annotated[int | None, typer.Option("--size", help="Sample size.")] = None,
     check: Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
@@ -216,8 +216,9 @@ def sample_cmd(
     from kvgraft import sampling
     from kvgraft._internal.jsonio import load_file
     from kvgraft.release.format import Release
+    from kvgraft.remote import local_root
 
-    rel = Release.open(release)  # the root digest is checked against the manifest it commits to
+    rel = Release.open(local_root(release))  # the root digest is checked against the manifest it commits to
     root, entries = str(rel.manifest["root_digest"]), rel.entries
     if check is None:
         if nonce is None or size is None:

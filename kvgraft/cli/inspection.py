@@ -6,7 +6,6 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +13,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import app, echo_json, handled, out, plain
+from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out, plain
 from kvgraft.reporting.render import fitted, hanging, kv_lines, num
 
 # Rows of an entry's layers and tensors tables: rich lays out a row in 1-2 ms, so two tables of this many
@@ -25,7 +24,7 @@ SHOWN_ROWS = 128
 @app.command("inspect")
 @handled
 def inspect_cmd(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     entry: Annotated[str | None, typer.Argument(help="Show this entry in detail: layers, tensors, shapes, digests.")]
     = None,
     limit: Annotated[int, typer.Option("--limit", help="Entries to list (0: all).")] = 20,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from kvgraft.cli._base import (
+    RELEASE_HELP,
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
@@ -68,7 +69,7 @@ def capture(
 @app.command("run")
 @handled
 def run_cmd(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     entry: Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")] = None,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: "
                                                                "the whole prompt).")] = "",

@@ -49,7 +49,8 @@ def report_verify_cmd(
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
-    release: Annotated[Path | None, typer.Option("--release", help="Also check the binding to this release.")] = None,
+    release: Annotated[str | None, typer.Option("--release", help="Also check the binding to this release (a folder, or "
+                                                                  "an http(s)://, hf:// or s3:// location).")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Check a report's signature, that the signed digest is this file's, and its binding to the release."""

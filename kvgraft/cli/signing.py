@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import EXIT_INTERNAL, KeysOpt, _state, app, echo_json, handled, say
+from kvgraft.cli._base import EXIT_INTERNAL, RELEASE_HELP, KeysOpt, _state, app, echo_json, handled, say
 from kvgraft.errors import Error, InputError
 
 RequireSignatureOpt = Annotated[bool, typer.Option(
@@ -105,7 +105,7 @@ def sign(
 @app.command()
 @handled
 def verify(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
     key: KeysOpt = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,

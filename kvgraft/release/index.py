@@ -22,6 +22,7 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError
+from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, safe_path
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
@@ -190,6 +191,7 @@ class Index:
     def _read_checked(self, name: str, sha256: str, size: int, what: str) -> bytes:
         """A file's bytes, of the size the manifest states (bounded at opening), checked against its digest;
         a file of another size is refused unread."""
+        sources.fetch(self.root, name, sha256, size, what)  # a release read from elsewhere: the file arrives checked
         path = safe_path(self.root, name, what)
         fd = _open_sized(path, size, what)
         try:
@@ -287,6 +289,7 @@ class Index:
     def _new_pages(self) -> PrefixPages:
         m = self.prefix_meta
         assert m is not None
+        sources.fetch(self.root, m["file"], m["sha256"], m["size"], "prefix index")
         return PrefixPages(safe_path(self.root, m["file"], "prefix index"), m["size"], m["sha256"])
 
     def prefix_blocks(self, entries: Sequence[dict[str, Any]]) -> list[int]:

@@ -21,6 +21,7 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
+from kvgraft.release import sources
 from kvgraft.release.format import (
     BUNDLE_NAME,
     MANIFEST,
@@ -192,6 +193,10 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
         raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
     limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
     doc, msha, msize = _read_manifest(manifest_path, limit, signed, stmt_subjects, source, attested_root)
+    if (remote := sources.of(root)) is not None:
+        # A release read from elsewhere: every file it lists, fetched and checked, once manifest.json matched.
+        remote.fetch_all()
+        present = release_folder_files(root)
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after

@@ -72,11 +72,12 @@ class ReportVerified:
 
 
 def verify_report(report_path: Path, *, key: Path | None = None, identity: str | None = None,
-                  issuer: str | None = None, trust: Any = None, release: Path | None = None) -> ReportVerified:
+                  issuer: str | None = None, trust: Any = None, release: Path | str | None = None) -> ReportVerified:
     """Check the report's signature, that the signed digest is the report's, and its binding.
 
     With `release`, also check that the release's attestation and root digest are those the report
-    names. Raises VerificationError (exit 1) on any mismatch, InputError (exit 2) on unusable input.
+    names (a folder, or a location kvgraft.remote reads). Raises VerificationError (exit 1) on any mismatch,
+    InputError (exit 2) on unusable input.
     """
     from kvgraft.reporting.report import load_report
 
@@ -115,15 +116,17 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
                                 f"is not the signed {subjects.get(RELEASE_ATTESTATION)}")
     if release is not None:
         from kvgraft.release.format import load_manifest
+        from kvgraft.remote import local_root
 
-        rb = Path(release) / RELEASE_ATTESTATION
+        folder = local_root(release)
+        rb = folder / RELEASE_ATTESTATION
         if jsonio.stat_or_none(rb) is None:
             raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
         rsha, _ = hash_file(rb)
         if rsha != binding.get("release_attestation_digest"):
             raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited "
                                     f"({binding.get('release_attestation_digest')})")
-        root = load_manifest(Path(release))["root_digest"]
+        root = load_manifest(folder)["root_digest"]
         if root != binding.get("release_root_digest"):
             raise VerificationError(f"{release}: root digest {root} is not the audited {binding.get('release_root_digest')}")
     return ReportVerified(report, signer, sha, release is not None)

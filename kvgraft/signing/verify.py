@@ -43,9 +43,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.errors import InputError, IntegrityError, VerificationError, shown
+from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import CheckedRelease, ManifestCheck, check_entry, check_release, open_release
+from kvgraft.remote import local_root, subset
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy
 from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
@@ -128,14 +130,23 @@ class VerifyResult:
         """The `verify --json` document (schemas/verify-result.v1.json)."""
         return {
             "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": True, "exit_code": 0, "error": None, "release": str(self.release),
+            "ok": True, "exit_code": 0, "error": None, "release": shown(str(self.release)),
             "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
             "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
             "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
             "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
-            "statement": self.statement, "signature": asdict(self.signature), "warnings": list(self.warnings),
+            "statement": self.statement, "signature": _shown(asdict(self.signature)), "warnings": list(self.warnings),
             "scope": self.scope, "checked_entries": list(self.checked_entries),
         }
+
+
+def _shown(value: Any) -> Any:
+    """`value` with the files it names as the person named them (a remote release: its URL, not its folder)."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    return [_shown(v) for v in value] if isinstance(value, list) else value
 
 
 def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
@@ -210,9 +221,12 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=trust)
     elif (key, identity, issuer, trust) != (None, None, None, None):
         raise InputError("give a verification policy or key/identity arguments, not both")
-    root = Path(root)
+    root = local_root(root)
     if not jsonio.is_folder(root):
         raise InputError(f"{root}: not a folder (expected a cache release)")
+    pulled = subset.read(root) if scope == "all" else None
+    if pulled is not None:  # a subset `kvgraft pull` made: the entries it holds, and no other file
+        scope, entries = "entries", pulled.entries
     given = [keys.load_public_key(p) for p in policy.keys]
     oms_path = _oms_path(root, policy)
     read = _read_bundle(root, policy, given, oms_path)
@@ -222,6 +236,10 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
     if oms_read is not None:
         _compare_oms_list(oms_read, checked, read, oms_path, scope)
+    if pulled is not None:
+        read.warnings.append(subset.check_folder(root, pulled, checked.release))
+    if (remote := sources.of(root)) is not None:
+        read.warnings.extend(remote.notes)  # what reading it from elsewhere could not check
     m = checked.manifest
     return VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
@@ -474,7 +492,7 @@ def verified(release: VerifiedRelease | Release | Path | str, policy: VerifyPoli
         earlier = _recalled(release)
         if earlier is not None and (policy is None or earlier.policy == policy):
             return VerifiedRelease(release, earlier)
-    root = release.root if isinstance(release, Release) else Path(release)
+    root = release.root if isinstance(release, Release) else local_root(release)
     result = verify_release(root, policy=policy or SignatureNotChecked(), scope="open")
     assert result.opened is not None
     if not isinstance(release, Release):

@@ -6,8 +6,10 @@ Started the vLLM way::
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"release": "RELEASE/", "key": "signer.pub.pem"}}'
 
-`release` is one folder or a list of folders; `key` (optional) a PEM public key every release must be
-signed with. At start-up, each release goes through `kvgraft.signing.verify.verified` (the one verification
+`release` is one folder or a list of folders (or locations a release is published at: http(s)://, hf://,
+s3://, read as `kvgraft.remote` reads them, each entry fetched and checked when first grafted); `key`
+(optional) a PEM public key every release must be signed with. At start-up, each release goes through
+`kvgraft.signing.verify.verified` (the one verification
 every consumer uses: signature, statement, manifest; no entry byte is read), and the scheduler
 computes the served model's identity once (`kvgraft.inference.models.fingerprint` of the folder vLLM loads, in
 the dtype vLLM serves) and compares it with each release's. A request whose prompt token ids start
@@ -54,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
+from kvgraft.remote import local_root
 from kvgraft.signing.policy import verify_policy
 from kvgraft.signing.verify import verified
 
@@ -191,7 +194,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         tensor = tensor or (m.group(1) if (m := _TENSOR_IN.search(reason)) else "-")
         if opened is None:
             try:  # the manifest alone, to name the entry when a request would have used it
-                opened = Release.open(self._roots[i])
+                opened = Release.open(local_root(self._roots[i]))
             except KvgraftError:
                 opened = None
         self._releases.pop(i, None)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kvgraft"
-CORE = ("kvgraft._internal", "kvgraft.release", "kvgraft.signing", "kvgraft.inspection", "kvgraft.sampling")
+CORE = ("kvgraft._internal", "kvgraft.release", "kvgraft.remote", "kvgraft.signing", "kvgraft.inspection", "kvgraft.sampling")
 # At most this many modules lie flat in kvgraft/ (its __init__ included); the rest live in role packages.
 MAX_FLAT = 8
 

@@ -1,0 +1,26 @@
+"""Releases where they are published: over HTTP(S), on the Hugging Face Hub (hf://), in S3 (s3://).
+
+`local_root` turns a RELEASE argument into the folder the rest of kvgraft reads: a local path as it is,
+a remote location as a mirror folder holding its manifest and signatures, whose other files are fetched,
+checked and cached when first read (kvgraft.remote.mirror). docs/remote.md describes the locations, the
+cache and the settings. Imports no torch; the network libraries only when a remote location is opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvgraft.remote.location import is_remote as is_remote
+
+
+def local_root(release: str | Path) -> Path:
+    """The local folder to read `release` through (module docstring). A remote location is opened anew
+    on each call: its manifest and signature files are read now."""
+    if isinstance(release, Path) or not is_remote(release):
+        return Path(release)
+    from kvgraft.remote.location import parse
+    from kvgraft.remote.mirror import open_mirror
+
+    loc = parse(release)
+    assert loc is not None
+    return open_mirror(loc).root

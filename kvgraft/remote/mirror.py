@@ -1,0 +1,202 @@
+"""A local folder standing for a remote release: its manifest and signatures now, every other file when first read.
+
+Opening a remote release reads manifest.json and the signature files (release.sigstore.json, model.sig)
+into a new folder under the cache's mirrors/. The folder is registered as a source
+(kvgraft.release.sources): when a reader of the release is about to open an index shard, the prefix
+index or an entry's file, `fetch` brings that file into the verified cache (kvgraft.remote.transfer:
+checked against the SHA-256 and size that the manifest, or the shard record it already checked, states)
+and hard-links it into the folder. The readers then check the file as they check any local release, so
+the signature, the manifest, the index and the entry bytes are verified by the same code for both.
+Messages name the location, not the folder (kvgraft.errors.SHOWN_AS).
+
+`fetch_all` (verifying everything) brings every file the manifest lists. Where the location can be listed
+(S3), files beside the listed ones are brought too, so that the check refuses them as it would locally;
+over HTTP a folder cannot be listed, and the note it returns says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kvgraft import errors
+from kvgraft.errors import InputError
+from kvgraft.release import sources
+from kvgraft.release.format import (
+    BUNDLE_NAME,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    OMS_NAME,
+    REPOSITORY_METADATA,
+    Release,
+    check_commitments,
+    load_manifest,
+    safe_path,
+)
+from kvgraft.remote import hub
+from kvgraft.remote.cache import Cache
+from kvgraft.remote.location import Location
+from kvgraft.remote.store import FetchError, HttpStore, S3Store, Settings, Store
+from kvgraft.remote.subset import MAX_SUBSET_BYTES, SUBSET_NAME
+from kvgraft.remote.transfer import Meter, fetch_piece, read_small
+
+MAX_SIGNATURE_BYTES = 64 * 1024 * 1024  # kvgraft.signing.attest.MAX_BUNDLE_BYTES: what the verifier reads at most
+MAX_BESIDE_BYTES = 256 * 1024 * 1024  # a file beside the release on a listed location (a Hub card)
+# The cache's size limit is enforced (one listing of the cache) after this many bytes were added to it,
+# and when the process ends: not after each piece, which would list the cache once per entry.
+EVICT_EVERY = 256 * 1024 * 1024
+
+
+class Mirror:
+    """A remote release's local folder (module docstring); a kvgraft.release.sources.Source."""
+
+    def __init__(self, loc: Location, store: Store, cache: Cache, notes: list[str]) -> None:
+        self.loc, self.store, self.cache = loc, store, cache
+        self.location = loc.url
+        self.notes = list(notes)
+        base = cache.root / "mirrors"
+        base.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="rel-", dir=base))
+        # Held while this process lives: `kvgraft cache prune` removes only mirrors whose lock is free.
+        self._lock_fd = os.open(f"{self.root}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._placed: set[str] = set()
+        self._guard = threading.Lock()
+        errors.SHOWN_AS[str(self.root)] = loc.url
+        sources.register(self.root, self)
+        with _OPEN_LOCK:
+            _OPEN.append(self)
+
+    def close(self) -> None:
+        if self._lock_fd < 0:
+            return
+        sources.unregister(self.root)
+        errors.SHOWN_AS.pop(str(self.root), None)
+        shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(f"{self.root}.lock")
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+        if self.cache.added:
+            self.cache.evict()
+
+    # ------------------------------------------------------------------------------------------ opening
+
+    def open(self) -> None:
+        """manifest.json, the signature files and a pulled subset's list, read at once (all but the first may be absent)."""
+        wanted = [(MANIFEST, MAX_MANIFEST_BYTES, "the manifest"), (BUNDLE_NAME, MAX_SIGNATURE_BYTES, "a signature"),
+                  (OMS_NAME, MAX_SIGNATURE_BYTES, "a signature"), (SUBSET_NAME, MAX_SUBSET_BYTES, "a subset list")]
+        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="kvgraft-open") as ex:
+            got = list(ex.map(lambda w: read_small(self.store, w[0], w[1], w[2]), wanted))
+        if got[0] is None:
+            raise FetchError(f"{self.store.shown(MANIFEST)}: not found: is {self.loc.url} a kvgraft cache release?")
+        for (name, _, _), data in zip(wanted, got, strict=True):
+            if data is not None:
+                (self.root / name).write_bytes(data)
+
+    # ------------------------------------------------------------------------------------------ files
+
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None,
+              meter: Meter | None = None) -> None:
+        if name in self._placed:
+            return
+        if name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME):  # read at opening, never replaced by a listed file
+            raise InputError(f"{self.store.shown(name)}: {what}: the manifest lists {name} as a file of the release")
+        target = safe_path(self.root, name, what)
+        fetch_piece(self.store, self.cache, name, sha256, size, what, entry=entry, link=target, meter=meter)
+        with self._guard:
+            self._placed.add(name)
+            evict = self.cache.added >= EVICT_EVERY
+        if evict:
+            self.cache.evict()
+
+    def fetch_all(self) -> None:
+        """Every file the manifest lists, a few at a time; then files beside them where the location is listed."""
+        manifest = load_manifest(self.root)
+        check_commitments(self.root, manifest)
+        rel = Release(self.root, manifest)
+        index = rel.index.index_files() if rel.index is not None else {}
+        self._many([(n, m, None) for n, m in index.items()], "the index")
+        users = {e["file"]: e for e in rel.entries}
+        files = rel.all_files()
+        self._many([(n, m, users.get(n)) for n, m in files.items() if n not in index], "the entries")
+        listed = self.store.list()
+        if listed is None:
+            self.notes.append(f"{self.loc.url} cannot be listed over HTTP: files on the server beside those the "
+                              f"manifest lists were not looked for")
+            return
+        for name in listed:
+            top = name.split("/")[0]
+            if name in files or name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME) or top in REPOSITORY_METADATA:
+                continue
+            data = read_small(self.store, name, MAX_BESIDE_BYTES, "a file beside the release")
+            if data is not None:
+                path = safe_path(self.root, name, "a file beside the release")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+
+    def _many(self, files: list[tuple[str, dict[str, Any], dict[str, Any] | None]], label: str) -> None:
+        if not files:
+            return
+        meter = Meter(f"{label} of {self.loc.url} ({len(files)} files)", sum(int(m["size"]) for _, m, _ in files))
+
+        def one(item: tuple[str, dict[str, Any], dict[str, Any] | None]) -> None:
+            name, meta, entry = item
+            what = f"entry {entry['id']!r}" if entry is not None else name
+            self.fetch(name, meta["sha256"], int(meta["size"]), what, entry, meter)
+
+        parallel = int(getattr(getattr(self.store, "settings", None), "parallel", 4))
+        try:
+            with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="kvgraft-fetch-all") as ex:
+                futures = [ex.submit(one, f) for f in files]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:
+                    ex.shutdown(cancel_futures=True)
+                    raise
+        finally:
+            meter.close()
+
+
+def open_store(loc: Location, settings: Settings | None = None) -> tuple[Store, list[str]]:
+    """The store reading `loc`'s files, and what to say about it (the commit a Hub revision resolved to)."""
+    settings = settings or Settings.from_env()
+    if loc.kind == "s3":
+        return S3Store(loc.bucket, loc.prefix, display=loc.url, settings=settings), []
+    if loc.kind == "hf":
+        return hub.open_store(loc, settings)
+    return HttpStore(loc.url, headers=hub.headers_for(loc.url), settings=settings), []
+
+
+_OPEN: list[Mirror] = []
+_OPEN_LOCK = threading.Lock()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every mirror this process opened (at exit): their folders go, and the cache keeps its limit."""
+    with _OPEN_LOCK:
+        mirrors = list(_OPEN)
+        _OPEN.clear()
+    for mirror in mirrors:
+        mirror.close()
+
+
+def open_mirror(loc: Location, cache: Cache | None = None) -> Mirror:
+    store, notes = open_store(loc)
+    mirror = Mirror(loc, store, cache or Cache(), notes)
+    try:
+        mirror.open()
+    except BaseException:
+        mirror.close()
+        raise
+    return mirror

@@ -396,7 +396,7 @@ def _certificate(base: Base, san: list[str], issuer: str) -> bytes:
             .add_extension(x509.SubjectAlternativeName([x509.RFC822Name(s) for s in san]), critical=True)
             .add_extension(x509.UnrecognizedExtension(x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.8"), issuer_der),
                            critical=False)
-            .sign(key, hashes.SHA256()))  # type: ignore[arg-type]
+            .sign(key, hashes.SHA256()))
     return cert.public_bytes(serialization.Encoding.DER)
 
 
@@ -563,7 +563,7 @@ def index_listing(ctx: Ctx) -> Attack:
     elif how == "ids-order":
         parts = {ctx.shard_files[0]}
     elif how == "ids-other":
-        parts = {MANIFEST, ctx.shard_files[k]}  # refused when the shard is read, or when its ids are looked up
+        parts = {ctx.shard_files[k]}  # refused when the shard is read, or when one of its entries is asked for
     resign(ctx, edit)
     return Attack(f"index listing: {how}, re-signed", "k3", parts)
 

@@ -107,7 +107,9 @@ def hanging(label: str, value: str, width: int, *, indent: int = 2, label_width:
     """`label value` wrapped to `width`, continuation lines aligned under the value.
 
     A word longer than the room beside the label (a digest, a path) starts its own line further in, whole:
-    ids are wrapped, never cut. A word longer than the whole line is left to the terminal to fold.
+    ids are wrapped, never cut. A word longer than the whole line is cut into pieces, each on its own line
+    under the same indent: a terminal that folded it would start a line at column 0 with whatever text
+    a release put there.
     """
     head = " " * indent + (label.ljust(label_width) + " " if label or label_width else "")
     room = width - len(head)
@@ -122,7 +124,7 @@ def hanging(label: str, value: str, width: int, *, indent: int = 2, label_width:
 
 def _wrap(value: str, width: int, prefix: str) -> list[str]:
     return textwrap.wrap(value, max(width, len(prefix) + 1), initial_indent=prefix, subsequent_indent=prefix,
-                         break_long_words=False, break_on_hyphens=False) or [prefix.rstrip()]
+                         break_long_words=True, break_on_hyphens=False) or [prefix.rstrip()]
 
 
 def styled(lines: list[str], words: dict[str, str] | None = None, style: str = "") -> Text:

@@ -119,3 +119,18 @@ key = "ephemeral"
     report = folder / "o[/x]" / "report.json"
     _check(runner.invoke(app, ["report", "show", str(report)]), "report show")
     _check(runner.invoke(app, ["report", "show", str(report), "--detail", "all"]), "report show --detail all")
+
+
+def test_a_word_longer_than_the_line_is_cut_under_the_indent_never_folded_to_column_zero() -> None:
+    """A release string with no spaces and longer than the terminal (an escaped newline before forged text)
+    must not leave the terminal to fold it: a folded piece would start a line with the attacker's text."""
+    from kvgraft.reporting.render import hanging, kv_lines
+
+    forged = "a" * 75 + "FORGED-LINE kvgraft: verified"
+    for lines in (hanging("answer", "x" * 100 + forged, 80), kv_lines(80, "entry", [("id", "y" * 90 + forged)])):
+        body = lines[1:] if lines[0] == "entry" else lines
+        assert all(len(line) <= 80 for line in lines), lines
+        assert all(line.startswith(" ") for line in body), lines
+    # Control: a long id that fits one line stays whole on its own line.
+    digest = "f" * 64
+    assert any(line.strip() == digest for line in hanging("sha256 of the release root", digest, 80))

@@ -71,10 +71,11 @@ def order(root: str, nonce: str, population: int) -> list[int]:
     return sorted(range(population), key=lambda i: (key(root, nonce, i), i))
 
 
-def draw(root: str, nonce: str, population: int, size: int) -> list[int]:
-    """The positions of a sample of `size` entries out of `population`, in sample order."""
+def draw(root: str, nonce: str, population: int, size: int, option: str = "--sample") -> list[int]:
+    """The positions of a sample of `size` entries out of `population`, in sample order (`option`: what
+    an error names the size by)."""
     if not 1 <= size <= population:
-        raise InputError(f"--sample {size}: expected 1 to {population} (the release's entries)")
+        raise InputError(f"{option} {size}: expected 1 to {population} (the release's entries)")
     return order(root, nonce, population)[:size]
 
 

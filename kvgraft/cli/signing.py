@@ -60,7 +60,7 @@ def keygen(
 @app.command()
 @handled
 def sign(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[Path, typer.Argument(metavar="RELEASE", help="Cache release folder.")],
     key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")] = None,
     sigstore: Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")] = False,
     staging: Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")] = False,
@@ -102,9 +102,9 @@ def sign(
 @app.command()
 @handled
 def verify(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[Path, typer.Argument(metavar="RELEASE", help="Cache release folder.")],
     key: Annotated[list[Path] | None, typer.Option(
-        "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
+        "--key", "-k", metavar="PEM", help="PEM public key the signature must verify with; twice for two signers (the kvgraft "
                             "bundle and model.sig), each signature verifying with one of them.")] = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
@@ -114,7 +114,7 @@ def verify(
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
     entry: Annotated[list[str] | None, typer.Option(
-        "--entry", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
+        "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
     require_signature: RequireSignatureOpt = False,
     oms_signature: Annotated[Path | None, typer.Option(
         "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,

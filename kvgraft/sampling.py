@@ -47,10 +47,18 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def check_nonce(nonce: str) -> str:
+def check_nonce(nonce: Any, what: str = "--nonce") -> str:
     if not isinstance(nonce, str) or not NONCE_RE.fullmatch(nonce):
-        raise InputError(f"--nonce {nonce!r}: expected 1 to 256 printable ASCII characters without spaces")
+        raise InputError(f"{what} {nonce!r}: expected 1 to 256 printable ASCII characters without spaces")
     return nonce
+
+
+def nonce_origin(sample: dict[str, Any], journal: str | None) -> str:
+    """Where a result's nonce came from, in words: given (by the auditor), drawn (here, at random), or read
+    from the journal an earlier run left (whoever wrote that file chose it)."""
+    if sample.get("nonce_source") == "journal":
+        return f"from the journal {journal}"
+    return str(sample.get("nonce_source"))
 
 
 def _check_root(root: str) -> str:

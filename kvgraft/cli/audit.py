@@ -93,9 +93,12 @@ def recompute_cmd(
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
     With --out (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
     with the same command, resumes from it and judges no entry twice; no result is written until every
-    entry is judged. With --prefix N a graft of each entry's first N tokens is judged as well (not
-    journaled): under the schedule that made its rows (a prefill of all the entry's tokens), and
-    against a prefill of the N tokens alone; its verdict counts in the release's.
+    entry is judged. A resumed journal must match this run (release root, entries, settings, nonce) and
+    each result read back is re-judged from its recorded comparisons; the output says how many results
+    were resumed and from which file, and a nonce taken from it is reported as such. With --prefix N a
+    graft of each entry's first N tokens is judged as well (not journaled): under the schedule that made
+    its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone; its
+    verdict counts in the release's.
     """
     from kvgraft.inference.models import check_options
 
@@ -149,8 +152,12 @@ def recompute_cmd(
                         "same command to resume (no result was written)", error=True)
                 raise
     from kvgraft.audit.checks import seal
+    from kvgraft.recompute.audit import resumed_statement
 
     seal("recompute", result)
+    resumed = resumed_statement(result["cost"])
+    if resumed:  # even with --quiet: results this run did not compute are in what it reports
+        say(f"kvgraft: note: {resumed}", error=True)
     if json_out:
         from kvgraft._internal.jsonio import write_json
 

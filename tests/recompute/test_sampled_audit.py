@@ -201,10 +201,14 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
     assert sorted(calls) == sorted(result["sample"]["entries"]) and len(calls) == 6  # each judged exactly once
     assert result["cost"]["entries_resumed"] == 3 and result["cost"]["entries_recomputed"] == 3
     assert sum(e["placement"].get("resumed", False) for e in result["entries"]) == 3
-    # The resumed result equals an uninterrupted one apart from timing and placement.
+    # The nonce was read from the journal, and the result says so, and where the resumed results came from.
+    assert (result["sample"]["nonce_source"], result["cost"]["resumed_from"]) == ("journal", str(journal))
+    assert f"3 results resumed from {journal}" in result["statements"][-2]
+    # The resumed result equals an uninterrupted one apart from timing, placement and those two sayings.
     again = recompute.audit(release_dir, lm, sample=6, nonce=result["sample"]["nonce"])
-    again["sample"]["nonce_source"] = result["sample"]["nonce_source"]  # drawn then, given now
-    again["statements"] = [st.replace("(given)", "(drawn)") for st in again["statements"]]
+    again["sample"]["nonce_source"] = "journal"  # given now
+    again["statements"] = [st.replace("(given)", f"(from the journal {journal})") for st in again["statements"]]
+    again["statements"].insert(-1, result["statements"][-2])
     assert comparable(json.loads(json.dumps(result, default=str))) == comparable(json.loads(json.dumps(again, default=str)))
     # A journal of another run (another schedule) is refused, never mixed in.
     from kvgraft.inference.runtime import Schedule

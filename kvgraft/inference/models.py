@@ -136,12 +136,15 @@ def ensure_smollm2(progress: Any = None) -> Path:
 
 @contextlib.contextmanager
 def _quiet_gguf_reader() -> Iterator[None]:
-    """transformers' GGUF reader draws its own tqdm bar on stderr (a step per tensor: 272 for SmolLM2), which
-    its progress-bar switch (`disable_progress_bar`) does not reach: silenced while converting, where
-    kvgraft's one line says what is happening."""
+    """No progress bar of transformers' while converting, where kvgraft's one line says what is happening:
+    its GGUF reader draws a tqdm bar of its own (a step per tensor: 272 for SmolLM2) that its progress-bar
+    switch does not reach, and the switch covers the "Loading weights" bar (as many steps) after it."""
     from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
 
     real = getattr(reader, "tqdm", None)
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     if real is not None:
         reader.tqdm = functools.partial(real, disable=True)  # type: ignore[attr-defined]
     try:
@@ -149,6 +152,8 @@ def _quiet_gguf_reader() -> Iterator[None]:
     finally:
         if real is not None:
             reader.tqdm = real  # type: ignore[attr-defined]
+        if was_enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 # 2: `architectures` in config.json and the tied embedding stored as model.embed_tokens.weight.

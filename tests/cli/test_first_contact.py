@@ -185,9 +185,11 @@ def test_inspects_entries_table_stays_a_table_at_80_columns() -> None:
 def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """transformers converts the GGUF tensor by tensor under its own tqdm bar (272 steps for SmolLM2), which
-    its progress switch does not silence; kvgraft says one line instead. Faked: no 30 s conversion here."""
+    its progress switch does not silence, then loads the weights under another bar; kvgraft says one line
+    instead. Faked: no 30 s conversion here."""
     import transformers
     from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
 
     from kvgraft.inference import models
 
@@ -197,12 +199,16 @@ def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
     def converting(*_a: Any, **_k: Any) -> Any:
         for _ in reader.tqdm(range(272), desc="Converting and de-quantizing GGUF tensors..."):
             pass
+        for _ in hf_logging.tqdm(range(272), desc="Loading weights"):
+            pass
         raise Stop  # the conversion itself is not what is tested
 
     real = reader.tqdm
+    hf_logging.enable_progress_bar()  # as a fresh process has it (models.load elsewhere in this session turns it off)
     with pytest.raises(Stop):
-        converting()  # the positive control: the bar, as transformers draws it
-    assert "Converting and de-quantizing" in capfd.readouterr().err
+        converting()  # the positive control: the bars, as transformers draws them
+    err = capfd.readouterr().err
+    assert "Converting and de-quantizing" in err and "Loading weights" in err
     monkeypatch.setenv("KVGRAFT_HOME", str(tmp_path))
     monkeypatch.setattr(models, "smollm2_gguf", lambda: tmp_path / "model.gguf")
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
@@ -211,9 +217,9 @@ def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
     with pytest.raises(Stop):
         models.ensure_smollm2(progress=said.append)
     err = capfd.readouterr().err
-    assert "Converting" not in err and "272" not in err, err
+    assert "Converting" not in err and "Loading weights" not in err and "272" not in err, err
     assert len(said) == 1 and said[0].startswith("converting SmolLM2-135M-Instruct from GGUF")
-    assert reader.tqdm is real  # put back for whoever else uses the reader
+    assert reader.tqdm is real and hf_logging.is_progress_bar_enabled()  # put back as they were
 
 
 # ---------------------------------------------------------------- --json prints, --out writes

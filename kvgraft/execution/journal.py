@@ -105,7 +105,7 @@ class Journal:
                     if lineno > 1:
                         doc = _result_line(line, f"{path}:{lineno}")
                         if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
-                                or doc.get("unit") not in units:
+                                or not isinstance(doc.get("unit"), str) or doc["unit"] not in units:
                             raise InputError(f"{path}:{lineno}: not a judged unit of this run")
                         unit = str(doc["unit"])
                         problem = check(unit, doc["result"]) if check is not None and unit not in done else None

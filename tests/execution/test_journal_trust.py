@@ -163,3 +163,15 @@ def test_each_resumed_result_is_checked_against_the_entry_and_re_judged(
     forged = copy.deepcopy(result)
     change(forged)
     assert says in str(recompute.resumed_problem(entry, forged))
+
+
+@pytest.mark.parametrize("line", [b'{"unit": [], "result": {}}', b'[1]', b'{"unit": "a", "result": []}', b'{"unit": "a"}'])
+def test_a_malformed_line_is_one_error_naming_the_file_and_line(tmp_path: Path, line: bytes) -> None:
+    from kvgraft.execution.journal import Journal
+
+    path = tmp_path / "j.journal"
+    run = {"release_root_digest": "ab" * 32, "entries": ["a"]}
+    Journal.open(path, run, {"a"}).close()
+    path.write_bytes(path.read_bytes() + line + b"\n")
+    with pytest.raises(errors.InputError, match=rf"^{path}:2: not a judged unit of this run$"):
+        Journal.open(path, run, {"a"})

@@ -48,10 +48,18 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def check_nonce(nonce: str) -> str:
+def check_nonce(nonce: Any, what: str = "--nonce") -> str:
     if not isinstance(nonce, str) or not NONCE_RE.fullmatch(nonce):
-        raise InputError(f"--nonce {short_repr(nonce)}: expected 1 to 256 printable ASCII characters without spaces")
+        raise InputError(f"{what} {short_repr(nonce)}: expected 1 to 256 printable ASCII characters without spaces")
     return nonce
+
+
+def nonce_origin(sample: dict[str, Any], journal: str | None) -> str:
+    """Where a result's nonce came from, in words: given (by the auditor), drawn (here, at random), or read
+    from the journal an earlier run left (whoever wrote that file chose it)."""
+    if sample.get("nonce_source") == "journal":
+        return f"from the journal {journal}"
+    return str(sample.get("nonce_source"))
 
 
 def _check_root(root: str) -> str:
@@ -72,10 +80,11 @@ def order(root: str, nonce: str, population: int) -> list[int]:
     return sorted(range(population), key=lambda i: (key(root, nonce, i), i))
 
 
-def draw(root: str, nonce: str, population: int, size: int) -> list[int]:
-    """The positions of a sample of `size` entries out of `population`, in sample order."""
+def draw(root: str, nonce: str, population: int, size: int, option: str = "--sample") -> list[int]:
+    """The positions of a sample of `size` entries out of `population`, in sample order (`option`: what
+    an error names the size by)."""
     if not 1 <= size <= population:
-        raise InputError(f"--sample {size}: expected 1 to {population} (the release's entries)")
+        raise InputError(f"{option} {size}: expected 1 to {population} (the release's entries)")
     return order(root, nonce, population)[:size]
 
 

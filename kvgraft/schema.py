@@ -66,7 +66,29 @@ def validate(doc: Any, name: str, where: str) -> None:
     except ValueError:
         pass  # a Python type the compiled validator cannot read (e.g. a str subclass): use the reference one
     # Invalid (or no fast validator): the reference implementation picks the error and its path.
-    error = best_match(_validator(name).iter_errors(doc))
+    _refuse(best_match(_validator(name).iter_errors(doc)), where)
+
+
+def _refuse(error: Any, where: str) -> None:
     if error is not None:
         message = error.message if len(error.message) < 200 else error.message[:200] + "..."
         raise SchemaError(where, error.json_path, message)
+
+
+@cache
+def _part_validator(name: str, pointer: str) -> Any:
+    """A validator of one part of a schema (`pointer`: its keys, /-separated), with the schema's $defs."""
+    from jsonschema import Draft202012Validator
+
+    schema = load_schema(name)
+    part: Any = schema
+    for key in pointer.split("/"):
+        part = part[key]
+    return Draft202012Validator({"$defs": schema.get("$defs", {}), **part})
+
+
+def validate_part(doc: Any, name: str, pointer: str, where: str) -> None:
+    """`validate` against one part of a schema, e.g. one entry of a result ("properties/entries/items")."""
+    from jsonschema.exceptions import best_match
+
+    _refuse(best_match(_part_validator(name, pointer).iter_errors(doc)), where)

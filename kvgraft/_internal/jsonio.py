@@ -175,6 +175,16 @@ def is_folder(path: Path) -> bool:
     return st is not None and stat.S_ISDIR(st.st_mode)
 
 
+def require_folder(path: Path, expected: str = "") -> None:
+    """Refuse a path that is not a folder, saying whether nothing is there or something else is
+    (`expected`, e.g. " (expected a cache release)", ends the message)."""
+    st = stat_or_none(path, follow=True)
+    if st is None:
+        raise InputError(f"{path}: does not exist{expected}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: not a folder{expected}")
+
+
 def open_regular(path: Path, what: str = "file") -> int:
     """A read-only descriptor of a regular file, refusing anything else before opening it for reading.
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperArgument
 
 from kvgraft import __version__
 from kvgraft.errors import Error
@@ -22,11 +23,23 @@ from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prin
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
 # written in a help string may be read as markup (tests/cli/test_help.py renders every one).
 PLAIN_HELP = None
+# -h as well as --help, on every command (a group's settings are its commands' defaults).
+HELP_NAMES = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=PLAIN_HELP,
-                  help="Capture, graft, recompute and verify KV-cache releases.")
+                  context_settings=HELP_NAMES, help="Capture, graft, recompute and verify KV-cache releases.")
 audit_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
                         help="Audits: recompute, determinism, generalization, claims, run.")
 report_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP, help="Show and verify audit reports.")
+
+
+def _usage_name(self: TyperArgument) -> str:
+    """An argument in the usage line as click writes it (RELEASE, [ENTRY]): typer 0.29 writes {RELEASE},
+    which reads as a template to fill in (tests/cli/test_first_contact.py checks the line)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
 EXIT_INTERNAL = 70
@@ -109,14 +122,16 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print kvgraft's version and exit.")] = False,
 ) -> None:
     _state["verbose"] = verbose
 
 
 KeysOpt = Annotated[list[Path] | None, typer.Option(
-    "--key", "-k", help="PEM public key the signature must verify with; twice for two signers (the kvgraft bundle and "
-                        "model.sig), each signature verifying with one of them and each key verifying one.")]
+    "--key", "-k", metavar="PEM", help="PEM public key the signature must verify with; twice for two signers (the "
+                                       "kvgraft bundle and model.sig), each signature verifying with one of them and "
+                                       "each key verifying one.")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."
@@ -124,6 +139,10 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id, local fold
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="eager or sdpa.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no rendering of the result.")]
+# One convention for every command: --json prints JSON on stdout, --out FILE writes it to a file.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of rendering it.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Also write the result as JSON to FILE.")]
 
 
 def exit_with(status: str) -> None:

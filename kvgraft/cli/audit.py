@@ -13,7 +13,22 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from kvgraft.cli._base import RELEASE_HELP, KeysOpt, ModelOpt, audit_app, echo_json, err, exit_with, handled, load_model, out, say
+from kvgraft.cli._base import (
+    RELEASE_HELP,
+    JsonOpt,
+    KeysOpt,
+    ModelOpt,
+    OutOpt,
+    QuietOpt,
+    audit_app,
+    echo_json,
+    err,
+    exit_with,
+    handled,
+    load_model,
+    out,
+    say,
+)
 from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
@@ -38,7 +53,7 @@ def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, 
 @audit_app.command("recompute")
 @handled
 def recompute_cmd(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
     model: ModelOpt = "smollm2-135m",
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
                                                                 "machine has it).")] = None,
@@ -48,7 +63,8 @@ def recompute_cmd(
     require: Annotated[str, typer.Option("--require", help="exact: every entry byte-exact (the preprint's claim); "
                                                            "consistent: byte-exact or inside the measured noise "
                                                            "envelope.")] = "exact",
-    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="Audit only these entries.")] = None,
+    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="Audit only this entry "
+                                                                                       "(repeatable).")] = None,
     probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Compare even with a model of another identity.")] = False,
@@ -56,8 +72,9 @@ def recompute_cmd(
     = None,
     one_shot: Annotated[bool, typer.Option("--one-shot", help="Recompute one-shot (overrides the recorded schedule).")]
     = False,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    json_out: OutOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     ship: ShipOpt = False,
@@ -73,7 +90,7 @@ def recompute_cmd(
     target_fraction: Annotated[float | None, typer.Option(
         "--target-fraction", help="Sample as many entries as a 95% bound of F (e.g. 0.01) needs when none fail.")] = None,
     journal: Annotated[Path | None, typer.Option(
-        "--journal", help="Record each judged entry here and resume from it (default with --json: OUT.json.journal).")]
+        "--journal", help="Record each judged entry here and resume from it (default with --out: OUT.json.journal).")]
     = None,
     prefix: Annotated[int | None, typer.Option(
         "--prefix", help="Also judge a prefix graft of each audited entry's first N tokens (what `kvgraft run --prefix` "
@@ -87,12 +104,18 @@ def recompute_cmd(
     consistent (inside the noise envelope measured here) or inconsistent. Exit 0 when the --require
     is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
-    With --json (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
+    With --out (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
     with the same command, resumes from it and judges no entry twice; no result is written until every
-    entry is judged. With --prefix N a graft of each entry's first N tokens is judged as well (not
-    journaled): under the schedule that made its rows (a prefill of all the entry's tokens), and
-    against a prefill of the N tokens alone; its verdict counts in the release's.
+    entry is judged. A resumed journal must match this run (release root, entries, settings, nonce) and
+    each result read back is re-judged from its recorded comparisons; the output says how many results
+    were resumed and from which file, and a nonce taken from it is reported as such. With --prefix N a
+    graft of each entry's first N tokens is judged as well (not journaled): under the schedule that made
+    its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone; its
+    verdict counts in the release's.
     """
+    from kvgraft.inference.models import check_options
+
+    check_options(device=device, dtype=dtype, attn=attn)  # before torch is imported
     from kvgraft import sampling
     from kvgraft._internal.jsonio import check_writable
     from kvgraft.execution.executor import NotAuditedError
@@ -102,7 +125,7 @@ def recompute_cmd(
     from kvgraft.signing.verify import verified
 
     recompute.check_requirement(require)
-    for output in (json_out, journal):  # before the model loads (the default journal is beside --json)
+    for output in (json_out, journal):  # before the model loads (the default journal is beside --out)
         if output is not None:
             check_writable(output)
     if prefix is not None:
@@ -146,15 +169,21 @@ def recompute_cmd(
                         "same command to resume (no result was written)", error=True)
                 raise
     from kvgraft.audit.checks import seal
+    from kvgraft.recompute.audit import resumed_statement
 
     seal("recompute", result)
+    resumed = resumed_statement(result["cost"])
+    if resumed:  # even with --quiet: results this run did not compute are in what it reports
+        say(f"kvgraft: note: {resumed}", error=True)
     if json_out:
         from kvgraft._internal.jsonio import write_json
 
         write_json(json_out, result)
     if journal is not None:
         journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
-    if not quiet:
+    if as_json:
+        echo_json(result)
+    elif not quiet:
         from kvgraft.audit.checks.recompute import cost_line
         from kvgraft.reporting.render_report import check_renderables
 
@@ -201,9 +230,9 @@ def _duration(seconds: float) -> str:
 @audit_app.command("sample")
 @handled
 def sample_cmd(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
     nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce.")] = None,
-    size: Annotated[int | None, typer.Option("--size", help="Sample size.")] = None,
+    size: Annotated[int | None, typer.Option("--size", help="Sample size (with --nonce).")] = None,
     check: Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
                                                                "sample from this release and compare.")] = None,
 ) -> None:
@@ -223,7 +252,7 @@ def sample_cmd(
     if check is None:
         if nonce is None or size is None:
             raise InputError("pass --nonce and --size, or --check RESULT.json")
-        for i in sampling.draw(root, sampling.check_nonce(nonce), len(entries), size):
+        for i in sampling.draw(root, sampling.check_nonce(nonce), len(entries), size, option="--size"):
             say(entries[i]["id"])
         return
     doc = load_file(check)
@@ -250,7 +279,8 @@ def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:
 @audit_app.command("claims")
 @handled
 def claims_cmd(
-    claims_file: Annotated[Path, typer.Argument(help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
+    claims_file: Annotated[Path, typer.Argument(
+        metavar="CLAIMS", help="Claims TOML (format kvgraft-claims), e.g. audit/claims/*.toml.")],
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="Measured-results JSON: keys named by each claim's `measure`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/claims.v1.json).")] = False,
@@ -280,7 +310,8 @@ def determinism_cmd(
     model: ModelOpt = "smollm2-135m",
     length: Annotated[int, typer.Option("--length", help="Prefix length in tokens.")] = 300,
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Include CUDA conditions when a GPU is present.")] = True,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the matrix as JSON to this file.")] = None,
+    json_out: OutOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run one prefix under varied conditions and show which give byte-identical KV states.
 
@@ -304,6 +335,9 @@ def determinism_cmd(
         from kvgraft._internal.jsonio import write_json
 
         write_json(json_out, result)
-    for r in check_renderables("determinism", result, out):
-        out.print(r)
+    if as_json:
+        echo_json(result)
+    else:
+        for r in check_renderables("determinism", result, out):
+            out.print(r)
     exit_with(result["status"])

@@ -14,7 +14,7 @@ from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 @audit_app.command("run")
 @handled
 def audit_run_cmd(
-    plan_file: Annotated[Path, typer.Argument(help="Audit plan TOML, e.g. audit/demo.toml.")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Audit plan TOML, e.g. audit/demo.toml.")],
     out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default: the plan's, else out/NAME).")] = None,
     device: DeviceOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no report rendering.")] = False,

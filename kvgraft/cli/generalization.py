@@ -12,7 +12,10 @@ from kvgraft.cli._base import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     ModelOpt,
+    OutOpt,
+    QuietOpt,
     app,
     audit_app,
     echo_json,
@@ -65,7 +68,7 @@ def build_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = "sdpa",
     threads: ThreadsOpt = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: QuietOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")]
     = False,
 ) -> None:
@@ -133,8 +136,9 @@ def generalization_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = "sdpa",
     threads: ThreadsOpt = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON to this file.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    json_out: OutOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     ship: ShipOpt = False,
@@ -176,7 +180,9 @@ def generalization_cmd(
         from kvgraft._internal.jsonio import write_json
 
         write_json(json_out, result)
-    if not quiet:
+    if as_json:
+        echo_json(result)
+    elif not quiet:
         for r in renderables(result, out):
             out.print(r)
     exit_with(result["status"])

@@ -14,7 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out, plain
-from kvgraft.reporting.render import fitted, hanging, kv_lines, num
+from kvgraft.reporting.render import fitted, hanging, kv_lines, natural_width, num
+
+# The narrowest "first words" column worth showing; narrower, the entries are listed as paragraphs.
+MIN_PREVIEW = 16
 
 # Rows of an entry's layers and tensors tables: rich lays out a row in 1-2 ms, so two tables of this many
 # stay well under a second (a 64-layer model's 128 tensors are shown whole); `--json` lists more.
@@ -24,9 +27,9 @@ SHOWN_ROWS = 128
 @app.command("inspect")
 @handled
 def inspect_cmd(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
-    entry: Annotated[str | None, typer.Argument(help="Show this entry in detail: layers, tensors, shapes, digests.")]
-    = None,
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
+    entry: Annotated[str | None, typer.Argument(
+        metavar="ENTRY", help="Show this entry in detail: layers, tensors, shapes, digests.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="Entries to list (0: all).")] = 20,
     offset: Annotated[int, typer.Option("--offset", help="Skip this many entries first.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the inspection as JSON (schemas/inspect-result.v1.json).")]
@@ -101,11 +104,20 @@ def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
     headers = ["id", "tokens", "bytes", "source", "first words"]
     rows = [[plain(r["id"]), num(r["num_tokens"]), num(r["bytes"]), plain(r["source_kind"]), plain(r["preview"])]
             for r in e["rows"]]
-    t = Table(title=title, title_justify="left")
-    for i, h in enumerate(headers):
-        t.add_column(h, justify="right" if i in (1, 2) else "left")
-    for row in rows:
-        t.add_row(*[Text(c) for c in row])
+
+    def table(preview_width: int | None) -> Table:
+        t = Table(title=title, title_justify="left")
+        for i, h in enumerate(headers[:-1]):
+            t.add_column(h, justify="right" if i in (1, 2) else "left")
+        t.add_column(headers[-1], no_wrap=True, overflow="ellipsis", max_width=preview_width)
+        for row in rows:
+            t.add_row(*[Text(c) for c in row])
+        return t
+
+    # The first words are only a preview: cut to the terminal's width (…) rather than lose the table.
+    t, spare = table(None), console.width - natural_width(console, table(1)) + 1
+    if natural_width(console, t) > console.width and spare >= MIN_PREVIEW:
+        t = table(spare)
     return fitted(console, t, headers, rows)
 
 

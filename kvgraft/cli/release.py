@@ -29,7 +29,7 @@ from kvgraft.errors import InputError
 @app.command()
 @handled
 def capture(
-    source: Annotated[Path, typer.Argument(help='JSONL records {"id", "text"} or {"id", "messages"}.')],
+    source: Annotated[Path, typer.Argument(metavar="SOURCE", help='JSONL records {"id", "text"} or {"id", "messages"}.')],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")],
     model: ModelOpt = "smollm2-135m",
     device: DeviceOpt = "auto",
@@ -45,6 +45,9 @@ def capture(
     """Capture KV states of each record into a cache release."""
     from rich.progress import Progress
 
+    from kvgraft.inference.models import check_options
+
+    check_options(device=device, dtype=dtype, attn=attn)  # before torch is imported
     from kvgraft._internal.jsonio import check_writable, refuse_existing
     from kvgraft.inference.capture import SLIDING_LAYOUTS, read_records
     from kvgraft.inference.capture import capture as do_capture
@@ -69,14 +72,15 @@ def capture(
 @app.command("run")
 @handled
 def run_cmd(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
     entry: Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")] = None,
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: "
                                                                "the whole prompt).")] = "",
     prefix: Annotated[bool, typer.Option("--prefix", help="Instead of --entry: graft the longest block-aligned prefix "
                                                           "of the prompt that some entry starts with, prefill the "
                                                           "rest.")] = False,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Decode at most N tokens after the "
+                                                                               "graft (0: graft only).")] = 64,
     model: ModelOpt = "smollm2-135m",
     device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the release's "
@@ -92,14 +96,22 @@ def run_cmd(
         "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Verify the release as `kvgraft verify` does, graft a stored cache, then continue greedily;
-    print the continuation and token ledger.
+    """Check the release, graft a stored cache, then continue greedily; print the continuation and token ledger.
 
-    Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
+    Checks what opening a release checks (its signature under --key or a Sigstore identity, the
+    statement, manifest.json and the index: docs/verification.md), then the grafted entry's file: its
+    size, header and every tensor's SHA-256 as it is read. Other entries' files are not read: `kvgraft
+    verify` checks every file. Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
     as `audit recompute` does, and says which recorded conditions differ here. With --prefix it says
     which entry's first N tokens it grafted and the schedule of those rows (a prefill of all the
     entry's tokens), or that nothing matched and the whole prompt was prefilled.
     """
+    from kvgraft.inference.models import check_options
+
+    # Refused before anything heavy is imported (torch alone takes seconds): a typo costs nothing.
+    check_options(device=device, dtype=dtype, attn=attn)
+    if max_new_tokens < 0:
+        raise InputError(f"--max-new-tokens {max_new_tokens}: expected 0 or more")
     from kvgraft.inference import graft, reapply
     from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import RELEASE_HELP, app, handled, say
+from kvgraft.cli._base import RELEASE_HELP, KeysOpt, app, echo_json, handled, say
 from kvgraft.errors import InputError
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -19,15 +18,14 @@ app.add_typer(cache_app, name="cache")
 @app.command("pull")
 @handled
 def pull_cmd(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder to create: the subset, itself a release.")],
-    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="An entry to pull (repeatable).")] = None,
-    sample: Annotated[int | None, typer.Option("--sample", help="Pull N entries drawn from the release's root digest "
-                                                                "and --nonce (the draw `audit recompute --sample` "
-                                                                "makes).")] = None,
-    nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce for --sample.")] = None,
-    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM public key the release's signature must verify with.")]
-    = None,
+    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="An entry to pull (repeatable).")] = None,
+    sample: Annotated[int | None, typer.Option(
+        "--sample", metavar="N", help="Pull N entries drawn from the release's root digest and --nonce (the draw "
+                                      "`audit recompute --sample` makes).")] = None,
+    nonce: Annotated[str | None, typer.Option("--nonce", metavar="X", help="The auditor's nonce for --sample.")] = None,
+    key: KeysOpt = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")] = False,
@@ -42,7 +40,7 @@ def pull_cmd(
     """
     from kvgraft import sampling
     from kvgraft.remote import subset
-    from kvgraft.signing.policy import verify_policy
+    from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import verified, verify_release
 
@@ -50,7 +48,7 @@ def pull_cmd(
         raise InputError("name the entries to pull: --entry ID (repeatable), or --sample N --nonce X")
     if sample is not None and nonce is None:
         raise InputError("--sample needs --nonce (the draw is the one `audit recompute --sample N --nonce X` makes)")
-    policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+    policy = keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
                            require_signature=require_signature)
     checked = verified(release, policy)
     rel = checked.release
@@ -83,10 +81,9 @@ def cache_ls_cmd(
     pieces = sorted(cache.pieces(), key=lambda p: -p.used)
     total = sum(p.size for p in pieces)
     if as_json:
-        typer.echo(json.dumps({"cache": str(cache.root), "limit_bytes": cache.limit, "bytes": total,
-                               "partial_bytes": cache.partial_bytes(),
-                               "pieces": [{"sha256": p.sha256, "bytes": p.size, "used": p.used, "in_use": p.in_use}
-                                          for p in pieces]}, indent=2))
+        echo_json({"cache": str(cache.root), "limit_bytes": cache.limit, "bytes": total,
+                   "partial_bytes": cache.partial_bytes(),
+                   "pieces": [{"sha256": p.sha256, "bytes": p.size, "used": p.used, "in_use": p.in_use} for p in pieces]})
         return
     say(f"cache {cache.root}: {len(pieces)} pieces, {total / 2**20:.1f} MiB of {cache.limit / 2**30:.1f} GiB "
         f"(KVGRAFT_CACHE_LIMIT); {cache.partial_bytes() / 2**20:.1f} MiB of fetches not finished")

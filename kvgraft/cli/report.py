@@ -13,7 +13,7 @@ from kvgraft.cli._base import echo_json, handled, out, report_app, say
 @report_app.command("show")
 @handled
 def show_cmd(
-    report: Annotated[Path, typer.Argument(help="Audit report JSON (schemas/audit-report.v1.json).")],
+    report: Annotated[Path, typer.Argument(metavar="REPORT", help="Audit report JSON (schemas/audit-report.v1.json).")],
     html_out: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML page here instead.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing HTML file.")] = False,
     detail: Annotated[str | None, typer.Option(
@@ -42,7 +42,8 @@ def show_cmd(
 @report_app.command("verify")
 @handled
 def report_verify_cmd(
-    report: Annotated[Path, typer.Argument(help="Audit report JSON; its signature is REPORT.sigstore.json beside it.")],
+    report: Annotated[Path, typer.Argument(
+        metavar="REPORT", help="Audit report JSON; its signature is REPORT.sigstore.json beside it.")],
     key: Annotated[Path | None, typer.Option("--key", help="Public key PEM the report must be signed with.")] = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore OIDC issuer.")] = None,
@@ -51,7 +52,7 @@ def report_verify_cmd(
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
     release: Annotated[str | None, typer.Option("--release", help="Also check the binding to this release (a folder, or "
                                                                   "an http(s)://, hf:// or s3:// location).")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a sentence.")] = False,
 ) -> None:
     """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
     from kvgraft.reporting.signing import verify_report

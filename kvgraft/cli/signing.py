@@ -61,7 +61,7 @@ def keygen(
 @app.command()
 @handled
 def sign(
-    release: Annotated[Path, typer.Argument(help="Cache release folder.")],
+    release: Annotated[Path, typer.Argument(metavar="RELEASE", help="Cache release folder.")],
     key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")] = None,
     sigstore: Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")] = False,
     staging: Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")] = False,
@@ -92,9 +92,10 @@ def sign(
         signed = sign.sign_release(release, private)
     else:
         signed = sign.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
-    files = len(signed.statement["subject"])
     root_digest = signed.statement["predicate"]["root_digest"]
-    say(f"signed {release} ({files} files, root digest {root_digest})")
+    # The files checked, as `kvgraft verify` counts them (the statement names fewer: format 2 binds the
+    # entry files through the index files it names).
+    say(f"signed {release} ({signed.files} files, root digest {root_digest})")
     say(f"signer {f'key {signed.signer} ({keys.KEY_ID_IS})' if key is not None else signed.signer}")
     say(f"bundle {signed.bundle}")
     if signed.oms is not None:
@@ -105,7 +106,7 @@ def sign(
 @app.command()
 @handled
 def verify(
-    release: Annotated[str, typer.Argument(help=RELEASE_HELP)],
+    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
     key: KeysOpt = None,
     identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
@@ -115,7 +116,7 @@ def verify(
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
     entry: Annotated[list[str] | None, typer.Option(
-        "--entry", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
+        "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
     require_signature: RequireSignatureOpt = False,
     oms_signature: Annotated[Path | None, typer.Option(
         "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,

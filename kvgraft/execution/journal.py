@@ -5,14 +5,18 @@ one run (release root digest, which entries, the settings and environment that d
 one line `{"unit": ID, "result": {...}}` per judged unit, flushed and fsynced before the next one is
 counted. Resuming reads the judged units back (a torn last line, from a kill mid-write, is dropped and
 recomputed) and refuses a journal whose run differs, naming the first differing field: units judged
-under other conditions are never mixed into a result. Nothing here decides whether a result is
-complete; the caller writes its report only when every unit is judged, then removes the journal.
+under other conditions are never mixed into a result. A journal is a file in the output folder, which
+someone else may have written: every line read back must be a unit of this run and pass the caller's
+`check` (its schema, fields re-derived), else the whole resume is refused naming the file and line.
+Nothing here decides whether a result is complete; the caller writes its report only when every unit
+is judged, then removes the journal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,15 +73,22 @@ def header(path: Path) -> dict[str, Any] | None:
 class Journal:
     """Judged units of one run, on disk; `record` appends one durably."""
 
-    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[str, dict[str, Any]],
+                 resumed: bool = False) -> None:
         self.path = path
         self.run = run
         self._fh = fh
         self.done = done  # unit id -> result, as judged by an earlier (interrupted) run
+        self.resumed = resumed  # an existing journal was read back (even one holding no unit yet)
 
     @classmethod
-    def open(cls, path: Path, run: dict[str, Any], units: set[str]) -> Journal:
-        """Open (resume) or create the journal of `run`; a journal of another run is refused."""
+    def open(cls, path: Path, run: dict[str, Any], units: set[str],
+             check: Callable[[str, dict[str, Any]], str | None] | None = None) -> Journal:
+        """Open (resume) or create the journal of `run`; a journal of another run is refused.
+
+        `check(unit, result)` says why a result read back cannot be reused (None: it can); any such line
+        refuses the resume, naming the file and line.
+        """
         run = _plain(run)
         done: dict[str, dict[str, Any]] = {}
         recorded = header(path)
@@ -94,9 +105,14 @@ class Journal:
                     if lineno > 1:
                         doc = _result_line(line, f"{path}:{lineno}")
                         if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
-                                or doc.get("unit") not in units:
+                                or not isinstance(doc.get("unit"), str) or doc["unit"] not in units:
                             raise InputError(f"{path}:{lineno}: not a judged unit of this run")
-                        done.setdefault(str(doc["unit"]), doc["result"])  # kept once
+                        unit = str(doc["unit"])
+                        problem = check(unit, doc["result"]) if check is not None and unit not in done else None
+                        if problem:
+                            raise InputError(f"{path}:{lineno}: unit {unit!r}: {problem}; nothing was resumed (delete "
+                                             "the journal to judge every unit afresh)")
+                        done.setdefault(unit, doc["result"])  # kept once
                     good += len(line)
             fh2: IO[bytes] = path.open("r+b")
             fh2.truncate(good)
@@ -107,7 +123,7 @@ class Journal:
             fh2.write(json.dumps({"kind": KIND, "version": VERSION, "run": run}).encode() + b"\n")
             fh2.flush()
             os.fsync(fh2.fileno())
-        return cls(path, run, fh2, done)
+        return cls(path, run, fh2, done, resumed=recorded is not None)
 
     def record(self, unit: str, result: dict[str, Any]) -> None:
         self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +27,7 @@ DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("float32", "bfloat16", "float16")
 ATTNS = ("eager", "sdpa")
+DEVICES = ("auto", "cpu", "cuda")
 # Config keys that describe the container or the run, not the model.
 _CONFIG_VOLATILE = {
     "transformers_version", "_name_or_path", "_commit_hash", "quantization_config", "dtype",
@@ -99,8 +103,9 @@ def ensure_smollm2(progress: Any = None) -> Path:
     gguf = smollm2_gguf()
     if progress:
         progress("converting SmolLM2-135M-Instruct from GGUF (once; about 30 s)")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with _quiet_gguf_reader():
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     try:
@@ -129,6 +134,28 @@ def ensure_smollm2(progress: Any = None) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _quiet_gguf_reader() -> Iterator[None]:
+    """No progress bar of transformers' while converting, where kvgraft's one line says what is happening:
+    its GGUF reader draws a tqdm bar of its own (a step per tensor: 272 for SmolLM2) that its progress-bar
+    switch does not reach, and the switch covers the "Loading weights" bar (as many steps) after it."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
+
+    real = getattr(reader, "tqdm", None)
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    if real is not None:
+        reader.tqdm = functools.partial(real, disable=True)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if real is not None:
+            reader.tqdm = real  # type: ignore[attr-defined]
+        if was_enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 # 2: `architectures` in config.json and the tied embedding stored as model.embed_tokens.weight.
 _FOLDER_LAYOUT = 2
 
@@ -151,15 +178,22 @@ def resolve(spec: str, progress: Any = None) -> str:
     return spec  # a hub id; transformers honours HF_HUB_OFFLINE
 
 
+def check_options(*, device: str | None = None, dtype: str | None = None, attn: str | None = None) -> None:
+    """Refuse a device, dtype or attention kernel kvgraft cannot load (None: not given). Imports no torch:
+    a command calls it first, so a typo is refused at once, not after seconds of loading."""
+    for option, value, known in (("--device", device, DEVICES), ("--dtype", dtype, DTYPES), ("--attn", attn, ATTNS)):
+        if value is not None and value not in known:
+            raise InputError(f"{option} {value}: expected one of {', '.join(known)}")
+
+
 def pick_device(device: str) -> str:
     import torch
 
+    check_options(device=device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available")
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"--device {device}: expected auto, cpu or cuda")
     return device
 
 
@@ -171,10 +205,7 @@ def load(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "float
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # kvgraft draws its own progress; theirs would interleave
-    if dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
-    if attn not in ATTNS:
-        raise InputError(f"--attn {attn}: expected one of {', '.join(ATTNS)}")
+    check_options(dtype=dtype, attn=attn)
     dev = pick_device(device)
     where = resolve(spec, progress)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Callable
@@ -152,6 +153,59 @@ def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def judged_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What an entry's result says of its per-layer comparisons: verdict, where it lies outside, the counts.
+    The same function makes a fresh result's fields and re-judges one read back from a journal."""
+    verdict, outside = classify(rows)
+    tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
+    return {"byte_exact": verdict == "byte-exact", "verdict": verdict, "outside": outside,
+            "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
+            "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
+            "first_difference": _first_difference(rows)}
+
+
+def resumed_problem(entry: dict[str, Any], result: Any) -> str | None:
+    """Why `result`, read back from a journal, cannot stand for `entry`'s judgement (None: it can).
+
+    A journal lies in the output folder, where someone else may have planted or edited it. A result read
+    back must be a whole entry result (the schema), of this entry, compared against the digests the
+    release commits to, and its verdict, counts and first difference must be the ones its own
+    comparisons give. (Comparisons forged consistently down to the fresh digests are not caught: only
+    recomputing the entry would.)
+    """
+    from kvgraft.errors import SchemaError
+    from kvgraft.schema import validate_part
+
+    try:
+        validate_part(result, "recompute-result.v1.json", "properties/entries/items", "result")
+    except SchemaError as exc:
+        return str(exc)
+    if result["id"] != entry["id"] or result["num_tokens"] != entry["num_tokens"]:
+        return f"result of {result['id']!r} ({result['num_tokens']} tokens), not of this entry"
+    rows, metas = result["layers"], entry["layers"]
+    if [(r["index"], r["kind"]) for r in rows] != [(m["index"], m["kind"]) for m in metas]:
+        return "its layers are not the entry's"
+    for row, meta in zip(rows, metas, strict=True):
+        for part in ("keys", "values"):
+            if (part in row) != (meta["kind"] != "shared"):
+                return f"layer {meta['index']}: {part} {'missing' if part not in row else 'of a shared layer'}"
+            d = row.get(part)
+            committed = entry["tensors"][meta[part]]["sha256"] if d is not None else None
+            if d is not None and (d["sha256_stored"] != committed or d["equal"] != (d["sha256_fresh"] == committed)):
+                return f"layer {meta['index']} {part}: its digests disagree with the release's ({committed})"
+    try:
+        derived = judged_fields(rows)
+        worst = (derived["outside"] or {}).get("worst")
+        if worst is not None:
+            float(worst["abs_diff"]), float(worst["excess"])  # what the verdict's sentence quotes
+    except (KeyError, TypeError, ValueError, IndexError):  # a comparison missing what a fresh one always holds
+        return "its comparisons are incomplete"
+    for k, v in derived.items():
+        if json.dumps(result[k], sort_keys=True) != json.dumps(v, sort_keys=True):
+            return f"its {k} ({json.dumps(result[k])[:80]}) is not what its comparisons give ({json.dumps(v)[:80]})"
+    return None
+
+
 def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) -> list[int]:
     if probe_text:
         return encode(lm, probe_text)
@@ -197,7 +251,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     rows = compare_layers(rel, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
     reference.clear()
     t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
-    verdict, outside = classify(rows)
+    judged = judged_fields(rows)
     probe = probe_ids(lm, entry, probe_text)
     # Distributions after each probe token: positions n .. n+k-1 of the full sequence.
     fresh_logits = forward(lm, fresh_cache, probe)
@@ -208,18 +262,15 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     grafted_logits = forward(lm, grafted.cache, probe)
     del grafted
     natural = natural_logits(lm, entry["token_ids"] + probe, len(probe))
-    exact = all(("layout_mismatch" not in r) and all(r[p]["equal"] for p in ("keys", "values") if p in r) for r in rows)
     matched = distributions(fresh_logits, grafted_logits)
     contrast = distributions(natural, grafted_logits)
-    tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
     return {
-        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": exact, "verdict": verdict,
-        "conditions_differ": differing,
-        "outside": outside, "envelope": measured[0].as_dict() if measured else None,
-        "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
-        "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
+        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": judged["byte_exact"],
+        "verdict": judged["verdict"], "conditions_differ": differing,
+        "outside": judged["outside"], "envelope": measured[0].as_dict() if measured else None,
+        "max_excess": judged["max_excess"], "tensors_equal": judged["tensors_equal"], "tensors": judged["tensors"],
         "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
-        "first_difference": _first_difference(rows), "layers": rows, "probe_token_ids": probe,
+        "first_difference": judged["first_difference"], "layers": rows, "probe_token_ids": probe,
         "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
         "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
         "seconds": {"prefill": t_prefill, "compare": t_compare,
@@ -257,16 +308,29 @@ def statements(result: dict[str, Any]) -> list[str]:
         out.append("The model's identity differs from the release's (forced): differences are expected.")
     drawn = result.get("sample")
     if drawn:  # before the verdict, which stays the last statement
+        origin = sampling.nonce_origin(drawn, (result.get("cost") or {}).get("resumed_from"))
         out.append(f"Sample: {drawn['size']:,} of {drawn['population']:,} entries drawn by {drawn['method']} from the "
-                   f"root digest and nonce {drawn['nonce']!r} ({drawn['nonce_source']}), {drawn['weighting']}; "
+                   f"root digest and nonce {drawn['nonce']!r} ({origin}), {drawn['weighting']}; "
                    "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
         if result.get("bound"):
             out.append(f"Bound: {sampling.sentence(result['bound'])}.")
+    resumed = resumed_statement(result.get("cost") or {})
+    if resumed:
+        out.append(resumed)
     grafts = result.get("prefix_grafts")
     if grafts:
         out.append(prefix_statement(grafts))
     out.append(verdict_statement(result))
     return out
+
+
+def resumed_statement(cost: dict[str, Any]) -> str | None:
+    """Which results were not computed by this run: read back from a journal, and which one."""
+    if not cost.get("resumed_from"):
+        return None
+    n = cost["entries_resumed"]
+    return (f"{n} result{'' if n == 1 else 's'} resumed from {cost['resumed_from']} (judged by an earlier run and read "
+            f"back, each re-judged from its recorded comparisons; {cost['entries_recomputed']} recomputed now).")
 
 
 def prefix_statement(grafts: dict[str, Any]) -> str:
@@ -392,9 +456,12 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     forced = check_model(rel, lm, force=force)
     nonce_source = None
     if journal is not None and sample is not None and nonce is None:
-        earlier = (header(journal) or {}).get("sample") or {}
-        if earlier.get("nonce"):  # resuming: the sample is the one the interrupted run drew
-            nonce, nonce_source = str(earlier["nonce"]), str(earlier.get("nonce_source", "drawn"))
+        earlier = (header(journal) or {}).get("sample")
+        if isinstance(earlier, dict) and earlier.get("nonce") is not None:
+            # Resuming: the sample is the one the interrupted run drew. The nonce was read from a file, not
+            # drawn here, and is reported so ("from the journal FILE"): whoever wrote the file chose it.
+            nonce = sampling.check_nonce(earlier["nonce"], f"{journal}:1: the journal's nonce")
+            nonce_source = "journal"
     chosen, drawn = choose(rel, entries=entries, sample=sample, nonce=nonce, nonce_source=nonce_source)
     ex = executor or LocalExecutor()
     recorded = rel.manifest["environment"]
@@ -421,11 +488,13 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
         ids = [str(e["id"]) for e in chosen]
         # What decides each entry's verdict: a journal of any other run is refused, never mixed in.
         run = {"release_root_digest": rel.manifest["root_digest"], "entries": ids,
-               "sample": {k: drawn[k] for k in ("method", "nonce", "nonce_source", "size")} if drawn else None,
+               "sample": {k: drawn[k] for k in ("method", "nonce", "size")} if drawn else None,
                "schedule": result["schedule"], "probe_text": probe_text, "force": force, "overrides": overrides,
                "model_identity": lm.identity.sha256,
                "environment": {k: current.get(k) for k in sorted(SENSITIVE)}}
-        jr = Journal.open(journal, run, set(ids)) if journal is not None else None
+        by_id = {str(e["id"]): e for e in chosen}
+        jr = (Journal.open(journal, run, set(ids), check=lambda unit, r: resumed_problem(by_id[unit], r))
+              if journal is not None else None)
         try:
             result["entries"] = _judge(rel, lm, ex, chosen, jr, progress, on_progress,
                                        functools.partial(entry_unit, probe_text=probe_text, force=force,
@@ -433,6 +502,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
         finally:
             if jr is not None:
                 jr.close()
+    result["cost"]["resumed_from"] = str(journal) if jr is not None and jr.resumed else None
     result["executor"] = ex.describe()
     result["cost"]["executor"] = ex.kind
     result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1

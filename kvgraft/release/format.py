@@ -113,8 +113,7 @@ class Release:
     @classmethod
     def open(cls, root: Path | str) -> Release:
         root = Path(root)
-        if not jsonio.is_folder(root):
-            raise InputError(f"{root}: not a folder")
+        jsonio.require_folder(root)
         manifest = load_manifest(root)
         check_commitments(root, manifest)
         return cls(root, manifest)

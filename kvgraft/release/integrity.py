@@ -176,8 +176,7 @@ def check_release(root: Path, *, subjects: dict[str, str] | None = None, source:
     excuses nothing the manifest lists.
     """
     root = Path(root)
-    if not jsonio.is_folder(root):
-        raise InputError(f"{root}: not a folder")
+    jsonio.require_folder(root)
     present = release_folder_files(root)
     stmt_subjects = subjects
     manifest_path = root / MANIFEST
@@ -259,8 +258,7 @@ def open_release(root: Path, *, subjects: dict[str, str] | None = None, source: 
     statement's subject, its content (schema, commitments: format 1 every record, format 2 the index)
     and the statement against it. Reads manifest.json only: no entry file, no index shard."""
     root = Path(root)
-    if not jsonio.is_folder(root):
-        raise InputError(f"{root}: not a folder")
+    jsonio.require_folder(root)
     manifest_path = root / MANIFEST
     if subjects is not None and MANIFEST not in subjects:
         raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")

@@ -135,13 +135,18 @@ def styled(lines: list[str], words: dict[str, str] | None = None, style: str = "
     return text
 
 
+def natural_width(console: Console, renderable: RenderableType) -> int:
+    """The width `renderable` takes unconstrained (Console.measure clamps to the console's width; measured
+    against a wide one, it says what the renderable needs)."""
+    return Measurement.get(console, console.options.update_width(1 << 16), renderable).maximum
+
+
 def fitted(console: Console, table: Table, headers: list[str], rows: list[list[str]]) -> RenderableType:
     """The table when it fits the console at its natural width; else one paragraph per row, so no cell is cut.
 
     The paragraph names the row by its first cell and lists the others as `header value`.
     """
-    # Console.measure clamps to the console's width; measured against a wide one, it says what the table needs.
-    if Measurement.get(console, console.options.update_width(1 << 16), table).maximum <= console.width:
+    if natural_width(console, table) <= console.width:
         return table
     lines: list[str] = []
     for row in rows:

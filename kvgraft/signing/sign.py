@@ -37,6 +37,7 @@ class Signed:
     statement: dict[str, Any]
     signer: str  # key id, or the certificate identity for keyless signing
     oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
+    files: int = 0  # the release's files checked before signing (what `kvgraft verify` counts), manifest.json included
 
 
 def release_statement(root: Path) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     written = oms.sign(root, key, digests)
     if written is None:
         (Path(root) / OMS_NAME).unlink(missing_ok=True)
-    return Signed(bundle, stmt, kid, written)
+    return Signed(bundle, stmt, kid, written, len(files))
 
 
 def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
@@ -90,7 +91,7 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
     from sigstore.oidc import IdentityToken, Issuer, detect_credential
     from sigstore.sign import SigningContext
 
-    stmt = release_statement(root)
+    stmt, files = _checked_statement(root)
     payload = statement_bytes(stmt)
     try:
         config = ClientTrustConfig.staging() if staging else ClientTrustConfig.production()
@@ -106,4 +107,4 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
         raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     written = write_bundle(root, bundle.to_json().encode())
     (Path(root) / OMS_NAME).unlink(missing_ok=True)  # it would no longer match release.sigstore.json
-    return Signed(written, stmt, str(token.identity))
+    return Signed(written, stmt, str(token.identity), files=len(files))

@@ -31,6 +31,7 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import json
+import os
 import time
 import weakref
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import InputError, IntegrityError, VerificationError, shown
+from kvgraft.errors import Error, InputError, IntegrityError, VerificationError, shown
 from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import CheckedRelease, ManifestCheck, check_entry, check_release, open_release
@@ -222,8 +223,7 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     elif (key, identity, issuer, trust) != (None, None, None, None):
         raise InputError("give a verification policy or key/identity arguments, not both")
     root = local_root(root)
-    if not jsonio.is_folder(root):
-        raise InputError(f"{root}: not a folder (expected a cache release)")
+    jsonio.require_folder(root, " (expected a cache release)")
     pulled = subset.read(root) if scope == "all" else None
     if pulled is not None:  # a subset `kvgraft pull` made: the entries it holds, and no other file
         scope, entries = "entries", pulled.entries
@@ -267,7 +267,10 @@ def _oms_path(root: Path, policy: VerifyPolicy) -> Path:
     oms_path = root / attest.OMS_NAME
     if policy.oms_signature is None:
         return oms_path
-    if jsonio.stat_or_none(oms_path) is not None:
+    inside, named = jsonio.stat_or_none(oms_path, follow=True), jsonio.stat_or_none(Path(policy.oms_signature), follow=True)
+    if inside is not None and named is not None and os.path.samestat(inside, named):
+        return oms_path  # the release's own model.sig, named: the one read anyway
+    if inside is not None:
         raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
                          f"({policy.oms_signature}); give one of them")
     jsonio.read_bounded(Path(policy.oms_signature), attest.MAX_BUNDLE_BYTES, "an OMS signature")  # absent: exit 2 here
@@ -287,9 +290,15 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
         signature.bundle_sha256 = sha256_hex(bundle.raw)
         payload_type, payload = bundle.payload_type, bundle.payload
         if given:
-            advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {oms_path.name}): give --key for "
-                      f"each signer" if oms_present else "")
-            signature.key_id = attest.verify_with_any(bundle, given, advice=advice)
+            try:
+                signature.key_id = attest.verify_with_any(bundle, given)
+            except VerificationError as exc:
+                # Advice only where it helps: the key given is the other signature's signer (a wrong key on a
+                # release one signer signed twice is just a wrong key).
+                if oms_present and _verifies(oms_path, given):
+                    raise VerificationError(f"{exc}; the release has two signatures ({attest.BUNDLE_NAME} and "
+                                            f"{oms_path.name}): give --key for each signer") from None
+                raise
             signature.status, signature.method = "verified", "key"
         elif identity is not None and issuer is not None:
             if not bundle.has_certificate:
@@ -318,6 +327,17 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
         read.warnings.append(f"the release is unsigned (no {attest.BUNDLE_NAME}): only its bytes against its manifest "
                              f"were checked")
     return read
+
+
+def _verifies(oms_path: Path, given: list[keys.PublicKey]) -> bool:
+    """Whether one of the keys verifies the OMS signature (only to word an error: a failure here says no)."""
+    from kvgraft.signing import oms
+
+    try:
+        oms.read(oms_path, given)
+    except Error:
+        return False
+    return True
 
 
 def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], read: _Read, oms_path: Path,

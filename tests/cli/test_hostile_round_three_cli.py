@@ -82,7 +82,7 @@ def _commands(release: Path, out: Path, tmp_path: Path) -> dict[str, list[str]]:
     return {"keygen": ["keygen", "--out", str(out / "k")],
             "sign": ["sign", str(out / "rel"), "--key", str(private)],
             "capture": ["capture", str(src), "--out", str(out / "captured")],
-            "audit recompute": ["audit", "recompute", str(release), "--json", str(out / "result.json")]}
+            "audit recompute": ["audit", "recompute", str(release), "--out", str(out / "result.json")]}
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(

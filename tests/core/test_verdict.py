@@ -116,7 +116,7 @@ def test_d_differing_from_the_graft_fails_both_commands_alike(tiny_dir: Callable
 
     monkeypatch.setattr(gen, "run_query", text_differs)
     res = runner.invoke(app, ["audit", "generalization", "--library", str(lib), "--max-new-tokens", "4", "--model",
-                              str(model), "--quiet", "--json", str(tmp_path / "g.json")])
+                              str(model), "--quiet", "--out", str(tmp_path / "g.json")])
     single = res.exit_code
     g = json.loads((tmp_path / "g.json").read_text())
     assert g["status"] == "failed" and any(eq["equal"] < eq["n"] for eq in g["equality"].values())

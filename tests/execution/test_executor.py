@@ -332,7 +332,7 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
     _close_pool()  # the CLI starts its own workers on the module's 2-CPU Ray instance
     out = tmp_path / "r.json"
     r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), "--device", "cpu",
-                            "--executor", "ray", "--workers", "2", "--ship", "--json", str(out), "--quiet"])
+                            "--executor", "ray", "--workers", "2", "--ship", "--out", str(out), "--quiet"])
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     # the command's result carries its own status (kvgraft.verdict); the library result it wraps does not yet

@@ -359,7 +359,7 @@ def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) ->
     assert "4 reference" in r.output
     out_json = tmp_path / "result.json"
     r = runner.invoke(app, ["audit", "generalization", "--library", str(tmp_path / "lib"), "--synthetic", "2",
-                            "--max-new-tokens", "4", "--model", model, "--json", str(out_json)])
+                            "--max-new-tokens", "4", "--model", model, "--out", str(out_json)])
     assert r.exit_code == 0, r.output
     doc = json.loads(out_json.read_text())
     validate(doc, gen.SCHEMA, str(out_json))
@@ -388,7 +388,7 @@ def test_acceptance_plan_on_smollm2_within_ten_minutes(tmp_path: Path) -> None:
                             "0.5", "--out", str(tmp_path / "lib"), "--device", "cpu"], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(kvgraft), "audit", "generalization", "--library", str(tmp_path / "lib"), "--source", "gsm8k",
-                          "--limit", "24", "--synthetic", "12", "--device", "cpu", "--json", str(tmp_path / "g.json")],
+                          "--limit", "24", "--synthetic", "12", "--device", "cpu", "--out", str(tmp_path / "g.json")],
                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     elapsed = time.perf_counter() - t0
     assert run.returncode == 0, run.stderr

@@ -36,7 +36,7 @@ APPLES = {"id": "apples", "text": "Problem: Mia has 12 apples. She gives 5 to Sa
 
 
 def _audit_cli(rel: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    res = runner.invoke(app, ["audit", "recompute", str(rel), "--quiet", "--json", str(out), *extra])
+    res = runner.invoke(app, ["audit", "recompute", str(rel), "--quiet", "--out", str(out), *extra])
     assert res.exit_code in (0, errors.EXIT_NOT_EXACT), res.output
     result = json.loads(out.read_text())
     validate(result, "recompute-result.v1.json", str(out))

@@ -50,7 +50,7 @@ def test_audit_recompute_prefix_cli(tiny_dir: Any, tiny_lm: Any, tmp_path: Path)
     assert rel.entry("short")["num_tokens"] <= 16 < rel.entry("long")["num_tokens"]
     out = tmp_path / "r.json"
     res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--model", str(tiny_dir("llama")),
-                              "--prefix", "16", "--json", str(out), "--quiet"])
+                              "--prefix", "16", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     grafts = doc["prefix_grafts"]

@@ -49,7 +49,7 @@ def test_chunked_release_vs_one_shot_recompute_is_located(smollm2: Any, tmp_path
     with threads(2):
         capture.capture(lm, [("t", {"id": "c", "text": lm.tokenizer.decode(ids)})], tmp_path / "rel",
                         schedule=runtime.Schedule(chunk_tokens=64, add_special_tokens=False), probe_tokens=3)
-        res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--one-shot", "--json",
+        res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--one-shot", "--out",
                                   str(tmp_path / "r.json"), "--device", "cpu"])
     assert res.exit_code == errors.EXIT_NOT_EXACT, res.output
     result = json.loads((tmp_path / "r.json").read_text())
@@ -121,7 +121,7 @@ def test_recompute_cli_json_is_schema_valid_and_exit_zero(tiny_dir: Callable[[st
     src = tmp_path / "s.jsonl"
     src.write_text(json.dumps({"id": "a", "text": _text(30)}) + "\n")
     assert runner.invoke(app, ["capture", str(src), "--out", str(tmp_path / "rel"), "--model", model]).exit_code == 0
-    res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--model", model, "--json",
+    res = runner.invoke(app, ["audit", "recompute", str(tmp_path / "rel"), "--model", model, "--out",
                               str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     validate(json.loads((tmp_path / "r.json").read_text()), "recompute-result.v1.json", "test")

@@ -104,7 +104,7 @@ def test_cli_sample_rederives_and_checks(tiny_lm: Callable[[str], Any], model_di
                                          tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), "--sample", "3",
-                            "--json", str(out), "--quiet"])
+                            "--out", str(out), "--quiet"])
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     nonce = result["sample"]["nonce"]
@@ -125,7 +125,7 @@ def test_cli_sample_rederives_and_checks(tiny_lm: Callable[[str], Any], model_di
                       (["--sample", "2", "--target-fraction", "0.5"], "exclude each other"),
                       (["--target-fraction", "1.5"], "--target-fraction 1.5")):
         r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), *bad,
-                                "--json", str(tmp_path / "bad.json"), "--quiet"])
+                                "--out", str(tmp_path / "bad.json"), "--quiet"])
         assert r.exit_code == errors.EXIT_INPUT and says in r.output and "Traceback" not in r.output, (bad, r.output)
         assert not (tmp_path / "bad.json").exists()
     r = runner.invoke(app, ["audit", "sample", str(release_dir), "--check", str(tmp_path / "t.json")])
@@ -135,7 +135,7 @@ def test_cli_sample_rederives_and_checks(tiny_lm: Callable[[str], Any], model_di
     assert r.exit_code == errors.EXIT_INPUT and "records no sample" in r.output
     # --target-fraction sizes the sample: with 8 entries a bound of 30% needs sampling.sample_size(0.3, 8).
     r = runner.invoke(app, ["audit", "recompute", str(release_dir), "--model", str(model_dir), "--target-fraction", "0.3",
-                            "--nonce", "n1", "--json", str(tmp_path / "t.json"), "--quiet"])
+                            "--nonce", "n1", "--out", str(tmp_path / "t.json"), "--quiet"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "t.json").read_text())["sample"]["size"] == sampling.sample_size(0.3, ENTRIES)
 
@@ -201,10 +201,14 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
     assert sorted(calls) == sorted(result["sample"]["entries"]) and len(calls) == 6  # each judged exactly once
     assert result["cost"]["entries_resumed"] == 3 and result["cost"]["entries_recomputed"] == 3
     assert sum(e["placement"].get("resumed", False) for e in result["entries"]) == 3
-    # The resumed result equals an uninterrupted one apart from timing and placement.
+    # The nonce was read from the journal, and the result says so, and where the resumed results came from.
+    assert (result["sample"]["nonce_source"], result["cost"]["resumed_from"]) == ("journal", str(journal))
+    assert f"3 results resumed from {journal}" in result["statements"][-2]
+    # The resumed result equals an uninterrupted one apart from timing, placement and those two sayings.
     again = recompute.audit(release_dir, lm, sample=6, nonce=result["sample"]["nonce"])
-    again["sample"]["nonce_source"] = result["sample"]["nonce_source"]  # drawn then, given now
-    again["statements"] = [st.replace("(given)", "(drawn)") for st in again["statements"]]
+    again["sample"]["nonce_source"] = "journal"  # given now
+    again["statements"] = [st.replace("(given)", f"(from the journal {journal})") for st in again["statements"]]
+    again["statements"].insert(-1, result["statements"][-2])
     assert comparable(json.loads(json.dumps(result, default=str))) == comparable(json.loads(json.dumps(again, default=str)))
     # A journal of another run (another schedule) is refused, never mixed in.
     from kvgraft.inference.runtime import Schedule
@@ -228,7 +232,7 @@ def test_cli_interrupted_audit_writes_no_result_and_resumes(tiny_lm: Callable[[s
 
     monkeypatch.setattr(recompute, "audit_entry", dies_on_third)
     args = ["audit", "recompute", str(release_dir), "--model", str(model_dir), "--sample", "5", "--nonce", "n2",
-            "--json", str(out), "--quiet"]
+            "--out", str(out), "--quiet"]
     r = runner.invoke(app, args)
     assert r.exit_code == 130 and not out.exists(), r.output  # no result from a partial run
     assert "rerun the same command to resume" in r.output and Path(f"{out}.journal").exists()
@@ -298,9 +302,9 @@ def test_ray_replays_the_recorded_threads_and_agrees_with_local(ray4: Any, tiny_
     rel = _capture(tiny_lm("llama"), tmp_path / "rel2", n=4, n_threads=2)
     local, remote = tmp_path / "local.json", tmp_path / "ray.json"
     common = ["audit", "recompute", str(rel), "--model", str(model_dir), "--quiet", "--sample", "4", "--nonce", "n"]
-    r = runner.invoke(app, [*common, "--json", str(local)])
+    r = runner.invoke(app, [*common, "--out", str(local)])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, [*common, "--executor", "ray", "--workers", "2", "--json", str(remote)])
+    r = runner.invoke(app, [*common, "--executor", "ray", "--workers", "2", "--out", str(remote)])
     assert r.exit_code == 0, r.output
     a, b = json.loads(local.read_text()), json.loads(remote.read_text())
     assert comparable(a) == comparable(b)
@@ -309,7 +313,7 @@ def test_ray_replays_the_recorded_threads_and_agrees_with_local(ray4: Any, tiny_
     assert b["executor"]["worker_resources"]["num_cpus"] == 2
     assert {e["placement"]["environment"]["threads"] for e in b["entries"]} == {2}
     # --threads overrides the record and says so.
-    r = runner.invoke(app, [*common, "--executor", "ray", "--workers", "2", "--threads", "1", "--json", str(remote)])
+    r = runner.invoke(app, [*common, "--executor", "ray", "--workers", "2", "--threads", "1", "--out", str(remote)])
     over = json.loads(remote.read_text())
     assert over["conditions"]["overridden"] == {"threads": {"recorded": 2, "used": 1}}
     assert {w["threads"] for w in over["executor"]["workers"]} == {1}

@@ -66,8 +66,10 @@ def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
 
 
 def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
-    assert _err(lambda: check_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
-    assert _err(lambda: open_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: not a folder"
+    assert _err(lambda: check_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: does not exist"
+    assert _err(lambda: open_release(tmp_path / "none"), InputError) == f"{tmp_path / 'none'}: does not exist"
+    (tmp_path / "file").write_text("")
+    assert _err(lambda: open_release(tmp_path / "file"), InputError) == f"{tmp_path / 'file'}: not a folder"
     subjects = listed_digests(rel)
     no_manifest = {k: v for k, v in subjects.items() if k != MANIFEST}
     for call in (check_release, open_release):

@@ -90,7 +90,7 @@ def test_audit_recompute_of_a_sample_over_http_fetches_only_the_sampled_entry(
     with folder_server(rel=rel) as server:
         res = runner.invoke(app, ["audit", "recompute", server.url("rel"), "--model", str(tiny_dir("llama")),
                                   "--sample", "1", "--nonce", "n1", "--key", str(pub), "--quiet",
-                                  "--json", str(tmp_path / "out.json")])
+                                  "--out", str(tmp_path / "out.json")])
         assert res.exit_code == 0, res.output
         entries = {p.split("/rel/", 1)[1] for p in server.paths() if "/entries/" in p}
     doc = json.loads((tmp_path / "out.json").read_text())

@@ -160,7 +160,7 @@ def test_capture_is_a_release_kvgraft_verifies_and_recomputes(served: tuple[dict
     assert verify.returncode == 0, verify.stdout + verify.stderr
     # vLLM's CPU kernels against transformers' sdpa on the same tokens: other kernels, same computation.
     # No --attn: vLLM's kernel cannot be replayed here, so transformers' sdpa runs and the result says so.
-    audit = subprocess.run([cli, "audit", "recompute", str(release), "--require", "consistent", "--json",
+    audit = subprocess.run([cli, "audit", "recompute", str(release), "--require", "consistent", "--out",
                             str(run / "vllm-recompute.json")], capture_output=True, text=True, timeout=600)
     print(audit.stdout[-1500:])
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -186,7 +186,7 @@ def test_capture_claiming_other_tokens_is_inconsistent(served: tuple[dict[str, A
     rewrite.manifest(tmp_path / "rel", other_token)
     cli = str(Path(sys.executable).parent / "kvgraft")
     assert subprocess.run([cli, "verify", str(tmp_path / "rel")], capture_output=True).returncode == 0  # commitments hold
-    audit = subprocess.run([cli, "audit", "recompute", str(tmp_path / "rel"), "--require", "consistent", "--json",
+    audit = subprocess.run([cli, "audit", "recompute", str(tmp_path / "rel"), "--require", "consistent", "--out",
                             str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600)
     assert audit.returncode == 4, audit.stdout + audit.stderr
     result = json.loads((tmp_path / "r.json").read_text())

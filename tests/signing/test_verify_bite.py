@@ -182,7 +182,7 @@ def test_argument_errors_say_exactly_what_is_wrong(rel: Path, ecdsa: tuple[Path,
     assert _message(lambda: verify_release(rel, trust=object(), policy=verify_policy())) == \
         "give a verification policy or key/identity arguments, not both"  # type: ignore[arg-type]
     assert _message(lambda: verify_release(tmp_path / "nowhere")) == \
-        f"{tmp_path / 'nowhere'}: not a folder (expected a cache release)"
+        f"{tmp_path / 'nowhere'}: does not exist (expected a cache release)"
     assert _message(lambda: verify_release(rel, identity="ci@example.org")) == \
         "--certificate-identity and --certificate-oidc-issuer must be given together"
     assert _message(lambda: verify_release(rel, issuer="https://issuer")) == \

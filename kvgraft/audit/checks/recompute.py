@@ -134,7 +134,8 @@ def _sample_figures(data: dict[str, Any]) -> list[str]:
     drawn = as_dict(data.get("sample"))
     if drawn:
         out.append(f"sample: {num(drawn['size'])} of {num(drawn['population'])} entries drawn from the release root and "
-                   f"nonce {drawn['nonce']} ({drawn['nonce_source']}; {drawn['method']}, uniform over entries); "
+                   f"nonce {drawn['nonce']} ({sampling.nonce_origin(drawn, as_dict(data.get('cost')).get('resumed_from'))}; "
+                   f"{drawn['method']}, uniform over entries); "
                    "re-derive: kvgraft audit sample RELEASE --check REPORT")
     if drawn and data.get("bound"):
         out.append(f"bound: {sampling.sentence(data['bound'])}")
@@ -147,8 +148,8 @@ def cost_line(data: dict[str, Any]) -> str | None:
     cost = as_dict(data.get("cost"))
     if cost.get("tokens_recomputed") is not None:
         rate = f", {num(round(cost['tokens_per_second']))} tokens/s" if cost.get("tokens_per_second") else ""
-        resumed = f"; {num(cost['entries_resumed'])} entries resumed from an interrupted run" \
-            if cost.get("entries_resumed") else ""
+        n, journal = cost.get("entries_resumed") or 0, cost.get("resumed_from")
+        resumed = f"; {num(n)} entries resumed from {journal or 'an interrupted run'}" if n or journal else ""
         whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
                  f"about {_duration(cost['projected_library_seconds'])} on {cost.get('executor')}"
                  f" ({cost.get('workers')} worker{'' if cost.get('workers') == 1 else 's'})"
@@ -194,7 +195,8 @@ def html(data: dict[str, Any]) -> str:
 
         out += "<h3>sample and bound</h3>" + kv_html({
             "sample": f"{drawn['size']:,} of {drawn['population']:,} entries ({drawn['weighting']})",
-            "drawn by": f"{drawn['method']}: root {drawn['root_digest']}, nonce {drawn['nonce']} ({drawn['nonce_source']})",
+            "drawn by": f"{drawn['method']}: root {drawn['root_digest']}, nonce {drawn['nonce']} "
+                        f"({sampling.nonce_origin(drawn, as_dict(data.get('cost')).get('resumed_from'))})",
             "re-derive": "kvgraft audit sample RELEASE --check REPORT.json",
             "bound": sampling.sentence(bound), "method": bound["method"], "tokens": bound["token_method"]})
     if data.get("statements"):

@@ -10,12 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-
-pytest.importorskip("moto")
-pytest.importorskip("s3fs")
 
 
 def test_remote_bench_reads_what_verify_entry_needs(tmp_path: Path) -> None:

@@ -109,11 +109,17 @@ class Index:
         self.starts: list[int] = []
         names: set[str] = set()
         count = 0
+        listed_tokens = 0  # the token counts the manifest lists (num_tokens, per shard)
         for k, shard in enumerate(self.shards):
             name = check_relpath(shard["file"], f"{self.where}: index shard {k}")
             if not name.startswith(f"{INDEX_DIR}/") or name in names or name == PREFIX_FILE:
                 raise InputError(f"{self.where}: index shard {k}: file {name!r} is not a distinct file under {INDEX_DIR}/")
             names.add(name)
+            if "num_tokens" in shard:
+                if len(shard["num_tokens"]) != len(shard["ids"]):
+                    raise InputError(f"{self.where}: index shard {k}: {len(shard['num_tokens'])} token counts for "
+                                     f"{len(shard['ids'])} entries")
+                listed_tokens += sum(shard["num_tokens"])
             self.starts.append(count)
             self.owner.update(dict.fromkeys(shard["ids"], k))  # C speed: 100,000 ids in a few ms
             count += len(shard["ids"])
@@ -125,6 +131,10 @@ class Index:
                 seen.add(eid)
         if count != idx["entries"]:
             raise InputError(f"{self.where}: index says {idx['entries']} entries, its shards list {count}")
+        self.counts_listed = all("num_tokens" in s for s in self.shards)
+        if self.counts_listed and listed_tokens != idx["tokens"]:
+            raise InputError(f"{self.where}: index says {idx['tokens']} tokens, its shards' token counts sum to "
+                             f"{listed_tokens}")
         self.count = count
         self.prefix_meta: dict[str, Any] | None = idx.get("prefix")
         if self.prefix_meta is not None:
@@ -136,6 +146,7 @@ class Index:
         self._cache: OrderedDict[int, Shard] = OrderedDict()
         self._prefix: bytes | None = None
         self.bytes_read = 0  # index bytes read since opening (tests bound it)
+        self.shards_read: list[int] = []  # the shards read since opening, in order (tests count them)
 
     # -------------------------------------------------------------------------------------- files
 
@@ -172,6 +183,7 @@ class Index:
             return cached
         from kvgraft.schema import CACHE_INDEX_SHARD, validate
 
+        self.shards_read.append(k)
         meta = self.shards[k]
         what = f"index shard {k}"
         data = self._read_checked(meta["file"], meta["sha256"], meta["size"], MAX_SHARD_BYTES, what)
@@ -184,6 +196,13 @@ class Index:
         ids = [e["id"] for e in doc["entries"]]
         if ids != meta["ids"]:
             raise IntegrityError(f"{path}: {what} holds entries {ids[:3]}..., the manifest lists {meta['ids'][:3]}...")
+        listed = meta.get("num_tokens")
+        if listed is not None:
+            # The manifest's counts drew and bounded samples without this shard: they must be its records'.
+            for e, n in zip(doc["entries"], listed, strict=True):
+                if e["num_tokens"] != n:
+                    raise IntegrityError(f"{path}: {what}: entry {e['id']!r} has {e['num_tokens']} tokens, the "
+                                         f"manifest lists {n}")
         # Each record's own commitments (its digest, token-id digest, references) are checked when the
         # record is first asked for (Shard.record): the shard's digest already binds its bytes, and
         # finding one entry then costs one record's checks, not 64.
@@ -212,6 +231,18 @@ class Index:
     def ids(self) -> list[str]:
         return [eid for s in self.shards for eid in s["ids"]]
 
+    def token_counts(self) -> list[int]:
+        """Every entry's num_tokens in release order: from the manifest, which lists them per shard (the
+        writer's `num_tokens`); a shard it lists without them (a release written before they were) is read."""
+        counts: list[int] = []
+        for k, s in enumerate(self.shards):
+            listed = s.get("num_tokens")
+            if listed is None:
+                shard = self.shard(k)
+                listed = [int(shard.record(e["id"])["num_tokens"]) for e in shard.entries]
+            counts.extend(listed)
+        return counts
+
     def id_at(self, ordinal: int) -> str:
         k = bisect.bisect_right(self.starts, ordinal) - 1
         ids: list[str] = self.shards[k]["ids"]
@@ -230,6 +261,12 @@ class Index:
         return files
 
     # -------------------------------------------------------------------------------------- prefixes
+
+    def check_prefix(self) -> None:
+        """The prefix index's bytes against the manifest, without keeping them (unless they are kept already)."""
+        m = self.prefix_meta
+        if m is not None and self._prefix is None:
+            self._read_checked(m["file"], m["sha256"], m["size"], MAX_PREFIX_BYTES, "prefix index")
 
     def prefix_records(self) -> bytes | None:
         if self.prefix_meta is None:

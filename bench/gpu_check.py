@@ -511,7 +511,8 @@ def part_library(args: argparse.Namespace, device: str, budget: Budget, lm: mode
                         "sample": {k: res["sample"][k] for k in ("method", "weighting", "nonce", "nonce_source",
                                                                  "population", "population_tokens", "size", "entries")},
                         "bound": res["bound"], "bound_sentence": sampling.sentence(res["bound"]),
-                        "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]), entries),
+                        "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]),
+                                                           rel.entry_ids(), rel.token_counts()),
                         "one_percent_sample": sampling.sample_size(BOUND, len(entries))}
         out["audit"]["tokens_per_s"] = out["audit"]["sampled_tokens"] / secs
         print(f"[{budget.elapsed():.0f} s] sampled audit: {out['audit']['bound_sentence']} ({secs:.1f} s)")

@@ -6,7 +6,9 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,13 +36,34 @@ def inspect_cmd(
     and whom they name, and its entries; reads the manifest only, no tensor bytes. `kvgraft verify` checks it."""
     from kvgraft import inspection
 
-    doc = (inspection.inspect_entry(release, entry) if entry is not None
-           else inspection.inspect(release, offset=offset, limit=limit or None))
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    if entry is not None:
+        doc = inspection.inspect_entry(release, entry)
+        if as_json:
+            typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+            return
+        for r in entry_renderables(doc, out):
+            out.print(r)
         return
-    for r in (entry_renderables(doc, out) if entry is not None else renderables(doc, out)):
+    # The rows are printed as they are read: listing every entry holds a few index shards, not every record.
+    doc, rows = inspection.listing(release, offset=offset, limit=limit or None)
+    if as_json:
+        echo_streamed(doc, rows)
+        return
+    for r in renderables(doc, rows, out):
         out.print(r)
+
+
+def echo_streamed(doc: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
+    """Print `doc` with `rows` as its entries' rows, the text json.dumps(indent=2) gives, one row at a time."""
+    marker = "\x00rows"  # split at its last occurrence: the rows are the document's last member, after any text
+    head, tail = json.dumps({**doc, "entries": {**doc["entries"], "rows": marker}}, indent=2,  # from the release
+                            ensure_ascii=False).rsplit(json.dumps(marker), 1)
+    typer.echo(head, nl=False)
+    opening = "[\n      "
+    for row in rows:
+        typer.echo(opening + json.dumps(row, indent=2, ensure_ascii=False).replace("\n", "\n      "), nl=False)
+        opening = ",\n      "
+    typer.echo(("[]" if opening.startswith("[") else "\n    ]") + tail)
 
 
 def _lines(width: int, title: str, rows: list[tuple[str, str]]) -> Text:
@@ -89,15 +112,16 @@ def header_renderables(doc: dict[str, Any], console: Console) -> list[Renderable
     return out
 
 
-def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
+def entries_renderable(doc: dict[str, Any], page: list[dict[str, Any]], console: Console, *,
+                       titled: bool = True) -> RenderableType:
     e = doc["entries"]
     first, last = e["offset"] + 1, e["offset"] + e["shown"]
     title = (f"entries {first}-{last} of {num(e['total'])}" if e["shown"] else
-             f"no entries shown (offset {e['offset']} of {num(e['total'])})")
+             f"no entries shown (offset {e['offset']} of {num(e['total'])})") if titled else None
     headers = ["id", "tokens", "bytes", "source", "first words"]
     rows = [[plain(r["id"]), num(r["num_tokens"]), num(r["bytes"]), plain(r["source_kind"]), plain(r["preview"])]
-            for r in e["rows"]]
-    t = Table(title=title, title_justify="left")
+            for r in page]
+    t = Table(title=title, title_justify="left", show_header=titled)
     for i, h in enumerate(headers):
         t.add_column(h, justify="right" if i in (1, 2) else "left")
     for row in rows:
@@ -105,16 +129,23 @@ def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
     return fitted(console, t, headers, rows)
 
 
-def renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
-    """The whole inspection: header, signatures, entries; the command to page on when more remain."""
-    out = header_renderables(doc, console)
-    out.append(entries_renderable(doc, console))
+BLOCK_ROWS = 1000  # rows laid out as one table: a listing of every entry is printed a block at a time
+
+
+def renderables(doc: dict[str, Any], rows: Iterable[dict[str, Any]], console: Console) -> Iterator[RenderableType]:
+    """The whole inspection: header, signatures, entries (`rows`, consumed a block at a time); the command to
+    page on when more remain."""
+    yield from header_renderables(doc, console)
+    it = iter(rows)
+    block = list(itertools.islice(it, BLOCK_ROWS))
+    yield entries_renderable(doc, block, console)
+    while block := list(itertools.islice(it, BLOCK_ROWS)):
+        yield entries_renderable(doc, block, console, titled=False)
     e = doc["entries"]
     rest = e["total"] - e["offset"] - e["shown"]
     if rest > 0:
-        out.append(Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
-                        "kvgraft inspect RELEASE ID", style="dim"))
-    return out
+        yield Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
+                   "kvgraft inspect RELEASE ID", style="dim")
 
 
 def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:

@@ -1,7 +1,7 @@
 """The indexed release layout (format version 2): entry records in index shards read one at a time, and a prefix index.
 
 manifest.json holds the header (model, schedule, environment) and `index`: every shard's file, SHA-256,
-size and entry ids, and the prefix index's file and digest. The root digest covers all of it, so the
+size, entry ids and their token counts, and the prefix index's file and digest. The root digest covers all of it, so the
 signed root binds each shard's bytes, hence each entry record (token ids, tensor digests, file digest).
 Opening a release reads manifest.json only; a shard is read, hashed and checked against the manifest
 the first time one of its entries is asked for (docs/release-format.md). Imports no torch.
@@ -131,8 +131,7 @@ class Index:
                 seen.add(eid)
         if count != idx["entries"]:
             raise InputError(f"{self.where}: index says {idx['entries']} entries, its shards list {count}")
-        self.counts_listed = all("num_tokens" in s for s in self.shards)
-        if self.counts_listed and listed_tokens != idx["tokens"]:
+        if all("num_tokens" in s for s in self.shards) and listed_tokens != idx["tokens"]:
             raise InputError(f"{self.where}: index says {idx['tokens']} tokens, its shards' token counts sum to "
                              f"{listed_tokens}")
         self.count = count

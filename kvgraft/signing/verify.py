@@ -46,6 +46,7 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import (
+    CheckedEntry,
     CheckedRelease,
     ManifestCheck,
     check_entry,
@@ -232,8 +233,9 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     checked = _check_files(root, policy, read, oms_read, oms_path, scope, deep)
     drawn = _draw(checked, sample, nonce) if sample is not None else None
     if drawn is not None:
-        entries, deep = drawn["entries"], True
-    checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
+        checked_entries, tensors, hashed = _check_sample(checked, drawn["entries"], oms_read, oms_path)
+    else:
+        checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
     if oms_read is not None:
         _compare_oms_list(oms_read, checked, read, oms_path, scope)
     m = checked.manifest
@@ -249,14 +251,29 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
 
 
 def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> dict[str, Any]:
-    """`--sample`: every index record checked (one shard held at a time), then the sample drawn from the
-    root digest and the nonce as a sampled audit draws it (kvgraft.sampling)."""
-    checked.bytes_hashed += check_index(checked.release)
+    """`--sample`: the sample drawn from the root digest and the nonce as a sampled audit draws it
+    (kvgraft.sampling), from the ids and token counts the manifest lists."""
     rel = checked.release
     source = "given" if nonce is not None else "drawn"
     nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
     return sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(), rel.token_counts(), size,
                                   nonce_source=source)
+
+
+def _check_sample(checked: CheckedRelease, drawn: list[str], oms_read: tuple[dict[str, str], str | None] | None,
+                  oms_path: Path) -> tuple[list[str], int, int]:
+    """`--sample`: every index record (release.integrity.check_index), and each drawn entry's file, every
+    tensor re-hashed, while its shard is held: one pass over the index, no shard read twice."""
+    wanted = set(drawn)
+    done: list[CheckedEntry] = []
+
+    def each(entry: dict[str, Any]) -> None:
+        if entry["id"] in wanted:
+            done.append(_check_entry(checked, entry["id"], True, oms_read, oms_path))
+
+    index_bytes = check_index(checked.release, each)
+    return (list(drawn), checked.tensors + sum(one.tensors for one in done),
+            checked.bytes_hashed + index_bytes + sum(one.bytes_hashed for one in done))
 
 
 @dataclass
@@ -398,20 +415,24 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: tuple[
 def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
                    oms_read: tuple[dict[str, str], str | None] | None, oms_path: Path) -> tuple[list[str], int, int]:
     """`--entry ID`: those entries' files (size, SHA-256, header), and against the OMS file list when there is one."""
-    oms_files = oms_read[0] if oms_read is not None else None
-    checked_entries: list[str] = []
     tensors, hashed = checked.tensors, checked.bytes_hashed
     for eid in entries:
-        one = check_entry(checked.release, eid, deep=deep)
+        one = _check_entry(checked, eid, deep, oms_read, oms_path)
         tensors, hashed = tensors + one.tensors, hashed + one.bytes_hashed
-        checked_entries.append(eid)
-        if oms_files is not None:
-            meta = checked.release.file_meta(one.entry)
-            if oms_files.get(one.entry["file"]) != meta["sha256"]:
-                raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
-                                        f"{one.entry['file']} (entry {eid!r}) with sha256 "
-                                        f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
-    return checked_entries, tensors, hashed
+    return list(entries), tensors, hashed
+
+
+def _check_entry(checked: CheckedRelease, eid: str, deep: bool, oms_read: tuple[dict[str, str], str | None] | None,
+                 oms_path: Path) -> CheckedEntry:
+    one = check_entry(checked.release, eid, deep=deep)
+    oms_files = oms_read[0] if oms_read is not None else None
+    if oms_files is not None:
+        meta = checked.release.file_meta(one.entry)
+        if oms_files.get(one.entry["file"]) != meta["sha256"]:
+            raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
+                                    f"{one.entry['file']} (entry {eid!r}) with sha256 "
+                                    f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
+    return one
 
 
 def _compare_oms_list(oms_read: tuple[dict[str, str], str | None], checked: CheckedRelease, read: _Read,

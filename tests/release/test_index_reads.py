@@ -158,7 +158,8 @@ def _independent_bound(n: int, population: int, damaged: int) -> tuple[int, floa
     return most, 1 - comb(population - damaged, n) / comb(population, n)
 
 
-def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened: list[release_index.Index]) -> None:
+def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened: list[release_index.Index],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     out = runner.invoke(app, ["verify", str(base), "--sample", "4", "--nonce", "c0ffee", "--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
@@ -170,6 +171,12 @@ def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened
     chosen, record = choose(Release.open(base), sample=4, nonce="c0ffee")
     assert doc["checked_entries"] == printed == record["entries"] == [e["id"] for e in chosen]
     assert doc["scope"] == "sample" and doc["sample"]["positions"] == record["positions"]
+    # One pass over the index: each drawn entry's file is checked while its shard is held, none read twice.
+    opened.clear()
+    monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
+    assert verify_release(base, sample=4, nonce="c0ffee").checked_entries == record["entries"]
+    assert sorted(k for idx in opened for k in idx.shards_read) == [0, 1, 2, 3]
+    monkeypatch.undo()
     most, caught = _independent_bound(4, ENTRIES, 1)  # 1% of 10 entries, rounded up: 1
     b = doc["bound"]
     assert (b["max_damaged_entries"], b["if_damaged_entries"]) == (most, 1)

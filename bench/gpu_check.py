@@ -485,7 +485,8 @@ def library_audit(args: argparse.Namespace, device: str, state: dict[str, Any], 
                                                              "population", "population_tokens", "size", "entries")},
                     "positions": res["sample"]["positions"],
                     "bound": res["bound"], "bound_sentence": sampling.sentence(res["bound"]),
-                    "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]), entries),
+                    "rederived": sampling.check_sample(res["sample"], str(rel.manifest["root_digest"]),
+                                                        rel.entry_ids(), rel.token_counts()),
                     "one_percent_sample": sampling.sample_size(BOUND, len(entries)),
                     "tokens_per_s": sum(e["num_tokens"] for e in es) / secs}
     print(f"sampled audit: {lib['audit']['bound_sentence']} ({secs:.1f} s)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,11 +87,16 @@ class Listing:
         return len(self._release.subject_files()) + self._release.num_entries
 
     def page(self, offset: int, limit: int | None) -> list[dict[str, Any]]:
+        return list(self.iter_page(offset, limit))
+
+    def iter_page(self, offset: int, limit: int | None) -> Iterator[dict[str, Any]]:
+        """A page's records, each read as it is consumed (format 2: a few shards held at a time)."""
+        end = None if limit is None else offset + limit
         if self._release.index is None:
-            entries = self._release.manifest["entries"]
-            return list(entries[offset:None if limit is None else offset + limit])
-        ids = self._release.entry_ids()[offset:None if limit is None else offset + limit]
-        return [self._release.entry(eid) for eid in ids]
+            yield from self._release.manifest["entries"][offset:end]
+            return
+        for eid in self._release.entry_ids()[offset:end]:
+            yield self._release.entry(eid)
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         return self._release.entry(entry_id)
@@ -278,19 +284,27 @@ def signatures(root: Path, manifest_root: str) -> list[dict[str, Any]]:
 
 def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> dict[str, Any]:
     """The release's header, signature files and a page of its entries (`offset`, at most `limit`; None: all)."""
+    doc, rows = listing(root, offset=offset, limit=limit)
+    doc["entries"]["rows"] = list(rows)
+    return doc
+
+
+def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """`inspect`'s document without its rows, and the rows, each read as it is consumed: a listing of every
+    entry printed as it is read holds a few index shards, whatever the number of entries."""
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError(f"--offset {offset} / --limit {limit}: expected numbers of at least 0")
-    listing = Listing.open(root)
-    header = listing.header()
-    page = listing.page(offset, limit)
-    total = listing.count()
-    return {
+    lst = Listing.open(root)
+    header = lst.header()
+    total = lst.count()
+    shown = max(0, total - offset) if limit is None else max(0, min(limit, total - offset))
+    doc = {
         "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-        "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED, **header,
-        "files": listing.files(), "signatures": signatures(listing.root, header["root_digest"]),
-        "entries": {"total": total, "offset": offset, "shown": len(page),
-                    "rows": [entry_row(listing, e) for e in page]},
+        "release": lst.shown or str(lst.root), "verified": False, "note": NOT_VERIFIED, **header,
+        "files": lst.files(), "signatures": signatures(lst.root, header["root_digest"]),
+        "entries": {"total": total, "offset": offset, "shown": shown},
     }
+    return doc, (entry_row(lst, e) for e in lst.iter_page(offset, limit))
 
 
 def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:

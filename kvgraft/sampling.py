@@ -88,17 +88,18 @@ def draw(root: str, nonce: str, population: int, size: int, option: str = "--sam
     return order(root, nonce, population)[:size]
 
 
-def sample_record(root: str, nonce: str, entries: Sequence[dict[str, Any]], size: int, *,
+def sample_record(root: str, nonce: str, ids: Sequence[str], tokens: Sequence[int], size: int, *,
                   nonce_source: str) -> dict[str, Any]:
-    """What a result records of its sample: enough for anyone with the release to re-derive it."""
-    picked = draw(root, nonce, len(entries), size)
+    """What a result records of its sample: enough for anyone with the release to re-derive it. `ids` and
+    `tokens`: every entry's id and num_tokens in release order (Release.entry_ids, Release.token_counts)."""
+    picked = draw(root, nonce, len(ids), size)
     return {"method": METHOD, "weighting": WEIGHTING, "root_digest": root, "nonce": nonce, "nonce_source": nonce_source,
-            "population": len(entries), "population_tokens": sum(int(e["num_tokens"]) for e in entries),
-            "size": size, "positions": picked, "entries": [str(entries[i]["id"]) for i in picked]}
+            "population": len(ids), "population_tokens": sum(tokens),
+            "size": size, "positions": picked, "entries": [str(ids[i]) for i in picked]}
 
 
-def check_sample(recorded: dict[str, Any], root: str, entries: Sequence[dict[str, Any]]) -> list[str]:
-    """Re-derive a recorded sample from the release (its root and entry list): the differences, [] if none.
+def check_sample(recorded: dict[str, Any], root: str, ids: Sequence[str], tokens: Sequence[int]) -> list[str]:
+    """Re-derive a recorded sample from the release (its root, entry ids and token counts): the differences, [] if none.
 
     Values are compared as JSON (`true` is not 1), and each is quoted cut to 120 characters (it came from a file)."""
     problems = []
@@ -106,16 +107,16 @@ def check_sample(recorded: dict[str, Any], root: str, entries: Sequence[dict[str
         return [f"method {short_repr(recorded.get('method'))} is not {METHOD!r}"]
     if not _same(recorded.get("root_digest"), root):
         problems.append(f"recorded root digest {short_repr(recorded.get('root_digest'))} is not the release's {root}")
-    if not _same(recorded.get("population"), len(entries)):
+    if not _same(recorded.get("population"), len(ids)):
         problems.append(f"recorded population {short_repr(recorded.get('population'))} is not the release's "
-                        f"{len(entries)} entries")
+                        f"{len(ids)} entries")
     size, nonce = recorded.get("size"), recorded.get("nonce")
-    if type(size) is not int or not 1 <= size <= len(entries):
-        return [*problems, f"recorded size {short_repr(size)} is not 1 to {len(entries)}"]
+    if type(size) is not int or not 1 <= size <= len(ids):
+        return [*problems, f"recorded size {short_repr(size)} is not 1 to {len(ids)}"]
     if not isinstance(nonce, str) or not NONCE_RE.fullmatch(nonce):
         return [*problems, f"recorded nonce {short_repr(nonce)} is not 1 to 256 printable ASCII characters without "
                            f"spaces"]
-    again = sample_record(root, nonce, entries, size, nonce_source="re-derived")
+    again = sample_record(root, nonce, ids, tokens, size, nonce_source="re-derived")
     for k in ("positions", "entries"):
         if not _same(recorded.get(k), again[k]):
             problems.append(f"recorded {k} differ from the re-derived ones (first re-derived: {again[k][:5]})")
@@ -174,6 +175,14 @@ def upper_bound(k: int, n: int, population: int, confidence: float = CONFIDENCE)
     return lo
 
 
+def detection(damaged: int, n: int, population: int) -> Fraction:
+    """P(a sample of n out of `population` holds at least one of `damaged` entries), exactly:
+    1 - C(population - damaged, n) / C(population, n)."""
+    if not 0 <= damaged <= population or not 0 <= n <= population:
+        raise InputError(f"detection: expected 0 <= damaged, n <= N, got damaged={damaged}, n={n}, N={population}")
+    return 1 - Fraction(_cdf_scaled(0, population, damaged, n), comb(population, n))
+
+
 def sample_size(fraction: float, population: int, confidence: float = CONFIDENCE) -> int:
     """The smallest n for which 0 failing of n bounds the failing entries by `fraction` of `population`."""
     if not 0 < fraction < 1:
@@ -228,6 +237,42 @@ def bound(failing: Sequence[bool], sampled_tokens: Sequence[int], unsampled_toke
     bad_tokens = sum(t for f, t in zip(failing, sampled_tokens, strict=True) if f)
     return Bound(k, n, population, d, sum(sampled_tokens) + sum(unsampled_tokens), bad_tokens,
                  token_bound(bad_tokens, unsampled_tokens, d - k), confidence)
+
+
+DETECT_FRACTION = 0.01  # the damage a sampled verification states its chance of catching
+
+
+def check_bound(n: int, population: int, confidence: float = CONFIDENCE,
+                fraction: float = DETECT_FRACTION) -> dict[str, Any]:
+    """What a sample of n of `population` entries with no damaged entry says of the release (`kvgraft
+    verify --sample`): the exact one-sided upper bound on damaged entries, and the exact probability that
+    such a sample holds at least one damaged entry had `fraction` of the entries (rounded up) been damaged."""
+    most = upper_bound(0, n, population, confidence)
+    damaged = max(1, -(-Fraction(str(fraction)) * population // 1))  # ceil, exactly
+    caught = detection(int(damaged), n, population)
+    return {"confidence": confidence, "damaged": 0, "sampled": n, "population": population,
+            "max_damaged_entries": most, "max_damaged_fraction": most / population, "method": BOUND_METHOD,
+            "if_damaged_fraction": fraction, "if_damaged_entries": int(damaged),
+            "detection_probability": float(caught), "detection_at_least": pct_floor(caught)}
+
+
+def check_sentence(b: dict[str, Any]) -> str:
+    """'0 of 200 sampled entries damaged: at most 1.5% of 10,000 entries ...; if 1% ... probability ≥ 86.6%'."""
+    conf = f"{100 * float(b['confidence']):g}%"
+    return (f"{b['damaged']} of {b['sampled']:,} sampled entries damaged: at most {pct(float(b['max_damaged_fraction']))} "
+            f"of {b['population']:,} entries are damaged ({b['max_damaged_entries']:,}), {conf} one-sided, exact "
+            f"hypergeometric; if {100 * float(b['if_damaged_fraction']):g}% of the entries ({b['if_damaged_entries']:,}) "
+            f"were damaged, this check would have caught one with probability ≥ {b['detection_at_least']}")
+
+
+def pct_floor(p: Fraction) -> str:
+    """A probability as a percentage rounded down (a '>=' stays true), with the digits pct uses."""
+    digits = 1 if p >= Fraction(1, 100) else 2 if p >= Fraction(1, 1000) else 3
+    scale = 10 ** digits
+    if p >= 1:
+        return "100%"
+    v = int(100 * scale * p)  # floor: p is not negative
+    return f"{v // scale}.{v % scale:0{digits}d}%"
 
 
 def pct(x: float) -> str:

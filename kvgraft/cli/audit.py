@@ -138,8 +138,8 @@ def recompute_cmd(
     if target_fraction is not None:
         if sample is not None:
             raise InputError("--sample and --target-fraction exclude each other")
-        sample = sampling.sample_size(target_fraction, len(rel.entries))
-        say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {len(rel.entries):,} entries bounds the "
+        sample = sampling.sample_size(target_fraction, rel.num_entries)
+        say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {rel.num_entries:,} entries bounds the "
             f"failing entries at {sampling.pct(target_fraction)} (95%) when none of them fails", error=True)
     override = reapply.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
     recorded = rel.manifest["environment"]
@@ -248,16 +248,17 @@ def sample_cmd(
     from kvgraft.remote import local_root
 
     rel = Release.open(local_root(release))  # the root digest is checked against the manifest it commits to
-    root, entries = str(rel.manifest["root_digest"]), rel.entries
+    # Ids and token counts come from the manifest (the root binds them): no index shard is read.
+    root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()
     if check is None:
         if nonce is None or size is None:
             raise InputError("pass --nonce and --size, or --check RESULT.json")
-        for i in sampling.draw(root, sampling.check_nonce(nonce), len(entries), size, option="--size"):
-            say(entries[i]["id"])
+        for i in sampling.draw(root, sampling.check_nonce(nonce), len(ids), size, option="--size"):
+            say(ids[i])
         return
     doc = load_file(check)
     recorded = _recorded_sample(doc, check)
-    problems = sampling.check_sample(recorded, root, entries)
+    problems = sampling.check_sample(recorded, root, ids, rel.token_counts())
     if problems:
         say(f"kvgraft: {check}: sample NOT re-derived: " + "; ".join(problems), error=True)
         raise typer.Exit(1)

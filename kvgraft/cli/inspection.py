@@ -6,6 +6,9 @@ shows control characters as escapes, so a hostile id or text cannot add lines or
 
 from __future__ import annotations
 
+import itertools
+import json
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out, plain
-from kvgraft.reporting.render import fitted, hanging, kv_lines, natural_width, num
+from kvgraft.reporting.render import fitted, hanging, json_text, kv_lines, natural_width, num
 
 # The narrowest "first words" column worth showing; narrower, the entries are listed as paragraphs.
 MIN_PREVIEW = 16
@@ -39,13 +42,34 @@ def inspect_cmd(
     and whom they name, and its entries; reads the manifest only, no tensor bytes. `kvgraft verify` checks it."""
     from kvgraft import inspection
 
-    doc = (inspection.inspect_entry(release, entry) if entry is not None
-           else inspection.inspect(release, offset=offset, limit=limit or None))
-    if as_json:
-        echo_json(doc)
+    if entry is not None:
+        doc = inspection.inspect_entry(release, entry)
+        if as_json:
+            echo_json(doc)
+            return
+        for r in entry_renderables(doc, out):
+            out.print(r)
         return
-    for r in (entry_renderables(doc, out) if entry is not None else renderables(doc, out)):
+    # The rows are printed as they are read: listing every entry holds a few index shards, not every record.
+    doc, rows = inspection.listing(release, offset=offset, limit=limit or None)
+    if as_json:
+        echo_streamed(doc, rows)
+        return
+    for r in renderables(doc, rows, out):
         out.print(r)
+
+
+def echo_streamed(doc: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
+    """Print `doc` with `rows` as its entries' rows, the text echo_json gives (render.json_text: hidden
+    characters escaped), one row at a time."""
+    marker = "\x00rows"  # split at its last occurrence: the rows are the document's last member, after any text
+    head, tail = json_text({**doc, "entries": {**doc["entries"], "rows": marker}}).rsplit(json.dumps(marker), 1)
+    typer.echo(head, nl=False)
+    opening = "[\n      "
+    for row in rows:
+        typer.echo(opening + json_text(row).replace("\n", "\n      "), nl=False)
+        opening = ",\n      "
+    typer.echo(("[]" if opening.startswith("[") else "\n    ]") + tail)
 
 
 def _lines(width: int, title: str, rows: list[tuple[str, str]]) -> Text:
@@ -96,17 +120,18 @@ def header_renderables(doc: dict[str, Any], console: Console) -> list[Renderable
     return out
 
 
-def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
+def entries_renderable(doc: dict[str, Any], page: list[dict[str, Any]], console: Console, *,
+                       titled: bool = True) -> RenderableType:
     e = doc["entries"]
     first, last = e["offset"] + 1, e["offset"] + e["shown"]
     title = (f"entries {first}-{last} of {num(e['total'])}" if e["shown"] else
-             f"no entries shown (offset {e['offset']} of {num(e['total'])})")
+             f"no entries shown (offset {e['offset']} of {num(e['total'])})") if titled else None
     headers = ["id", "tokens", "bytes", "source", "first words"]
     rows = [[plain(r["id"]), num(r["num_tokens"]), num(r["bytes"]), plain(r["source_kind"]), plain(r["preview"])]
-            for r in e["rows"]]
+            for r in page]
 
     def table(preview_width: int | None) -> Table:
-        t = Table(title=title, title_justify="left")
+        t = Table(title=title, title_justify="left", show_header=titled)
         for i, h in enumerate(headers[:-1]):
             t.add_column(h, justify="right" if i in (1, 2) else "left")
         t.add_column(headers[-1], no_wrap=True, overflow="ellipsis", max_width=preview_width)
@@ -121,16 +146,23 @@ def entries_renderable(doc: dict[str, Any], console: Console) -> RenderableType:
     return fitted(console, t, headers, rows)
 
 
-def renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
-    """The whole inspection: header, signatures, entries; the command to page on when more remain."""
-    out = header_renderables(doc, console)
-    out.append(entries_renderable(doc, console))
+BLOCK_ROWS = 1000  # rows laid out as one table: a listing of every entry is printed a block at a time
+
+
+def renderables(doc: dict[str, Any], rows: Iterable[dict[str, Any]], console: Console) -> Iterator[RenderableType]:
+    """The whole inspection: header, signatures, entries (`rows`, consumed a block at a time); the command to
+    page on when more remain."""
+    yield from header_renderables(doc, console)
+    it = iter(rows)
+    block = list(itertools.islice(it, BLOCK_ROWS))
+    yield entries_renderable(doc, block, console)
+    while block := list(itertools.islice(it, BLOCK_ROWS)):
+        yield entries_renderable(doc, block, console, titled=False)
     e = doc["entries"]
     rest = e["total"] - e["offset"] - e["shown"]
     if rest > 0:
-        out.append(Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
-                        "kvgraft inspect RELEASE ID", style="dim"))
-    return out
+        yield Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
+                   "kvgraft inspect RELEASE ID", style="dim")
 
 
 def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:

@@ -19,6 +19,14 @@ PassphraseEnvOpt = Annotated[
     str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
 
 
+def _bytes(n: float) -> str:
+    """A byte count with the unit that shows its digits (3.1 MiB, not 0.00 GiB)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} bytes"
+
+
 def _quiet_sigstore() -> None:
     """sigstore logs advisories (e.g. "TUF repository is loaded in offline mode") on stderr, where a
     failed verification must leave exactly one line; --verbose keeps them."""
@@ -117,6 +125,13 @@ def verify(
     deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
     entry: Annotated[list[str] | None, typer.Option(
         "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
+    sample: Annotated[int | None, typer.Option(
+        "--sample", metavar="N", help="Check the signature, the manifest and every index record, and the bytes of N "
+                                      "entries drawn from the signed root digest and --nonce (the draw of `audit "
+                                      "recompute --sample`); states the 95% bound on damaged entries.")] = None,
+    nonce: Annotated[str | None, typer.Option(
+        "--nonce", metavar="X", help="The nonce the --sample draw uses, e.g. the commit id a CI job runs on (default: "
+                                     "a fresh random one, printed).")] = None,
     require_signature: RequireSignatureOpt = False,
     oms_signature: Annotated[Path | None, typer.Option(
         "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,
@@ -133,7 +148,8 @@ def verify(
         # each key must verify one of the signatures, so a stray one fails
         policy = keys_policy(key, identity=identity, issuer=issuer, trust=trust, require_signature=require_signature,
                              oms_signature=oms_signature)
-        result = verify_release(release, policy=policy, deep=deep, entries=entry or None)
+        result = verify_release(release, policy=policy, deep=deep, entries=entry or None, sample=sample,
+                                nonce=nonce)
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.
         code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
@@ -144,18 +160,26 @@ def verify(
     if as_json:
         echo_json(result.as_dict())
         return
-    gib = result.bytes_hashed / 2**30
     say(f"verified {release}")
     say(f"  signature    {result.signature.describe()}")
-    if result.scope == "entries":
+    if result.sample is not None and result.bound is not None:
+        from kvgraft.sampling import check_sentence
+
+        s = result.sample
+        say(f"  index        every index record of the {result.entries:,} entries checked against the manifest")
+        say(f"  sample       {s['size']:,} of {s['population']:,} entries drawn from the root digest and nonce "
+            f"{s['nonce']!r} ({s['nonce_source']}; {s['method']}, the draw of `kvgraft audit sample RELEASE --nonce "
+            f"{s['nonce']} --size {s['size']}`): every byte of their files checked, every tensor re-hashed "
+            f"({', '.join(s['entries'][:5])}{', ...' if s['size'] > 5 else ''})")
+        say(f"  bound        {check_sentence(result.bound)}")
+    elif result.scope == "entries":
         say(f"  entries      {len(result.checked_entries)} of {result.entries} checked ({', '.join(result.checked_entries[:5])}"
             f"{', ...' if len(result.checked_entries) > 5 else ''}), {result.tensors} tensors"
             f"{' (every tensor re-hashed)' if deep else ''}; the other entries' files were not read")
     else:
         say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
             f"{' (every tensor re-hashed)' if deep else ''}")
-    rate = result.throughput / 2**30
-    say(f"  hashed       {gib:.2f} GiB in {result.seconds:.2f} s ({rate:.2f} GiB/s)")
+    say(f"  hashed       {_bytes(result.bytes_hashed)} in {result.seconds:.2f} s ({_bytes(result.throughput)}/s)")
     say(f"  root digest  {result.root_digest}")
     for warning in result.warnings:
         say(f"kvgraft: note: {warning}", error=True)

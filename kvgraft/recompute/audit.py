@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -405,9 +405,11 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
         raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
     source = nonce_source or ("given" if nonce is not None else "drawn")
     nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
-    population = rel.entries
-    record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, population, sample, nonce_source=source)
-    return [population[i] for i in record["positions"]], record
+    # Drawn from the ids and token counts the manifest lists: only the sampled entries' records are read.
+    ids = rel.entry_ids()
+    record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids, rel.token_counts(), sample,
+                                    nonce_source=source)
+    return [rel.entry(ids[i]) for i in record["positions"]], record
 
 
 def failing(entry: dict[str, Any], require: str) -> bool:
@@ -418,10 +420,11 @@ def failing(entry: dict[str, Any], require: str) -> bool:
 FAIL_MEANS = {"exact": "not byte-exact", "consistent": "inconsistent"}
 
 
-def bound(result: dict[str, Any], population: list[dict[str, Any]]) -> dict[str, Any]:
-    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling)."""
+def bound(result: dict[str, Any], ids: Sequence[str], tokens: Sequence[int]) -> dict[str, Any]:
+    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling), whose
+    entries have these ids and token counts (in release order)."""
     judged = {e["id"] for e in result["entries"]}
-    rest = [int(e["num_tokens"]) for e in population if e["id"] not in judged]
+    rest = [n for i, n in zip(ids, tokens, strict=True) if i not in judged]
     b = sampling.bound([failing(e, result["require"]) for e in result["entries"]],
                        [int(e["num_tokens"]) for e in result["entries"]], rest)
     return b.as_dict(FAIL_MEANS[result["require"]])
@@ -510,7 +513,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     if drawn is not None:
         result["sample"] = drawn
     if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
-        result["bound"] = bound(result, rel.entries)
+        result["bound"] = bound(result, rel.entry_ids(), rel.token_counts())
     result["statements"] = statements(result)
     return result
 
@@ -554,10 +557,10 @@ def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, A
         by_id[i] = r
     recomputed = sum(tokens[str(e["id"])] for e in todo)
     rate = recomputed / wall if recomputed and wall > 0 else None
-    library = sum(int(e["num_tokens"]) for e in rel.entries)
+    library = sum(rel.token_counts())  # from the manifest: no index shard read for the ledger
     result["cost"] = {"entries_recomputed": len(todo), "entries_resumed": len(done), "tokens_recomputed": recomputed,
                       "tokens_resumed": state["tokens_resumed"], "wall_seconds": wall, "tokens_per_second": rate,
-                      "library_entries": len(rel.entries), "library_tokens": library,
+                      "library_entries": rel.num_entries, "library_tokens": library,
                       "projected_library_seconds": library / rate if rate else None}
     return [by_id[str(e["id"])] for e in chosen]
 

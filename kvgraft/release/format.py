@@ -13,6 +13,7 @@ import shutil
 import stat
 import struct
 import tempfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ from kvgraft.release.records import token_ids_digest as token_ids_digest
 from kvgraft.schema import CACHE_MANIFEST, CACHE_MANIFEST_V2, validate
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
 FORMAT = "kvgraft-cache-release"
@@ -49,6 +52,7 @@ OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder 
 # which the model_signing CLI leaves out of what it signs, is no part of the release either.
 REPOSITORY_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+CHECKED_HEADERS = 1024  # entries whose checked safetensors header an opened release remembers
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -100,8 +104,9 @@ class Release:
     root: Path
     manifest: dict[str, Any]
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
-    _checked_headers: dict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
-        default_factory=dict, repr=False, compare=False)
+    # (the most recent CHECKED_HEADERS entries: a pass over every entry, as verify makes, keeps no more)
+    _checked_headers: OrderedDict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
+        default_factory=OrderedDict, repr=False, compare=False)
     _index: release_index.Index | None = field(default=None, repr=False, compare=False)
     _by_id: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     _prefix: release_index.PrefixTable | None = field(default=None, repr=False, compare=False)
@@ -137,12 +142,26 @@ class Release:
             return self._index.ids()
         return [e["id"] for e in self.manifest["entries"]]
 
+    def token_counts(self) -> list[int]:
+        """Every entry's num_tokens in release order, without reading any entry record (format 2: from the
+        manifest's per-shard counts; a manifest without them has each shard read for them)."""
+        if self._index is not None:
+            return self._index.token_counts()
+        return [int(e["num_tokens"]) for e in self.manifest["entries"]]
+
     @property
     def entries(self) -> list[dict[str, Any]]:
-        """Every entry record (format 2: every shard is read and checked; cost grows with the index)."""
+        """Every entry record (format 2: every shard is read and checked, and every record kept: cost and
+        memory grow with the index; `iter_entries`, `entry_ids` and `token_counts` do not keep them)."""
         if self._index is not None:
             return [dict(e) for e in self._index.all_entries()]
         return list(self.manifest["entries"])
+
+    def iter_entries(self) -> Iterator[dict[str, Any]]:
+        """Every entry record in release order, each checked, one shard held at a time (format 2)."""
+        if self._index is not None:
+            return (dict(e) for e in self._index.all_entries())
+        return (dict(e) for e in self.manifest["entries"])
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         if self._index is not None:
@@ -246,6 +265,7 @@ class Release:
         tensors = entry["tensors"]
         seen = self._checked_headers.get(entry["id"])
         if seen is not None and (seen[0] is tensors or seen[0] == tensors) and seen[1] == raw:
+            self._checked_headers.move_to_end(entry["id"])
             return seen[2]
         want_header = entry.get("header_sha256")
         if want_header is not None:
@@ -276,6 +296,8 @@ class Release:
             if at != size:
                 raise IntegrityError(f"{path}: entry {entry['id']!r}: bytes [{at}, {size}) belong to no tensor")
         self._checked_headers[entry["id"]] = (tensors, raw, parsed)
+        if len(self._checked_headers) > CHECKED_HEADERS:
+            self._checked_headers.popitem(last=False)
         return parsed
 
 
@@ -379,8 +401,10 @@ class ReleaseWriter:
                "files": self._shard_files}
         data = jsonio.canonical(doc)
         (self.tmp / name).write_bytes(data)  # made durable by finish
+        # The token counts beside the ids: a sample is drawn and bounded from the manifest alone.
         self._shards.append({"file": name, "sha256": sha256_hex(data), "size": len(data),
-                             "ids": [e["id"] for e in self._shard]})
+                             "ids": [e["id"] for e in self._shard],
+                             "num_tokens": [int(e["num_tokens"]) for e in self._shard]})
         self._shard, self._shard_files = [], {}
 
     def finish(self, header: dict[str, Any]) -> dict[str, Any]:

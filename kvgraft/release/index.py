@@ -1,7 +1,7 @@
 """The indexed release layout (format version 2): entry records in index shards read one at a time, and a prefix index.
 
 manifest.json holds the header (model, schedule, environment) and `index`: every shard's file, SHA-256,
-size and entry ids, and the prefix index's file and digest. The root digest covers all of it, so the
+size, entry ids and their token counts, and the prefix index's file and digest. The root digest covers all of it, so the
 signed root binds each shard's bytes, hence each entry record (token ids, tensor digests, file digest).
 Opening a release reads manifest.json only; a shard is read, hashed and checked against the manifest
 the first time one of its entries is asked for (docs/release-format.md). Imports no torch.
@@ -144,12 +144,18 @@ class Index:
         self.starts: list[int] = []
         names: set[str] = set()
         count = 0
+        listed_tokens = 0  # the token counts the manifest lists (num_tokens, per shard)
         for k, shard in enumerate(self.shards):
             name = check_relpath(shard["file"], f"{self.where}: index shard {k}")
             if not name.startswith(f"{INDEX_DIR}/") or name in names or name == PREFIX_FILE:
                 raise InputError(f"{self.where}: index shard {k}: file {name!r} is not a distinct file under {INDEX_DIR}/")
             names.add(name)
             _bounded(root / name, shard["size"], MAX_SHARD_BYTES, "an index shard")
+            if "num_tokens" in shard:
+                if len(shard["num_tokens"]) != len(shard["ids"]):
+                    raise InputError(f"{self.where}: index shard {k}: {len(shard['num_tokens'])} token counts for "
+                                     f"{len(shard['ids'])} entries")
+                listed_tokens += sum(shard["num_tokens"])
             self.starts.append(count)
             self.owner.update(dict.fromkeys(shard["ids"], k))  # C speed: 100,000 ids in a few ms
             count += len(shard["ids"])
@@ -161,6 +167,9 @@ class Index:
                 seen.add(eid)
         if count != idx["entries"]:
             raise InputError(f"{self.where}: index says {idx['entries']} entries, its shards list {count}")
+        if all("num_tokens" in s for s in self.shards) and listed_tokens != idx["tokens"]:
+            raise InputError(f"{self.where}: index says {idx['tokens']} tokens, its shards' token counts sum to "
+                             f"{listed_tokens}")
         self.count = count
         self.prefix_meta: dict[str, Any] | None = idx.get("prefix")
         if self.prefix_meta is not None:
@@ -173,6 +182,7 @@ class Index:
         self._cache: OrderedDict[int, Shard] = OrderedDict()
         self._prefix: PrefixPages | None = None
         self._shard_bytes = 0
+        self.shards_read: list[int] = []  # the shards read since opening, in order (tests count them)
 
     @property
     def bytes_read(self) -> int:
@@ -217,6 +227,7 @@ class Index:
             return cached
         from kvgraft.schema import CACHE_INDEX_SHARD, validate
 
+        self.shards_read.append(k)
         meta = self.shards[k]
         what = f"index shard {k}"
         data = self._read_checked(meta["file"], meta["sha256"], meta["size"], what)
@@ -229,6 +240,13 @@ class Index:
         ids = [e["id"] for e in doc["entries"]]
         if ids != meta["ids"]:
             raise IntegrityError(f"{path}: {what} holds entries {ids[:3]}..., the manifest lists {meta['ids'][:3]}...")
+        listed = meta.get("num_tokens")
+        if listed is not None:
+            # The manifest's counts drew and bounded samples without this shard: they must be its records'.
+            for e, n in zip(doc["entries"], listed, strict=True):
+                if e["num_tokens"] != n:
+                    raise IntegrityError(f"{path}: {what}: entry {e['id']!r} has {e['num_tokens']} tokens, the "
+                                         f"manifest lists {n}")
         # Each record's own commitments (its digest, token-id digest, references) are checked when the
         # record is first asked for (Shard.record): the shard's digest already binds its bytes, and
         # finding one entry then costs one record's checks, not 64.
@@ -256,6 +274,18 @@ class Index:
 
     def ids(self) -> list[str]:
         return [eid for s in self.shards for eid in s["ids"]]
+
+    def token_counts(self) -> list[int]:
+        """Every entry's num_tokens in release order: from the manifest, which lists them per shard (the
+        writer's `num_tokens`); a shard it lists without them (a release written before they were) is read."""
+        counts: list[int] = []
+        for k, s in enumerate(self.shards):
+            listed = s.get("num_tokens")
+            if listed is None:
+                shard = self.shard(k)
+                listed = [int(shard.record(e["id"])["num_tokens"]) for e in shard.entries]
+            counts.extend(listed)
+        return counts
 
     def id_at(self, ordinal: int) -> str:
         k = bisect.bisect_right(self.starts, ordinal) - 1
@@ -292,15 +322,15 @@ class Index:
         sources.fetch(self.root, m["file"], m["sha256"], m["size"], "prefix index")
         return PrefixPages(safe_path(self.root, m["file"], "prefix index"), m["size"], m["sha256"])
 
-    def prefix_blocks(self, entries: Sequence[dict[str, Any]]) -> list[int]:
-        """The blocks of the prefix index's size each entry holds, given every entry record in order; the
-        manifest's record count is refused, before the file is read, when above their sum (a record is
-        one entry's block, each chain hash kept once)."""
+    def prefix_blocks(self, tokens: Sequence[int]) -> list[int]:
+        """The blocks of the prefix index's size each entry holds, given every entry's num_tokens in order
+        (Release.token_counts); the manifest's record count is refused, before the file is read, when above
+        their sum (a record is one entry's block, each chain hash kept once)."""
         m = self.prefix_meta
         if m is None:
             return []
         bt = int(m["block_tokens"])
-        blocks = [int(e["num_tokens"]) // bt for e in entries]
+        blocks = [int(n) // bt for n in tokens]
         if m["records"] > sum(blocks):
             raise InputError(f"{self.root / m['file']}: prefix index: the manifest says {m['records']} records; the "
                              f"entries' token ids hold {sum(blocks)} blocks of {bt} (a record is one of them)")

@@ -7,6 +7,7 @@ signature lists, and any further check of what it states, come from the caller. 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 import threading
@@ -105,7 +106,8 @@ def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by
     other = by_sha.get(actual)
     if other is not None and other != name:
         return f"{base}: it has the content of {other} (files swapped or copied)"
-    entries = [e for e in rel.entries if e["file"] == name] if name.startswith("entries/") or rel.index is None else []
+    entries = [e for e in rel.iter_entries() if e["file"] == name] \
+        if name.startswith("entries/") or rel.index is None else []
     if not entries:
         return base
     try:
@@ -321,6 +323,25 @@ def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEn
     return CheckedEntry(entry, hashed, len(entry["tensors"]))
 
 
+def check_index(rel: Release, each: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Every index shard read, hashed and checked against the manifest, every record against its own
+    commitments, one shard held at a time, and the prefix index's bytes (format 1: the manifest holds the
+    records, checked when it was opened). `each(record)` runs on every record while its shard is held (what
+    it reads of that entry reads no shard again). Returns the index bytes read."""
+    before = rel.index.bytes_read if rel.index is not None else 0
+    tokens: list[int] = []
+    for entry in rel.iter_entries():
+        tokens.append(int(entry["num_tokens"]))
+        if each is not None:
+            each(entry)
+    if rel.index is None:
+        return 0
+    # The prefix index as `verify` of everything checks it: its record count against the entries' blocks
+    # (before it is read), its digest, and each record.
+    rel.index.check_prefix(rel.index.prefix_blocks(tokens))
+    return rel.index.bytes_read - before
+
+
 def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, dict):
@@ -377,7 +398,8 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
                                     f"it")
     _statement_matches(root, manifest, msha, msize, stmt_subjects, source, check_claims, rel=rel,
                        files=all_files if every_file else None)
-    entries = rel.entries
+    # The records are read as they are checked (rel.iter_entries), never all kept: memory stays that of
+    # a few shards and the file list, whatever the number of entries.
 
     # 4. the folder: names, missing, extra, sizes
     for name in all_files:
@@ -386,12 +408,16 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     extra = sorted(present - set(expected) - set(beside))
     excused = [n for n in extra if any(n == p or n.startswith(p + "/") for p in ignored)]
     extra = sorted(set(extra) - set(excused))
-    users: dict[str, list[str]] = {}
-    for entry in entries:
-        users.setdefault(entry["file"], []).append(entry["id"])
+
+    @functools.cache
+    def users() -> dict[str, list[str]]:  # which entries use which file: read only to name them in a failure
+        found: dict[str, list[str]] = {}
+        for entry in rel.iter_entries():
+            found.setdefault(entry["file"], []).append(entry["id"])
+        return found
 
     def of(name: str) -> str:
-        ids = users.get(name, [])
+        ids = users().get(name, [])
         return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
 
     if missing or extra:
@@ -422,7 +448,7 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
     if rel.index is None:
         check_commitments(root, manifest)
 
-    blocks = rel.index.prefix_blocks(entries) if rel.index is not None else []
+    blocks = rel.index.prefix_blocks(rel.token_counts()) if rel.index is not None else []
 
     # 5. every byte, once, across cores (most of it already hashed by the prefetch)
     pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, all_files[n]["size"], stop)
@@ -449,14 +475,14 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
 
     # 6. safetensors headers against the manifest's tensor tables
     tensors = 0
-    for entry in entries:
+    for entry in rel.iter_entries():
         rel.tensor_layout(entry)
         tensors += len(entry["tensors"])
 
     # 7. optionally every tensor byte range against its own digest
-    rehashed = 0
+    rehashed = rehashed_bytes = 0
     if deep:
-        for entry in entries:
+        for entry in rel.iter_entries():
             table = entry["tensors"]
             order = sorted(table, key=lambda n: table[n]["byte_range"][0])
             path = root / entry["file"]
@@ -466,10 +492,9 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
                     a, b = table[n]["byte_range"]
                     raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"]))
             rehashed += len(order)
+            rehashed_bytes += sum(t["byte_range"][1] - t["byte_range"][0] for t in table.values())
 
-    hashed = msize + sum(size for _, size in results) + sum(size for _, size in beside_digests.values())
-    if deep:
-        hashed += sum(t["byte_range"][1] - t["byte_range"][0] for e in entries for t in e["tensors"].values())
+    hashed = msize + sum(size for _, size in results) + sum(size for _, size in beside_digests.values()) + rehashed_bytes
     files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
     return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel,
                           {n: sha for n, (sha, _) in beside_digests.items()}, excused)

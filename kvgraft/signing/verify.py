@@ -41,13 +41,21 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kvgraft import __version__
+from kvgraft import __version__, sampling
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError, IntegrityError, VerificationError, shown
 from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.release.integrity import CheckedRelease, ManifestCheck, check_entry, check_release, open_release
+from kvgraft.release.integrity import (
+    CheckedEntry,
+    CheckedRelease,
+    ManifestCheck,
+    check_entry,
+    check_index,
+    check_release,
+    open_release,
+)
 from kvgraft.remote import local_root, subset
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy
@@ -119,8 +127,11 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
     policy: VerifyPolicy = field(default_factory=SignatureNotChecked)
     opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
-    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries
+    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries;
+    # "sample": signature, statement, manifest, every index record, and the files of a drawn sample (checked_entries)
     checked_entries: list[str] = field(default_factory=list)
+    sample: dict[str, Any] | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
+    bound: dict[str, Any] | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
 
     @property
     def throughput(self) -> float:
@@ -138,6 +149,7 @@ class VerifyResult:
             "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
             "statement": self.statement, "signature": _shown(asdict(self.signature)), "warnings": list(self.warnings),
             "scope": self.scope, "checked_entries": list(self.checked_entries),
+            **({"sample": self.sample, "bound": self.bound} if self.sample is not None else {}),
         }
 
 
@@ -201,13 +213,15 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
                    issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
                    policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
-                   scope: str = "all") -> VerifyResult:
+                   scope: str = "all", sample: int | None = None, nonce: str | None = None) -> VerifyResult:
     """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
 
     `scope`: "all" checks every file (steps 1-7); "open" checks step 1 and what opening a release
     checks (`release.integrity.open_release`: manifest.json against the statement, the manifest, the
     statement against it), reading no entry bytes. `entries`: "open", then those entries' files only
-    (size, SHA-256, header; `deep`: every tensor).
+    (size, SHA-256, header; `deep`: every tensor). `sample`: "open", every index shard and record, then
+    the files of `sample` entries drawn from the root digest and `nonce` (kvgraft.sampling, the draw of a
+    sampled audit; a fresh nonce when None), every tensor re-hashed; the result states the bound.
 
     `policy` (kvgraft.signing.policy; or, for short, `key`, `identity` + `issuer`, `trust`). `key`: a PEM
     public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore certificate
@@ -216,6 +230,12 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     started = time.perf_counter()
     if scope not in ("all", "open"):
         raise ValueError(f"scope {scope!r}")
+    if sample is not None:
+        if entries is not None:
+            raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
+        scope = "sample"
+    elif nonce is not None:
+        raise InputError("--nonce draws a sample: pass --sample N too")
     if entries is not None:
         scope = "entries"
     if policy is None:
@@ -233,7 +253,11 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     oms_read = _read_oms_signature(root, policy, given, read, oms_path, scope)
     _every_key_verifies_a_signature(root, given, read.signature)
     checked = _check_files(root, policy, read, oms_read, oms_path, scope, deep)
-    checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
+    drawn = _draw(checked, sample, nonce) if sample is not None else None
+    if drawn is not None:
+        checked_entries, tensors, hashed = _check_sample(checked, drawn["entries"], oms_read, oms_path)
+    else:
+        checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
     if oms_read is not None:
         _compare_oms_list(oms_read, checked, read, oms_path, scope)
     if pulled is not None:
@@ -248,7 +272,34 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         signature=read.signature, statement=read.statement is not None,
         model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
         warnings=read.warnings, policy=policy, opened=checked.release, scope=scope, checked_entries=checked_entries,
+        sample=drawn, bound=sampling.check_bound(len(drawn["entries"]), drawn["population"]) if drawn else None,
     )
+
+
+def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> dict[str, Any]:
+    """`--sample`: the sample drawn from the root digest and the nonce as a sampled audit draws it
+    (kvgraft.sampling), from the ids and token counts the manifest lists."""
+    rel = checked.release
+    source = "given" if nonce is not None else "drawn"
+    nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
+    return sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(), rel.token_counts(), size,
+                                  nonce_source=source)
+
+
+def _check_sample(checked: CheckedRelease, drawn: list[str], oms_read: _OmsList | None,
+                  oms_path: Path) -> tuple[list[str], int, int]:
+    """`--sample`: every index record (release.integrity.check_index), and each drawn entry's file, every
+    tensor re-hashed, while its shard is held: one pass over the index, no shard read twice."""
+    wanted = set(drawn)
+    done: list[CheckedEntry] = []
+
+    def each(entry: dict[str, Any]) -> None:
+        if entry["id"] in wanted:
+            done.append(_check_entry(checked, entry["id"], True, oms_read, oms_path))
+
+    index_bytes = check_index(checked.release, each)
+    return (list(drawn), checked.tensors + sum(one.tensors for one in done),
+            checked.bytes_hashed + index_bytes + sum(one.bytes_hashed for one in done))
 
 
 @dataclass
@@ -412,20 +463,24 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsLi
 def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
                    oms_read: _OmsList | None, oms_path: Path) -> tuple[list[str], int, int]:
     """`--entry ID`: those entries' files (size, SHA-256, header), and against the OMS file list when there is one."""
-    oms_files = oms_read[0] if oms_read is not None else None
-    checked_entries: list[str] = []
     tensors, hashed = checked.tensors, checked.bytes_hashed
     for eid in entries:
-        one = check_entry(checked.release, eid, deep=deep)
+        one = _check_entry(checked, eid, deep, oms_read, oms_path)
         tensors, hashed = tensors + one.tensors, hashed + one.bytes_hashed
-        checked_entries.append(eid)
-        if oms_files is not None:
-            meta = checked.release.file_meta(one.entry)
-            if oms_files.get(one.entry["file"]) != meta["sha256"]:
-                raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
-                                        f"{one.entry['file']} (entry {eid!r}) with sha256 "
-                                        f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
-    return checked_entries, tensors, hashed
+    return list(entries), tensors, hashed
+
+
+def _check_entry(checked: CheckedRelease, eid: str, deep: bool, oms_read: _OmsList | None,
+                 oms_path: Path) -> CheckedEntry:
+    one = check_entry(checked.release, eid, deep=deep)
+    oms_files = oms_read[0] if oms_read is not None else None
+    if oms_files is not None:
+        meta = checked.release.file_meta(one.entry)
+        if oms_files.get(one.entry["file"]) != meta["sha256"]:
+            raise VerificationError(f"{oms_path}: the OpenSSF model signing signature lists "
+                                    f"{one.entry['file']} (entry {eid!r}) with sha256 "
+                                    f"{oms_files.get(one.entry['file'])}, the manifest {meta['sha256']}")
+    return one
 
 
 def _compare_oms_list(oms_read: _OmsList, checked: CheckedRelease, read: _Read,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from release_factory import make_release
+from release_factory import make_many, make_release
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,7 +43,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def test_every_ci_check_block_is_found() -> None:
-    assert set(blocks(REPO / "docs/ci-signing.md")) == {"oms", "oms-converse", "oms-published"}
+    assert set(blocks(REPO / "docs/ci-signing.md")) == {"oms", "oms-converse", "oms-published", "sample"}
     assert set(blocks(REPO / "README.md")) == {"readme"}
 
 
@@ -77,3 +77,24 @@ def test_docs_published_oms_check_runs_as_written(workdir: Path) -> None:
 def test_readme_ci_check_runs_as_written(workdir: Path) -> None:
     r = run("kvgraft keygen --out release-signer\n" + blocks(REPO / "README.md")["readme"], workdir)
     assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+def test_docs_sampled_check_runs_as_written(tmp_path: Path) -> None:
+    """The sampled CI check: passes on a signed 1,000-entry release, fails after one flipped byte in a drawn entry."""
+    from kvgraft import sampling
+    from kvgraft.release.format import Release
+
+    make_many(tmp_path / "release", entries=1000)
+    script = blocks(REPO / "docs/ci-signing.md")["sample"]
+    setup = "kvgraft keygen --out release-signer\nkvgraft sign release --key release-signer.key.pem\n"
+    r = run(f"export GITHUB_SHA=0123abcd\n{setup}{script}", tmp_path)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "0 of 300 sampled entries damaged: at most" in " ".join(r.stdout.split())
+    rel = Release.open(tmp_path / "release")
+    drawn = rel.entry(rel.entry_ids()[sampling.draw(rel.manifest["root_digest"], "0123abcd", 1000, 300)[-1]])
+    entry = tmp_path / "release" / drawn["file"]
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 1
+    entry.write_bytes(bytes(data))
+    r = run(f"export GITHUB_SHA=0123abcd\n{script}", tmp_path)
+    assert r.returncode == 1 and drawn["id"] in r.stderr, (r.stdout, r.stderr)

@@ -165,11 +165,11 @@ def test_inspects_entries_table_stays_a_table_at_80_columns() -> None:
     preview = "Natalia sold clips to 48 of her friends in April, and then…"
     rows = [{"id": f"gsm8k-train-{i:05d}", "num_tokens": 1234, "bytes": 12_345_678, "source_kind": "messages",
              "preview": preview} for i in range(3)]
-    doc = {"entries": {"offset": 0, "shown": 3, "total": 7473, "rows": rows}}
+    doc = {"entries": {"offset": 0, "shown": 3, "total": 7473}}
 
     def shown(width: int) -> list[str]:
         console = Console(width=width, file=io.StringIO(), color_system=None)
-        console.print(entries_renderable(doc, console))
+        console.print(entries_renderable(doc, rows, console))
         return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
 
     lines = shown(80)

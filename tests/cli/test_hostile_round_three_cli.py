@@ -221,7 +221,8 @@ def test_run_with_two_keys_follows_verifys_rule(release: Path, tmp_path: Path, n
 
 def _recorded(release: Path, tmp_path: Path, **change: Any) -> Path:
     rel = Release.open(release)
-    sample = sampling.sample_record(rel.manifest["root_digest"], "nonce-1", rel.entries, 1, nonce_source="auditor")
+    sample = sampling.sample_record(rel.manifest["root_digest"], "nonce-1", rel.entry_ids(), rel.token_counts(), 1,
+                                    nonce_source="auditor")
     sample.update(change)
     path = tmp_path / "result.json"
     path.write_text(json.dumps({"sample": sample}))

@@ -672,10 +672,11 @@ def test_bound_counts_failing_entries_and_the_rest() -> None:
 
     r = _result(["byte-exact", "consistent", "inconsistent"], require="consistent")
     population = [*r["entries"], {"id": "x", "num_tokens": 40}, {"id": "y", "num_tokens": 50}]
-    got = recompute.bound(r, population)
+    ids, tokens = [e["id"] for e in population], [e["num_tokens"] for e in population]
+    got = recompute.bound(r, ids, tokens)
     want = sampling.bound([False, False, True], [10, 11, 12], [40, 50]).as_dict("inconsistent")
     assert got == want
-    exact = recompute.bound({**r, "require": "exact"}, population)
+    exact = recompute.bound({**r, "require": "exact"}, ids, tokens)
     assert exact == sampling.bound([False, True, True], [10, 11, 12], [40, 50]).as_dict("not byte-exact")
 
 

@@ -1,0 +1,171 @@
+"""Nothing lost, nothing half-written: a replaced release, refused writes and concurrent writers.
+
+Each test pairs the failure it injects with what must survive: the previous artifact (or the new one,
+complete) at the output path, one line naming the path and cause, and no leftover beside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgraft._internal import jsonio
+from kvgraft.errors import EXIT_BUSY, EXIT_IO, BusyError, IOFailure
+from kvgraft.release.integrity import check_release
+from tests.release_factory import make_release
+
+
+def _root(out: Path) -> str:
+    return str(jsonio.load_file(out / "manifest.json")["root_digest"])
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_replaced_release_that_cannot_be_removed_is_named_and_cleared_by_the_next_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rel"
+    make_release(out, entries=2, seed=1)
+    real_unlink = os.unlink
+
+    def refuse(path: Any, *args: Any, **kwargs: Any) -> None:  # the old release's entry files only
+        if str(path).endswith(".safetensors"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    new = make_release(out, entries=2, seed=2, overwrite=True)
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    leftovers = [n for n in _names(tmp_path) if n != "rel"]
+    assert _root(out) == new["root_digest"] and check_release(out).files
+    assert len(leftovers) == 1 and f"{tmp_path / leftovers[0]}" in err and "could not be removed" in err, (leftovers, err)
+    make_release(out, entries=1, seed=3, overwrite=True)  # the next writer of rel clears it
+    assert _names(tmp_path) == ["rel"]
+
+
+def test_a_replace_whose_second_rename_fails_puts_the_previous_release_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the file system cannot swap in one step, the old release is moved aside and the new one moved in;
+    when that second rename fails, the old release goes back: the output path is never left empty."""
+    out = tmp_path / "rel"
+    before = make_release(out, entries=2, seed=1)["root_digest"]
+
+    def no_exchange(a: Path, b: Path) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument", str(b))
+
+    real_replace = os.replace
+
+    def failing(src: Any, dst: Any) -> None:
+        if Path(dst) == out and Path(src).name.endswith(".partial"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(jsonio, "exchange", no_exchange)
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(IOFailure, match=f"^{out}: cannot write: Input/output error \\(EIO\\)$"):
+        make_release(out, entries=2, seed=2, overwrite=True)
+    monkeypatch.undo()
+    assert _root(out) == before and check_release(out).files and _names(tmp_path) == ["rel"]
+    # The positive control: without the failure the same two-step path replaces the release.
+    monkeypatch.setattr(jsonio, "exchange", no_exchange)
+    after = make_release(out, entries=2, seed=2, overwrite=True)["root_digest"]
+    assert after != before and _root(out) == after and _names(tmp_path) == ["rel"]
+
+
+def test_readers_during_replaces_see_the_old_or_the_new_release(tmp_path: Path) -> None:
+    out = tmp_path / "rel"
+    roots = {make_release(out, entries=2, seed=0)["root_digest"]}
+    seen: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(check_release(out).manifest["root_digest"])
+            except Exception as exc:  # anything but a whole release, old or new, is a failure
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for seed in range(1, 9):
+            roots.add(make_release(out, entries=2, seed=seed, overwrite=True)["root_digest"])
+    finally:
+        stop.set()
+        reader.join()
+    assert not failures, failures[:3]
+    assert seen and set(seen) <= roots
+    assert _names(tmp_path) == ["rel"]
+
+
+_HOLD = """
+import sys
+from pathlib import Path
+from kvgraft.release.format import ReleaseWriter
+w = ReleaseWriter(Path(sys.argv[1]), overwrite=True)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_second_writer_is_refused_and_a_killed_writer_leaves_no_stuck_lock(tmp_path: Path) -> None:
+    out = tmp_path / "rel"
+    before = make_release(out, entries=1, seed=1)["root_digest"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(BusyError, match="another process is writing it now") as info:
+            make_release(out, entries=1, seed=2, overwrite=True)
+        assert info.value.exit_code == EXIT_BUSY
+        assert _root(out) == before
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs in the holder
+        holder.wait()
+    assert any(n.endswith(".partial") for n in _names(tmp_path))  # what the killed writer left
+    after = make_release(out, entries=1, seed=2, overwrite=True)["root_digest"]
+    assert after != before and _names(tmp_path) == ["rel"]
+
+
+def test_a_journal_held_by_one_audit_is_refused_to_another(tmp_path: Path) -> None:
+    from kvgraft.execution.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    first = Journal.open(path, {"r": 1}, {"a", "b"})
+    first.record("a", {"ok": True})
+    with pytest.raises(BusyError, match="another audit is writing this journal now"):
+        Journal.open(path, {"r": 1}, {"a", "b"})
+    first.close()
+    again = Journal.open(path, {"r": 1}, {"a", "b"})  # the control: once closed, it resumes
+    assert again.done == {"a": {"ok": True}}
+    again.remove()
+    assert _names(tmp_path) == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EDQUOT])
+def test_a_refused_atomic_write_names_the_path_and_keeps_the_previous_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    path = tmp_path / "report.json"
+    jsonio.write_json(path, {"v": 1})
+
+    def refuse(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", refuse)
+    with pytest.raises(IOFailure) as info:
+        jsonio.write_json(path, {"v": 2})
+    monkeypatch.undo()
+    assert str(info.value) == f"{path}: cannot write: {os.strerror(code)} ({errno.errorcode[code]})"
+    assert info.value.exit_code == EXIT_IO
+    assert jsonio.load_file(path) == {"v": 1} and _names(tmp_path) == ["report.json"]

@@ -289,15 +289,32 @@ def _plain(obj: Any) -> bool:
     return True
 
 
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def finite_json(obj: Any) -> Any:
+    """`obj` with each non-finite float as the string "Infinity", "-Infinity" or "NaN" (as protobuf's JSON
+    mapping writes them): JSON has no such number, and writing 1.797e308 instead would be a finite lie.
+    The schemas allow these strings where a measure can be infinite (recompute's max_abs, max_excess)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else _NON_FINITE.get(obj, "NaN")
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def canonical(obj: Any) -> bytes:
     """RFC 8785 canonical JSON bytes.
 
     Without floats, RFC 8785 is exactly sorted, compact, non-ASCII-escaping JSON (same string
-    escapes), so the C encoder is used; anything with a float goes through the rfc8785 package.
+    escapes), so the C encoder is used; anything with a float goes through the rfc8785 package,
+    a non-finite one written as finite_json says.
     """
     if _plain(obj):
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    return rfc8785.dumps(obj)
+    return rfc8785.dumps(finite_json(obj))
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -460,5 +477,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def write_json(path: Path, obj: Any, *, canonical_form: bool = False) -> None:
-    data = canonical(obj) if canonical_form else (json.dumps(obj, indent=2) + "\n").encode()
+    if canonical_form:
+        data = canonical(obj)
+    else:
+        data = (json.dumps(obj if _plain(obj) else finite_json(obj), indent=2, allow_nan=False) + "\n").encode()
     write_atomic(path, data)

@@ -169,3 +169,42 @@ def test_a_refused_atomic_write_names_the_path_and_keeps_the_previous_file(
     assert str(info.value) == f"{path}: cannot write: {os.strerror(code)} ({errno.errorcode[code]})"
     assert info.value.exit_code == EXIT_IO
     assert jsonio.load_file(path) == {"v": 1} and _names(tmp_path) == ["report.json"]
+
+
+def test_an_infinite_difference_is_infinity_not_the_largest_float() -> None:
+    import torch
+
+    from kvgraft.recompute.compare import diff_tensors
+    from kvgraft.recompute.noise import judge
+
+    stored, fresh = torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 2.0])
+    assert diff_tensors(stored, fresh).max_abs == float("inf")
+    assert judge(stored, fresh, torch.tensor(1e-3)).max_excess == float("inf")
+    # The control: a finite difference stays the number it is.
+    assert diff_tensors(torch.tensor([1.0, 4.0]), fresh).max_abs == 2.0
+
+
+def test_a_recompute_result_with_an_infinite_difference_is_written_as_infinity_and_valid(
+        tiny_lm: Any, tmp_path: Path) -> None:
+    import json
+
+    from kvgraft.audit.checks import seal
+    from kvgraft.inference import capture
+    from kvgraft.recompute import audit as recompute
+    from kvgraft.schema import validate
+    from tests import rewrite
+
+    lm = tiny_lm("llama")
+    rel = tmp_path / "rel"
+    capture.capture(lm, [("t", {"id": "a", "text": "The train travels 60 km per hour for 3 hours."})], rel,
+                    probe_tokens=2)
+    rewrite._single(rel)
+    name = sorted(json.loads((rel / "manifest.json").read_text())["entries"][0]["tensors"])[0]
+    rewrite.element(rel, 0, name, 0, lambda _old: float("inf"))
+    result = seal("recompute", recompute.audit(rel, lm))
+    path = tmp_path / "r.json"
+    jsonio.write_json(path, result)
+    text = path.read_text()
+    assert "1.7976931348623157e+308" not in text and '"max_abs": "Infinity"' in text
+    validate(jsonio.load_file(path), "recompute-result.v1.json", str(path))
+    assert jsonio.canonical(result) == jsonio.canonical(jsonio.load_file(path))  # digests agree with the file

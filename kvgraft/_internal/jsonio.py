@@ -428,6 +428,14 @@ class OutputLock:
             self.fd = -1
 
 
+def clear_leftovers(path: Path) -> None:
+    """Remove what killed writers of `path` left beside it (OutputLock does, once it holds the lock);
+    nothing when its folder does not exist (no folder is made for it)."""
+    if is_folder(path.parent):
+        with OutputLock(path):
+            pass
+
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 

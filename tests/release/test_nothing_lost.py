@@ -208,3 +208,36 @@ def test_a_recompute_result_with_an_infinite_difference_is_written_as_infinity_a
     assert "1.7976931348623157e+308" not in text and '"max_abs": "Infinity"' in text
     validate(jsonio.load_file(path), "recompute-result.v1.json", str(path))
     assert jsonio.canonical(result) == jsonio.canonical(jsonio.load_file(path))  # digests agree with the file
+
+
+@pytest.mark.parametrize("failing", ["model.sig", "release.sigstore.json"])
+def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """sign writes two files, the bundle and model.sig (which names the bundle's digest): a refused write of
+    either must not leave a new bundle beside an old model.sig, which verifies with no key."""
+    from kvgraft.signing import keys
+    from kvgraft.signing.sign import sign_release
+    from kvgraft.signing.verify import verify_release
+
+    rel = tmp_path / "rel"
+    make_release(rel, entries=2, format_version=2)
+    (old_key, old_pub), (new_key, new_pub) = keys.write_keypair(tmp_path / "a"), keys.write_keypair(tmp_path / "b")
+    sign_release(rel, keys.load_private_key(old_key))
+    old_sig = (rel / "model.sig").read_bytes()
+    real = jsonio.write_atomic
+
+    def refuse(path: Path, data: bytes, mode: int = 0o644) -> None:
+        if path.name == failing:
+            raise IOFailure(f"{path}: cannot write: No space left on device (ENOSPC)")
+        real(path, data, mode)
+
+    monkeypatch.setattr(jsonio, "write_atomic", refuse)
+    with pytest.raises(IOFailure):
+        sign_release(rel, keys.load_private_key(new_key))
+    monkeypatch.undo()
+    if failing == "release.sigstore.json":  # nothing replaced: the previous signature whole
+        verify_release(rel, key=old_pub)
+        assert (rel / "model.sig").read_bytes() == old_sig
+    else:  # the new bundle alone
+        verify_release(rel, key=new_pub)
+    assert sorted(p.name for p in rel.iterdir() if p.name.startswith(".")) == []

@@ -352,12 +352,13 @@ def io_failure(path: Path | str, exc: OSError) -> IOFailure:
 
 
 @contextlib.contextmanager
-def writing(path: Path | str) -> Iterator[None]:
-    """Turn an OSError from the writes inside into IOFailure (exit 7) naming `path` or the file it names."""
+def writing(path: Path | str, *, always: bool = False) -> Iterator[None]:
+    """Turn an OSError from the writes inside into IOFailure (exit 7) naming `path` or (unless `always`)
+    the file the error names."""
     try:
         yield
     except OSError as exc:
-        raise io_failure(path, exc) from None
+        raise io_failure(path, OSError(exc.errno, exc.strerror) if always else exc) from None
 
 
 def warn(message: str) -> None:
@@ -394,7 +395,8 @@ class OutputLock:
         self.fd = -1
 
     def __enter__(self) -> OutputLock:
-        with writing(self.file):
+        # Named by the output, not the lock file: its folder is what refuses (read-only, full, no permission).
+        with writing(self.path, always=True):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             while True:
                 fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)

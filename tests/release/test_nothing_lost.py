@@ -241,3 +241,36 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     else:  # the new bundle alone
         verify_release(rel, key=new_pub)
     assert sorted(p.name for p in rel.iterdir() if p.name.startswith(".")) == []
+
+
+def _read_only(folder: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` in a private mount namespace where `folder` is a read-only bind mount of itself."""
+    script = f"mount --bind {folder} {folder} && mount -o remount,ro,bind {folder} && {command}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount in a private namespace needs root")
+def test_read_only_outputs_are_one_line_naming_the_path_and_exit_7(tmp_path: Path) -> None:
+    from kvgraft.signing import keys
+    from kvgraft.signing.verify import verify_release
+
+    rel, keydir = tmp_path / "rel", tmp_path / "keys"
+    make_release(rel, entries=2, format_version=2)
+    keydir.mkdir()
+    private, public = keys.write_keypair(tmp_path / "a")
+    kvgraft = f"{sys.executable} -c 'from kvgraft.cli import entrypoint; entrypoint()'"
+    control = _read_only(keydir, f"! touch {keydir / 'probe'}")
+    assert control.returncode == 0, control.stderr  # the namespace and the read-only mount work here
+    signed = _read_only(rel, f"{kvgraft} sign {rel} --key {private}")
+    made = _read_only(keydir, f"{kvgraft} keygen --out {keydir / 'k'}")
+    for done, path in ((signed, rel / "release.sigstore.json"), (made, keydir / "k.key.pem")):
+        assert done.returncode == EXIT_IO, done.stderr
+        assert done.stderr.strip() == f"kvgraft: error: {path}: cannot write: Read-only file system (EROFS)"
+    assert _names(keydir) == [] and not (rel / "release.sigstore.json").exists()
+    check_release(rel)
+    # The control: writable, the same command signs.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(["sh", "-c", f"{kvgraft} sign {rel} --key {private}"], capture_output=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    verify_release(rel, key=public)

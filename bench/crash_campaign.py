@@ -148,7 +148,9 @@ def keygen_scenario(work: Path, kills: int) -> Tally:
             derived = keys.public_pem(keys.load_private_key(private))
         except Exception as exc:
             return f"private key: {type(exc).__name__}: {exc}"
-        if not public.exists() or public.read_bytes() != derived:
+        if not public.exists():
+            return "a private key without its public key (killed between the two writes)"
+        if public.read_bytes() != derived:
             return "the public key file is not the private key's (a half-replaced pair)"
         return None
 

@@ -274,3 +274,24 @@ def test_read_only_outputs_are_one_line_naming_the_path_and_exit_7(tmp_path: Pat
     done = subprocess.run(["sh", "-c", f"{kvgraft} sign {rel} --key {private}"], capture_output=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     verify_release(rel, key=public)
+
+
+def test_a_keygen_whose_public_key_write_is_refused_keeps_the_previous_pair(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft.signing import keys
+
+    private, public = keys.write_keypair(tmp_path / "k")
+    old = private.read_bytes(), public.read_bytes()
+    real = jsonio.write_atomic
+
+    def refuse(path: Path, data: bytes, mode: int = 0o644) -> None:
+        if path == public and data != old[1]:
+            raise IOFailure(f"{path}: cannot write: Input/output error (EIO)")
+        real(path, data, mode)
+
+    monkeypatch.setattr(jsonio, "write_atomic", refuse)
+    with pytest.raises(IOFailure):
+        keys.write_keypair(tmp_path / "k", overwrite=True)
+    monkeypatch.undo()
+    assert (private.read_bytes(), public.read_bytes()) == old and _names(tmp_path) == ["k.key.pem", "k.pub.pem"]
+    assert private.stat().st_mode & 0o777 == 0o600

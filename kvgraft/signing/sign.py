@@ -66,26 +66,28 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     kid = key_id(key)
     data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
     # model.sig names the bundle's digest: beside another bundle it verifies with no key. Removed before the
-    # bundle is replaced, every state a kill leaves verifies with the old key or the new one; put back when
-    # the bundle could not be written, so a refused write leaves the previous signature whole.
-    old_oms = jsonio.read_bounded(oms_path, jsonio.MAX_JSON_BYTES, "an OMS signature") if oms_path.exists() else None
+    # bundle is replaced, every state a kill leaves verifies with the old key or the new one; when a write
+    # is refused, the previous bundle and model.sig are put back (best effort: the disk may still refuse).
+    bundle_path = Path(root) / BUNDLE_NAME
+    before = {path: jsonio.read_bounded(path, jsonio.MAX_JSON_BYTES, "a signature") if path.is_file() else None
+              for path in (oms_path, bundle_path)}
     with jsonio.writing(oms_path):
         oms_path.unlink(missing_ok=True)
     try:
         bundle = write_bundle(root, data)
+        # The OMS signature covers release.sigstore.json too, so it is written last (none for a key OMS
+        # cannot use). It lists every file of the folder (format 2: the entry files too, which the statement
+        # binds through the index shards).
+        written = oms.sign(root, key, {**files, BUNDLE_NAME: sha256_hex(data)})
     except BaseException:
-        if old_oms is not None:
-            with contextlib.suppress(Error):
-                jsonio.write_atomic(oms_path, old_oms)
+        for path in (bundle_path, oms_path):
+            with contextlib.suppress(OSError, Error):
+                old = before[path]
+                if old is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    jsonio.write_atomic(path, old)
         raise
-    # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
-    # now be stale, and is replaced or (for a key OMS cannot use) removed.
-    # OMS lists every file of the folder (format 2: the entry files too, which the statement binds
-    # through the index shards).
-    digests = {**files, BUNDLE_NAME: sha256_hex(data)}
-    written = oms.sign(root, key, digests)
-    if written is None:
-        (Path(root) / OMS_NAME).unlink(missing_ok=True)
     return Signed(bundle, stmt, kid, written)
 
 

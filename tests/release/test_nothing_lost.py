@@ -214,7 +214,8 @@ def test_a_recompute_result_with_an_infinite_difference_is_written_as_infinity_a
 def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_key(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
     """sign writes two files, the bundle and model.sig (which names the bundle's digest): a refused write of
-    either must not leave a new bundle beside an old model.sig, which verifies with no key."""
+    either leaves the previous signature whole, never a new bundle beside an old model.sig (which verifies
+    with no key)."""
     from kvgraft.signing import keys
     from kvgraft.signing.sign import sign_release
     from kvgraft.signing.verify import verify_release
@@ -224,10 +225,11 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     (old_key, old_pub), (new_key, new_pub) = keys.write_keypair(tmp_path / "a"), keys.write_keypair(tmp_path / "b")
     sign_release(rel, keys.load_private_key(old_key))
     old_sig = (rel / "model.sig").read_bytes()
+    previous = {name: (rel / name).read_bytes() for name in ("model.sig", "release.sigstore.json")}
     real = jsonio.write_atomic
 
-    def refuse(path: Path, data: bytes, mode: int = 0o644) -> None:
-        if path.name == failing:
+    def refuse(path: Path, data: bytes, mode: int = 0o644) -> None:  # the new signature's write, not the put-back
+        if path.name == failing and data != previous[failing]:
             raise IOFailure(f"{path}: cannot write: No space left on device (ENOSPC)")
         real(path, data, mode)
 
@@ -235,12 +237,11 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     with pytest.raises(IOFailure):
         sign_release(rel, keys.load_private_key(new_key))
     monkeypatch.undo()
-    if failing == "release.sigstore.json":  # nothing replaced: the previous signature whole
-        verify_release(rel, key=old_pub)
-        assert (rel / "model.sig").read_bytes() == old_sig
-    else:  # the new bundle alone
-        verify_release(rel, key=new_pub)
+    verify_release(rel, key=old_pub)  # the previous signature whole, model.sig included
+    assert (rel / "model.sig").read_bytes() == old_sig
     assert sorted(p.name for p in rel.iterdir() if p.name.startswith(".")) == []
+    sign_release(rel, keys.load_private_key(new_key))  # the control: unrefused, the new key signs
+    verify_release(rel, key=new_pub)
 
 
 def _read_only(folder: Path, command: str) -> subprocess.CompletedProcess[str]:

@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 assert model is not None
                 tallies.append(audit_scenario(work / name, kills, model))
+            print(table(tallies[-1:]).splitlines()[-1], file=sys.stderr, flush=True)  # progress: a long run
     print(table(tallies))
     for t in tallies:
         for failure in t.failures[:5]:

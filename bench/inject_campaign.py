@@ -89,7 +89,13 @@ def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], re
                 else:
                     row.violations.append(f"{where}: {' / '.join(err)[-300:]}")
             rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)  # progress: a long run
     return rows
+
+
+def _line(r: Row) -> str:
+    return (f"| {r.scenario} | {r.syscall} | {r.code} | {r.runs} | {r.exit_io} | {r.exit_ok} | {r.previous} | "
+            f"{r.new} | {len(r.violations)} |")
 
 
 def sign_rows(work: Path) -> list[Row]:
@@ -191,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
           "| previous intact | new complete | violations |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.scenario} | {r.syscall} | {r.code} | {r.runs} | {r.exit_io} | {r.exit_ok} | {r.previous} | "
-              f"{r.new} | {len(r.violations)} |")
+        print(_line(r))
     for r in rows:
         for v in r.violations[:3]:
             print(f"{r.scenario}: {v}")

@@ -486,9 +486,10 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         warn(f"{path}: written and in place, but its folder could not be flushed to disk: {exc.strerror}")
 
 
+def json_bytes(obj: Any) -> bytes:
+    """What write_json writes: indented JSON, non-finite floats as finite_json says."""
+    return (json.dumps(obj if _plain(obj) else finite_json(obj), indent=2, allow_nan=False) + "\n").encode()
+
+
 def write_json(path: Path, obj: Any, *, canonical_form: bool = False) -> None:
-    if canonical_form:
-        data = canonical(obj)
-    else:
-        data = (json.dumps(obj if _plain(obj) else finite_json(obj), indent=2, allow_nan=False) + "\n").encode()
-    write_atomic(path, data)
+    write_atomic(path, canonical(obj) if canonical_form else json_bytes(obj))

@@ -7,6 +7,7 @@ written. Reading imports no torch: `kvgraft verify` runs on CI machines without 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import os
@@ -301,7 +302,7 @@ class ReleaseWriter:
         self._lock = jsonio.OutputLock(self.out).__enter__()
         try:
             jsonio.refuse_existing(self.out, overwrite)
-            with jsonio.writing(self.out.parent):
+            with self._refused():
                 self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
                 self.tmp.chmod(0o755)
                 (self.tmp / "entries").mkdir()
@@ -321,8 +322,13 @@ class ReleaseWriter:
         self._shards: list[dict[str, Any]] = []
         self._prefix = release_index.PrefixWriter()
         if format_version == 2:
-            with jsonio.writing(self.tmp):
+            with self._refused():
                 (self.tmp / release_index.INDEX_DIR).mkdir()
+
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """A refused write (disk full, I/O error, read-only) is IOFailure naming the release, not a file of its
+        hidden temp folder (gone once the writer aborts)."""
+        return jsonio.writing(self.out, always=True)
 
     def _entry_name(self) -> str:
         # Entry files are spread over folders of 1,000 so that no folder lists 10^5 names.
@@ -344,7 +350,7 @@ class ReleaseWriter:
             raise InputError(f"{self.out}: entry id {entry['id']!r} appears twice")
         rel = self._entry_name()
         path = self.tmp / rel
-        with jsonio.writing(path):
+        with self._refused():
             path.parent.mkdir(exist_ok=True)
             path.write_bytes(data)  # made durable by finish, all files at once
         header, _ = stfile.read_header(path)
@@ -384,7 +390,7 @@ class ReleaseWriter:
         doc = {"format": release_index.SHARD_FORMAT, "format_version": 2, "entries": self._shard,
                "files": self._shard_files}
         data = jsonio.canonical(doc)
-        with jsonio.writing(self.tmp / name):
+        with self._refused():
             (self.tmp / name).write_bytes(data)  # made durable by finish
         self._shards.append({"file": name, "sha256": sha256_hex(data), "size": len(data),
                              "ids": [e["id"] for e in self._shard]})
@@ -403,7 +409,7 @@ class ReleaseWriter:
         else:
             self._flush_shard()
             prefix = self._prefix.data()
-            with jsonio.writing(self.tmp / release_index.PREFIX_FILE):
+            with self._refused():
                 (self.tmp / release_index.PREFIX_FILE).write_bytes(prefix)
             index = {"entries": self.count, "tokens": self.tokens, "shards": self._shards,
                      "prefix": {"file": release_index.PREFIX_FILE, "sha256": sha256_hex(prefix), "size": len(prefix),
@@ -414,8 +420,9 @@ class ReleaseWriter:
             validate(manifest, CACHE_MANIFEST_V2, str(self.out / MANIFEST))
         # One flush of the file system before the release appears, instead of an fsync per entry file
         # (6 ms each on this project's VM: 10 minutes for 100,000 entries); then the manifest.
-        os.sync()
-        jsonio.write_json(self.tmp / MANIFEST, manifest)
+        with self._refused():
+            (self.tmp / MANIFEST).write_bytes(jsonio.json_bytes(manifest))
+            os.sync()
         self._publish()
         if self.format_version == 2 and self.keep_entries:
             head = {k: v for k, v in manifest.items() if k != "index"}
@@ -429,7 +436,7 @@ class ReleaseWriter:
         old release's removal, the folder's flush) is a warning naming the path, not an error over a
         complete release."""
         replaced = jsonio.stat_or_none(self.out) is not None
-        with jsonio.writing(self.out):
+        with self._refused():
             if not replaced:
                 os.replace(self.tmp, self.out)
             else:

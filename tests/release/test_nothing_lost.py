@@ -265,7 +265,7 @@ def test_read_only_outputs_are_one_line_naming_the_path_and_exit_7(tmp_path: Pat
     assert control.returncode == 0, control.stderr  # the namespace and the read-only mount work here
     signed = _read_only(rel, f"{kvgraft} sign {rel} --key {private}")
     made = _read_only(keydir, f"{kvgraft} keygen --out {keydir / 'k'}")
-    for done, path in ((signed, rel / "release.sigstore.json"), (made, keydir / "k.key.pem")):
+    for done, path in ((signed, rel / "release.sigstore.json"), (made, keydir / "k.pub.pem")):
         assert done.returncode == EXIT_IO, done.stderr
         assert done.stderr.strip() == f"kvgraft: error: {path}: cannot write: Read-only file system (EROFS)"
     assert _names(keydir) == [] and not (rel / "release.sigstore.json").exists()

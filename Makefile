@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvgraft-installed
 
-.PHONY: install demo test test-slow bench lint browser vllm-venv gpu-wheels gpu-check gpu-check-dry mutate
+.PHONY: install demo test test-slow crash-campaign bench lint browser vllm-venv gpu-wheels gpu-check gpu-check-dry mutate
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,13 @@ test: lint browser vllm-venv
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+
+# docs/reliability.md: SIGKILL at spread points (>= 200 kills), then ENOSPC/EIO/EDQUOT at every Nth write, fsync
+# and rename (strace's fault injection; installed with apt-get where missing and root).
+crash-campaign: $(STAMP)
+	$(BIN)/python -m bench.crash_campaign
+	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq strace >/dev/null; }
+	$(BIN)/python -m bench.inject_campaign
 
 # Mutation testing (docs/mutation.md; slow: verify.py alone is about 40 minutes on 2 busy cores, every group several
 # hours). First every check named in issue 26 broken by hand, each against the test that must kill it; then mutmut

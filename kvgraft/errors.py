@@ -9,6 +9,8 @@ EXIT_MODEL = 3  # the model is not the one the release was made with
 EXIT_NOT_EXACT = 4  # an audit completed and found a failure: states not byte-identical, or verdict FAILED
 EXIT_EXISTS = 5  # refusing to overwrite an existing output
 EXIT_INCOMPLETE = 6  # an audit ran but reached no verdict: nothing to judge, or a positive control missed its effect
+EXIT_IO = 7  # the system refused a write: disk full, quota, I/O error, read-only or no permission
+EXIT_BUSY = 8  # another process is writing the same output now
 
 
 # Digits of a number a message shows: a hostile file can state an integer of any length, and Python
@@ -93,3 +95,15 @@ class ExistsError(Error):
     """An output already exists and overwriting was not asked for."""
 
     exit_code = EXIT_EXISTS
+
+
+class IOFailure(Error):
+    """The system refused to write an output (ENOSPC, EDQUOT, EIO, EROFS, EACCES ...); nothing partial is left."""
+
+    exit_code = EXIT_IO
+
+
+class BusyError(Error):
+    """Another process holds the lock of the output being written."""
+
+    exit_code = EXIT_BUSY

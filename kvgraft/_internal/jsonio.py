@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import json
 import math
 import os
 import re
+import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +20,7 @@ from typing import Any
 
 import rfc8785
 
-from kvgraft.errors import InputError
+from kvgraft.errors import BusyError, InputError, IOFailure
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
 
@@ -293,15 +299,32 @@ def _plain(obj: Any) -> bool:
     return True
 
 
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def finite_json(obj: Any) -> Any:
+    """`obj` with each non-finite float as the string "Infinity", "-Infinity" or "NaN" (as protobuf's JSON
+    mapping writes them): JSON has no such number, and writing 1.797e308 instead would be a finite lie.
+    The schemas allow these strings where a measure can be infinite (recompute's max_abs, max_excess)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else _NON_FINITE.get(obj, "NaN")
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def canonical(obj: Any) -> bytes:
     """RFC 8785 canonical JSON bytes.
 
     Without floats, RFC 8785 is exactly sorted, compact, non-ASCII-escaping JSON (same string
-    escapes), so the C encoder is used; anything with a float goes through the rfc8785 package.
+    escapes), so the C encoder is used; anything with a float goes through the rfc8785 package,
+    a non-finite one written as finite_json says.
     """
     if _plain(obj):
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    return rfc8785.dumps(obj)
+    return rfc8785.dumps(finite_json(obj))
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -343,6 +366,121 @@ def check_writable(path: Path) -> None:
         raise InputError(f"{path}: cannot write it: {exc.strerror or exc} ({folder})") from None
 
 
+# The system's refusals of a write: a CLI turns one that escaped the library's wrapping into exit 7 too.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})
+
+
+def io_failure(path: Path | str, exc: OSError) -> IOFailure:
+    """One line naming the path and the cause of a refused write: 'PATH: cannot write: No space left on
+    device (ENOSPC)'. A write() error carries no file name, so `path` names what was being written."""
+    name = errno.errorcode.get(exc.errno or 0)
+    where = exc.filename if exc.filename is not None else path
+    cause = exc.strerror or str(exc)
+    return IOFailure(f"{where}: cannot write: {cause}{f' ({name})' if name else ''}")
+
+
+@contextlib.contextmanager
+def writing(path: Path | str, *, always: bool = False) -> Iterator[None]:
+    """Turn an OSError from the writes inside into IOFailure (exit 7) naming `path` or (unless `always`)
+    the file the error names."""
+    try:
+        yield
+    except OSError as exc:
+        raise io_failure(path, OSError(exc.errno, exc.strerror) if always else exc) from None
+
+
+def warn(message: str) -> None:
+    """A line on stderr for what went wrong after an output was complete and in place (nothing to undo)."""
+    print(f"kvgraft: warning: {message}", file=sys.stderr)
+
+
+# What a writer of NAME leaves when killed: write_atomic's temp file, ReleaseWriter's temp folder and the
+# previous release set aside (".NAME.old" from earlier versions). tempfile's random part is 8 characters.
+def _leftover(name: str) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(name)}(\.[a-z0-9_]{{8}}\.(tmp|partial|old)|\.old)")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder or file; raises OSError naming what could not be removed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        errors: list[OSError] = []
+        shutil.rmtree(path, onerror=lambda _f, p, info: errors.append(
+            OSError(getattr(info[1], "errno", None), getattr(info[1], "strerror", str(info[1])), p)))
+        if errors:
+            raise errors[0]
+    else:
+        os.unlink(path)
+
+
+class OutputLock:
+    """The one writer of `path`: flock on `.NAME.lock` beside it. The kernel drops the lock when its holder
+    dies, so a killed writer never leaves it stuck; a second writer is refused at once (BusyError, exit 8).
+    Held, it clears what killed writers of the same name left (their temp files and folders)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.file = self.path.with_name(f".{self.path.name}.lock")
+        self.fd = -1
+
+    def __enter__(self) -> OutputLock:
+        # Named by the output, not the lock file: its folder is what refuses (read-only, full, no permission).
+        with writing(self.path, always=True):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    raise BusyError(f"{self.path}: another process is writing it now (it holds {self.file}); "
+                                    "try again when it is done") from None
+                st = stat_or_none(self.file)
+                if st is not None and st.st_ino == os.fstat(fd).st_ino:
+                    break
+                os.close(fd)  # the holder removed its lock file between our open and flock: lock the new one
+        self.fd = fd
+        pattern = _leftover(self.path.name)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.path.parent):
+                if pattern.fullmatch(name):
+                    with contextlib.suppress(OSError):
+                        remove_tree(self.path.parent / name)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                self.file.unlink()  # while still held: a writer that opened it meanwhile sees the inode change
+            os.close(self.fd)
+            self.fd = -1
+
+
+def clear_leftovers(path: Path) -> None:
+    """Remove what killed writers of `path` left beside it (OutputLock does, once it holds the lock);
+    nothing when its folder does not exist (no folder is made for it)."""
+    if is_folder(path.parent):
+        with OutputLock(path):
+            pass
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE): a reader of either sees the
+    old or the new, never nothing. OSError (EINVAL, ENOSYS) where the system or file system lacks it."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b))
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -355,23 +493,31 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write to a temp name in the same folder, fsync, rename: never a partial file.
 
     `mode` is set explicitly: mkstemp's 0600 would make published files unreadable to others,
-    while private keys must keep 0600.
+    while private keys must keep 0600. Under the output's lock (a second writer gets BusyError); a
+    refused write (disk full, I/O error, read-only) is IOFailure naming the path, the old file intact.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with OutputLock(path), writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        warn(f"{path}: written and in place, but its folder could not be flushed to disk: {exc.strerror}")
+
+
+def json_bytes(obj: Any) -> bytes:
+    """What write_json writes: indented JSON, non-finite floats as finite_json says."""
+    return (json.dumps(obj if _plain(obj) else finite_json(obj), indent=2, allow_nan=False) + "\n").encode()
 
 
 def write_json(path: Path, obj: Any, *, canonical_form: bool = False) -> None:
-    data = canonical(obj) if canonical_form else (json.dumps(obj, indent=2) + "\n").encode()
-    write_atomic(path, data)
+    write_atomic(path, canonical(obj) if canonical_form else json_bytes(obj))

@@ -16,6 +16,7 @@ from rich.text import Text
 from typer.core import TyperArgument
 
 from kvgraft import __version__
+from kvgraft._internal.jsonio import WRITE_ERRNOS, io_failure
 from kvgraft.errors import Error
 from kvgraft.reporting.render import json_text
 from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
@@ -107,6 +108,10 @@ def handled(fn: F) -> F:
         except Exception as exc:
             if _state["verbose"]:
                 err.print_exception()
+            if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:  # the system refused a write: not a bug
+                failure = io_failure(exc.filename or "output", exc)
+                say(f"kvgraft: error: {failure}", error=True)
+                raise typer.Exit(failure.exit_code) from None
             say(f"kvgraft: internal error: {type(exc).__name__}: {exc} (rerun with --verbose)", error=True)
             raise typer.Exit(EXIT_INTERNAL) from None
 

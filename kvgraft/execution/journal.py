@@ -14,14 +14,15 @@ is judged, then removes the journal.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from kvgraft._internal.jsonio import loads_strict
-from kvgraft.errors import InputError
+from kvgraft._internal.jsonio import loads_strict, stat_or_none, writing
+from kvgraft.errors import BusyError, InputError
 
 KIND = "kvgraft-journal"
 VERSION = 1
@@ -84,56 +85,88 @@ class Journal:
     @classmethod
     def open(cls, path: Path, run: dict[str, Any], units: set[str],
              check: Callable[[str, dict[str, Any]], str | None] | None = None) -> Journal:
-        """Open (resume) or create the journal of `run`; a journal of another run is refused.
+        """Open (resume) or create the journal of `run`; a journal of another run is refused, and so is
+        one another audit holds open now (BusyError: two audits never interleave their lines).
 
         `check(unit, result)` says why a result read back cannot be reused (None: it can); any such line
         refuses the resume, naming the file and line.
         """
         run = _plain(run)
-        done: dict[str, dict[str, Any]] = {}
-        recorded = header(path)
-        if recorded is not None:
-            diff = _first_difference(recorded, run)
-            if diff:
-                raise InputError(f"{path}: a journal of another run ({diff} differs); delete it to start afresh, "
-                                 "or rerun with the settings it records")
-            good = 0  # byte length of the valid prefix: a torn tail is cut off before appending
-            with path.open("rb") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.endswith(b"\n"):
-                        break  # torn by a kill mid-write: that unit is judged again
-                    if lineno > 1:
-                        doc = _result_line(line, f"{path}:{lineno}")
-                        if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
-                                or not isinstance(doc.get("unit"), str) or doc["unit"] not in units:
-                            raise InputError(f"{path}:{lineno}: not a judged unit of this run")
-                        unit = str(doc["unit"])
-                        problem = check(unit, doc["result"]) if check is not None and unit not in done else None
-                        if problem:
-                            raise InputError(f"{path}:{lineno}: unit {unit!r}: {problem}; nothing was resumed (delete "
-                                             "the journal to judge every unit afresh)")
-                        done.setdefault(unit, doc["result"])  # kept once
-                    good += len(line)
-            fh2: IO[bytes] = path.open("r+b")
-            fh2.truncate(good)
-            fh2.seek(good)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh2 = path.open("wb")
-            fh2.write(json.dumps({"kind": KIND, "version": VERSION, "run": run}).encode() + b"\n")
-            fh2.flush()
-            os.fsync(fh2.fileno())
-        return cls(path, run, fh2, done, resumed=recorded is not None)
+        fh = _locked(path)
+        try:
+            resumed = header(path) is not None
+            return cls(path, run, fh, _resume(path, run, units, fh, check), resumed=resumed)
+        except BaseException:
+            fh.close()
+            raise
 
     def record(self, unit: str, result: dict[str, Any]) -> None:
-        self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with writing(self.path):
+            self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         self._fh.close()
 
     def remove(self) -> None:
         """The run is complete and its report written: the journal has done its job."""
+        self.path.unlink(missing_ok=True)  # while still locked: an audit that opened it meanwhile sees it gone
         self.close()
-        self.path.unlink(missing_ok=True)
+
+
+def _locked(path: Path) -> IO[bytes]:
+    """The journal at `path` opened for appending (created empty if absent) under an exclusive flock,
+    which the kernel drops when the holder dies: a killed audit never leaves it stuck."""
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fh = path.open("a+b")
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                raise BusyError(f"{path}: another audit is writing this journal now; try again when it is done") from None
+            st = stat_or_none(path)
+            if st is not None and st.st_ino == os.fstat(fh.fileno()).st_ino:
+                return fh
+            fh.close()  # its holder finished and removed it between our open and flock: open the new one
+
+
+def _resume(path: Path, run: dict[str, Any], units: set[str], fh: IO[bytes],
+            check: Callable[[str, dict[str, Any]], str | None] | None) -> dict[str, dict[str, Any]]:
+    """The units judged so far (none for a new or empty journal), each result `check`ed, the torn tail cut
+    off, the header written when there was none."""
+    done: dict[str, dict[str, Any]] = {}
+    recorded = header(path)
+    if recorded is not None:
+        diff = _first_difference(recorded, run)
+        if diff:
+            raise InputError(f"{path}: a journal of another run ({diff} differs); delete it to start afresh, "
+                             "or rerun with the settings it records")
+        good = 0  # byte length of the valid prefix: a torn tail is cut off before appending
+        with path.open("rb") as lines:
+            for lineno, line in enumerate(lines, 1):
+                if not line.endswith(b"\n"):
+                    break  # torn by a kill mid-write: that unit is judged again
+                if lineno > 1:
+                    doc = _result_line(line, f"{path}:{lineno}")
+                    if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
+                            or not isinstance(doc.get("unit"), str) or doc["unit"] not in units:
+                        raise InputError(f"{path}:{lineno}: not a judged unit of this run")
+                    unit = str(doc["unit"])
+                    problem = check(unit, doc["result"]) if check is not None and unit not in done else None
+                    if problem:
+                        raise InputError(f"{path}:{lineno}: unit {unit!r}: {problem}; nothing was resumed (delete "
+                                         "the journal to judge every unit afresh)")
+                    done.setdefault(unit, doc["result"])  # kept once
+                good += len(line)
+        with writing(path):
+            fh.truncate(good)
+    else:
+        with writing(path):
+            fh.truncate(0)  # empty, or a header torn by a kill: nothing was judged
+            fh.write(json.dumps({"kind": KIND, "version": VERSION, "run": run}).encode() + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    return done

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvgraft._internal.digest import digest_json, sha256_hex
-from kvgraft._internal.jsonio import load_file
+from kvgraft._internal.jsonio import io_failure, load_file
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import pool
 
@@ -106,8 +106,12 @@ def ensure_smollm2(progress: Any = None) -> Path:
     with _quiet_gguf_reader():
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    except OSError as exc:
+        failure = io_failure(target.parent, exc)
+        raise type(failure)(f"{failure} (kvgraft's model cache: set KVGRAFT_HOME to a writable folder)") from None
     try:
         # transformers refuses save_pretrained on a GGUF-loaded model; save the parts instead.
         # A folder other tools load as they would any Hugging Face folder: vLLM, given no

@@ -108,7 +108,8 @@ def diff_tensors(stored: torch.Tensor, fresh: torch.Tensor, *, stored_sha256: st
     ulp, pairs, rel = 0, 0, 0.0
     if stored.is_floating_point():
         delta = (stored.double() - fresh.double()).abs()
-        max_abs = float(torch.nan_to_num(delta, nan=float("inf")).max())
+        # posinf stated: nan_to_num would turn an infinite difference into 1.797e308, a finite lie
+        max_abs = float(torch.nan_to_num(delta, nan=float("inf"), posinf=float("inf")).max())
         if it is not None:
             ulp, pairs = max_ulp(stored, fresh, neq)
         rel = max_relative(stored, fresh)

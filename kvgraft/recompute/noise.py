@@ -209,7 +209,8 @@ def judge(stored: torch.Tensor, fresh: torch.Tensor, allowed: torch.Tensor) -> J
     diff = (s - f).abs()
     bad = ~torch.isfinite(s) & torch.isfinite(f)
     excess = torch.where(bad, torch.full_like(diff, float("inf")), diff / allowed.to(diff.device))
-    excess = torch.nan_to_num(excess, nan=0.0)  # NaN where both are NaN: same computation
+    # NaN where both are NaN: same computation. posinf stated: the default would write 1.797e308.
+    excess = torch.nan_to_num(excess, nan=0.0, posinf=float("inf"))
     outside_mask = excess > 1.0
     outside = int(outside_mask.sum())
     flat = excess.reshape(-1)

@@ -7,7 +7,9 @@ written. Reading imports no torch: `kvgraft verify` runs on CI machines without 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import os
 import shutil
 import stat
@@ -321,11 +323,17 @@ class ReleaseWriter:
         if not keep_entries and format_version == 1:
             raise ValueError("a format-1 manifest holds every entry")
         self.out = Path(out)
-        jsonio.refuse_existing(self.out, overwrite)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
-        self.tmp.chmod(0o755)
-        (self.tmp / "entries").mkdir()
+        # Held until finish or abort: a second writer of the same release is refused (exit 8).
+        self._lock = jsonio.OutputLock(self.out).__enter__()
+        try:
+            jsonio.refuse_existing(self.out, overwrite)
+            with self._refused():
+                self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial", dir=self.out.parent))
+                self.tmp.chmod(0o755)
+                (self.tmp / "entries").mkdir()
+        except BaseException:
+            self._lock.release()
+            raise
         self.format_version = format_version
         self.keep_entries = keep_entries
         self.shard_entries = shard_entries
@@ -339,7 +347,13 @@ class ReleaseWriter:
         self._shards: list[dict[str, Any]] = []
         self._prefix = release_index.PrefixWriter()
         if format_version == 2:
-            (self.tmp / release_index.INDEX_DIR).mkdir()
+            with self._refused():
+                (self.tmp / release_index.INDEX_DIR).mkdir()
+
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """A refused write (disk full, I/O error, read-only) is IOFailure naming the release, not a file of its
+        hidden temp folder (gone once the writer aborts)."""
+        return jsonio.writing(self.out, always=True)
 
     def _entry_name(self) -> str:
         # Entry files are spread over folders of 1,000 so that no folder lists 10^5 names.
@@ -361,8 +375,9 @@ class ReleaseWriter:
             raise InputError(f"{self.out}: entry id {entry['id']!r} appears twice")
         rel = self._entry_name()
         path = self.tmp / rel
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data)  # made durable by finish, all files at once
+        with self._refused():
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(data)  # made durable by finish, all files at once
         header, _ = stfile.read_header(path)
         view = memoryview(data)
         entry = dict(entry)
@@ -400,7 +415,8 @@ class ReleaseWriter:
         doc = {"format": release_index.SHARD_FORMAT, "format_version": 2, "entries": self._shard,
                "files": self._shard_files}
         data = jsonio.canonical(doc)
-        (self.tmp / name).write_bytes(data)  # made durable by finish
+        with self._refused():
+            (self.tmp / name).write_bytes(data)  # made durable by finish
         # The token counts beside the ids: a sample is drawn and bounded from the manifest alone.
         self._shards.append({"file": name, "sha256": sha256_hex(data), "size": len(data),
                              "ids": [e["id"] for e in self._shard],
@@ -420,7 +436,8 @@ class ReleaseWriter:
         else:
             self._flush_shard()
             prefix = self._prefix.data()
-            (self.tmp / release_index.PREFIX_FILE).write_bytes(prefix)
+            with self._refused():
+                (self.tmp / release_index.PREFIX_FILE).write_bytes(prefix)
             index = {"entries": self.count, "tokens": self.tokens, "shards": self._shards,
                      "prefix": {"file": release_index.PREFIX_FILE, "sha256": sha256_hex(prefix), "size": len(prefix),
                                 "block_tokens": self._prefix.block_tokens,
@@ -430,21 +447,52 @@ class ReleaseWriter:
             validate(manifest, CACHE_MANIFEST_V2, str(self.out / MANIFEST))
         # One flush of the file system before the release appears, instead of an fsync per entry file
         # (6 ms each on this project's VM: 10 minutes for 100,000 entries); then the manifest.
-        os.sync()
-        jsonio.write_json(self.tmp / MANIFEST, manifest)
-        if self.out.exists():
-            old = self.out.with_name(f".{self.out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.out, old)
-            os.replace(self.tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.out)
-        jsonio.fsync_dir(self.out.parent)
+        with self._refused():
+            (self.tmp / MANIFEST).write_bytes(jsonio.json_bytes(manifest))
+            os.sync()
+        self._publish()
         if self.format_version == 2 and self.keep_entries:
             head = {k: v for k, v in manifest.items() if k != "index"}
             return {**head, "entries": self.entries, "files": self.files}
         return manifest
 
+    def _publish(self) -> None:
+        """Put the finished release at `out`: in one step (readers see the old release or the new one,
+        never neither), or where the file system cannot swap, in two with the old one put back if the
+        second fails. Once the new release is in place nothing raises: a step after it that fails (the
+        old release's removal, the folder's flush) is a warning naming the path, not an error over a
+        complete release."""
+        replaced = jsonio.stat_or_none(self.out) is not None
+        with self._refused():
+            if not replaced:
+                os.replace(self.tmp, self.out)
+            else:
+                try:
+                    jsonio.exchange(self.tmp, self.out)  # self.tmp now holds the previous release
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+                        raise
+                    old = self.tmp.with_suffix(".old")
+                    os.replace(self.out, old)
+                    try:
+                        os.replace(self.tmp, self.out)
+                    except OSError:
+                        os.replace(old, self.out)
+                        raise
+                    self.tmp = old
+        if replaced:
+            try:
+                jsonio.remove_tree(self.tmp)
+            except OSError as exc:
+                jsonio.warn(f"{self.out}: written and in place, but the release it replaced could not be removed "
+                            f"from {self.tmp} ({exc.filename}: {exc.strerror}); delete it, or the next write of "
+                            f"{self.out.name} will")
+        try:
+            jsonio.fsync_dir(self.out.parent)
+        except OSError as exc:
+            jsonio.warn(f"{self.out}: written and in place, but its folder could not be flushed to disk: {exc.strerror}")
+        self._lock.release()
+
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._lock.release()

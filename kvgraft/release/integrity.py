@@ -19,7 +19,7 @@ from typing import Any
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import InputError, IntegrityError, VerificationError
+from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
@@ -153,11 +153,35 @@ def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
     return min(release_format.MAX_MANIFEST_BYTES, max(UNSIGNED_MANIFEST_FLOOR, stored // UNSIGNED_MANIFEST_RATIO))
 
 
-def check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
-                  deep: bool = False, signed: bool = False, attested_root: str | None = None,
-                  check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
-                  beside_source: str = "OMS signature", subjects_beside: bool = False,
-                  every_file: bool = False, ignored: Sequence[str] = ()) -> CheckedRelease:
+# A release replaced while it is read (ReleaseWriter swaps the folder in one step) reads partly old,
+# partly new: that fails its digests, and is read again, up to this many times in all.
+READS_ACROSS_A_REPLACE = 3
+
+
+def _folder_id(root: Path) -> tuple[int, int] | None:
+    st = jsonio.stat_or_none(root, follow=True)
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
+def check_release(root: Path, **options: Any) -> CheckedRelease:
+    """_check_release, read again when the folder at `root` was replaced while it was read (a failure
+    then says nothing about either release); any other failure stands."""
+    root = Path(root)
+    for attempt in range(1, READS_ACROSS_A_REPLACE + 1):
+        before = _folder_id(root)
+        try:
+            return _check_release(root, **options)
+        except Error:
+            if attempt == READS_ACROSS_A_REPLACE or before is None or _folder_id(root) == before:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
+                   deep: bool = False, signed: bool = False, attested_root: str | None = None,
+                   check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
+                   beside_source: str = "OMS signature", subjects_beside: bool = False,
+                   every_file: bool = False, ignored: Sequence[str] = ()) -> CheckedRelease:
     """The release's bytes against `subjects` (if any) and the manifest (module docstring).
 
     `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`

@@ -15,6 +15,7 @@ model.sig's hint and checks. Bundles signed before used the SHA-256 of the DER f
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import InputError
+from kvgraft.errors import Error, InputError
 
 ALGORITHMS = ("ecdsa-p256", "ed25519")
 DEFAULT_ALGORITHM = "ecdsa-p256"
@@ -94,8 +95,25 @@ def write_keypair(prefix: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphras
     for path in (private_path, public_path):
         jsonio.refuse_existing(path, overwrite)
     key = generate(algorithm)
-    _write_secret(private_path, private_pem(key, passphrase))
-    jsonio.write_atomic(public_path, public_pem(key))
+    # Two files cannot be replaced in one step. The old public key is removed first, so that a kill in
+    # between leaves a private key without a public one, never beside the public key of another pair (one a
+    # user would publish); a refused write puts the previous pair back (or removes the new files where there
+    # was none).
+    before = {path: jsonio.read_bounded(path, MAX_KEY_BYTES, "a PEM key") if path.is_file() else None
+              for path in (private_path, public_path)}
+    with jsonio.writing(public_path):
+        public_path.unlink(missing_ok=True)
+    try:
+        _write_secret(private_path, private_pem(key, passphrase))
+        jsonio.write_atomic(public_path, public_pem(key))
+    except BaseException:
+        for path, data in before.items():
+            with contextlib.suppress(OSError, Error):
+                if data is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    jsonio.write_atomic(path, data, mode=0o600 if path == private_path else 0o644)
+        raise
     return private_path, public_path
 
 

@@ -6,13 +6,15 @@ writes), so neither imports this one. Nothing here imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import InputError
+from kvgraft.errors import Error, InputError
 from kvgraft.release.integrity import check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
@@ -56,20 +58,37 @@ def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 def sign_release(root: Path, key: PrivateKey) -> Signed:
     """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
+    oms_path = Path(root) / OMS_NAME
+    for name in (BUNDLE_NAME, OMS_NAME):
+        jsonio.clear_leftovers(Path(root) / name)  # a killed sign's temp files would fail the check below
     stmt, files = _checked_statement(root)
     payload = statement_bytes(stmt)
     signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
     kid = key_id(key)
     data = (json.dumps(key_bundle(payload, signature, kid), indent=2) + "\n").encode()
-    bundle = write_bundle(root, data)
-    # The OMS signature covers release.sigstore.json too, so it is written last; a previous one would
-    # now be stale, and is replaced or (for a key OMS cannot use) removed.
-    # OMS lists every file of the folder (format 2: the entry files too, which the statement binds
-    # through the index shards).
-    digests = {**files, BUNDLE_NAME: sha256_hex(data)}
-    written = oms.sign(root, key, digests)
-    if written is None:
-        (Path(root) / OMS_NAME).unlink(missing_ok=True)
+    # model.sig names the bundle's digest: beside another bundle it verifies with no key. Removed before the
+    # bundle is replaced, every state a kill leaves verifies with the old key or the new one; when a write
+    # is refused, the previous bundle and model.sig are put back (best effort: the disk may still refuse).
+    bundle_path = Path(root) / BUNDLE_NAME
+    before = {path: jsonio.read_bounded(path, jsonio.MAX_JSON_BYTES, "a signature") if path.is_file() else None
+              for path in (oms_path, bundle_path)}
+    with jsonio.writing(oms_path):
+        oms_path.unlink(missing_ok=True)
+    try:
+        bundle = write_bundle(root, data)
+        # The OMS signature covers release.sigstore.json too, so it is written last (none for a key OMS
+        # cannot use). It lists every file of the folder (format 2: the entry files too, which the statement
+        # binds through the index shards).
+        written = oms.sign(root, key, {**files, BUNDLE_NAME: sha256_hex(data)})
+    except BaseException:
+        for path in (bundle_path, oms_path):
+            with contextlib.suppress(OSError, Error):
+                old = before[path]
+                if old is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    jsonio.write_atomic(path, old)
+        raise
     return Signed(bundle, stmt, kid, written, len(files))
 
 

@@ -837,10 +837,11 @@ def test_an_entry_file_names_its_entry_in_its_safetensors_metadata(tmp_path: Pat
     writer.abort()
 
 
-def test_abort_after_a_finish_that_failed_late_keeps_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Capture aborts the writer on any failure, also one after the release was renamed into place (here the
-    parent folder's fsync fails): abort, with no temp folder left to remove, must not replace that error; the
-    release in place is whole. The control: abort before finish removes the temp folder."""
+def test_a_failure_after_the_release_is_in_place_is_a_warning_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Once the release is renamed into place, a later step that fails (here the parent folder's fsync) is a
+    warning naming the path: an error would tell the user the capture failed over a complete, valid release.
+    The control: abort before finish removes the temp folder."""
     from kvgraft._internal import jsonio
     from kvgraft.release.format import ReleaseWriter
 
@@ -858,10 +859,9 @@ def test_abort_after_a_finish_that_failed_late_keeps_the_error(tmp_path: Path, m
 
     monkeypatch.setattr(jsonio, "fsync_dir", failing)
     out = tmp_path / "out"
-    with pytest.raises(OSError) as info:
-        make_release(out, entries=1, seed=47)  # its except: writer.abort(); raise, as capture's
-    assert type(info.value) is OSError and info.value.strerror == "Input/output error"
+    make_release(out, entries=1, seed=47)
     monkeypatch.undo()
+    assert f"kvgraft: warning: {out}: written and in place" in capsys.readouterr().err
     assert check_release(out).files == listed_digests(out) and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

@@ -1,0 +1,208 @@
+"""Inject ENOSPC, EIO and EDQUOT into the Nth write, fsync and rename of kvgraft commands, for every N.
+
+    python -m bench.inject_campaign                    # sign, keygen and a tiny capture: a table on stdout
+    python -m bench.inject_campaign --only sign        # one scenario
+
+strace's syscall fault injection (`strace -f -e inject=write:error=ENOSPC:when=N`) fails the Nth call of
+one syscall class; the classes' counts come from one traced complete run. Each injected run must end in
+one of two ways: exit 7 (EXIT_IO) with exactly one stderr line naming the cause's errno and no traceback,
+the previous artifact intact; or exit 0 with the new artifact complete (a failure after it was in place,
+such as its folder's flush, is a warning). Anything else is a violation. Exit 1 when there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.crash_campaign import KVGRAFT, ROOT, _env, _records, _tiny_model
+
+CLASSES = {"write": "write,pwrite64", "fsync": "fsync,fdatasync", "rename": "rename,renameat,renameat2"}
+ERRNOS = ("ENOSPC", "EIO", "EDQUOT")
+
+
+@dataclass
+class Row:
+    scenario: str
+    syscall: str
+    code: str
+    runs: int = 0
+    exit_io: int = 0  # exit 7, one line naming the errno, no traceback
+    exit_ok: int = 0
+    previous: int = 0
+    new: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+def traced(args: list[str], syscalls: str, inject: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    cmd = ["strace", "-f", "-qq", "-o", "/dev/null" if inject else "/dev/stderr", "-e", f"trace={syscalls}"]
+    if inject:
+        cmd += ["-e", f"inject={syscalls}:{inject}"]
+    return subprocess.run([*cmd, *KVGRAFT, *args], env=_env(), capture_output=True, check=False)
+
+
+def counts(args: list[str]) -> Counter[str]:
+    """How many calls of each class a complete run makes (strace's lines on stderr)."""
+    done = traced(args, ",".join(CLASSES.values()))
+    found: Counter[str] = Counter()
+    for line in done.stderr.decode(errors="replace").splitlines():
+        name = line.split(" ", 1)[-1].split("(", 1)[0].strip()
+        for cls, names in CLASSES.items():
+            if name in names.split(","):
+                found[cls] += 1
+    return found
+
+
+def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], reset: Callable[[], None],
+          codes: tuple[str, ...] = ERRNOS) -> list[Row]:
+    """Every (class, errno, N); `state` says "previous", "new" or what is wrong; `reset` restores the previous."""
+    reset()
+    total = counts(args())
+    rows = []
+    for cls in CLASSES:
+        for code in codes:
+            row = Row(name, cls, code)
+            for n in range(1, total[cls] + 1):
+                reset()
+                done = traced(args(), CLASSES[cls], f"error={code}:when={n}")
+                row.runs += 1
+                err = done.stderr.decode(errors="replace").strip().splitlines()
+                now = state()
+                row.previous += now == "previous"
+                row.new += now == "new"
+                where = f"{cls} #{n} {code}: exit {done.returncode}"
+                if now not in ("previous", "new"):
+                    row.violations.append(f"{where}: {now}")
+                elif done.returncode == 0:
+                    row.exit_ok += 1
+                    if now != "new":
+                        row.violations.append(f"{where}: exit 0 but the output is not the new one")
+                elif done.returncode == 7 and len(err) == 1 and code in err[0] and "Traceback" not in err[0]:
+                    row.exit_io += 1
+                else:
+                    row.violations.append(f"{where}: {' / '.join(err)[-300:]}")
+            rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)  # progress: a long run
+    return rows
+
+
+def _line(r: Row) -> str:
+    return (f"| {r.scenario} | {r.syscall} | {r.code} | {r.runs} | {r.exit_io} | {r.exit_ok} | {r.previous} | "
+            f"{r.new} | {len(r.violations)} |")
+
+
+def sign_rows(work: Path) -> list[Row]:
+    from kvgraft.signing import keys
+    from kvgraft.signing.verify import verify_release
+    from tests.release_factory import make_release
+
+    rel = work / "rel"
+    make_release(rel, entries=4, format_version=2)
+    (old_key, old_pub), (new_key, new_pub) = keys.write_keypair(work / "a"), keys.write_keypair(work / "b")
+    signed = work / "signed"
+
+    def reset() -> None:
+        shutil.rmtree(signed, ignore_errors=True)
+        shutil.copytree(rel, signed)
+        subprocess.run([*KVGRAFT, "sign", str(signed), "--key", str(old_key)], env=_env(), check=True,
+                       capture_output=True)
+
+    def state() -> str:
+        for label, pub in (("previous", old_pub), ("new", new_pub)):
+            try:
+                verify_release(signed, key=pub)
+                return label
+            except Exception:
+                pass
+        return "verifies with neither key"
+
+    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset)
+
+
+def keygen_rows(work: Path) -> list[Row]:
+    from kvgraft.signing import keys
+
+    prefix = work / "k"
+    private, public = Path(f"{prefix}.key.pem"), Path(f"{prefix}.pub.pem")
+    keys.write_keypair(work / "old")
+    old = (work / "old.key.pem").read_bytes(), (work / "old.pub.pem").read_bytes()
+
+    def reset() -> None:
+        private.write_bytes(old[0])
+        public.write_bytes(old[1])
+
+    def state() -> str:
+        try:
+            pair = private.read_bytes(), public.read_bytes()
+            derived = keys.public_pem(keys.load_private_key(private))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if derived != pair[1]:
+            return "the public key file is not the private key's (a half-replaced pair)"
+        return "previous" if pair == old else "new"
+
+    return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset)
+
+
+def capture_rows(work: Path) -> list[Row]:
+    from kvgraft._internal import jsonio
+    from kvgraft.release.integrity import check_release
+
+    model = _tiny_model(work)
+    src, rel, first = _records(work / "records.jsonl", 3), work / "rel", work / "first"
+    args = ["capture", str(src), "--out", str(rel), "--model", str(model), "--overwrite", "--probe", "2"]
+    subprocess.run([*KVGRAFT, *args[:3], str(first), *args[4:]], env=_env(), check=True, capture_output=True)
+    before = jsonio.load_file(first / "manifest.json")["root_digest"]
+
+    def reset() -> None:
+        shutil.rmtree(rel, ignore_errors=True)
+        shutil.copytree(first, rel)
+
+    def state() -> str:
+        try:
+            check_release(rel)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        leftovers = [n for n in Path(work).iterdir() if n.name.startswith(".rel.")]
+        if leftovers:
+            return f"left beside it: {[n.name for n in leftovers]}"
+        return "previous" if jsonio.load_file(rel / "manifest.json")["root_digest"] == before else "new"
+
+    return sweep("capture --overwrite", lambda: args, state, reset, codes=("ENOSPC",))
+
+
+SCENARIOS = {"sign": sign_rows, "keygen": keygen_rows, "capture": capture_rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=list(SCENARIOS), action="append")
+    args = parser.parse_args(argv)
+    if shutil.which("strace") is None:
+        print("strace is not installed (apt-get install strace)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    rows: list[Row] = []
+    for name in args.only or list(SCENARIOS):
+        with tempfile.TemporaryDirectory(prefix=f"kvgraft-inject-{name}-") as tmp:
+            rows += SCENARIOS[name](Path(tmp))
+    print("| scenario | syscall | errno | injected runs | exit 7, one line | exit 0 (after the output was in place) "
+          "| previous intact | new complete | violations |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(_line(r))
+    for r in rows:
+        for v in r.violations[:3]:
+            print(f"{r.scenario}: {v}")
+    return 1 if any(r.violations for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

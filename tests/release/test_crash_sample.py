@@ -1,0 +1,49 @@
+"""A sample of bench/crash_campaign.py's kills (the full campaign: `make crash-campaign`, docs/reliability.md).
+
+Each scenario kills the real command with SIGKILL at points spread over its runtime and checks what is left at
+the output path. The control beside it: the same checks report a broken artifact as a failure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import crash_campaign
+
+
+def _held(tally: crash_campaign.Tally) -> None:
+    assert tally.kills > 0 and tally.held == tally.kills and tally.cleared and not tally.failures, tally
+
+
+def test_sign_killed_at_spread_points_leaves_a_release_that_verifies(tmp_path: Path) -> None:
+    _held(crash_campaign.sign_scenario(tmp_path, 2))
+
+
+def test_keygen_killed_at_spread_points_leaves_a_whole_pair(tmp_path: Path) -> None:
+    _held(crash_campaign.keygen_scenario(tmp_path, 2))
+
+
+def test_the_checks_report_a_broken_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: when the kill leaves a key pair that does not match, the campaign says so."""
+    real = crash_campaign.run
+
+    def run_then_break(args: list[str], kill_at: float | None = None) -> tuple[int | None, float]:
+        out = real(args, kill_at)
+        if kill_at is not None:
+            Path(f"{tmp_path / 'k'}.pub.pem").write_bytes(b"not a key\n")
+        return out
+
+    monkeypatch.setattr(crash_campaign, "run", run_then_break)
+    tally = crash_campaign.keygen_scenario(tmp_path, 1)
+    assert tally.held == 0 and tally.failures
+
+
+@pytest.mark.slow
+def test_capture_and_a_journaled_audit_killed_at_spread_points(tmp_path: Path) -> None:
+    model = crash_campaign._tiny_model(tmp_path)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "a").mkdir()
+    _held(crash_campaign.capture_scenario(tmp_path / "c", 2, model))
+    _held(crash_campaign.audit_scenario(tmp_path / "a", 2, model))

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scale.py many  [--entries 100000] [--dir DIR]
     .venv/bin/python bench/scale.py large [--gib 20] [--entry-mib 96] [--dir DIR] [--repeat 2]
+    .venv/bin/python bench/scale.py index [--entries 100000] [--layers 48] [--dir DIR]
 
 Releases are written by the project's own writer (kvgraft.release.format.ReleaseWriter, format 2) and
 signed with a fresh key; tensor contents are random bytes (I/O figures do not depend on them).
@@ -19,12 +20,20 @@ large: a release of about GIB GiB of ENTRY-MIB MiB entries (48 layers of [1, 8, 
   with os.preadv into a reused 8 MiB buffer and hashing them: the least any verifier of every byte
   must do); verify of one entry, graft of one entry (read_entry_tensors: read + hash into memory),
   start-up (verified), each on both releases (best of REPEAT).
+index: ENTRIES entries of LAYERS layers of tiny tensors ([1, 1, 16, 1] float32: the index, ~20 KB of
+  record per entry at 48 layers, grows with the entries; the bytes are not the point), each step in a
+  fresh process, with its peak RSS and the index shards it read: `audit sample` (draw 20), `audit
+  recompute --sample 20` and `--entry X` up to the point their first entry would be recomputed (the real
+  recompute.audit with a stand-in model of the release's identity and an executor that stops at its
+  first unit; torch is imported before the clock, as the command has it), `verify --sample 300`,
+  `inspect --limit 0 --json` (rows written to /dev/null) and `verify` of everything.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -108,6 +117,85 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
 
 # ------------------------------------------------------------------------------------- child steps
 
+_OPENED: list[object] = []  # every index opened in this process (shards_read)
+
+
+def shards_read() -> str:
+    """'R (S distinct)': index shard reads in this process, and distinct shards among them."""
+    reads = [(id(i), k) for i in _OPENED for k in i.shards_read]  # type: ignore[attr-defined]
+    return f"{len(reads)} ({len(set(reads))} distinct)"
+
+
+def _count_shard_reads() -> None:
+    from kvgraft.release import index as release_index
+
+    real = release_index.Index.__init__
+
+    def init(self: release_index.Index, *a: object, **k: object) -> None:
+        real(self, *a, **k)  # type: ignore[arg-type]
+        _OPENED.append(self)
+
+    release_index.Index.__init__ = init  # type: ignore[method-assign]
+
+
+class FirstRecompute(Exception):
+    """Raised where an audit would recompute its first entry."""
+
+
+class StopAtFirst:
+    """An executor that stops an audit where it would run its first entry (what came before is measured)."""
+
+    kind = "local"
+
+    def reapply_threads(self, threads: int | None) -> None:
+        pass
+
+    def environment(self, lm: object) -> dict[str, object]:
+        return {}
+
+    def map(self, fn: object, release: object, units: list[dict[str, object]], **_: object) -> list[object]:
+        raise FirstRecompute(len(units))
+
+
+def index_step(name: str, root: str, arg: str, policy: object) -> dict[str, object]:
+    from types import SimpleNamespace
+
+    from kvgraft import sampling
+    from kvgraft.release.format import Release
+
+    out: dict[str, object] = {}
+    if name == "audit-sample":  # kvgraft audit sample RELEASE --nonce bench --size 20
+        rel = Release.open(root)
+        ids = rel.entry_ids()
+        out["first"] = ids[sampling.draw(rel.manifest["root_digest"], "bench", len(ids), 20)[0]]
+    elif name in ("first-sample", "first-entry"):  # kvgraft audit recompute --sample 20 / --entry X
+        from kvgraft.recompute import audit as recompute
+
+        identity = json.loads((Path(root) / "manifest.json").read_text())["model"]["identity"]
+        lm = SimpleNamespace(spec="bench/scale", device="bench", model=object(),
+                             identity=SimpleNamespace(sha256=identity["sha256"], as_dict=lambda: identity))
+        options = {"sample": 20, "nonce": "bench"} if name == "first-sample" else {"entries": [arg]}
+        try:
+            recompute.audit(root, lm, executor=StopAtFirst(), **options)  # type: ignore[arg-type]
+        except FirstRecompute as stop:
+            out["units"] = stop.args[0]
+    elif name == "verify-sample":  # kvgraft verify RELEASE --key K --require-signature --sample 300 --nonce bench
+        from kvgraft.signing.verify import verify_release
+
+        r = verify_release(root, policy=policy, sample=300, nonce="bench")  # type: ignore[arg-type]
+        out["bytes_hashed"] = r.bytes_hashed
+        out["bound"] = sampling.check_sentence(r.bound or {})
+    elif name == "inspect-all":  # kvgraft inspect RELEASE --limit 0 --json > /dev/null
+        from kvgraft import inspection
+
+        doc, rows = inspection.listing(root, limit=None)
+        with open(os.devnull, "w") as sink:
+            sink.write(json.dumps(doc))
+            out["rows"] = sum(sink.write(json.dumps(row)) > 0 for row in rows)
+    out["shards_read"] = shards_read()
+    return out
+
+
 def step(name: str, root: str, arg: str) -> dict[str, object]:
     """One measured step in this (fresh) process."""
     from kvgraft.signing.policy import verify_policy
@@ -115,11 +203,15 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
 
     key = Path(root + "-key.pub.pem")
     policy = verify_policy(key=key, require_signature=True)
+    _count_shard_reads()
     if name == "graft-one":
         import kvgraft.inference.graft  # noqa: F401 (torch: imported before the clock starts, as a served process has it)
+    if name in ("first-sample", "first-entry", "baseline-torch"):
+        # torch, as `kvgraft audit recompute` has it before it reads the release
+        importlib.import_module("kvgraft.recompute.audit")
     t0 = time.perf_counter()
     out: dict[str, object] = {}
-    if name == "baseline":
+    if name in ("baseline", "baseline-torch"):
         pass
     elif name == "open":
         rel = verified(root, policy).release
@@ -134,6 +226,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     elif name == "verify-all":
         r = verify_release(root, policy=policy)
         out["bytes_hashed"] = r.bytes_hashed
+        out["shards_read"] = shards_read()
     elif name == "startup":  # the connector scheduler's per-release start-up work, then one lookup
         rel = verified(root, policy).release
         rel.prefix_table()
@@ -144,6 +237,8 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         hit = rel.longest_prefix(prompt, 16)
         out["lookup_s"] = time.perf_counter() - t2
         out["hit"] = [hit[0]["id"], hit[1]] if hit else None
+    elif name in ("audit-sample", "first-sample", "first-entry", "verify-sample", "inspect-all"):
+        out.update(index_step(name, root, arg, policy))
     elif name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
 
@@ -305,6 +400,37 @@ def large(args: argparse.Namespace) -> None:
               f"peak RSS {res['large']['peak_rss_mb']:.0f} / {res['small']['peak_rss_mb']:.0f} MB")
 
 
+def index(args: argparse.Namespace) -> None:
+    root = Path(args.dir) / f"index-{args.entries}x{args.layers}"
+    manifest_path = root / "manifest.json"
+    reuse = manifest_path.exists() and (root / "release.sigstore.json").exists() and \
+        json.loads(manifest_path.read_text())["index"]["entries"] == args.entries
+    seconds = 0.0 if reuse else build(root, args.entries, args.layers, [1, 1, 16, 1], "float32", 64)
+    index_bytes = sum(p.stat().st_size for p in (root / "index").iterdir())
+    size = sum(p.stat().st_size for p in files_of(root))
+    print(f"release   {args.entries} entries x {args.layers} layers ([1, 1, 16, 1] float32 keys and values), "
+          f"{size / 1e9:.2f} GB on disk, of which index/ {index_bytes / 1e9:.2f} GB in "
+          f"{len(list((root / 'index').iterdir())) - 1} shards, manifest.json {manifest_path.stat().st_size / 1e6:.2f} MB")
+    print(f"build     {'reused ' + str(root) if reuse else f'{seconds:.1f} s with ReleaseWriter, then signed'}")
+    probe = f"e{args.entries * 7 // 10:06d}"
+    for name in ("baseline", "baseline-torch"):
+        print(f"{name:17} peak RSS {child(name, root)['peak_rss_mb']:.0f} MB (the interpreter, kvgraft imported"
+              f"{'; torch and kvgraft.recompute.audit too' if name == 'baseline-torch' else ''})")
+    labels = {"audit-sample": "audit sample --size 20", "first-sample": "audit recompute --sample 20, to 1st",
+              "first-entry": f"audit recompute --entry {probe}, to 1st", "verify-sample": "verify --sample 300",
+              "inspect-all": "inspect --limit 0 --json", "verify-all": "verify (everything)"}
+    for name in args.steps.split(","):
+        r = child(name, root, probe)
+        extra = ""
+        if "bytes_hashed" in r:
+            rate = float(r["bytes_hashed"]) / float(r["seconds"])  # type: ignore[arg-type]
+            extra = f", {float(r['bytes_hashed']) / 2**30:.2f} GiB hashed ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
+        print(f"{labels[name]:37} {float(r['seconds']):7.2f} s, peak RSS {float(r['peak_rss_mb']):5.0f} MB, "
+              f"shard reads {r['shards_read']}{extra}")  # type: ignore[arg-type]
+        if "bound" in r:
+            print(f"{'':37} {r['bound']}")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_step":
         print(json.dumps(step(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")))
@@ -321,9 +447,14 @@ def main() -> None:
     g.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
     g.add_argument("--repeat", type=int, default=2)
     g.add_argument("--only-steps", action="store_true", help="skip the verify-of-everything rounds")
+    x = sub.add_parser("index")
+    x.add_argument("--entries", type=int, default=100_000)
+    x.add_argument("--layers", type=int, default=48)
+    x.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
+    x.add_argument("--steps", default="audit-sample,first-sample,first-entry,verify-sample,inspect-all,verify-all")
     args = p.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    many(args) if args.cmd == "many" else large(args)
+    {"many": many, "large": large, "index": index}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -198,6 +198,8 @@ class Draft:
                 meta["sha256"], meta["size"] = sha256_hex(data), len(data)
             if f"ids:{k}" not in self.keep:
                 meta["ids"] = [e["id"] for e in shard["entries"]]
+                if "num_tokens" in meta:  # the token counts the manifest lists beside the ids
+                    meta["num_tokens"] = [int(e["num_tokens"]) for e in shard["entries"]]
         if "counts" not in self.keep:
             index["entries"] = sum(len(s["entries"]) for s in self.shards)
             index["tokens"] = sum(int(e["num_tokens"]) for s in self.shards for e in s["entries"])

@@ -61,15 +61,14 @@ def inspect_cmd(
 
 def echo_streamed(doc: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
     """Print `doc` with `rows` as its entries' rows, the text echo_json gives (render.json_text: hidden
-    characters escaped), one row at a time."""
+    characters escaped). Each row is made into text as it is read (one index shard held at a time; a row's
+    text is a few hundred bytes) and nothing is printed until the last is: a shard refused midway leaves
+    stdout empty, never half a document."""
     marker = "\x00rows"  # split at its last occurrence: the rows are the document's last member, after any text
     head, tail = json_text({**doc, "entries": {**doc["entries"], "rows": marker}}).rsplit(json.dumps(marker), 1)
-    typer.echo(head, nl=False)
-    opening = "[\n      "
-    for row in rows:
-        typer.echo(opening + json_text(row).replace("\n", "\n      "), nl=False)
-        opening = ",\n      "
-    typer.echo(("[]" if opening.startswith("[") else "\n    ]") + tail)
+    texts = [json_text(row).replace("\n", "\n      ") for row in rows]
+    body = "[\n      " + ",\n      ".join(texts) + "\n    ]" if texts else "[]"
+    typer.echo(head + body + tail)
 
 
 def _lines(width: int, title: str, rows: list[tuple[str, str]]) -> Text:

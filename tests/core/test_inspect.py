@@ -228,3 +228,19 @@ def test_format_2_pages_read_only_their_shards(tmp_path: Path) -> None:
     doc = inspect_json(str(root), "--limit", "3", "--offset", "197")
     assert doc["entries"]["total"] == 200 and [r["id"] for r in doc["entries"]["rows"]] == ids[197:]
     assert all(r["bytes"] > 7 for r in doc["entries"]["rows"])  # the record's size, not the file's
+
+
+def test_inspect_json_refused_midway_prints_no_half_document(tmp_path: Path) -> None:
+    """The rows are read shard by shard; a shard refused after others were read must leave stdout empty
+    (a consumer parsing it sees no document), the refusal on stderr; the control lists every row."""
+    rel = tmp_path / "rel"
+    make_release(rel, entries=5, format_version=2, shard_entries=2)
+    good = runner.invoke(app, ["inspect", str(rel), "--limit", "0", "--json"])
+    assert good.exit_code == 0, good.output
+    assert [r["id"] for r in json.loads(good.stdout)["entries"]["rows"]] == [f"rec-{i:03d}" for i in range(5)]
+    last = rel / "index" / "00002.json"
+    last.write_bytes(last.read_bytes().replace(b"rec-004", b"rec-00X"))  # same size, another digest
+    r = runner.invoke(app, ["inspect", str(rel), "--limit", "0", "--json"])
+    assert r.exit_code == 1, r.output
+    assert r.stdout == ""
+    assert "index shard 2" in r.stderr and "does not match the manifest" in r.stderr

@@ -137,6 +137,13 @@ KeysOpt = Annotated[list[Path] | None, typer.Option(
     "--key", "-k", metavar="PEM", help="PEM public key the signature must verify with; twice for two signers (the "
                                        "kvgraft bundle and model.sig), each signature verifying with one of them and "
                                        "each key verifying one.")]
+# The verification options every command that reads a release takes beside --key (verify, run, pull, audit
+# recompute): one declaration, so their names and help read the same everywhere.
+IdentityOpt = Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")]
+IssuerOpt = Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")]
+RequireSignatureOpt = Annotated[bool, typer.Option(
+    "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."

@@ -20,6 +20,7 @@ from kvgraft.cli._base import (
     ModelOpt,
     OutOpt,
     QuietOpt,
+    RequireSignatureOpt,
     audit_app,
     echo_json,
     err,
@@ -80,8 +81,7 @@ def recompute_cmd(
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
     key: KeysOpt = None,
-    require_signature: Annotated[bool, typer.Option(
-        "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
+    require_signature: RequireSignatureOpt = False,
     sample: Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest "
                                                                 "and --nonce (uniform over entries); the result bounds "
                                                                 "how many entries of the release fail.")] = None,

@@ -12,8 +12,12 @@ from kvgraft.cli._base import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
+    IdentityOpt,
+    IssuerOpt,
     KeysOpt,
     ModelOpt,
+    OfflineOpt,
+    RequireSignatureOpt,
     app,
     echo_json,
     err,
@@ -89,11 +93,10 @@ def run_cmd(
                                                             "kernel).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
     key: KeysOpt = None,
-    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
-    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")] = False,
-    require_signature: Annotated[bool, typer.Option(
-        "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    offline: OfflineOpt = False,
+    require_signature: RequireSignatureOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check the release, graft a stored cache, then continue greedily; print the continuation and token ledger.

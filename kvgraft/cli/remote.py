@@ -7,7 +7,18 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import RELEASE_HELP, KeysOpt, app, echo_json, handled, say
+from kvgraft.cli._base import (
+    RELEASE_HELP,
+    IdentityOpt,
+    IssuerOpt,
+    KeysOpt,
+    OfflineOpt,
+    RequireSignatureOpt,
+    app,
+    echo_json,
+    handled,
+    say,
+)
 from kvgraft.errors import InputError
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -26,11 +37,10 @@ def pull_cmd(
                                       "`audit recompute --sample` makes).")] = None,
     nonce: Annotated[str | None, typer.Option("--nonce", metavar="X", help="The auditor's nonce for --sample.")] = None,
     key: KeysOpt = None,
-    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
-    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")] = False,
-    require_signature: Annotated[bool, typer.Option(
-        "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")] = False,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    offline: OfflineOpt = False,
+    require_signature: RequireSignatureOpt = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
 ) -> None:
     """Copy some entries of a release into a local folder, each file checked against the signed root first.

@@ -61,14 +61,3 @@ def records() -> list[tuple[str, dict[str, Any]]]:
 
     return read_records(EXAMPLE)
 
-
-@pytest.fixture(autouse=True)
-def _console_width_from_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test sees the CLI consoles' width as a fresh process would: no COLUMNS left in the environment
-    by an earlier test, no width fixed on the module-level consoles (rich fixes it when COLUMNS is set at
-    construction). Three tests that parse tables failed only in the whole run, at another width."""
-    monkeypatch.delenv("COLUMNS", raising=False)
-    base = sys.modules.get("kvgraft.cli._base")
-    if base is not None:
-        for console in (base.out, base.err):
-            monkeypatch.setattr(console, "_width", None)

@@ -82,7 +82,7 @@ def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyP
     """A real report in an 80-column terminal: each check once with its status, no JSON, nothing cut."""
     from kvgraft.cli import _base
 
-    monkeypatch.setattr(_base.out, "width", 80)
+    monkeypatch.setattr(_base.out, "_width", 80)  # not the property: its undo would pin the width read then
     res = runner.invoke(app, ["report", "show", str(signed_run / "report.json")])
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()

@@ -109,7 +109,7 @@ def run(out: Path) -> None:
                      "graft_runs_ms": [round(x * 1e3, 1) for x in times["graft"]],
                      "plain_runs_ms": [round(x * 1e3, 1) for x in times["plain"]]})
     doc = {"vllm": vllm.__version__, "threads": os.cpu_count(), "startup_verify_s": verify_s,
-           "release_bytes": sum(f["size"] for f in rel.manifest["files"].values()), "rows": rows}
+           "release_bytes": sum(f["size"] for f in rel.all_files().values()), "rows": rows}
     (out / "ttft.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"vLLM {vllm.__version__}, CPU backend, fp32; release verified at start-up in {verify_s * 1e3:.0f} ms "
           f"({doc['release_bytes'] / 1e6:.1f} MB)")

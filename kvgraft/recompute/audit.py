@@ -409,7 +409,9 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     ids = rel.entry_ids()
     record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids, rel.token_counts(), sample,
                                     nonce_source=source)
-    return [rel.entry(ids[i]) for i in record["positions"]], record
+    # Read in release order (each shard once, however few are cached), returned in the draw's order.
+    records = {i: rel.entry(ids[i]) for i in sorted(record["positions"])}
+    return [records[i] for i in record["positions"]], record
 
 
 def failing(entry: dict[str, Any], require: str) -> bool:

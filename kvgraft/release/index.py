@@ -133,7 +133,11 @@ class Index:
     kept (a few shards at a time) because they are a function of bytes that matched the manifest.
     """
 
-    CACHED_SHARDS = 16
+    # A parsed shard of 64 records x 48 layers holds ~8 MB of Python objects: a few are kept, and the
+    # records handed out by id (with their file listings) a few more, so that an audit's later reads of the
+    # entries it chose (the entry's bytes, its graft) never parse a shard again.
+    CACHED_SHARDS = 4
+    CACHED_RECORDS = 64
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root = root
@@ -180,6 +184,7 @@ class Index:
                                  f"{self.prefix_meta['size']} bytes")
             _bounded(root / self.prefix_meta["file"], self.prefix_meta["size"], MAX_PREFIX_BYTES, "a prefix index")
         self._cache: OrderedDict[int, Shard] = OrderedDict()
+        self._records: OrderedDict[str, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
         self._prefix: PrefixPages | None = None
         self._shard_bytes = 0
         self.shards_read: list[int] = []  # the shards read since opening, in order (tests count them)
@@ -260,16 +265,31 @@ class Index:
         return shard
 
     def entry(self, entry_id: str) -> dict[str, Any] | None:
+        kept = self._records.get(entry_id)
+        if kept is not None:
+            self._records.move_to_end(entry_id)
+            return kept[0]
         k = self.owner.get(entry_id)
-        return None if k is None else self.shard(k).record(entry_id)
+        if k is None:
+            return None
+        shard = self.shard(k)
+        record = shard.record(entry_id)
+        self._records[entry_id] = (record, shard.files[record["file"]])  # Index.shard checked it is listed
+        while len(self._records) > self.CACHED_RECORDS:
+            self._records.popitem(last=False)
+        return record
 
     def file_meta(self, entry: dict[str, Any]) -> dict[str, Any]:
-        k = self.owner.get(entry["id"])
+        eid = entry["id"]
+        k = self.owner.get(eid)
         if k is None:
-            raise InputError(f"{self.where}: no entry {entry['id']!r}")
+            raise InputError(f"{self.where}: no entry {eid!r}")
+        kept = self._records.get(eid)
+        if kept is not None and kept[0]["file"] == entry["file"]:
+            return dict(kept[1])
         files = self.shard(k).files
         if entry["file"] not in files:
-            raise InputError(f"{self.where}: entry {entry['id']!r}: file {entry['file']!r} is not listed")
+            raise InputError(f"{self.where}: entry {eid!r}: file {entry['file']!r} is not listed")
         return dict(files[entry["file"]])
 
     def ids(self) -> list[str]:

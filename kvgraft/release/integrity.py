@@ -158,9 +158,13 @@ def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
 READS_ACROSS_A_REPLACE = 3
 
 
-def _folder_id(root: Path) -> tuple[int, int] | None:
+def _folder_id(root: Path) -> tuple[int, int, int] | None:
+    """What tells one folder at `root` from the next: its inode and the time it last changed (a rename
+    changes it). The inode alone is not enough: a replaced release's folder is removed, and the folder of
+    the write after next may get its inode number back (seen: a read across two replaces judged as a
+    read of one folder)."""
     st = jsonio.stat_or_none(root, follow=True)
-    return None if st is None else (st.st_dev, st.st_ino)
+    return None if st is None else (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def check_release(root: Path, **options: Any) -> CheckedRelease:

@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
+from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release, safe_path
 
 KINDS = ("local", "ray")
@@ -393,6 +394,12 @@ class RayExecutor(Executor):
     def _handle(self, release: Release) -> dict[str, Any]:
         key = str(release.manifest["root_digest"])
         root = release.root.resolve()
+        source = sources.of(release.root)
+        if source is not None:
+            # Read where it is published: each worker opens the location itself and fetches, checks and caches
+            # the pieces of the entries it judges (the driver's mirror folder is on the driver's machine, and
+            # shipping would fetch every piece of the release).
+            return {"root": str(root), "root_digest": key, "shipped": None, "location": source.location}
         if not self.ship:
             return {"root": str(root), "root_digest": key, "shipped": None}
         if key not in self._shipped:

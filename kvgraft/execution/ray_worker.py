@@ -112,7 +112,11 @@ class Worker:
         slot = f"{key}:shipped" if handle.get("shipped") is not None else f"{key}:{handle['root']}"
         if slot in self.releases:
             return self.releases[slot]
-        if handle.get("shipped") is not None:
+        if handle.get("location") is not None:
+            from kvgraft.remote import local_root
+
+            root = local_root(str(handle["location"]))  # this node's mirror and cache of the published release
+        elif handle.get("shipped") is not None:
             root = self._materialize(key, handle["shipped"])
         else:
             root = Path(handle["root"])

@@ -100,14 +100,15 @@ def local_result(tiny_lm: Callable[[str], Any], release_dir: Path) -> dict[str, 
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[Any]:
+def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not HAVE_RAY:
         pytest.skip("ray is not installed")
     import ray
 
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    if started:  # the workers' cache of remote pieces in the test's own folder, not the user's
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"KVGRAFT_CACHE": str(tmp_path_factory.mktemp("ray-cache"))}})
     yield ray
     _close_pool()
     if started:
@@ -237,6 +238,30 @@ def test_recompute_local_and_ray_give_identical_results(pool: RayExecutor, local
         assert result["executor"]["failures"] == []
         assert seen[-1] == (ENTRIES, ENTRIES) and sorted(seen) == seen  # one tick per finished entry, across workers
     assert (shipped / "manifest.json").read_bytes() == (release_dir / "manifest.json").read_bytes()
+
+
+@needs_ray
+def test_a_release_read_where_it_is_published_is_read_there_by_each_worker(
+        pool: RayExecutor, local_result: dict[str, Any], tiny_lm: Callable[[str], Any], release_dir: Path,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over HTTP the workers open the location themselves (the driver's mirror folder is on the driver's
+    machine): the same verdicts as the local folder's audit, and each sampled entry fetched once, by the
+    worker that judged it."""
+    from remote_servers import folder_server
+
+    monkeypatch.setenv("KVGRAFT_CACHE", str(tmp_path / "driver-cache"))
+    with folder_server(rel=release_dir) as server:
+        result = recompute.audit(server.url("rel"), tiny_lm("llama"), executor=pool, sample=2, nonce="ray-remote")
+        fetched = [p for p in server.paths() if p.startswith("/rel/entries/")]
+    local = recompute.audit(release_dir, tiny_lm("llama"), executor=LocalExecutor(threads=1), sample=2,
+                            nonce="ray-remote")
+    drop = ("release",)  # its path: the URL's mirror folder vs the local folder
+    assert_same_apart_from_timing_and_placement({k: v for k, v in local.items() if k not in drop},
+                                                {k: v for k, v in result.items() if k not in drop})
+    files = {Release.open(release_dir).entry(e)["file"] for e in result["sample"]["entries"]}
+    assert sorted(fetched) == sorted(f"/rel/{f}" for f in files)  # by the workers; the driver read none
+    roots = {e["placement"]["release_root"] for e in result["entries"]}
+    assert all("/ray-cache" in r and "/mirrors/" in r for r in roots)  # the workers' own mirrors
 
 
 @needs_ray

@@ -162,20 +162,28 @@ SIGNED = ("signed", "other-signer", "unsigned")
 
 
 def serve_signed(out: Path) -> int:
+    """The signed copy is served over HTTP (a release read where it is published: the connector fetches and
+    checks the entry it grafts), the other two from their folders."""
     info = json.loads((out / "plan.json").read_text())
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(info["model"]), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
-              max_model_len=4096, seed=0, gpu_memory_utilization=0.25, kv_cache_memory_bytes=1 << 30, block_size=32,
-              kv_transfer_config=KVTransferConfig(
-                  kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
-                  kv_role="kv_both", kv_connector_extra_config={
-                      "release": [str(out / f"release-{r}") for r in SIGNED], "key": info["key"]}))
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
-    (res,) = llm.generate([TokensPrompt(prompt_token_ids=info["tokens"]["a"])], params, use_tqdm=False)
-    results = {"releases": {r: str(out / f"release-{r}") for r in SIGNED},
+    from remote_servers import folder_server
+
+    os.environ["KVGRAFT_CACHE"] = str(out / "remote-cache")  # the engine process inherits it
+    with folder_server(signed=out / "release-signed") as server:
+        releases = {r: server.url("signed") if r == "signed" else str(out / f"release-{r}") for r in SIGNED}
+        llm = LLM(model=str(info["model"]), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+                  max_model_len=4096, seed=0, gpu_memory_utilization=0.25, kv_cache_memory_bytes=1 << 30,
+                  block_size=32, kv_transfer_config=KVTransferConfig(
+                      kv_connector="KvgraftConnector", kv_connector_module_path="kvgraft.vllm.connector",
+                      kv_role="kv_both", kv_connector_extra_config={
+                          "release": [releases[r] for r in SIGNED], "key": info["key"]}))
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+        (res,) = llm.generate([TokensPrompt(prompt_token_ids=info["tokens"]["a"])], params, use_tqdm=False)
+        fetched = server.paths()
+    results = {"releases": releases, "fetched": fetched,
                "a/connector": {"num_cached_tokens": getattr(res, "num_cached_tokens", None),
                                "token_ids": list(res.outputs[0].token_ids)}}
     (out / "results-signed.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -143,7 +143,8 @@ IdentityOpt = Annotated[str | None, typer.Option("--certificate-identity", help=
 IssuerOpt = Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")]
 RequireSignatureOpt = Annotated[bool, typer.Option(
-    "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked.")]
+    "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked (--key or "
+                                "Sigstore identity).")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."

@@ -10,11 +10,19 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import EXIT_INTERNAL, RELEASE_HELP, KeysOpt, _state, app, echo_json, handled, say
+from kvgraft.cli._base import (
+    EXIT_INTERNAL,
+    RELEASE_HELP,
+    KeysOpt,
+    RequireSignatureOpt,
+    _state,
+    app,
+    echo_json,
+    handled,
+    say,
+)
 from kvgraft.errors import Error, InputError
 
-RequireSignatureOpt = Annotated[bool, typer.Option(
-    "--require-signature", help="Fail unless the release is signed and its signature is checked (--key or Sigstore identity).")]
 PassphraseEnvOpt = Annotated[
     str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
 

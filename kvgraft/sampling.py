@@ -22,10 +22,11 @@ D - k longest unsampled entries (the worst case of which entries fail), at the s
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from math import comb
@@ -73,19 +74,31 @@ def key(root: str, nonce: str, index: int) -> bytes:
     return hashlib.sha256(b"\0".join((TAG, root.encode(), nonce.encode(), str(index).encode()))).digest()
 
 
-def order(root: str, nonce: str, population: int) -> list[int]:
-    """Every position 0..population-1, in sample order (smallest key first)."""
+def _ranking(root: str, nonce: str) -> Callable[[int], tuple[bytes, int]]:
+    """(key(root, nonce, i), i) for each i, the common prefix hashed once (tests compare it with `key`)."""
     _check_root(root)
     check_nonce(nonce)
-    return sorted(range(population), key=lambda i: (key(root, nonce, i), i))
+    base = hashlib.sha256(b"\0".join((TAG, root.encode(), nonce.encode(), b"")))
+
+    def rank(i: int) -> tuple[bytes, int]:
+        h = base.copy()
+        h.update(str(i).encode())
+        return h.digest(), i
+
+    return rank
+
+
+def order(root: str, nonce: str, population: int) -> list[int]:
+    """Every position 0..population-1, in sample order (smallest key first)."""
+    return sorted(range(population), key=_ranking(root, nonce))
 
 
 def draw(root: str, nonce: str, population: int, size: int, option: str = "--sample") -> list[int]:
     """The positions of a sample of `size` entries out of `population`, in sample order (`option`: what
-    an error names the size by)."""
+    an error names the size by): the first `size` of `order`, without sorting the rest."""
     if not 1 <= size <= population:
         raise InputError(f"{option} {size}: expected 1 to {population} (the release's entries)")
-    return order(root, nonce, population)[:size]
+    return heapq.nsmallest(size, range(population), key=_ranking(root, nonce))
 
 
 def sample_record(root: str, nonce: str, ids: Sequence[str], tokens: Sequence[int], size: int, *,

@@ -155,10 +155,11 @@ def _may_hold_long_integer(raw: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
-    """The cyclic garbage collector off while a large document is parsed: the parser makes tens of
-    thousands of containers, each allocation counts toward a collection, and the collections find
-    nothing (a parsed tree has no cycles). An index shard parsed ~40% faster."""
+def collector_paused(pause: bool = True) -> Iterator[None]:
+    """The cyclic garbage collector off while large documents are parsed: the parser makes tens of
+    thousands of containers, each allocation counts toward a collection, and the collections find nothing
+    (a parsed tree has no cycles) while they walk every object the process holds (at 100,000 entries, the
+    index's ids). Nested pauses end with the outermost; one collection may follow."""
     was = pause and gc.isenabled()
     if was:
         gc.disable()
@@ -189,7 +190,7 @@ def loads_strict(data: bytes | str, where: str) -> Any:
     else:
         text = data
     try:
-        with _collector_paused(len(raw) > 65536):
+        with collector_paused(len(raw) > 65536):
             doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                              parse_int=_parse_int if _may_hold_long_integer(raw) else None, parse_float=_parse_float)
     except RecursionError:

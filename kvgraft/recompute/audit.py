@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvgraft import __version__, sampling
+from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.inference import reapply
 from kvgraft.inference.environment import SENSITIVE, differences
@@ -409,8 +410,10 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     ids = rel.entry_ids()
     record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids, rel.token_counts(), sample,
                                     nonce_source=source)
-    # Read in release order (each shard once, however few are cached), returned in the draw's order.
-    records = {i: rel.entry(ids[i]) for i in sorted(record["positions"])}
+    # Read in release order (each shard once, however few are cached), returned in the draw's order; one
+    # garbage collection after the shards, not one after each.
+    with jsonio.collector_paused():
+        records = {i: rel.entry(ids[i]) for i in sorted(record["positions"])}
     return [records[i] for i in record["positions"]], record
 
 

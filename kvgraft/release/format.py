@@ -317,7 +317,8 @@ class ReleaseWriter:
     """
 
     def __init__(self, out: Path, *, overwrite: bool = False, format_version: int = FORMAT_VERSION,
-                 shard_entries: int = release_index.SHARD_ENTRIES, keep_entries: bool = True) -> None:
+                 shard_entries: int = release_index.SHARD_ENTRIES, shard_bytes: int | None = None,
+                 keep_entries: bool = True) -> None:
         if format_version not in FORMAT_VERSIONS:
             raise ValueError(f"format version {format_version}")
         if not keep_entries and format_version == 1:
@@ -337,12 +338,14 @@ class ReleaseWriter:
         self.format_version = format_version
         self.keep_entries = keep_entries
         self.shard_entries = shard_entries
+        self.shard_bytes = release_index.SHARD_BYTES if shard_bytes is None else shard_bytes
         self.entries: list[dict[str, Any]] = []  # every record (kept), or the current shard's
         self.files: dict[str, dict[str, Any]] = {}
         self.count = 0
         self.tokens = 0
         self._ids: set[str] = set()
         self._shard: list[dict[str, Any]] = []
+        self._shard_bytes = 0  # the current shard's records, as canonical JSON
         self._shard_files: dict[str, dict[str, Any]] = {}
         self._shards: list[dict[str, Any]] = []
         self._prefix = release_index.PrefixWriter()
@@ -403,7 +406,8 @@ class ReleaseWriter:
             self._prefix.add(self.count, entry["token_ids"])
             self._shard.append(entry)
             self._shard_files[rel] = meta
-            if len(self._shard) >= self.shard_entries:
+            self._shard_bytes += len(jsonio.canonical(entry))
+            if len(self._shard) >= self.shard_entries or self._shard_bytes >= self.shard_bytes:
                 self._flush_shard()
         self.count += 1
         self.tokens += int(entry["num_tokens"])
@@ -421,7 +425,7 @@ class ReleaseWriter:
         self._shards.append({"file": name, "sha256": sha256_hex(data), "size": len(data),
                              "ids": [e["id"] for e in self._shard],
                              "num_tokens": [int(e["num_tokens"]) for e in self._shard]})
-        self._shard, self._shard_files = [], {}
+        self._shard, self._shard_files, self._shard_bytes = [], {}, 0
 
     def finish(self, header: dict[str, Any]) -> dict[str, Any]:
         """Write manifest.json (format 2: the last shard and the prefix index first), fsync, rename the

@@ -28,9 +28,12 @@ from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath,
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
 PREFIX_FILE = f"{INDEX_DIR}/prefix.bin"
-# Entries per shard: finding one entry parses one shard, ~64 x 16-25 KB of JSON for a 30-48 layer
-# model (1-2 MB, tens of ms); a 100,000-entry release has 1,563 shards listed in a ~3 MB manifest.
+# A shard closes at 64 records or at 256 KiB of them, whichever comes first: finding one entry parses one
+# shard, and a record of a 48-layer model is ~20 KB (64 of them, 1.3 MB, took ~75 ms to read and parse; a
+# sampled audit of 20 entries of a 100,000-entry release parsed 20 such shards before its first recompute).
+# Smaller shards cost manifest and statement lines: 100,000 such entries make ~8,000 shards.
 SHARD_ENTRIES = 64
+SHARD_BYTES = 256 * 1024
 # Refused at opening when the manifest states more (a shard is read whole: the bound is on memory).
 MAX_SHARD_BYTES = 256 * 1024 * 1024
 # Token-id block size of the prefix index: vLLM's default block; any serving block size is a
@@ -133,7 +136,7 @@ class Index:
     kept (a few shards at a time) because they are a function of bytes that matched the manifest.
     """
 
-    # A parsed shard of 64 records x 48 layers holds ~8 MB of Python objects: a few are kept, and the
+    # A parsed shard of 1.3 MB (64 records x 48 layers) holds ~8 MB of Python objects: a few are kept, and the
     # records handed out by id (with their file listings) a few more, so that an audit's later reads of the
     # entries it chose (the entry's bytes, its graft) never parse a shard again.
     CACHED_SHARDS = 4

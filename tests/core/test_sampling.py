@@ -33,6 +33,7 @@ def test_same_root_and_nonce_give_the_same_sample_on_any_machine() -> None:
     assert sampling.draw("cd" * 32, "nonce-1", 20, 5) == [16, 1, 12, 11, 19]
     for nonce, n, size in (("x", 1, 1), ("nonce-1", 1000, 37), ("~!@#", 257, 257)):
         assert sampling.draw(ROOT, nonce, n, size) == documented_draw(ROOT, nonce, n, size)
+    assert sampling.order(ROOT, "nonce-1", 300) == documented_draw(ROOT, "nonce-1", 300, 300)
 
 
 def test_a_sample_is_without_replacement_and_a_prefix_of_any_larger_one() -> None:

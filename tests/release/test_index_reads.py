@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgraft import sampling
+from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import format as release_format
@@ -322,3 +323,34 @@ def test_cli_recompute_entry_reads_one_shard(captured: Path, tiny_dir: Callable[
                             "--quiet"])
     assert r.exit_code == 0, r.output
     assert shards_read(opened) == {2}
+
+
+def test_a_shard_closes_at_its_byte_bound_as_well_as_its_record_count(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of many layers make shards of fewer entries: what one lookup parses stays near SHARD_BYTES.
+    A record larger than the bound gets a shard of its own; the release reads as any other."""
+    def shards(name: str) -> list[dict[str, Any]]:
+        make_release(tmp_path / name, entries=6, layers=2, format_version=2, seed=3)
+        return list(json.loads((tmp_path / name / MANIFEST).read_text())["index"]["shards"])
+
+    small = shards("small")
+    assert [len(s["ids"]) for s in small] == [6]  # far below both bounds
+    opened = Release.open(tmp_path / "small")
+    sizes = [len(jsonio.canonical(opened.entry(i))) for i in small[0]["ids"]]
+
+    def expected(bound: int) -> list[int]:  # the rule, written out: close once the records reach the bound
+        out, n, held = [], 0, 0
+        for size in sizes:
+            n, held = n + 1, held + size
+            if held >= bound:
+                out, n, held = [*out, n], 0, 0
+        return out + ([n] if n else [])
+
+    monkeypatch.setattr(release_index, "SHARD_BYTES", sizes[0] + sizes[1] + 1)
+    big = shards("big")
+    assert [len(s["ids"]) for s in big] == expected(sizes[0] + sizes[1] + 1) and len(big[0]["ids"]) == 3
+    assert all(s["size"] < 4 * max(sizes) + 1024 for s in big)
+    monkeypatch.setattr(release_index, "SHARD_BYTES", min(sizes) // 2)
+    alone = shards("alone")
+    assert [len(s["ids"]) for s in alone] == [1] * 6
+    assert verify_release(tmp_path / "alone").tensors == 6 * 4  # every entry of 2 layers, keys and values

@@ -9,6 +9,7 @@ pids, memory, energy, fresh digests of a rebuilt release, ephemeral key ids, out
     python bench/behaviour_snapshot.py setup                       # tiny models, a release, a key, the plans
     WT=OLD_TREE python bench/behaviour_snapshot.py run before      # from a copy of the old code (git archive)
     WT=NEW_TREE python bench/behaviour_snapshot.py run after
+    WT=NEW_TREE python bench/behaviour_snapshot.py run after A     # only the named plans (default: A B C)
     WT=OLD_TREE python bench/behaviour_snapshot.py demo before OUT_DIR_OF_A_DEMO_RUN
     python bench/behaviour_snapshot.py compare before after A B C demo   # exit 1 when anything differs
 
@@ -94,8 +95,8 @@ def snapshot(out: Path, dest: Path) -> None:
     (dest / "run.html").write_text((out / "report.html").read_text())
 
 
-def run(tag: str) -> None:
-    for name in "ABC":
+def run(tag: str, names: list[str]) -> None:
+    for name in names:
         out = BASE / f"out-{name}-{tag}"
         r = sh("audit", "run", str(BASE / f"plan-{name}.toml"), "--out", str(out), "--quiet")
         snapshot(out, BASE / "snap" / tag / name)
@@ -168,7 +169,7 @@ if __name__ == "__main__":
     if cmd == "setup":
         setup()
     elif cmd == "run":
-        run(sys.argv[2])
+        run(sys.argv[2], sys.argv[3:] or ["A", "B", "C"])
     elif cmd == "demo":
         snapshot(Path(sys.argv[3]), BASE / "snap" / sys.argv[2] / "demo")
     elif cmd == "compare":

@@ -2,6 +2,7 @@
 
     python -m bench.inject_campaign                    # sign, keygen and a tiny capture: a table on stdout
     python -m bench.inject_campaign --only sign        # one scenario
+    python -m bench.inject_campaign --only keygen --errno ENOSPC   # one errno (tests/bench/test_bench_smoke.py)
 
 strace's syscall fault injection (`strace -f -e inject=write:error=ENOSPC:when=N`) fails the Nth call of
 one syscall class; the classes' counts come from one traced complete run. Each injected run must end in
@@ -50,9 +51,14 @@ def traced(args: list[str], syscalls: str, inject: str | None = None) -> subproc
 
 def counts(args: list[str]) -> Counter[str]:
     """How many calls of each class a complete run makes (strace's lines on stderr)."""
-    done = traced(args, ",".join(CLASSES.values()))
+    return count_calls(traced(args, ",".join(CLASSES.values())).stderr.decode(errors="replace"))
+
+
+def count_calls(trace: str) -> Counter[str]:
+    """The calls of each class in `strace -f` output (each line "PID name(args) = result"; a call strace
+    shows as "<unfinished ...>" and then "<... name resumed>" counts once)."""
     found: Counter[str] = Counter()
-    for line in done.stderr.decode(errors="replace").splitlines():
+    for line in trace.splitlines():
         name = line.split(" ", 1)[-1].split("(", 1)[0].strip()
         for cls, names in CLASSES.items():
             if name in names.split(","):
@@ -98,7 +104,7 @@ def _line(r: Row) -> str:
             f"{r.new} | {len(r.violations)} |")
 
 
-def sign_rows(work: Path) -> list[Row]:
+def sign_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
     from kvgraft.signing import keys
     from kvgraft.signing.verify import verify_release
     from tests.release_factory import make_release
@@ -123,10 +129,10 @@ def sign_rows(work: Path) -> list[Row]:
                 pass
         return "verifies with neither key"
 
-    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset)
+    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, codes)
 
 
-def keygen_rows(work: Path) -> list[Row]:
+def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
     from kvgraft.signing import keys
 
     prefix = work / "k"
@@ -148,10 +154,10 @@ def keygen_rows(work: Path) -> list[Row]:
             return "the public key file is not the private key's (a half-replaced pair)"
         return "previous" if pair == old else "new"
 
-    return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset)
+    return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset, codes)
 
 
-def capture_rows(work: Path) -> list[Row]:
+def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",)) -> list[Row]:
     from kvgraft._internal import jsonio
     from kvgraft.release.integrity import check_release
 
@@ -175,7 +181,7 @@ def capture_rows(work: Path) -> list[Row]:
             return f"left beside it: {[n.name for n in leftovers]}"
         return "previous" if jsonio.load_file(rel / "manifest.json")["root_digest"] == before else "new"
 
-    return sweep("capture --overwrite", lambda: args, state, reset, codes=("ENOSPC",))
+    return sweep("capture --overwrite", lambda: args, state, reset, codes)
 
 
 SCENARIOS = {"sign": sign_rows, "keygen": keygen_rows, "capture": capture_rows}
@@ -184,6 +190,8 @@ SCENARIOS = {"sign": sign_rows, "keygen": keygen_rows, "capture": capture_rows}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(SCENARIOS), action="append")
+    parser.add_argument("--errno", choices=ERRNOS, action="append",
+                        help="inject only these (default: each scenario's own; capture injects ENOSPC only)")
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         print("strace is not installed (apt-get install strace)", file=sys.stderr)
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.only or list(SCENARIOS):
         with tempfile.TemporaryDirectory(prefix=f"kvgraft-inject-{name}-") as tmp:
-            rows += SCENARIOS[name](Path(tmp))
+            rows += SCENARIOS[name](Path(tmp), *([tuple(args.errno)] if args.errno else []))
     print("| scenario | syscall | errno | injected runs | exit 7, one line | exit 0 (after the output was in place) "
           "| previous intact | new complete | violations |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -1,6 +1,6 @@
 """Recompute audit cost beyond the fresh prefill, and its peak memory above model + fresh cache.
 
-Run: .venv/bin/python bench/recompute_overhead.py [--tokens 512] [--entries 3]
+Run: .venv/bin/python bench/recompute_overhead.py [--tokens 512] [--entries 3] [--model SPEC]
 Times are medians over entries, measured in this one run. Peak memory is the process's resident
 high-water mark (VmHWM, reset through /proc/self/clear_refs) during the comparison, minus the resident
 size just before it (model and fresh cache already resident); the stored file is memory-mapped.
@@ -32,8 +32,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--entries", type=int, default=3)
+    ap.add_argument("--model", default=models.DEFAULT_MODEL, help="model spec (default: the default model)")
     args = ap.parse_args()
-    lm = models.load(models.DEFAULT_MODEL, device="cpu")
+    lm = models.load(args.model, device="cpu")
     base = prefix_ids(lm, args.tokens * args.entries + args.entries)
     records = [(f"b:{i}", {"id": f"p{i}", "text": lm.tokenizer.decode(base[i * args.tokens : (i + 1) * args.tokens])})
                for i in range(args.entries)]
@@ -60,7 +61,8 @@ def main() -> None:
             recompute.audit_entry(rel, entry, lm)
             entry_s.append(time.perf_counter() - t2)
     p, c, e = statistics.median(prefill_s), statistics.median(compare_s), statistics.median(entry_s)
-    print(f"default model, {args.entries} entries of {args.tokens} tokens, fp32 sdpa cpu")
+    model = "default model" if args.model == models.DEFAULT_MODEL else args.model
+    print(f"{model}, {args.entries} entries of {args.tokens} tokens, fp32 sdpa cpu")
     print(f"fresh prefill                  {p * 1e3:8.1f} ms")
     print(f"KV comparison beyond prefill   {c * 1e3:8.1f} ms  = {c / p:.1%} of the prefill (target <= 10%)")
     print(f"whole audit_entry              {e * 1e3:8.1f} ms  = {e / p:.2f}x the prefill (includes the probe forwards, "

@@ -1,6 +1,7 @@
 """Scale-out: the same recompute audit on 1 vs 2 Ray workers (1 torch thread each), in one run on this machine.
 
     .venv/bin/python bench/scale_out.py [--entries 24] [--tokens 500] [--repeat 3] [--quiet-wait 120] [--dir DIR]
+                                        [--local-only]
 
 Builds (once; reused while it matches) a small random Llama (4 layers, hidden 256, the tests' tiny BPE
 tokenizer) and a release of ENTRIES entries of TOKENS tokens captured with 1 torch thread. Then:
@@ -22,7 +23,6 @@ waits up to QUIET_WAIT seconds for the machine to be idle (under 0.25 busy CPUs 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -67,14 +67,13 @@ def build(folder: Path, entries: int, tokens: int) -> tuple[Path, Path]:
     import transformers as tf
 
     from kvgraft.inference import capture, models, runtime
+    from kvgraft.release.format import Release
 
     import tiny
 
     model_dir, rel = folder / "model", folder / f"rel-{entries}x{tokens}"
-    if (rel / "manifest.json").is_file():
-        m = json.loads((rel / "manifest.json").read_text())
-        if len(m["entries"]) == entries:
-            return model_dir, rel
+    if (rel / "manifest.json").is_file() and len(Release.open(rel).token_counts()) == entries:
+        return model_dir, rel
     if not (model_dir / "config.json").is_file():
         model_dir.mkdir(parents=True, exist_ok=True)
         tok = tiny.tokenizer(model_dir)
@@ -100,6 +99,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/kvgraft-bench-scale-out"))
     ap.add_argument("--quiet-wait", type=float, default=120.0, help="Before each round, wait up to S seconds for the "
                                                                        "machine to be idle (other sessions share it).")
+    ap.add_argument("--local-only", action="store_true", help="Stop after step 1 (no Ray): the release and the "
+                                                                  "in-process reference audit only.")
     args = ap.parse_args()
 
     import ray
@@ -108,9 +109,10 @@ def main() -> None:
     from kvgraft.execution.executor import LocalExecutor, ModelSpec, RayExecutor, comparable
     from kvgraft.inference import models
     from kvgraft.recompute import audit as recompute
+    from kvgraft.release.format import Release
 
     model_dir, rel = build(args.dir, args.entries, args.tokens)
-    n_tokens = [e["num_tokens"] for e in json.loads((rel / "manifest.json").read_text())["entries"]]
+    n_tokens = Release.open(rel).token_counts()
     wait_quiet(args.quiet_wait)
     print(f"release   {rel}: {args.entries} entries of {min(n_tokens)}-{max(n_tokens)} tokens; model {model_dir} "
           f"(random Llama, 4 layers, hidden 256)")
@@ -131,6 +133,9 @@ def main() -> None:
     local_s, local, _, local_others = timed(LocalExecutor(threads=1))
     print(f"local     1 thread in this process: {local_s:.2f} s ({local_s / args.entries * 1000:.0f} ms per entry); "
           f"other processes used {local_others / local_s:.2f} CPUs meanwhile")
+    if args.local_only:
+        print(f"local     byte-exact {sum(e['byte_exact'] for e in local['entries'])}/{args.entries}")
+        return
 
     t0 = time.perf_counter()
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="WARNING")

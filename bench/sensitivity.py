@@ -1,6 +1,7 @@
 """Power of the recompute verdict: benign relabels (false alarms) and planted faults (detection), vs TOPLOC.
 
 Run: .venv/bin/python bench/sensitivity.py [--elements 10] [--out bench/sensitivity.json]
+     [--model SPEC --records apples,train --long-tokens 300 --weights-layer 10]   (a tiny model: tests/bench)
 
 Every case is a release on disk audited by `recompute.audit` exactly as `kvgraft audit recompute`
 would (recorded conditions replayed, envelope measured on this machine, `--require consistent`):
@@ -113,14 +114,21 @@ def main() -> None:
     ap.add_argument("--elements", type=int, default=10, help="random elements per planted size")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=models.DEFAULT_MODEL, help="model spec (default: the default model)")
+    ap.add_argument("--records", default=None, help="ids of the example's records to use (comma-separated; "
+                    "default: all; the planted faults go into 'train')")
+    ap.add_argument("--long-tokens", type=int, default=300, help="tokens of the long record added to the example's")
+    ap.add_argument("--weights-layer", type=int, default=10, help="the layer whose weights are scaled")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
-    lm = models.load(models.DEFAULT_MODEL, device="cpu", dtype="float32", attn="sdpa")
+    lm = models.load(args.model, device="cpu", dtype="float32", attn="sdpa")
     records = capture.read_records(EXAMPLE)
-    long_text = lm.tokenizer.decode(prefix_ids(lm, 300))
-    records.append(("bench", {"id": "long300", "text": long_text}))
+    if args.records is not None:
+        records = [(w, r) for w, r in records if r["id"] in args.records.split(",")]
+    long_text = lm.tokenizer.decode(prefix_ids(lm, args.long_tokens))
+    records.append(("bench", {"id": f"long{args.long_tokens}", "text": long_text}))
     tmp = Path(tempfile.mkdtemp(prefix="kvgraft-sensitivity-"))
     rows: list[dict[str, Any]] = []
     loo: list[dict[str, Any]] = []
@@ -169,7 +177,7 @@ def main() -> None:
 
     # Planted single-element changes on the 94-token entry.
     src = clean["train"]
-    man = json.loads((src / "manifest.json").read_text())["entries"][0]
+    man = Release.open(src).entries[0]  # either layout
     tensor_names = [n for n in man["tensors"] if n.startswith("layer.")]
     ids = man["token_ids"]
     ref = layer_map(lm, prefill(lm, ids, Schedule())[0])[1]
@@ -218,14 +226,14 @@ def main() -> None:
     for s in (1e-2, 1e-3, 1e-4, 1e-5):
         other_model = copy.deepcopy(lm.model)
         with torch.no_grad():
-            for p in other_model.model.layers[10].parameters():
+            for p in other_model.model.layers[args.weights_layer].parameters():
                 p.mul_(1 + s)
         olm = models.LoadedModel(lm.spec, other_model, lm.tokenizer, lm.device, lm.dtype, lm.attn)
         states = layer_map(olm, prefill(olm, ids, Schedule())[0])[1]
         rel = tmp / f"weights-{s}"
         shutil.copytree(src, rel)
         store(rel, states)
-        case("weights", f"layer 10 weights x (1 + {s:g})", rel, force=True)
+        case("weights", f"layer {args.weights_layer} weights x (1 + {s:g})", rel, force=True)
         del other_model, olm
 
     # Another model of the same architecture (fresh initialisation).

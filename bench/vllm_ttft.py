@@ -3,6 +3,8 @@
     .venv/bin/python bench/vllm_ttft.py build out/bench-vllm        # capture the release (kvgraft's venv)
     .venv-vllm/bin/python bench/vllm_ttft.py run out/bench-vllm     # serve it (make vllm-venv)
 
+`build OUT 64 128 --repeats 1` takes other prompt sizes and repeats (tests/serving/test_vllm.py runs it so).
+
 One vLLM engine (CPU backend, fp32, eager, prefix caching off, block size 32) with the kvgraft
 connector; for each size, graft and plain requests alternate (`max_tokens=1`, greedy), REPEATS each,
 after one warm-up of each. TTFT is the wall time of `LLM.generate` for one request: it includes
@@ -18,7 +20,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ REPEATS = 5
 SUFFIX = " In short,"
 
 
-def build(out: Path) -> None:
+def build(out: Path, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS) -> None:
     from kvgraft.inference import models, runtime
     from kvgraft.inference.capture import capture
 
@@ -38,11 +39,11 @@ def build(out: Path) -> None:
     base = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     ids = runtime.encode(lm, base * 4, add_special_tokens=True)
     records = []
-    for n in SIZES:
+    for n in sizes:
         text = lm.tokenizer.decode(ids[:n], skip_special_tokens=True)
         records.append((f"n{n}", {"id": f"n{n}", "text": text}))
     capture(lm, records, out / "release", probe_tokens=0)
-    (out / "plan.json").write_text(json.dumps({"model": str(folder)}) + "\n")
+    (out / "plan.json").write_text(json.dumps({"model": str(folder), "sizes": list(sizes), "repeats": repeats}) + "\n")
 
 
 def run(out: Path) -> None:
@@ -80,13 +81,13 @@ def run(out: Path) -> None:
     import vllm
 
     rows = []
-    for n in SIZES:
+    for n in plan.get("sizes", SIZES):
         entry = entries[f"n{n}"]
         prompt = TokensPrompt(prompt_token_ids=entry["token_ids"] + suffix)
         times: dict[str, list[float]] = {"graft": [], "plain": []}
         firsts: dict[str, set[int]] = {"graft": set(), "plain": set()}
         cached = 0
-        for i in range(REPEATS + 1):
+        for i in range(plan.get("repeats", REPEATS) + 1):
             for mode in ("graft", "plain"):
                 extra = {"kv_transfer_params": {"kvgraft": "off"}} if mode == "plain" else None
                 params = SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra)
@@ -123,5 +124,12 @@ def run(out: Path) -> None:
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    what, where = sys.argv[1], Path(sys.argv[2])
-    build(where) if what == "build" else run(where)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=["build", "run"])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("sizes", type=int, nargs="*", help=f"prompt sizes in tokens (build; default {SIZES})")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed requests per size and mode (build)")
+    args = ap.parse_args()
+    build(args.out, tuple(args.sizes) or SIZES, args.repeats) if args.what == "build" else run(args.out)

@@ -223,3 +223,27 @@ def test_release_changed_after_start_up_never_reaches_the_cache(served: tuple[di
     # vLLM computed those blocks itself (kv_load_failure_policy "recompute"): the same bits as its plain
     # prefill, where the grafted entry "a" (KV from transformers) differs in the last bits.
     assert results["e/connector"]["first_logprob"] == results["e/plain"]["first_logprob"]
+
+
+def test_the_ttft_benchmark_runs_and_its_rows_are_its_runs(tmp_path: Path) -> None:
+    """bench/vllm_ttft.py at two small sizes and one timed request each: every row grafted the entry's
+    block-aligned tokens, gave the plain prefill's first token, and its medians and speedup are those of
+    the runs it lists (the figures in bench/RESULTS.md come from this script)."""
+    reason = cpu_lacks()
+    if reason:
+        pytest.skip(reason)
+    if not VENV_PY.exists():
+        pytest.skip(f"{VENV_PY.parent.parent} is not built: run `make vllm-venv` (`make test` does)")
+    script = ROOT / "bench" / "vllm_ttft.py"
+    log = tmp_path / "ttft.log"
+    _run([sys.executable, str(script), "build", str(tmp_path / "b"), "64", "96", "--repeats", "1"], log, 600)
+    _run([str(VENV_PY), str(script), "run", str(tmp_path / "b")], log, 900)
+    doc = json.loads((tmp_path / "b" / "ttft.json").read_text())
+    assert len(doc["rows"]) == 2 and doc["rows"][0]["entry_tokens"] < doc["rows"][1]["entry_tokens"]
+    for r in doc["rows"]:
+        assert r["grafted_tokens"] == r["entry_tokens"] // 32 * 32 > 0 and r["same_first_token"] is True, r
+        assert len(r["graft_runs_ms"]) == len(r["plain_runs_ms"]) == 1
+        assert r["ttft_graft_ms"] == pytest.approx(r["graft_runs_ms"][0], abs=0.06)
+        assert r["speedup"] == pytest.approx(r["ttft_plain_ms"] / r["ttft_graft_ms"])
+    table = [line for line in log.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == 2 and doc["release_bytes"] > 0

@@ -6,6 +6,7 @@ signature lists, and any further check of what it states, come from the caller. 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -396,6 +397,28 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
 
 
+# Files hashed ahead of the one whose result is awaited: enough to keep the pool busy, never one future per
+# file of the release (a future holds a lock and a condition: ~1 KB each, 100 MB at 100,000 entries).
+HASH_WINDOW = 64
+
+
+def _hashed_in_order(root: Path, names: list[str], files: dict[str, dict[str, Any]],
+                     prefetch: dict[str, Future[tuple[str, int]]], stop: threading.Event) -> list[tuple[str, int]]:
+    """(sha256, size) of each file of `names`, in order, at most HASH_WINDOW in flight beyond the prefetch."""
+    results: list[tuple[str, int]] = []
+    window: collections.deque[tuple[str, Future[tuple[str, int]]]] = collections.deque()
+    for name in names:
+        future = prefetch.get(name) or pool().submit(hash_file, root / name, files[name]["size"], stop)
+        window.append((name, future))
+        if len(window) >= HASH_WINDOW:
+            done, first = window.popleft()
+            results.append(_result(first, root / done))
+    while window:
+        done, first = window.popleft()
+        results.append(_result(first, root / done))
+    return results
+
+
 def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
            stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
            msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
@@ -478,10 +501,8 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
 
     blocks = rel.index.prefix_blocks(rel.token_counts()) if rel.index is not None else []
 
-    # 5. every byte, once, across cores (most of it already hashed by the prefetch)
-    pending = {n: prefetch[n] if n in prefetch else pool().submit(hash_file, root / n, all_files[n]["size"], stop)
-               for n in names}
-    results = [_result(pending[n], root / n) for n in names]
+    # 5. every byte, once, across cores (format 1: most of it already hashed by the prefetch)
+    results = _hashed_in_order(root, names, all_files, prefetch, stop)
     by_sha = {sha: n for n, sha in expected.items()}
     bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
     beside_digests = {n: _result(pool().submit(hash_file, root / n, None, stop), root / n) for n in sorted(beside)}

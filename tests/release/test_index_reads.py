@@ -354,3 +354,32 @@ def test_a_shard_closes_at_its_byte_bound_as_well_as_its_record_count(tmp_path: 
     alone = shards("alone")
     assert [len(s["ids"]) for s in alone] == [1] * 6
     assert verify_release(tmp_path / "alone").tensors == 6 * 4  # every entry of 2 layers, keys and values
+
+
+def test_verify_all_keeps_a_window_of_hashes_in_flight_not_one_per_file(base: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pending hash (a future) costs ~1 KB: one per entry file held at once was 100 MB at 100,000 entries."""
+    from kvgraft.release import integrity
+
+    real = integrity.pool()
+    pending: set[Any] = set()
+    most = [0]
+
+    class Counting:
+        def submit(self, *a: Any, **k: Any) -> Any:
+            future = real.submit(*a, **k)
+            pending.add(future)
+            most[0] = max(most[0], len(pending))
+            original = future.result
+
+            def result(*ra: Any, **rk: Any) -> Any:
+                pending.discard(future)
+                return original(*ra, **rk)
+
+            future.result = result  # type: ignore[method-assign]
+            return future
+
+    monkeypatch.setattr(integrity, "pool", lambda: Counting())
+    monkeypatch.setattr(integrity, "HASH_WINDOW", 3)
+    assert verify_release(base).tensors == 4 * ENTRIES
+    assert 0 < most[0] <= 3  # ENTRIES entry files (and the index files) hashed, three at a time

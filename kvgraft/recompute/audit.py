@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvgraft import __version__, sampling
-from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.inference import reapply
 from kvgraft.inference.environment import SENSITIVE, differences
@@ -401,7 +400,7 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     if sample is None:
         if nonce is not None:
             raise InputError("--nonce draws a sample: pass --sample N (or --target-fraction F) too")
-        return ([rel.entry(e) for e in entries] if entries else rel.entries), None
+        return (rel.records(entries) if entries else rel.entries), None
     if entries:
         raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
     source = nonce_source or ("given" if nonce is not None else "drawn")
@@ -410,11 +409,7 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     ids = rel.entry_ids()
     record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids, rel.token_counts(), sample,
                                     nonce_source=source)
-    # Read in release order (each shard once, however few are cached), returned in the draw's order; one
-    # garbage collection after the shards, not one after each.
-    with jsonio.collector_paused():
-        records = {i: rel.entry(ids[i]) for i in sorted(record["positions"])}
-    return [records[i] for i in record["positions"]], record
+    return rel.records([ids[i] for i in record["positions"]]), record
 
 
 def failing(entry: dict[str, Any], require: str) -> bool:

@@ -63,7 +63,7 @@ def _needed(rel: Release, ids: list[str]) -> list[str]:
         names += [idx.shards[k]["file"] for k in shards]
         if idx.prefix_meta is not None:
             names.append(idx.prefix_meta["file"])
-    names += sorted({rel.entry(eid)["file"] for eid in ids})
+    names += sorted({e["file"] for e in rel.records(ids)})
     return names
 
 

@@ -2,17 +2,23 @@
 
 Steps 2-7 of `kvgraft.signing.verify`'s docstring. Knows no signature format: the subjects a statement or
 signature lists, and any further check of what it states, come from the caller. Imports no torch.
+
+A check of everything streams (format 2): files are listed, sized and hashed a shard at a time, and the
+folder is compared with them by counting (_check); names are compared only to say what differs.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import functools
+import hashlib
 import os
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +28,7 @@ from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
+from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
 from kvgraft.release.format import (
@@ -50,24 +57,24 @@ class CheckedRelease:
     manifest: dict[str, Any]
     manifest_sha256: str
     manifest_size: int
-    files: dict[str, str]  # name -> sha256 of every file, manifest.json included
+    files: dict[str, str]  # name -> sha256 of every file, manifest.json included (format 2: see keep_files)
     bytes_hashed: int
     tensors: int
     tensors_rehashed: int
     release: Release
     beside: dict[str, str] = field(default_factory=dict)  # files outside the manifest a signature lists, their sha256
     ignored: list[str] = field(default_factory=list)  # files outside the manifest a signature says it ignores
+    count: int = 0  # the release's files checked, manifest.json included (format 2: more than `files` holds)
 
 
-def release_folder_files(root: Path) -> set[str]:
-    """Every regular file under `root` as a release-relative name, except the two signature files and a
-    repository's metadata at the root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes,
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(release-relative name, lstat) of every regular file under `root`, except the two signature files and
+    a repository's metadata at the root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes,
     .gitignore, the paths the model_signing CLI ignores), which is neither listed nor looked into.
 
     Symlinks and special files anywhere else in the folder are refused: a release holds plain files.
     """
     root = Path(root)
-    found: set[str] = set()
     stack: list[tuple[Path, str]] = [(root, "")]
     while stack:
         folder, prefix = stack.pop()
@@ -81,23 +88,61 @@ def release_folder_files(root: Path) -> set[str]:
             if not prefix and item.name in release_format.REPOSITORY_METADATA:
                 continue
             try:
-                mode = item.stat(follow_symlinks=False).st_mode
+                st = item.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # gone since the listing: a file the manifest lists is then reported missing
             except OSError as exc:  # e.g. a path longer than PATH_MAX
                 raise InputError(f"{root / rel}: cannot read: {exc.strerror}") from None
-            if stat.S_ISLNK(mode):
+            if stat.S_ISLNK(st.st_mode):
                 raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
-            if stat.S_ISDIR(mode):
+            if stat.S_ISDIR(st.st_mode):
                 stack.append((Path(item.path), rel + "/"))
-            elif stat.S_ISREG(mode):
+            elif stat.S_ISREG(st.st_mode):
                 if rel not in (BUNDLE_NAME, OMS_NAME):
-                    found.add(rel)
-                    if len(found) > MAX_RELEASE_FILES:
-                        raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
+                    yield rel, st
             else:
                 raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")
+
+
+def release_folder_files(root: Path) -> set[str]:
+    """Every regular file under `root` as a release-relative name (_walk says which, and what is refused)."""
+    found: set[str] = set()
+    for rel, _ in _walk(root):
+        found.add(rel)
+        if len(found) > MAX_RELEASE_FILES:
+            raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
     return found
+
+
+@dataclass
+class _Folder:
+    """One walk of a release folder, streamed: what `verify` needs of it kept as counts, not names."""
+
+    files: int  # regular files (_walk), manifest.json included
+    stored: int  # bytes allocated to them, manifest.json excepted (a sparse file adds nothing)
+    manifest: bool  # manifest.json is one of them
+    under_ignored: list[str]  # those in the paths a signature says it ignores
+
+
+def _scan(root: Path, ignored: Sequence[str] = ()) -> _Folder:
+    files = stored = 0
+    has_manifest = False
+    under: list[str] = []
+    for rel, st in _walk(root):
+        files += 1
+        if files > MAX_RELEASE_FILES:
+            raise InputError(f"{root}: more than {MAX_RELEASE_FILES} files")
+        if rel == MANIFEST:
+            has_manifest = True
+        else:
+            stored += st.st_blocks * 512
+            if _is_under(rel, ignored):
+                under.append(rel)
+    return _Folder(files, stored, has_manifest, under)
+
+
+def _is_under(name: str, paths: Sequence[str]) -> bool:
+    return any(name == p or name.startswith(p + "/") for p in paths)
 
 
 def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str]) -> str:
@@ -145,12 +190,8 @@ UNSIGNED_MANIFEST_FLOOR = 16 * 1024 * 1024
 UNSIGNED_MANIFEST_RATIO = 64
 
 
-def _unsigned_manifest_limit(root: Path, present: set[str]) -> int:
-    stored = 0
-    for name in present:
-        if name != MANIFEST:
-            with contextlib.suppress(OSError):  # gone: reported as missing later
-                stored += (root / name).lstat().st_blocks * 512  # allocated bytes: a sparse file adds nothing
+def _unsigned_manifest_limit(stored: int) -> int:
+    """`stored`: the bytes allocated to the release's files but manifest.json (_Folder.stored)."""
     return min(release_format.MAX_MANIFEST_BYTES, max(UNSIGNED_MANIFEST_FLOOR, stored // UNSIGNED_MANIFEST_RATIO))
 
 
@@ -186,7 +227,7 @@ def _check_release(root: Path, *, subjects: dict[str, str] | None = None, source
                    deep: bool = False, signed: bool = False, attested_root: str | None = None,
                    check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
                    beside_source: str = "OMS signature", subjects_beside: bool = False,
-                   every_file: bool = False, ignored: Sequence[str] = ()) -> CheckedRelease:
+                   every_file: bool = False, ignored: Sequence[str] = (), keep_files: bool = False) -> CheckedRelease:
     """The release's bytes against `subjects` (if any) and the manifest (module docstring).
 
     `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
@@ -205,10 +246,12 @@ def _check_release(root: Path, *, subjects: dict[str, str] | None = None, source
     `ignored`: paths (files, or folders and all under them) that `beside_source` says it leaves out
     (OMS `ignore_paths`): a file there is not refused as extra, and reported in CheckedRelease.ignored; it
     excuses nothing the manifest lists.
+    `keep_files`: CheckedRelease.files lists every file's digest (format 2: otherwise the manifest's and the
+    index files', so that memory does not grow with the entries; signing and an OMS list need them all).
     """
     root = Path(root)
     jsonio.require_folder(root)
-    present = release_folder_files(root)
+    folder = _scan(root, ignored)
     stmt_subjects = subjects
     manifest_path = root / MANIFEST
 
@@ -217,27 +260,27 @@ def _check_release(root: Path, *, subjects: dict[str, str] | None = None, source
     if stmt_subjects is not None:
         if MANIFEST not in stmt_subjects:
             raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
-        if MANIFEST not in present:
+        if not folder.manifest:
             raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
-    if MANIFEST not in present:
+    if not folder.manifest:
         raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
-    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(root, present)
+    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(folder.stored)
     doc, msha, msize = _read_manifest(manifest_path, limit, signed, stmt_subjects, source, attested_root)
     if (remote := sources.of(root)) is not None:
         # A release read from elsewhere: every file it lists, fetched and checked, once manifest.json matched.
         remote.fetch_all()
-        present = release_folder_files(root)
+        folder = _scan(root, ignored)
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
     # every check passed.
     stop = threading.Event()
     prefetch = {name: pool().submit(hash_file, root / name, size, stop)
-                for name, size in _files_to_prefetch(root, present, doc)}
+                for name, size in _files_to_prefetch(root, doc)}
     try:
-        return _check(root, present, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
+        return _check(root, folder, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
                       dict(beside or {}), beside_source if beside else source, subjects_beside, every_file,
-                      tuple(ignored))
+                      tuple(ignored), keep_files)
     finally:
         stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
         for future in prefetch.values():
@@ -308,13 +351,13 @@ def open_release(root: Path, *, subjects: dict[str, str] | None = None, source: 
         limit = UNSIGNED_MANIFEST_FLOOR
         with contextlib.suppress(OSError):
             if manifest_path.lstat().st_size > UNSIGNED_MANIFEST_FLOOR:
-                limit = _unsigned_manifest_limit(root, release_folder_files(root))
+                limit = _unsigned_manifest_limit(_scan(root).stored)
     doc, msha, msize = _read_manifest(manifest_path, limit, signed, subjects, source, attested_root)
     manifest = release_format.check_manifest(doc, manifest_path)
     rel = _statement_matches(root, manifest, msha, msize, subjects, source, check_claims, lists_more)
     check_commitments(root, manifest)
     files = {MANIFEST: msha, **{n: f["sha256"] for n, f in rel.subject_files().items()}}
-    return CheckedRelease(root, manifest, msha, msize, files, msize, 0, 0, rel)
+    return CheckedRelease(root, manifest, msha, msize, files, msize, 0, 0, rel, count=len(files))
 
 
 @dataclass
@@ -371,18 +414,22 @@ def check_index(rel: Release, each: Callable[[dict[str, Any]], None] | None = No
     return rel.index.bytes_read - before
 
 
-def _files_to_prefetch(root: Path, present: set[str], doc: Any) -> list[tuple[str, int]]:
+def _files_to_prefetch(root: Path, doc: Any) -> list[tuple[str, int]]:
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, dict):
         return []  # check_manifest says why
     sizes: dict[str, int] = {}
     for name, meta in files.items():
         want = meta.get("size") if isinstance(meta, dict) else None
-        if name not in present or name == MANIFEST or type(want) is not int:
+        if not isinstance(name, str) or name == MANIFEST or type(want) is not int:
             continue
         try:
-            if (root / name).stat().st_size == want:
+            check_relpath(name, "")  # unchecked yet: read only what is inside the folder (the walk refused links)
+            st = (root / name).lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size == want:
                 sizes[name] = want
+        except InputError:
+            continue  # check_manifest says why
         except OSError:
             continue  # gone already: reported as missing by the checks
     return sorted(sizes.items(), key=lambda item: -item[1])
@@ -401,80 +448,101 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
 # file of the release (a future holds a lock and a condition: ~1 KB each, 100 MB at 100,000 entries).
 HASH_WINDOW = 64
 
-
-def _hashed_in_order(root: Path, names: list[str], files: dict[str, dict[str, Any]],
-                     prefetch: dict[str, Future[tuple[str, int]]], stop: threading.Event) -> list[tuple[str, int]]:
-    """(sha256, size) of each file of `names`, in order, at most HASH_WINDOW in flight beyond the prefetch."""
-    results: list[tuple[str, int]] = []
-    window: collections.deque[tuple[str, Future[tuple[str, int]]]] = collections.deque()
-    for name in names:
-        future = prefetch.get(name) or pool().submit(hash_file, root / name, files[name]["size"], stop)
-        window.append((name, future))
-        if len(window) >= HASH_WINDOW:
-            done, first = window.popleft()
-            results.append(_result(first, root / done))
-    while window:
-        done, first = window.popleft()
-        results.append(_result(first, root / done))
-    return results
+_Files = list[tuple[str, dict[str, Any]]]
 
 
-def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
-           stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
-           msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
-           subjects_beside: bool, every_file: bool, ignored: tuple[str, ...]) -> CheckedRelease:
-    manifest_path = root / MANIFEST
+def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[str, Any]]]]]:
+    """The release's files but manifest.json ({sha256, size} each) with the entry records that use them, a
+    group at a time: format 1 one group; format 2 the index files, then each shard's (one shard held at a
+    time). The records are read only when asked for."""
+    if rel.index is None:
+        yield list(rel.manifest["files"].items()), rel.iter_entries
+        return
+    index = rel.index
+    yield list(index.index_files().items()), tuple
+    for k in range(len(index.shards)):
+        shard = index.shard(k)
+        yield list(shard.files.items()), functools.partial(_records, shard)
 
-    # 3. manifest content, statement vs manifest; its digests (the costly part) after the cheap
-    # checks of step 4, so that a huge manifest that does not describe this folder is refused sooner
-    manifest = release_format.check_manifest(doc, manifest_path)
-    rel = Release(root, manifest)
-    if rel.index is not None:
-        check_commitments(root, manifest)  # the root digest binds the shard digests about to be trusted
-    # Format 2: every shard is read and checked against the manifest here (their bytes are hashed
-    # again with the other files below, which also finds one that changed since).
-    all_files = rel.all_files()
-    expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in all_files.items()}}
-    if stmt_subjects is not None and subjects_beside:
-        beside.update({n: d for n, d in stmt_subjects.items() if n not in expected})
-        stmt_subjects = {n: d for n, d in stmt_subjects.items() if n in expected}
-    # The release's own files are compared with the OMS list by the caller (format 2: a statement lists
-    # the index files, OMS every file); what is left is beside the manifest.
-    for name in [n for n in beside if n in expected]:
-        del beside[name]
-    for name in beside:
-        check_relpath(name, f"{root}: the {beside_source}")
-        if name.split("/")[0] in release_format.REPOSITORY_METADATA:
-            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which ignores "
-                                    f"it")
-    _statement_matches(root, manifest, msha, msize, stmt_subjects, source, check_claims, rel=rel,
-                       files=all_files if every_file else None)
-    # The records are read as they are checked (rel.iter_entries), never all kept: memory stays that of
-    # a few shards and the file list, whatever the number of entries.
 
-    # 4. the folder: names, missing, extra, sizes
-    for name in all_files:
-        safe_path(root, name, "manifest file")
-    missing = sorted((set(expected) | set(beside)) - present)
-    extra = sorted(present - set(expected) - set(beside))
-    excused = [n for n in extra if any(n == p or n.startswith(p + "/") for p in ignored)]
+def _records(shard: release_index.Shard) -> Iterator[dict[str, Any]]:
+    return (shard.record(e["id"]) for e in shard.entries)
+
+
+def _release_files(rel: Release) -> Iterator[tuple[str, dict[str, Any]]]:
+    return (item for files, _ in _groups(rel) for item in files)
+
+
+def _name_key(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass
+class _Listed:
+    """Step 4's pass over the files the release lists: what it found, in memory that does not grow with them."""
+
+    keys: array[int] = field(default_factory=lambda: array("Q"))  # _name_key of each, sorted: counts distinct names
+    missing: int = 0
+    wrong_size: tuple[str, int, int] | None = None  # the first file of another size: name, have, want
+
+    def distinct(self) -> int:
+        keys = self.keys
+        return sum(1 for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1])
+
+    def holds(self, name: str) -> bool:
+        """Whether `name` may be one of the files listed (a 64-bit digest matches: rarely a false yes)."""
+        key = _name_key(name)
+        i = bisect.bisect_left(self.keys, key)
+        return i < len(self.keys) and self.keys[i] == key
+
+
+def _list(root: Path, rel: Release, every: dict[str, str] | None, source: str,
+          unlisted: dict[str, str], beside: dict[str, str]) -> _Listed:
+    """Every file the release lists: a safe name, present, of the size stated; against `every` (a signature
+    that lists every file, e.g. an OMS list) when given. Names listed by `unlisted` and `beside` are taken
+    out of them as they are met."""
+    listed = _Listed()
+    for name, meta in _release_files(rel):
+        path = safe_path(root, name, "manifest file")
+        if every is not None and every.get(name) != meta["sha256"]:
+            raise VerificationError(f"{path}: the {source} lists sha256 {every.get(name)} and the manifest "
+                                    f"{meta['sha256']}")
+        unlisted.pop(name, None)
+        beside.pop(name, None)
+        listed.keys.append(_name_key(name))
+        st = jsonio.stat_or_none(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            listed.missing += 1
+        elif st.st_size != meta["size"] and listed.wrong_size is None:
+            listed.wrong_size = (name, st.st_size, meta["size"])
+    listed.keys = array("Q", sorted(listed.keys))
+    return listed
+
+
+def _users(rel: Release, name: str) -> str:
+    """Which entries use a file, to name them in a failure (reads every record: failures only)."""
+    ids = [e["id"] for e in rel.iter_entries() if e["file"] == name]
+    return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
+
+
+def _folder_differs(root: Path, rel: Release, beside: dict[str, str], ignored: tuple[str, ...],
+                    source: str) -> tuple[list[str], int]:
+    """The folder's names against the release's, exactly (sets of names: run when the counts disagreed).
+    Raises IntegrityError naming what is missing and extra; returns the extra files in `ignored` paths, and
+    how many distinct files the release lists beside manifest.json."""
+    present = release_folder_files(root)
+    expected = {MANIFEST} | {name for name, _ in _release_files(rel)}
+    missing = sorted((expected | set(beside)) - present)
+    extra = sorted(present - expected - set(beside))
+    excused = [n for n in extra if _is_under(n, ignored)]
     extra = sorted(set(extra) - set(excused))
-
-    @functools.cache
-    def users() -> dict[str, list[str]]:  # which entries use which file: read only to name them in a failure
-        found: dict[str, list[str]] = {}
-        for entry in rel.iter_entries():
-            found.setdefault(entry["file"], []).append(entry["id"])
-        return found
-
-    def of(name: str) -> str:
-        ids = users().get(name, [])
-        return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
-
     if missing or extra:
+        def named(n: str) -> str:
+            return f"{n} ({_users(rel, n)})" if _users(rel, n) else n
+
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(f'{n} ({of(n)})' if of(n) else n for n in missing[:5])}"
+            parts.append(f"missing {', '.join(named(n) for n in missing[:5])}"
                          + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
         if extra:
             parts.append(f"not part of the release: {', '.join(extra[:5])}"
@@ -482,69 +550,153 @@ def _check(root: Path, present: set[str], prefetch: dict[str, Future[tuple[str, 
         # Named by the first missing file's path when there is one: the line says where to look.
         head = root / missing[0] if missing else root
         raise IntegrityError(f"{head}: files differ from the {source}: {'; '.join(parts)}")
-    names = sorted(all_files)
-    paths = [root / n for n in names]
-    for name, path in zip(names, paths, strict=True):
-        st = jsonio.stat_or_none(path)
-        if st is None:
-            raise IntegrityError(f"{path}: missing (removed while the release was verified)")
-        want, have = all_files[name]["size"], st.st_size
-        if have != want:
-            how = "truncated" if have < want else "grown"
-            label = f": {of(name)}" if of(name) else ""
-            raise IntegrityError(f"{path}{label}: {have} bytes, the manifest says {want} ({how})")
+    return excused, len(expected) - 1
 
+
+@dataclass
+class _Hashed:
+    """Steps 5-7 as they stream: totals, and the first failure of each step (raised in step order at the end)."""
+
+    bytes: int = 0
+    tensors: int = 0
+    rehashed: int = 0
+    rehashed_bytes: int = 0
+    bad: list[tuple[str, str, str]] = field(default_factory=list)  # the first 4 files that differ: name, got, want
+    bad_count: int = 0
+    header: Error | None = None
+    tensor: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)  # name -> sha256 of the files kept (CheckedRelease.files)
+
+
+def _hash_all(root: Path, rel: Release, prefetch: dict[str, Future[tuple[str, int]]], stop: threading.Event,
+              deep: bool, keep: Callable[[str], bool]) -> _Hashed:
+    """Step 5, every file's bytes once across cores, at most HASH_WINDOW in flight beyond the prefetch; step 6,
+    each entry's safetensors header against its record; step 7 with `deep`, every tensor's digest. A shard at
+    a time: memory does not grow with the entries."""
+    out = _Hashed()
+    window: collections.deque[tuple[str, str, Future[tuple[str, int]]]] = collections.deque()
+
+    def settle() -> None:
+        name, want, future = window.popleft()
+        sha, size = _result(future, root / name)
+        out.bytes += size
+        if keep(name):
+            out.digests[name] = sha
+        if sha != want:
+            out.bad_count += 1
+            if len(out.bad) < 4:
+                out.bad.append((name, sha, want))
+
+    for files, records in _groups(rel):
+        for name, meta in files:
+            future = prefetch.get(name) or pool().submit(hash_file, root / name, meta["size"], stop)
+            window.append((name, meta["sha256"], future))
+            if len(window) >= HASH_WINDOW:
+                settle()
+        for entry in records():
+            try:
+                rel.tensor_layout(entry)
+            except Error as exc:
+                out.header = out.header or exc
+                continue
+            out.tensors += len(entry["tensors"])
+            if deep and out.tensor is None:
+                out.tensor = _rehash(root, entry, out)
+    while window:
+        settle()
+    return out
+
+
+def _rehash(root: Path, entry: dict[str, Any], out: _Hashed) -> str | None:
+    """Step 7 for one entry: every tensor's bytes against its digest; the failure's one line, or None."""
+    table = entry["tensors"]
+    order = sorted(table, key=lambda n: table[n]["byte_range"][0])
+    path = root / entry["file"]
+    got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
+    for n, sha in zip(order, got, strict=True):
+        if sha != table[n]["sha256"]:
+            a, b = table[n]["byte_range"]
+            return tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"])
+    out.rehashed += len(order)
+    out.rehashed_bytes += sum(t["byte_range"][1] - t["byte_range"][0] for t in table.values())
+    return None
+
+
+def _check(root: Path, folder: _Folder, prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
+           stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
+           msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
+           subjects_beside: bool, every_file: bool, ignored: tuple[str, ...], keep_files: bool) -> CheckedRelease:
+    manifest_path = root / MANIFEST
+
+    # 3. manifest content, statement vs manifest. The records are read a shard at a time as they are checked
+    # (format 2), never all kept: memory is the manifest's and a few shards', whatever the number of entries.
+    manifest = release_format.check_manifest(doc, manifest_path)
+    rel = Release(root, manifest)
+    if rel.index is not None:
+        check_commitments(root, manifest)  # the root digest binds the shard digests about to be trusted
+    # A list of every file (an OMS signature) is compared file by file in step 4's pass; what it lists beyond
+    # the release's files is left in `unlisted`: beside the release (subjects_beside) or refused.
+    every = stmt_subjects if every_file else None
+    unlisted = {n: d for n, d in (every or {}).items() if n != MANIFEST}
+    _statement_matches(root, manifest, msha, msize, None if every_file else stmt_subjects, source, check_claims,
+                       rel=rel)
+
+    # 4. the folder: names, missing, extra, sizes
+    listed = _list(root, rel, every, source, unlisted, beside)
+    if unlisted and subjects_beside:
+        beside.update(unlisted)
+    elif unlisted:
+        name = min(unlisted)
+        raise VerificationError(f"{root / name}: the {source} lists sha256 {unlisted[name]} and the manifest None")
+    for name in beside:
+        check_relpath(name, f"{root}: the {beside_source}")
+        if name.split("/")[0] in release_format.REPOSITORY_METADATA:
+            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which ignores "
+                                    f"it")
+    # The walk counted the folder's files: with every file listed present, equal counts mean no other file
+    # is there. A count that differs (or a rare digest collision of two names) asks the exact comparison.
+    excused = [n for n in folder.under_ignored if n not in beside and not listed.holds(n)]
+    distinct = listed.distinct()
+    beside_present = all((st := jsonio.stat_or_none(root / n)) is not None and stat.S_ISREG(st.st_mode)
+                         for n in beside)
+    if listed.missing or not beside_present or folder.files != 1 + distinct + len(beside) + len(excused):
+        excused, distinct = _folder_differs(root, rel, beside, ignored, source)
+    if listed.wrong_size is not None:
+        name, have, want = listed.wrong_size
+        users = _users(rel, name)
+        raise IntegrityError(f"{root / name}{f': {users}' if users else ''}: {have} bytes, the manifest says {want} "
+                             f"({'truncated' if have < want else 'grown'})")
     for name in sorted(beside):
         safe_path(root, name, f"file the {beside_source} lists")
     if rel.index is None:
         check_commitments(root, manifest)
-
     blocks = rel.index.prefix_blocks(rel.token_counts()) if rel.index is not None else []
 
-    # 5. every byte, once, across cores (format 1: most of it already hashed by the prefetch)
-    results = _hashed_in_order(root, names, all_files, prefetch, stop)
-    by_sha = {sha: n for n, sha in expected.items()}
-    bad = [(n, sha) for n, (sha, _) in zip(names, results, strict=True) if sha != expected[n]]
+    # 5-7. every byte, once, across cores (format 1: most of it already hashed by the prefetch); headers; tensors
+    kept = set(rel.subject_files())
+    done = _hash_all(root, rel, prefetch, stop, deep, lambda n: keep_files or rel.index is None or n in kept)
     beside_digests = {n: _result(pool().submit(hash_file, root / n, None, stop), root / n) for n in sorted(beside)}
     for n, (sha, _) in beside_digests.items():
         if sha != beside[n]:
             raise IntegrityError(f"{root / n}: sha256 {sha} does not match the {beside_source} ({beside[n]}); it is "
                                  f"beside the release, outside its manifest")
-    if bad:
-        name, actual = bad[0]
-        message = _locate(rel, name, actual, expected[name], source, by_sha)
-        if len(bad) > 1:
-            message += f" (and {len(bad) - 1} more files differ: {', '.join(n for n, _ in bad[1:4])})"
+    if done.bad:
+        name, actual, stated = done.bad[0]
+        by_sha = {meta["sha256"]: n for n, meta in _release_files(rel)} | {msha: MANIFEST}
+        message = _locate(rel, name, actual, stated, source, by_sha)
+        if done.bad_count > 1:
+            message += f" (and {done.bad_count - 1} more files differ: {', '.join(n for n, _, _ in done.bad[1:4])})"
         raise IntegrityError(message)
-
     # The prefix index's records, which a lookup trusts to name an entry and a number of blocks it holds
-    # (their count weighed against the entries' blocks before step 5 reads them).
+    # (their count weighed against the entries' blocks before step 5 read them).
     if rel.index is not None:
         rel.index.check_prefix(blocks)
+    if done.header is not None:
+        raise done.header
+    if done.tensor is not None:
+        raise IntegrityError(done.tensor)
 
-    # 6. safetensors headers against the manifest's tensor tables
-    tensors = 0
-    for entry in rel.iter_entries():
-        rel.tensor_layout(entry)
-        tensors += len(entry["tensors"])
-
-    # 7. optionally every tensor byte range against its own digest
-    rehashed = rehashed_bytes = 0
-    if deep:
-        for entry in rel.iter_entries():
-            table = entry["tensors"]
-            order = sorted(table, key=lambda n: table[n]["byte_range"][0])
-            path = root / entry["file"]
-            got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
-            for n, sha in zip(order, got, strict=True):
-                if sha != table[n]["sha256"]:
-                    a, b = table[n]["byte_range"]
-                    raise IntegrityError(tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"]))
-            rehashed += len(order)
-            rehashed_bytes += sum(t["byte_range"][1] - t["byte_range"][0] for t in table.values())
-
-    hashed = msize + sum(size for _, size in results) + sum(size for _, size in beside_digests.values()) + rehashed_bytes
-    files = {MANIFEST: msha, **{n: sha for n, (sha, _) in zip(names, results, strict=True)}}
-    return CheckedRelease(root, manifest, msha, msize, files, hashed, tensors, rehashed, rel,
-                          {n: sha for n, (sha, _) in beside_digests.items()}, excused)
-
+    hashed = msize + done.bytes + sum(size for _, size in beside_digests.values()) + done.rehashed_bytes
+    files = {MANIFEST: msha, **dict(sorted(done.digests.items()))}
+    return CheckedRelease(root, manifest, msha, msize, files, hashed, done.tensors, done.rehashed, rel,
+                          {n: sha for n, (sha, _) in beside_digests.items()}, excused, 1 + distinct)

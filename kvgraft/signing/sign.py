@@ -52,7 +52,7 @@ def release_statement(root: Path) -> dict[str, Any]:
 
 def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The statement, and every file's digest (manifest.json included), of a release whose bytes were checked."""
-    checked = check_release(Path(root))
+    checked = check_release(Path(root), keep_files=True)
     return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files
 
 

@@ -267,7 +267,7 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
     m = checked.manifest
     return VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
-        entries=checked.release.num_entries, files=len(checked.files), tensors=tensors,
+        entries=checked.release.num_entries, files=checked.count, tensors=tensors,
         bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=read.signature, statement=read.statement is not None,
         model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
@@ -448,13 +448,15 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsLi
                       if oms_files is not None and beside_ok else None)
             return check_release(root, subjects=subjects, source=source, deep=deep, signed=signed,
                                  attested_root=attested, check_claims=claims, beside=beside,
-                                 beside_source=f"OMS signature ({oms_path.name})", ignored=ignored)
+                                 beside_source=f"OMS signature ({oms_path.name})", ignored=ignored,
+                                 keep_files=oms_files is not None)
         return open_release(root, subjects=subjects, source=source, signed=signed, attested_root=attested,
                             check_claims=claims)
     if scope == "all":
         # An OMS file list (or none) plays the statement's part; it names every file of the folder.
         return check_release(root, subjects=oms_files, source=source, deep=deep, signed=signed,
-                             subjects_beside=beside_ok and oms_files is not None, every_file=True, ignored=ignored)
+                             subjects_beside=beside_ok and oms_files is not None, every_file=True, ignored=ignored,
+                             keep_files=oms_files is not None)
     # Signed with OMS alone: its list names every file; opening compares those opening reads
     # (manifest.json, which binds the rest, and the index files), each entry's file when it is checked.
     return open_release(root, subjects=oms_files, source=source, signed=signed, lists_more=True)

@@ -464,15 +464,16 @@ def test_manifests_above_the_limits_are_refused_with_whole_lines(rel: Path) -> N
 
 
 def test_a_file_removed_after_the_listing_is_named_missing(rel: Path) -> None:
-    """A file the manifest lists that goes away after the folder was listed (here: while the statement's
-    claims are checked, the caller's hook) is refused by name; the control: the same hook removing nothing."""
+    """A file the manifest lists that goes away after the folder was counted (here: while the statement's
+    claims are checked, the caller's hook) is refused by name, with the entry using it (the folder is listed
+    again, by name, to say so); the control: the same hook removing nothing."""
     assert check_release(rel, check_claims=lambda m, sha, size: None).files == listed_digests(rel)
 
     def remove(m: dict[str, Any], sha: str, size: int) -> None:
         os.remove(rel / E1)
 
     assert _err(lambda: check_release(rel, check_claims=remove), IntegrityError) == \
-        f"{rel / E1}: missing (removed while the release was verified)"
+        f"{rel / E1}: files differ from the manifest: missing {E1} (entry 'rec-001')"
 
 
 def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path, tmp_path: Path) -> None:

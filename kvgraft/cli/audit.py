@@ -109,9 +109,9 @@ def recompute_cmd(
     entry is judged. A resumed journal must match this run (release root, entries, settings, nonce) and
     each result read back is re-judged from its recorded comparisons; the output says how many results
     were resumed and from which file, and a nonce taken from it is reported as such. With --prefix N a
-    graft of each entry's first N tokens is judged as well (not journaled): under the schedule that made
-    its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone; its
-    verdict counts in the release's.
+    graft of each entry's first N tokens is judged as well (journaled with the entries): under the schedule
+    that made its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone;
+    its verdict counts in the release's.
     """
     from kvgraft.inference.models import check_options
 

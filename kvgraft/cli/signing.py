@@ -88,7 +88,7 @@ def sign(
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
     from kvgraft._internal.jsonio import check_writable
-    from kvgraft.release.format import BUNDLE_NAME
+    from kvgraft.release.format import BUNDLE_NAME, OMS_NAME
     from kvgraft.signing import keys, sign
 
     _quiet_sigstore()
@@ -117,6 +117,9 @@ def sign(
     if signed.oms is not None:
         say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "
             f"--public_key PUB.pem {release})")
+    if signed.beside:  # every file of the folder is signed, as model_signing does: said, so a stray one is seen
+        say(f"beside {', '.join(signed.beside[:5])}{' ...' if len(signed.beside) > 5 else ''} (outside the "
+            f"manifest: signed by {OMS_NAME} only)")
 
 
 @app.command()

@@ -3,13 +3,14 @@
 A journal is JSON lines: a header `{"kind": "kvgraft-journal", "version": 1, "run": RUN}` binding it to
 one run (release root digest, which entries, the settings and environment that decide verdicts), then
 one line `{"unit": ID, "result": {...}}` per judged unit, flushed and fsynced before the next one is
-counted. Resuming reads the judged units back (a torn last line, from a kill mid-write, is dropped and
-recomputed) and refuses a journal whose run differs, naming the first differing field: units judged
-under other conditions are never mixed into a result. A journal is a file in the output folder, which
-someone else may have written: every line read back must be a unit of this run and pass the caller's
-`check` (its schema, fields re-derived), else the whole resume is refused naming the file and line.
-Nothing here decides whether a result is complete; the caller writes its report only when every unit
-is judged, then removes the journal.
+counted. A unit id is a string (an entry id) or a list of strings and integers (a unit judged after the
+entries, such as ["prefix", 16, ID], which no entry id can equal). Resuming reads the judged units back
+(a torn last line, from a kill mid-write, is dropped and recomputed) and refuses a journal whose run
+differs, naming the first differing field: units judged under other conditions are never mixed into a
+result. A journal is a file in the output folder, which someone else may have written: every line read
+back must be a unit of this run and pass the caller's `check` (its schema, fields re-derived), else the
+whole resume is refused naming the file and line. Nothing here decides whether a result is complete; the
+caller writes its report only when every unit is judged, then removes the journal.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 from kvgraft._internal.jsonio import loads_strict, stat_or_none, writing
 from kvgraft.errors import BusyError, InputError
@@ -27,6 +28,8 @@ from kvgraft.errors import BusyError, InputError
 KIND = "kvgraft-journal"
 VERSION = 1
 MAX_LINE = 64 * 1024 * 1024
+
+Unit: TypeAlias = str | tuple[str | int, ...]  # a tuple is written as a JSON list and read back as a tuple
 
 
 def _first_difference(a: Any, b: Any, path: str = "run") -> str | None:
@@ -54,6 +57,15 @@ def _result_line(line: bytes, where: str) -> Any:
         raise InputError(f"{where}: invalid journal line: {exc}") from None
 
 
+def _unit(value: Any) -> Unit | None:
+    """A unit id as a journal line holds it, or None when it is none."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    return None
+
+
 def header(path: Path) -> dict[str, Any] | None:
     """The run a journal records, or None when there is no journal at `path`."""
     if not path.exists():
@@ -74,7 +86,7 @@ def header(path: Path) -> dict[str, Any] | None:
 class Journal:
     """Judged units of one run, on disk; `record` appends one durably."""
 
-    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[str, dict[str, Any]],
+    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[Unit, dict[str, Any]],
                  resumed: bool = False) -> None:
         self.path = path
         self.run = run
@@ -83,8 +95,8 @@ class Journal:
         self.resumed = resumed  # an existing journal was read back (even one holding no unit yet)
 
     @classmethod
-    def open(cls, path: Path, run: dict[str, Any], units: set[str],
-             check: Callable[[str, dict[str, Any]], str | None] | None = None) -> Journal:
+    def open(cls, path: Path, run: dict[str, Any], units: set[Unit],
+             check: Callable[[Unit, dict[str, Any]], str | None] | None = None) -> Journal:
         """Open (resume) or create the journal of `run`; a journal of another run is refused, and so is
         one another audit holds open now (BusyError: two audits never interleave their lines).
 
@@ -100,7 +112,7 @@ class Journal:
             fh.close()
             raise
 
-    def record(self, unit: str, result: dict[str, Any]) -> None:
+    def record(self, unit: Unit, result: dict[str, Any]) -> None:
         with writing(self.path):
             self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")
             self._fh.flush()
@@ -133,11 +145,11 @@ def _locked(path: Path) -> IO[bytes]:
             fh.close()  # its holder finished and removed it between our open and flock: open the new one
 
 
-def _resume(path: Path, run: dict[str, Any], units: set[str], fh: IO[bytes],
-            check: Callable[[str, dict[str, Any]], str | None] | None) -> dict[str, dict[str, Any]]:
+def _resume(path: Path, run: dict[str, Any], units: set[Unit], fh: IO[bytes],
+            check: Callable[[Unit, dict[str, Any]], str | None] | None) -> dict[Unit, dict[str, Any]]:
     """The units judged so far (none for a new or empty journal), each result `check`ed, the torn tail cut
     off, the header written when there was none."""
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[Unit, dict[str, Any]] = {}
     recorded = header(path)
     if recorded is not None:
         diff = _first_difference(recorded, run)
@@ -151,10 +163,9 @@ def _resume(path: Path, run: dict[str, Any], units: set[str], fh: IO[bytes],
                     break  # torn by a kill mid-write: that unit is judged again
                 if lineno > 1:
                     doc = _result_line(line, f"{path}:{lineno}")
-                    if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict) \
-                            or not isinstance(doc.get("unit"), str) or doc["unit"] not in units:
+                    unit = _unit(doc.get("unit")) if isinstance(doc, dict) else None
+                    if unit is None or unit not in units or not isinstance(doc.get("result"), dict):
                         raise InputError(f"{path}:{lineno}: not a judged unit of this run")
-                    unit = str(doc["unit"])
                     problem = check(unit, doc["result"]) if check is not None and unit not in done else None
                     if problem:
                         raise InputError(f"{path}:{lineno}: unit {unit!r}: {problem}; nothing was resumed (delete "

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +30,28 @@ from kvgraft.signing.verify import VerifiedRelease, verified
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
+    from kvgraft.execution.journal import Journal, Unit
 
 RESULT_KIND = "kvgraft-recompute-result"
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """Units an audit judges after its entries, under the same conditions and in the same journal
+    (kvgraft.recompute.prefix: each entry's prefix graft), so that an interrupted audit resumes them too.
+
+    `run`: what decides their results beyond the audit's own settings, added to the journal's run.
+    `unit(entry)`: the entry's unit id, a tuple (an entry's own unit is its id: the two never meet).
+    `check(entry, result)`: why a result read back cannot stand for that entry's unit (None: it can).
+    `judge(chosen, journal)`: judges the chosen entries' units the journal (if any) does not hold, records
+    each as it lands, and returns what the result holds under `key`.
+    """
+
+    key: str
+    run: dict[str, Any]
+    unit: Callable[[dict[str, Any]], Unit]
+    check: Callable[[dict[str, Any], dict[str, Any]], str | None]
+    judge: Callable[[list[dict[str, Any]], Journal | None], dict[str, Any]]
 
 
 def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, str]:
@@ -328,9 +349,11 @@ def resumed_statement(cost: dict[str, Any]) -> str | None:
     """Which results were not computed by this run: read back from a journal, and which one."""
     if not cost.get("resumed_from"):
         return None
-    n = cost["entries_resumed"]
-    return (f"{n} result{'' if n == 1 else 's'} resumed from {cost['resumed_from']} (judged by an earlier run and read "
-            f"back, each re-judged from its recorded comparisons; {cost['entries_recomputed']} recomputed now).")
+    n, grafts = cost["entries_resumed"], cost.get("prefix_grafts_resumed", 0)
+    also = f" and {grafts} prefix graft{'' if grafts == 1 else 's'}" if grafts else ""
+    return (f"{n} result{'' if n == 1 else 's'}{also} resumed from {cost['resumed_from']} (judged by an earlier run "
+            f"and read back, each re-judged from its recorded comparisons; {cost['entries_recomputed']} recomputed "
+            f"now).")
 
 
 def prefix_statement(grafts: dict[str, Any]) -> str:
@@ -435,7 +458,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
           overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
           nonce: str | None = None, journal: Path | None = None,
-          on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, Any]:
+          on_progress: Callable[[dict[str, int]], None] | None = None, then: FollowUp | None = None) -> dict[str, Any]:
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
@@ -449,10 +472,11 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     each entry records its placement. With `journal`, each judged entry is appended as it lands and an
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
-    (kvgraft.prefix_audit.audit adds the entries' prefix grafts to this result.)
+    `then`: units judged after the entries, journaled with them (kvgraft.recompute.prefix.audit: the
+    entries' prefix grafts), their result under `then.key`.
     """
     from kvgraft.execution.executor import LocalExecutor
-    from kvgraft.execution.journal import Journal, header
+    from kvgraft.execution.journal import header
 
     check_requirement(require)  # before any work
     rel = verified(release).release  # as `kvgraft verify` does; a release the caller verified under a policy is kept
@@ -494,14 +518,15 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
                "sample": {k: drawn[k] for k in ("method", "nonce", "size")} if drawn else None,
                "schedule": result["schedule"], "probe_text": probe_text, "force": force, "overrides": overrides,
                "model_identity": lm.identity.sha256,
-               "environment": {k: current.get(k) for k in sorted(SENSITIVE)}}
-        by_id = {str(e["id"]): e for e in chosen}
-        jr = (Journal.open(journal, run, set(ids), check=lambda unit, r: resumed_problem(by_id[unit], r))
-              if journal is not None else None)
+               "environment": {k: current.get(k) for k in sorted(SENSITIVE)}, **(then.run if then else {})}
+        jr = _open_journal(journal, run, chosen, then) if journal is not None else None
         try:
             result["entries"] = _judge(rel, lm, ex, chosen, jr, progress, on_progress,
                                        functools.partial(entry_unit, probe_text=probe_text, force=force,
                                                          schedule=schedule), result)
+            if then is not None:
+                result[then.key] = then.judge(chosen, jr)
+                result["cost"][f"{then.key}_resumed"] = sum(then.unit(e) in jr.done for e in chosen) if jr else 0
         finally:
             if jr is not None:
                 jr.close()
@@ -518,6 +543,23 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     return result
 
 
+def _open_journal(path: Path, run: dict[str, Any], chosen: list[dict[str, Any]], then: FollowUp | None) -> Journal:
+    """The journal of this run: each chosen entry's unit (its id), and its follow-up unit; every result read
+    back is checked against the entry it stands for."""
+    from kvgraft.execution.journal import Journal
+
+    by_id = {str(e["id"]): e for e in chosen}
+    more = {then.unit(e): e for e in chosen} if then is not None else {}
+
+    def check(unit: Unit, r: dict[str, Any]) -> str | None:
+        if isinstance(unit, str):
+            return resumed_problem(by_id[unit], r)
+        assert then is not None  # a tuple unit is a follow-up's: the units allowed say so
+        return then.check(more[unit], r)
+
+    return Journal.open(path, run, {*by_id, *more}, check=check)
+
+
 def conclude(result: dict[str, Any]) -> None:
     """The release's verdict and whether it meets the requirement: the worst of its entries' verdicts
     and of its prefix grafts' (kvgraft.recompute.prefix adds them, then concludes again)."""
@@ -531,7 +573,8 @@ def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, A
            progress: Callable[[int, int], None] | None, on_progress: Callable[[dict[str, int]], None] | None,
            unit: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each chosen entry's result: from the journal where an earlier run judged it, else recomputed now."""
-    done: dict[str, dict[str, Any]] = dict(jr.done) if jr is not None else {}
+    # The entries' own units (a follow-up's are tuples, read back by it).
+    done = {u: r for u, r in jr.done.items() if isinstance(u, str)} if jr is not None else {}
     todo = [e for e in chosen if e["id"] not in done]
     tokens = {str(e["id"]): int(e["num_tokens"]) for e in chosen}
     state = {"done": len(done), "total": len(chosen), "tokens_done": sum(tokens[i] for i in done),

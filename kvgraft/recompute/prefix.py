@@ -12,6 +12,10 @@ the recorded conditions:
   where the schedule makes them byte-identical, else judged against the envelope of the n-token
   computation. A difference inside it is the schedule's and is recorded, not a failure; one outside
   it makes the verdict inconsistent (the rows are not the prefix's computation).
+
+Judged within an audit (`audit`), each graft is journaled with the audit's entries (unit
+["prefix", n, ID]): an interrupted audit resumes and judges no graft twice, and a graft read back is
+re-judged from its recorded comparisons (`resumed_problem`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from kvgraft.signing.verify import VerifiedRelease, verified
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
+    from kvgraft.execution.journal import Journal, Unit
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int,
@@ -58,10 +63,20 @@ def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: i
         max_excess = max(max_excess, j.max_excess)
         if j.outside and first_outside is None:
             first_outside = name
-    verdict = "byte-exact" if first is None else "consistent" if outside == 0 else "inconsistent"
-    return {"verdict": verdict, "byte_exact": first is None, "first_differing_tensor": first,
+    return {"verdict": _comparison_verdict(first, outside), "byte_exact": first is None, "first_differing_tensor": first,
             "max_abs_diff": worst_abs, "differing_elements": differing, "outside": outside,
             "max_excess": max_excess, "first_outside_tensor": first_outside}
+
+
+def _comparison_verdict(first_differing: str | None, outside: int) -> str:
+    return "byte-exact" if first_differing is None else "consistent" if outside == 0 else "inconsistent"
+
+
+def graft_verdict(under: dict[str, Any], against: dict[str, Any]) -> str:
+    """The graft's verdict from its two comparisons: the recorded schedule's is its claim; a difference from
+    the prefix alone inside that envelope is the schedule's, one outside it is not the prefix's computation.
+    The same function judges a fresh graft and re-judges one read back from a journal."""
+    return worst([under["verdict"], "inconsistent" if against["verdict"] == "inconsistent" else "byte-exact"])
 
 
 def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
@@ -92,9 +107,7 @@ def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
 
     under = _compare(rows, fresh_whole, n, measured("whole", ids, fresh_whole))
     against = _compare(rows, fresh_alone, n, measured("alone", ids[:n], fresh_alone))
-    # The graft's claim is the recorded schedule's; a difference from the prefix alone inside its
-    # envelope is the schedule's, one outside it is not the prefix's computation.
-    verdict = worst([under["verdict"], "inconsistent" if against["verdict"] == "inconsistent" else "byte-exact"])
+    verdict = graft_verdict(under, against)
     return {
         "entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(recorded_schedule),
         "rows": prefix_rows(recorded_schedule, n, int(entry["num_tokens"])),
@@ -128,10 +141,47 @@ def audit_prefix(release: VerifiedRelease | Release | Path | str, entry_id: str,
     return {**result, "forced_model": forced}
 
 
+def unit_id(tokens: int, entry_id: str) -> Unit:
+    """A prefix graft's unit in an audit's journal: a list, which no entry id (a string) can equal."""
+    return ("prefix", tokens, entry_id)
+
+
+def resumed_problem(entry: dict[str, Any], tokens: int, schedule: dict[str, Any], result: Any) -> str | None:
+    """Why `result`, read back from a journal, cannot stand for the graft of `entry`'s first `tokens` tokens
+    (None: it can). As recompute.audit.resumed_problem: a whole graft result (the schema), of this entry,
+    these tokens and this recorded schedule, whose verdicts are the ones its own comparisons give."""
+    from kvgraft.errors import SchemaError
+    from kvgraft.schema import validate_part
+
+    try:
+        validate_part(result, "recompute-result.v1.json", "properties/prefix_grafts/properties/entries/items", "result")
+    except SchemaError as exc:
+        return str(exc)
+    if (result["entry"], result["tokens"], result["of"]) != (entry["id"], tokens, entry["num_tokens"]):
+        return (f"graft of {result['tokens']} of {result['entry']!r}'s {result['of']} tokens, not of this entry's "
+                f"first {tokens}")
+    if result["schedule"] != schedule or result["rows"] != prefix_rows(schedule, tokens, int(entry["num_tokens"])):
+        return "its schedule or rows are not the recorded ones"
+    if result.get("sliding_layers_every_position") != sorted(every_position_layers(entry)):
+        return "its sliding layers are not the entry's"
+    for part in ("under_recorded_schedule", "against_prefix_alone"):
+        c = result[part]
+        first, outside = c["first_differing_tensor"], c["outside"]
+        if (c["verdict"] != _comparison_verdict(first, outside) or c["byte_exact"] != (first is None)
+                or (c.get("first_outside_tensor") is None) != (outside == 0)):
+            return f"its {part} verdict ({c['verdict']}) is not what its comparison gives"
+    under = result["under_recorded_schedule"]
+    if result["verdict"] != graft_verdict(under, result["against_prefix_alone"]) \
+            or result["byte_exact"] != under["byte_exact"]:
+        return f"its verdict ({result['verdict']}) is not what its comparisons give"
+    return None
+
+
 def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
-                  schedule: Schedule | None) -> dict[str, Any]:
+                  schedule: Schedule | None, journal: Journal | None = None) -> dict[str, Any]:
     """Each chosen entry's prefix graft of `tokens` tokens judged (`judge_prefix`) on the executor; an
-    entry no longer than that, or with a layer that does not hold every position, is listed as skipped."""
+    entry no longer than that, or with a layer that does not hold every position, is listed as skipped.
+    With `journal`, a graft it holds is read back, not judged again, and each one judged is recorded as it lands."""
     todo, skipped = [], []
     for e in chosen:
         why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
@@ -140,9 +190,23 @@ def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict
             skipped.append({"entry": e["id"], "reason": why})
         else:
             todo.append(e)
-    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, todo, lm=lm,
-                    labels=[str(e["id"]) for e in todo]) if todo else []
-    return {"tokens": tokens, "entries": judged, "skipped": skipped}
+    done = journal.done if journal is not None else {}
+    fresh = [e for e in todo if unit_id(tokens, e["id"]) not in done]
+
+    def landed(i: int, r: dict[str, Any]) -> None:
+        assert journal is not None
+        journal.record(unit_id(tokens, fresh[i]["id"]), r)
+
+    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, fresh, lm=lm,
+                    labels=[str(e["id"]) for e in fresh],
+                    on_result=landed if journal is not None else None) if fresh else []
+    by_id = {str(e["id"]): r for e, r in zip(fresh, judged, strict=True)}
+    for e in todo:
+        if str(e["id"]) not in by_id:
+            r = done[unit_id(tokens, e["id"])]
+            r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
+            by_id[str(e["id"])] = r
+    return {"tokens": tokens, "entries": [by_id[str(e["id"])] for e in todo], "skipped": skipped}
 
 
 def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
@@ -150,7 +214,8 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, p
           policy: VerifyPolicy | None = None, **options: Any) -> dict[str, Any]:
     """`kvgraft.recompute.audit` of the release, then a graft of each audited entry's first `prefix`
     tokens judged under the same conditions (`prefix_grafts` in the result); its verdicts count in the
-    release's verdict and requirement. `options` are recompute.audit's."""
+    release's verdict and requirement. With `journal` (in `options`, recompute.audit's) the grafts are
+    journaled with the entries. `options` are recompute.audit's."""
     from kvgraft.execution.executor import LocalExecutor
 
     check_tokens(prefix)
@@ -158,10 +223,11 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, p
     checked = verified(release, policy)
     rel = checked.release
     ex = executor or LocalExecutor()
-    result = recompute.audit(checked, lm, executor=ex, overrides=overrides, schedule=schedule, **options)
-    chosen = [rel.entry(str(e["id"])) for e in result["entries"]]
-    with reapply.applied(lm, rel.manifest["environment"], dict(overrides or {})):
-        result["prefix_grafts"] = prefix_grafts(rel, lm, ex, chosen, prefix, schedule)
-    recompute.conclude(result)
-    result["statements"] = recompute.statements(result)
-    return result
+    recorded = rel.manifest["schedule"]
+    grafts = recompute.FollowUp(
+        key="prefix_grafts", run={"prefix_tokens": prefix},
+        unit=lambda e: unit_id(prefix, e["id"]),
+        check=lambda e, r: resumed_problem(e, prefix, recorded, r),
+        judge=lambda chosen, journal: prefix_grafts(rel, lm, ex, chosen, prefix, schedule, journal))
+    # recompute.audit judges them under its conditions (reapply.applied), in its journal, and concludes with them.
+    return recompute.audit(checked, lm, executor=ex, overrides=overrides, schedule=schedule, then=grafts, **options)

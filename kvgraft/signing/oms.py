@@ -61,9 +61,14 @@ def statement(root: Path, digests: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def can_sign(key: keys.PrivateKey) -> bool:
+    """Whether OMS v1.0 signs with this key (ECDSA only)."""
+    return isinstance(key, ec.EllipticCurvePrivateKey)
+
+
 def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | None:
     """Write RELEASE/model.sig for files with these digests; None (nothing written) for a non-ECDSA key."""
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
+    if not can_sign(key):
         return None
     payload = (json.dumps(statement(root, digests), indent=2) + "\n").encode()
     signature = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))

@@ -15,7 +15,9 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError
-from kvgraft.release.integrity import check_release
+from kvgraft.release.format import check_relpath, safe_path
+from kvgraft.release.hashing import hash_file
+from kvgraft.release.integrity import check_release, release_folder_files
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,
@@ -27,7 +29,7 @@ from kvgraft.signing.attest import (
     statement_bytes,
     write_bundle,
 )
-from kvgraft.signing.keys import PrivateKey, key_id
+from kvgraft.signing.keys import PrivateKey, algorithm_of, key_id
 from kvgraft.signing.keys import sign as key_sign
 
 
@@ -40,6 +42,7 @@ class Signed:
     signer: str  # key id, or the certificate identity for keyless signing
     oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
     files: int = 0  # the release's files checked before signing (what `kvgraft verify` counts), manifest.json included
+    beside: tuple[str, ...] = ()  # files outside the manifest (a Hub card) that model.sig alone signs
 
 
 def release_statement(root: Path) -> dict[str, Any]:
@@ -56,12 +59,46 @@ def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files
 
 
+def _checked_folder(root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """`_checked_statement`, and the files of the folder outside the manifest (a Hub card) with their digests.
+
+    model_signing signs every file of a folder, and so does model.sig: a README.md beside manifest.json is
+    signed, not refused. check_release refuses a file outside the manifest unless told to leave its path
+    out, so every top-level path of the folder is left out (what the manifest lists is still required and
+    checked) and the files it then names as left out are hashed here, once.
+    """
+    root = Path(root)
+    tops = sorted({name.split("/")[0] for name in release_folder_files(root)})
+    checked = check_release(root, ignored=tops)
+    beside = {name: _beside_digest(root, name) for name in checked.ignored}
+    return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files, beside
+
+
+def _beside_digest(root: Path, name: str) -> str:
+    check_relpath(name, f"{root}: a file beside the release")  # model.sig lists it: verify reads the name back
+    return hash_file(safe_path(root, name, "file beside the release"))[0]
+
+
+def _refuse_unsigned_beside(root: Path, beside: dict[str, str], why: str) -> None:
+    """A file beside the release that no signature would cover is refused before anything is written:
+    `kvgraft verify` with the signer's key or identity refuses a file that no verified signature lists."""
+    if beside:
+        names = sorted(beside)
+        more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
+        raise InputError(f"{Path(root) / names[0]}{more}: beside the release, outside its manifest; {why}, and "
+                         f"`kvgraft verify` refuses a file no verified signature lists: sign with an ECDSA key "
+                         f"(kvgraft keygen --algorithm ecdsa-p256), or move the file out of the folder")
+
+
 def sign_release(root: Path, key: PrivateKey) -> Signed:
     """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
     oms_path = Path(root) / OMS_NAME
     for name in (BUNDLE_NAME, OMS_NAME):
         jsonio.clear_leftovers(Path(root) / name)  # a killed sign's temp files would fail the check below
-    stmt, files = _checked_statement(root)
+    stmt, files, beside = _checked_folder(root)
+    if not oms.can_sign(key):
+        _refuse_unsigned_beside(root, beside, f"an {algorithm_of(key)} key writes no OpenSSF model signing "
+                                              f"signature ({OMS_NAME}) to sign it")
     payload = statement_bytes(stmt)
     signature = key_sign(key, pae(PAYLOAD_TYPE, payload))
     kid = key_id(key)
@@ -78,8 +115,8 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
         bundle = write_bundle(root, data)
         # The OMS signature covers release.sigstore.json too, so it is written last (none for a key OMS
         # cannot use). It lists every file of the folder (format 2: the entry files too, which the statement
-        # binds through the index shards).
-        written = oms.sign(root, key, {**files, BUNDLE_NAME: sha256_hex(data)})
+        # binds through the index shards), and those beside the release, which only it signs.
+        written = oms.sign(root, key, {**beside, **files, BUNDLE_NAME: sha256_hex(data)})
     except BaseException:
         for path in (bundle_path, oms_path):
             with contextlib.suppress(OSError, Error):
@@ -89,7 +126,7 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
                 else:
                     jsonio.write_atomic(path, old)
         raise
-    return Signed(bundle, stmt, kid, written, len(files))
+    return Signed(bundle, stmt, kid, written, len(files), tuple(sorted(beside)))
 
 
 def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: str | None = None) -> Signed:
@@ -110,7 +147,9 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
     from sigstore.oidc import IdentityToken, Issuer, detect_credential
     from sigstore.sign import SigningContext
 
-    stmt, files = _checked_statement(root)
+    stmt, files, beside = _checked_folder(root)
+    _refuse_unsigned_beside(root, beside, f"keyless signing writes no OpenSSF model signing signature "
+                                          f"({OMS_NAME}) to sign it")
     payload = statement_bytes(stmt)
     try:
         config = ClientTrustConfig.staging() if staging else ClientTrustConfig.production()

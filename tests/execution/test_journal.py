@@ -42,3 +42,21 @@ def test_a_journal_of_another_run_or_unit_is_refused(tmp_path: Path) -> None:
     (tmp_path / "other").write_text('{"kind": "something"}\n')
     with pytest.raises(errors.InputError, match="not a kvgraft journal"):
         Journal.open(tmp_path / "other", RUN, {"a"})
+
+
+def test_a_list_unit_reads_back_as_the_tuple_recorded_and_never_as_an_entry_id(tmp_path: Path) -> None:
+    """A unit judged after the entries (a prefix graft: ["prefix", 16, ID]) is written as a JSON list and read
+    back as the tuple, apart from the entry whose id is its text; a list of anything but strings and integers
+    is no unit."""
+    path = tmp_path / "j.journal"
+    graft = ("prefix", 16, "a")
+    units = {"a", graft, '["prefix", 16, "a"]'}
+    j = Journal.open(path, RUN, units)
+    j.record(graft, {"v": 1})
+    j.record("a", {"v": 2})
+    j.close()
+    assert Journal.open(path, RUN, units).done == {graft: {"v": 1}, "a": {"v": 2}}
+    for odd in (b'["prefix", 16.0, "a"]', b'["prefix", true, "a"]', b'[["prefix"], 16, "a"]', b'{"u": 1}'):
+        path.write_bytes(path.read_bytes().splitlines(keepends=True)[0] + b'{"unit": ' + odd + b', "result": {}}\n')
+        with pytest.raises(errors.InputError, match=r"j\.journal:2: not a judged unit of this run"):
+            Journal.open(path, RUN, units)  # 16.0 == 16 in Python: only the type rule refuses it

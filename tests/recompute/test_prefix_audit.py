@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from kvgraft import errors
 from kvgraft.cli import app
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import prefix as prefix_audit
@@ -186,3 +187,123 @@ key = "ephemeral"
     (g,) = check["data"]["prefix_grafts"]["entries"]
     assert g["entry"] == "p" and g["tokens"] == 16 and g["verdict"] == "byte-exact"
     assert "Prefix grafts of 16 tokens" in check["summary"]
+
+
+# ------------------------------------------------------------------ prefix grafts journaled (issue 35 item 5b)
+
+
+class Interrupt(KeyboardInterrupt):
+    pass
+
+
+REAL_JUDGE = prefix_audit.judge_prefix
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: int | None = None) -> None:
+    """judge_prefix counted per entry; with `stop_at`, Ctrl-C as that call starts (the grafts before it landed)."""
+    def counted(rel: Any, entry: dict[str, Any], *a: Any, **k: Any) -> dict[str, Any]:
+        calls.append(entry["id"])
+        if stop_at is not None and len(calls) == stop_at:
+            raise Interrupt
+        return REAL_JUDGE(rel, entry, *a, **k)
+
+    monkeypatch.setattr(prefix_audit, "judge_prefix", counted)
+
+
+@pytest.fixture(scope="module")
+def grafted(tiny_lm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("prefix-journal") / "rel"
+    _capture(tiny_lm("llama"), out, [("a", 30), ("b", 34), ("c", 38), ("short", 4)])
+    return out
+
+
+def test_an_interrupted_prefix_audit_resumes_and_judges_no_graft_twice(tiny_lm: Any, grafted: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after two grafts landed, a torn line planted after them: the rerun judges no entry and only the
+    third graft, reads the two back (said so), and its result is the uninterrupted one's."""
+    lm = tiny_lm("llama")
+    journal = tmp_path / "r.json.journal"
+    calls: list[str] = []
+    _counted(monkeypatch, calls, stop_at=3)
+    with pytest.raises(Interrupt):
+        prefix_audit.audit(grafted, lm, prefix=16, journal=journal)
+    assert calls == ["a", "b", "c"] and journal.exists()
+    with journal.open("ab") as fh:
+        fh.write(b'{"unit": ["prefix", 16, "c"], "result": {"entry": "c", "tok')  # killed mid-write
+    entries: list[str] = []
+    real_entry = recompute.audit_entry
+    monkeypatch.setattr(recompute, "audit_entry", lambda rel, e, *a, **k: entries.append(e["id"]) or real_entry(rel, e, *a, **k))
+    calls.clear()
+    _counted(monkeypatch, calls)
+    result = prefix_audit.audit(grafted, lm, prefix=16, journal=journal)
+    assert entries == [] and calls == ["c"]  # each entry and each graft judged exactly once over the two runs
+    assert result["cost"]["entries_resumed"] == 4 and result["cost"]["prefix_grafts_resumed"] == 2
+    grafts = result["prefix_grafts"]["entries"]
+    assert [g["entry"] for g in grafts] == ["a", "b", "c"]
+    assert [s["entry"] for s in result["prefix_grafts"]["skipped"]] == ["short"]
+    assert [g["placement"].get("resumed", False) for g in grafts] == [True, True, False]
+    assert f"4 results and 2 prefix grafts resumed from {journal}" in " ".join(result["statements"])
+    from kvgraft.audit import checks as registry
+    from kvgraft.execution.executor import comparable
+
+    registry.seal("recompute", result)  # schema-checked, resumed grafts included
+    # Apart from timing, placement and the resumed sayings, the result is an uninterrupted run's.
+    fresh = registry.seal("recompute", prefix_audit.audit(grafted, lm, prefix=16))
+    for r in (result, fresh):
+        r["statements"] = [s for s in r["statements"] if "resumed from" not in s]
+        r["cost"] = {k: v for k, v in r["cost"].items() if k == "library_entries"}
+    assert comparable(json.loads(json.dumps(result, default=str))) == comparable(json.loads(json.dumps(fresh, default=str)))
+    # The journal binds the prefix length: one of another --prefix is refused, never mixed in.
+    with pytest.raises(errors.InputError, match=r"journal of another run \(run\.prefix_tokens differs\)"):
+        prefix_audit.audit(grafted, lm, prefix=8, journal=journal)
+
+
+def test_a_forged_prefix_graft_in_the_journal_refuses_the_resume(tiny_lm: Any, grafted: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graft read back is re-judged from its comparisons: a byte-exact verdict over an inconsistent comparison,
+    or a graft of other tokens, refuses the resume naming the line; the honest journal resumes (the control)."""
+    lm = tiny_lm("llama")
+    journal = tmp_path / "j.journal"
+    calls: list[str] = []
+    _counted(monkeypatch, calls, stop_at=2)
+    with pytest.raises(Interrupt):
+        prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+    honest = journal.read_bytes()
+    lines = honest.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if json.loads(line).get("unit") == ["prefix", 16, "a"])
+    doc = json.loads(lines[at])
+    for forge, why in ((lambda g: g["under_recorded_schedule"].update(  # a comparison that holds, its verdict forged
+                            verdict="inconsistent", byte_exact=False, first_differing_tensor="layer.0.keys",
+                            differing_elements=3, outside=3, first_outside_tensor="layer.0.keys"),
+                        r"its verdict \(byte-exact\) is not what its comparisons give"),
+                       (lambda g: g["against_prefix_alone"].update(verdict="consistent"),
+                        r"its against_prefix_alone verdict \(consistent\) is not what its comparison gives"),
+                       (lambda g: g.update(tokens=8), r"graft of 8 of 'a'")):
+        forged = json.loads(json.dumps(doc))
+        forge(forged["result"])
+        journal.write_bytes(b"".join(lines[:at]) + json.dumps(forged).encode() + b"\n" + b"".join(lines[at + 1:]))
+        with pytest.raises(errors.InputError, match=rf"j\.journal:{at + 1}: unit \('prefix', 16, 'a'\): {why}"):
+            prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+    journal.write_bytes(honest)
+    calls.clear()
+    _counted(monkeypatch, calls)
+    result = prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+    assert calls == ["b"] and result["cost"]["prefix_grafts_resumed"] == 1
+
+
+def test_cli_interrupted_prefix_audit_resumes_from_its_journal(tiny_dir: Any, grafted: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "r.json"
+    calls: list[str] = []
+    _counted(monkeypatch, calls, stop_at=2)
+    args = ["audit", "recompute", str(grafted), "--model", str(tiny_dir("llama")), "--prefix", "16",
+            "--entry", "a", "--entry", "b", "--out", str(out), "--quiet"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 130 and not out.exists(), r.output
+    assert "rerun the same command to resume" in r.output and Path(f"{out}.journal").exists()
+    calls.clear()
+    _counted(monkeypatch, calls)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and calls == ["b"], r.output
+    assert "2 results and 1 prefix graft resumed from" in r.output
+    assert json.loads(out.read_text())["cost"]["prefix_grafts_resumed"] == 1 and not Path(f"{out}.journal").exists()

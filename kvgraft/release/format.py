@@ -54,6 +54,7 @@ OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder 
 # A release kept in a git (or Hugging Face Hub) repository: the repository's metadata at the folder's root,
 # which the model_signing CLI leaves out of what it signs, is no part of the release either.
 REPOSITORY_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})
+ENTRIES_DIR = "entries"  # where ReleaseWriter puts the entry files
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 CHECKED_HEADERS = 1024  # entries whose checked safetensors header an opened release remembers
 
@@ -373,8 +374,8 @@ class ReleaseWriter:
     def _entry_name(self) -> str:
         # Entry files are spread over folders of 1,000 so that no folder lists 10^5 names.
         n = self.count
-        return f"entries/{n:05d}.safetensors" if n < 100_000 and self.format_version == 1 else \
-            f"entries/{n // 1000:05d}/{n % 1000:03d}.safetensors"
+        return f"{ENTRIES_DIR}/{n:05d}.safetensors" if n < 100_000 and self.format_version == 1 else \
+            f"{ENTRIES_DIR}/{n // 1000:05d}/{n % 1000:03d}.safetensors"
 
     def add_entry(self, entry: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Write one entry's tensors; fill in file, tensor table and digest; return the entry."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError
-from kvgraft.release.format import check_relpath, safe_path
+from kvgraft.release.format import ENTRIES_DIR, MANIFEST, REPOSITORY_METADATA, check_relpath, safe_path
 from kvgraft.release.hashing import hash_file
-from kvgraft.release.integrity import check_release, release_folder_files
+from kvgraft.release.index import INDEX_DIR
+from kvgraft.release.integrity import check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,
@@ -64,12 +66,14 @@ def _checked_folder(root: Path) -> tuple[dict[str, Any], dict[str, str], dict[st
 
     model_signing signs every file of a folder, and so does model.sig: a README.md beside manifest.json is
     signed, not refused. check_release refuses a file outside the manifest unless told to leave its path
-    out, so every top-level path of the folder is left out (what the manifest lists is still required and
-    checked) and the files it then names as left out are hashed here, once.
+    out, so the top-level paths that are not the release's own (manifest.json, entries/, index/) are left
+    out: what the manifest lists is still required and checked, a stray file among the entries or the index
+    is still refused, and the files check_release names as left out are hashed here, once.
     """
     root = Path(root)
-    tops = sorted({name.split("/")[0] for name in release_folder_files(root)})
-    checked = check_release(root, ignored=tops)
+    own = {MANIFEST, ENTRIES_DIR, INDEX_DIR, BUNDLE_NAME, OMS_NAME, *REPOSITORY_METADATA}
+    tops = sorted(set(os.listdir(root)) - own) if jsonio.stat_or_none(root, follow=True) is not None else []
+    checked = check_release(root, ignored=tops, keep_files=True)
     beside = {name: _beside_digest(root, name) for name in checked.ignored}
     return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files, beside
 

@@ -120,3 +120,16 @@ def test_keyless_signing_refuses_the_card_before_any_network(release: Path) -> N
                                          r"writes no OpenSSF model signing signature"):
         sign.sign_release_sigstore(release, staging=True, identity_token="not-a-token")
     assert not (release / attest.BUNDLE_NAME).exists()
+
+
+def test_a_stray_file_among_the_entries_is_refused_not_signed(release: Path, tmp_path: Path) -> None:
+    """Only paths outside the release's own (manifest.json, entries/, index/) count as beside it: a file
+    among the entry files is damage or a leftover, refused by name; the control: the card alone signs."""
+    private, _ = keys.write_keypair(tmp_path / "k")
+    stray = release / "entries" / "stray.bin"
+    stray.write_bytes(b"x")
+    with pytest.raises(Exception, match="not part of the release: entries/stray.bin"):
+        sign.sign_release(release, keys.load_private_key(private))
+    assert not (release / attest.BUNDLE_NAME).exists() and not (release / attest.OMS_NAME).exists()
+    stray.unlink()
+    assert sign.sign_release(release, keys.load_private_key(private)).beside == ("README.md",)

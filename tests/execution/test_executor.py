@@ -384,3 +384,34 @@ def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, mod
     assert check["status"] == "passed" and data["all_byte_exact"]
     assert data["executor"]["kind"] == "ray" and {e["placement"]["worker"] for e in data["entries"]} == {0, 1}
     assert _cpus_back(ray_session)
+
+
+@needs_ray
+@pytest.mark.slow
+def test_two_audits_on_ray_at_once_on_one_machine_both_finish(release_dir: Path, model_dir: Path,
+                                                               local_result: dict[str, Any], tmp_path: Path) -> None:
+    """Two `audit recompute --executor ray` processes started together, each with its own local Ray instance
+    (issue: one ended in exit 70 while two other Ray jobs shared the machine): both finish, each with the
+    verdict and results a local run gives."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["KVGRAFT_CACHE"] = str(tmp_path / "cache")
+    kvgraft = str(Path(sys.executable).parent / "kvgraft")
+    runs = [subprocess.Popen([kvgraft, "audit", "recompute", str(release_dir), "--model", str(model_dir),
+                              "--device", "cpu", "--executor", "ray", "--workers", "1",
+                              "--out", str(tmp_path / f"r{i}.json"), "--quiet"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=900)[0] for p in runs]
+    for p, out in zip(runs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    for i in range(2):
+        result = json.loads((tmp_path / f"r{i}.json").read_text())
+        assert result["status"] == "passed" and result["executor"]["kind"] == "ray"
+        # The environment each process runs in is its own (a CLI process sets OMP_WAIT_POLICY, this one did
+        # not); what was replayed, and every result, are the local run's.
+        assert result["environment"]["differences"] == {}
+        mine = {**local_result, "status": result["status"],
+                "environment": {**local_result["environment"], "current": result["environment"]["current"]}}
+        assert_same_apart_from_timing_and_placement(mine, result)

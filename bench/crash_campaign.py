@@ -4,14 +4,19 @@
     python -m bench.crash_campaign --kills 3       # a sample: 3 kills per scenario (tests/release/test_crash_sample.py)
 
 Scenarios: `sign` (a release re-signed with another key), `keygen --overwrite`, `capture --overwrite` of a
-tiny random model (tests/tiny.py), and a resumable sampled `audit recompute --json` (its journal). Each
+tiny random model (tests/tiny.py), a resumable sampled `audit recompute --json` (its journal), `library build
+--overwrite` (`--only library`) and `audit run` of a plan that signs its report (`--only report`). Each
 run is killed at time t_i = D * (i + 0.5) / n, D the command's uninterrupted runtime measured first, so
 the kills spread evenly over it. After each kill the scenario's invariant is checked:
 
 - sign: the release verifies with the previous key or with the new one (never neither);
 - keygen: the private and public key files each exist and form one pair;
 - capture: the release at the output path is whole and verifies (the previous one or the new one);
-- audit: the journal holds no unit twice, and a result file, if there is one, is complete and valid.
+- audit: the journal holds no unit twice, and a result file, if there is one, is complete and valid;
+- library: the library release at the output path is whole and verifies (the previous one or the new one);
+- report: a report.json at the path verifies (what `kvgraft report verify --key --release` checks: its
+  signature by the run's key, its digest, its binding to the release), and the release is whole; or there is
+  no report (a run removes the previous one first).
 
 Leftovers (hidden temp files and folders beside an output) are counted after each kill and must be gone
 after the next complete run. Exit 1 when any invariant failed.
@@ -226,9 +231,92 @@ def audit_scenario(work: Path, kills: int, model: Path) -> Tally:
     return tally
 
 
-SCENARIOS = ("sign", "keygen", "capture", "audit")
+def _problems(path: Path) -> Path:
+    from tests.sample_problems import PROBLEMS
+
+    path.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "solution": p.solution})
+                            + "\n" for p in PROBLEMS[:4]))
+    return path
+
+
+def library_scenario(work: Path, kills: int, model: Path) -> Tally:
+    from kvgraft.release.integrity import check_release
+
+    src, rel = _problems(work / "problems.jsonl"), work / "library"
+
+    def once(kill_at: float | None) -> int | None:
+        return run(["library", "build", "--source", str(src), "--library-fraction", "1", "--no-generate", "--out",
+                    str(rel), "--model", str(model), "--overwrite", "--probe", "2", "-q"], kill_at)[0]
+
+    def check() -> str | None:
+        try:
+            check_release(rel)  # the previous library or the new one: either is whole and verifies
+            return None
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    tally = Tally("library build --overwrite")
+    campaign(tally, kills, once, check, lambda: [(work, "library")])
+    return tally
+
+
+def _plan(work: Path, model: Path, records: Path) -> Path:
+    plan = work / "plan.toml"
+    plan.write_text(f"""format = "kvgraft-audit-plan"
+format_version = 1
+name = "crash"
+out = "{work / 'run'}"
+[model]
+spec = "{model}"
+[release]
+records = "{records}"
+probe_tokens = 2
+[checks.verify]
+[checks.recompute]
+[signing]
+key = "ephemeral"
+""")
+    return plan
+
+
+def audit_run_scenario(work: Path, kills: int, model: Path) -> Tally:
+    from kvgraft.release.integrity import check_release
+    from kvgraft.reporting.signing import verify_report
+
+    plan, out = _plan(work, model, _records(work / "records.jsonl", 4)), work / "run"
+    report, pub = out / "report.json", out / "keys" / "ephemeral.pub.pem"
+
+    def once(kill_at: float | None) -> int | None:
+        return run(["audit", "run", str(plan), "-q"], kill_at)[0]
+
+    def check() -> str | None:
+        # A run removes the previous report before it starts (an older one must not look current), so the
+        # report at the path is the new one, signed by this run's key and bound to its release, or none.
+        try:
+            if report.exists():
+                verify_report(report, key=pub, release=out / "release")  # what `kvgraft report verify` checks
+            if (out / "release").exists():
+                check_release(out / "release")
+            return None
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def spots() -> list[tuple[Path, str]]:
+        names = ("report.json", "report.sigstore.json", "report.html", "release")
+        return [*((out, n) for n in names), *((out / "keys", f"ephemeral.{k}.pem") for k in ("key", "pub"))]
+
+    tally = Tally("audit run (report, signature)")
+    campaign(tally, kills, once, check, spots)
+    return tally
+
+
+UNMODELLED: dict[str, Callable[[Path, int], Tally]] = {"sign": sign_scenario, "keygen": keygen_scenario}
+# These load a model each run: a tiny random one (tests/tiny.py), built once for them all.
+MODELLED: dict[str, Callable[[Path, int, Path], Tally]] = {
+    "capture": capture_scenario, "audit": audit_scenario, "library": library_scenario, "report": audit_run_scenario}
+SCENARIOS = (*UNMODELLED, *MODELLED)
 # The full campaign: more kills where a run is cheap (a capture or an audit loads a model each time).
-FULL = {"sign": 90, "keygen": 70, "capture": 25, "audit": 20}
+FULL = {"sign": 90, "keygen": 70, "capture": 25, "audit": 20, "library": 15, "report": 15}
 
 
 def table(tallies: list[Tally]) -> str:
@@ -252,20 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     tallies = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-crash-") as tmp:
         work = Path(tmp)
-        model = _tiny_model(work) if {"capture", "audit"} & set(chosen) else None
+        model = _tiny_model(work) if set(MODELLED) & set(chosen) else None
         for name in chosen:
             (work / name).mkdir()
             kills = args.kills or FULL[name]
-            if name == "sign":
-                tallies.append(sign_scenario(work / name, kills))
-            elif name == "keygen":
-                tallies.append(keygen_scenario(work / name, kills))
-            elif name == "capture":
+            if name in MODELLED:
                 assert model is not None
-                tallies.append(capture_scenario(work / name, kills, model))
+                tallies.append(MODELLED[name](work / name, kills, model))
             else:
-                assert model is not None
-                tallies.append(audit_scenario(work / name, kills, model))
+                tallies.append(UNMODELLED[name](work / name, kills))
             print(table(tallies[-1:]).splitlines()[-1], file=sys.stderr, flush=True)  # progress: a long run
     print(table(tallies))
     for t in tallies:

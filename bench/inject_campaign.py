@@ -1,11 +1,13 @@
-"""Inject ENOSPC, EIO and EDQUOT into the Nth write, fsync and rename of kvgraft commands, for every N.
+"""Inject ENOSPC, EIO and EDQUOT into the Nth write, fsync, rename and open of kvgraft commands, for every N.
 
     python -m bench.inject_campaign                    # sign, keygen and a tiny capture: a table on stdout
     python -m bench.inject_campaign --only sign        # one scenario
     python -m bench.inject_campaign --only keygen --errno ENOSPC   # one errno (tests/bench/test_bench_smoke.py)
 
 strace's syscall fault injection (`strace -f -e inject=write:error=ENOSPC:when=N`) fails the Nth call of
-one syscall class; the classes' counts come from one traced complete run. Each injected run must end in
+one syscall class; the classes' counts come from one traced complete run. Opens are counted and failed only
+where they name the output's folder, final names or lock files (`strace -P PATH`, which restricts both the
+tracing and the injection to calls on PATH; sign and keygen). Each injected run must end in
 one of two ways: exit 7 (EXIT_IO) with exactly one stderr line naming the cause's errno and no traceback,
 the previous artifact intact; or exit 0 with the new artifact complete (a failure after it was in place,
 such as its folder's flush, is a warning). Anything else is a violation. Exit 1 when there is one.
@@ -25,7 +27,12 @@ from pathlib import Path
 
 from bench.crash_campaign import KVGRAFT, ROOT, _env, _records, _tiny_model
 
-CLASSES = {"write": "write,pwrite64", "fsync": "fsync,fdatasync", "rename": "rename,renameat,renameat2"}
+CLASSES = {"write": "write,pwrite64", "fsync": "fsync,fdatasync", "rename": "rename,renameat,renameat2",
+           "open": "open,openat"}
+# The interpreter opens thousands of files of its own, so opens are counted and failed only where they name
+# one of the output's paths (strace -P: its folder, its final names, their lock files). mkstemp's temp files
+# have random names -P cannot list: their opens are not injected.
+RESTRICTED = {"open"}
 ERRNOS = ("ENOSPC", "EIO", "EDQUOT")
 
 
@@ -42,16 +49,24 @@ class Row:
     violations: list[str] = field(default_factory=list)
 
 
-def traced(args: list[str], syscalls: str, inject: str | None = None) -> subprocess.CompletedProcess[bytes]:
+def traced(args: list[str], syscalls: str, inject: str | None = None,
+           paths: list[Path] | tuple[()] = ()) -> subprocess.CompletedProcess[bytes]:
     cmd = ["strace", "-f", "-qq", "-o", "/dev/null" if inject else "/dev/stderr", "-e", f"trace={syscalls}"]
+    cmd += [arg for p in paths for arg in ("-P", str(p))]
     if inject:
         cmd += ["-e", f"inject={syscalls}:{inject}"]
     return subprocess.run([*cmd, *KVGRAFT, *args], env=_env(), capture_output=True, check=False)
 
 
-def counts(args: list[str]) -> Counter[str]:
-    """How many calls of each class a complete run makes (strace's lines on stderr)."""
-    return count_calls(traced(args, ",".join(CLASSES.values())).stderr.decode(errors="replace"))
+def counts(args: list[str], paths: list[Path] | None) -> Counter[str]:
+    """How many calls of each class a complete run makes (strace's lines on stderr); of the restricted
+    classes, those on `paths` (none without them)."""
+    free = ",".join(v for k, v in CLASSES.items() if k not in RESTRICTED)
+    found = count_calls(traced(args, free).stderr.decode(errors="replace"))
+    if paths:
+        only = ",".join(CLASSES[k] for k in RESTRICTED)
+        found += count_calls(traced(args, only, paths=paths).stderr.decode(errors="replace"))
+    return found
 
 
 def count_calls(trace: str) -> Counter[str]:
@@ -67,17 +82,19 @@ def count_calls(trace: str) -> Counter[str]:
 
 
 def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], reset: Callable[[], None],
-          codes: tuple[str, ...] = ERRNOS) -> list[Row]:
-    """Every (class, errno, N); `state` says "previous", "new" or what is wrong; `reset` restores the previous."""
+          codes: tuple[str, ...] = ERRNOS, paths: Callable[[], list[Path]] | None = None) -> list[Row]:
+    """Every (class, errno, N); `state` says "previous", "new" or what is wrong; `reset` restores the previous;
+    `paths`, the output's own paths, where the restricted classes are injected (without them, they are not)."""
     reset()
-    total = counts(args())
+    total = counts(args(), paths() if paths else None)
     rows = []
-    for cls in CLASSES:
+    for cls in (c for c in CLASSES if paths or c not in RESTRICTED):
+        only = paths() if paths and cls in RESTRICTED else ()
         for code in codes:
             row = Row(name, cls, code)
             for n in range(1, total[cls] + 1):
                 reset()
-                done = traced(args(), CLASSES[cls], f"error={code}:when={n}")
+                done = traced(args(), CLASSES[cls], f"error={code}:when={n}", only)
                 row.runs += 1
                 err = done.stderr.decode(errors="replace").strip().splitlines()
                 now = state()
@@ -129,7 +146,11 @@ def sign_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
                 pass
         return "verifies with neither key"
 
-    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, codes)
+    def paths() -> list[Path]:
+        names = {*(p.name for p in signed.iterdir()), *(f".{n}.lock" for n in ("release.sigstore.json", "model.sig"))}
+        return [signed, *(signed / n for n in sorted(names))]
+
+    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, codes, paths)
 
 
 def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
@@ -154,7 +175,11 @@ def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
             return "the public key file is not the private key's (a half-replaced pair)"
         return "previous" if pair == old else "new"
 
-    return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset, codes)
+    def paths() -> list[Path]:
+        return [work, private, public, *(p.with_name(f".{p.name}.lock") for p in (private, public))]
+
+    return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset, codes,
+                 paths)
 
 
 def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",)) -> list[Row]:

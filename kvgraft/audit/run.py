@@ -154,13 +154,14 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         release_root_digest=_root(release), checks=checks, ledger=ctx.ledger, claims=ctx.claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
-    write_report(report_path, report)
     bundle = None
-    if key is not None:
-        from kvgraft.reporting.signing import sign_report
+    if key is None:
+        write_report(report_path, report)
+    else:
+        from kvgraft.reporting.signing import write_signed_report
 
         say("signing the report")
-        bundle = sign_report(report_path, key)
+        bundle = write_signed_report(report_path, report, key)
     html = out / "report.html"
     from kvgraft._internal.jsonio import write_atomic
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.hashing import hash_file
 from kvgraft.signing import attest
@@ -30,8 +31,9 @@ def bundle_path(report: Path) -> Path:
     return report.with_name(report.name.removesuffix(".json") + ".sigstore.json")
 
 
-def report_statement(report_path: Path, report: dict[str, Any]) -> dict[str, Any]:
-    sha, size = hash_file(report_path)
+def report_statement(report_path: Path, report: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
+    """The statement over the report at `report_path`, or over `data`, the bytes about to be written there."""
+    sha, size = hash_file(report_path) if data is None else (sha256_hex(data), len(data))
     binding = report["binding"]
     subjects = [{"name": report_path.name, "digest": {"sha256": sha}}]
     if binding.get("release_attestation_digest"):
@@ -49,8 +51,27 @@ def sign_report(report_path: Path, key: PrivateKey) -> Path:
     """Sign a written report offline; write REPORT.sigstore.json beside it."""
     from kvgraft.reporting.report import load_report
 
-    report = load_report(report_path)
-    payload = attest.statement_bytes(report_statement(report_path, report))
+    return _write_bundle(report_path, report_statement(report_path, load_report(report_path)), key)
+
+
+def write_signed_report(report_path: Path, report: dict[str, Any], key: PrivateKey) -> Path:
+    """Write a report and its signature, the signature first: a writer killed between the two leaves a
+    signature without a report (nothing at the report's path), never a report nobody signed."""
+    from kvgraft.reporting.report import validate_report
+
+    validate_report(report, str(report_path))
+    data = jsonio.json_bytes(report)
+    out = _write_bundle(report_path, report_statement(report_path, report, data), key)
+    try:
+        jsonio.write_atomic(report_path, data)
+    except BaseException:
+        out.unlink(missing_ok=True)  # a refused report write leaves no signature of it either
+        raise
+    return out
+
+
+def _write_bundle(report_path: Path, statement: dict[str, Any], key: PrivateKey) -> Path:
+    payload = attest.statement_bytes(statement)
     signature = key_sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     out = bundle_path(report_path)
     bundle = attest.key_bundle(payload, signature, key_id(key))

@@ -160,3 +160,32 @@ def test_verify_check_hashes_every_byte_of_the_release(signed_run: Path) -> None
     assert check["data"]["files"] == len(on_disk)
     assert check["data"]["bytes_hashed"] >= sum(p.stat().st_size for p in on_disk)
     assert check["data"]["tensors"] > 0
+
+
+def test_the_report_is_signed_before_it_is_written(signed_run: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run killed between the two writes leaves a signature without a report, never a report nobody signed
+    (bench/crash_campaign.py's `audit run` kills found that order reversed); a refused report write leaves
+    neither."""
+    from kvgraft._internal import jsonio
+    from kvgraft.reporting import signing
+    from kvgraft.signing import keys
+
+    report = json.loads((signed_run / "report.json").read_text())
+    private, public = keys.write_keypair(tmp_path / "k")
+    key, path = keys.load_private_key(private), tmp_path / "report.json"
+    real, written = jsonio.write_atomic, []
+
+    def refuse_the_report(target: Path, data: bytes, mode: int = 0o644) -> None:
+        written.append(target.name)
+        if target == path:
+            raise OSError(28, "No space left on device")
+        real(target, data, mode)
+
+    monkeypatch.setattr(jsonio, "write_atomic", refuse_the_report)
+    with pytest.raises(OSError):
+        signing.write_signed_report(path, report, key)
+    assert written == ["report.sigstore.json", "report.json"] and not list(tmp_path.glob("report*"))
+    monkeypatch.undo()
+    signing.write_signed_report(path, report, key)
+    assert signing.verify_report(path, key=public).report == report

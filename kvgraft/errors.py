@@ -98,7 +98,8 @@ class ExistsError(Error):
 
 
 class IOFailure(Error):
-    """The system refused to write an output (ENOSPC, EDQUOT, EIO, EROFS, EACCES ...); nothing partial is left."""
+    """The system refused to write an output (ENOSPC, EDQUOT, EIO, EROFS, EACCES ...), nothing partial left; or
+    failed a read (EIO: the device, not the input)."""
 
     exit_code = EXIT_IO
 

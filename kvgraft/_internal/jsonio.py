@@ -21,7 +21,7 @@ from typing import Any
 
 import rfc8785
 
-from kvgraft.errors import BusyError, InputError, IOFailure
+from kvgraft.errors import BusyError, Error, InputError, IOFailure
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
 
@@ -220,7 +220,7 @@ def stat_or_none(path: Path, *, follow: bool = False) -> os.stat_result | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        raise unreadable(path, exc) from None
 
 
 def is_folder(path: Path) -> bool:
@@ -254,7 +254,7 @@ def open_regular(path: Path, what: str = "file") -> int:
             raise InputError(f"{path}: not a regular file; refusing to read {what} from it")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        raise unreadable(path, exc) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise InputError(f"{path}: not a regular file; refusing to read {what} from it")
@@ -284,7 +284,7 @@ def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
             data = read_fd_bounded(fd, max_bytes)
             size = len(data)
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        raise unreadable(path, exc) from None
     finally:
         os.close(fd)
     if size > max_bytes:
@@ -416,6 +416,18 @@ def check_writable(path: Path) -> None:
 
 # The system's refusals of a write: a CLI turns one that escaped the library's wrapping into exit 7 too.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})
+
+
+# A read the system failed (the device, not the input): exit 7 like a refused write, not exit 2.
+READ_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT})
+
+
+def unreadable(path: Path | str, exc: OSError, verb: str = "read") -> Error:
+    """One line for a read that failed: 'PATH: cannot read: Input/output error (EIO)' (IOFailure) when the
+    system failed it, else 'PATH: cannot read: Permission denied' (InputError: the input cannot be used)."""
+    if exc.errno in READ_ERRNOS:
+        return IOFailure(f"{path}: cannot {verb}: {exc.strerror or exc} ({errno.errorcode[exc.errno]})")
+    return InputError(f"{path}: cannot {verb}: {exc.strerror}")
 
 
 def io_failure(path: Path | str, exc: OSError) -> IOFailure:

@@ -215,7 +215,7 @@ class Index:
         try:
             data = jsonio.read_fd_bounded(fd, size)  # one byte more shows it grew since
         except OSError as exc:
-            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+            raise jsonio.unreadable(path, exc) from None
         finally:
             os.close(fd)
         self._shard_bytes += len(data)
@@ -444,7 +444,7 @@ class PrefixPages:
             if os.pread(fd, 1, self.size):
                 raise IntegrityError(f"{self.path}: {self.WHAT}: grew while it was read")
         except OSError as exc:
-            raise InputError(f"{self.path}: cannot read: {exc.strerror}") from None
+            raise jsonio.unreadable(self.path, exc) from None
         finally:
             os.close(fd)
         if whole.hexdigest() != self.sha256:
@@ -460,7 +460,7 @@ class PrefixPages:
         try:
             page = self._read(fd, p)
         except OSError as exc:
-            raise InputError(f"{self.path}: cannot read: {exc.strerror}") from None
+            raise jsonio.unreadable(self.path, exc) from None
         finally:
             os.close(fd)
         if hashlib.sha256(page).digest() != self.digests[p]:

@@ -82,7 +82,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
             with os.scandir(folder) as it:
                 items = list(it)
         except OSError as exc:
-            raise InputError(f"{folder}: cannot list: {exc.strerror}") from None
+            raise jsonio.unreadable(folder, exc, "list") from None
         for item in items:
             rel = prefix + item.name
             if not prefix and item.name in release_format.REPOSITORY_METADATA:
@@ -92,7 +92,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
             except FileNotFoundError:
                 continue  # gone since the listing: a file the manifest lists is then reported missing
             except OSError as exc:  # e.g. a path longer than PATH_MAX
-                raise InputError(f"{root / rel}: cannot read: {exc.strerror}") from None
+                raise jsonio.unreadable(root / rel, exc) from None
             if stat.S_ISLNK(st.st_mode):
                 raise InputError(f"{root / rel}: is a symlink; releases may not contain links")
             if stat.S_ISDIR(st.st_mode):
@@ -441,7 +441,7 @@ def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
     except EOFError:
         raise IntegrityError(f"{path}: the file shrank while it was being verified") from None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        raise jsonio.unreadable(path, exc) from None
 
 
 # Files hashed ahead of the one whose result is awaited: enough to keep the pool busy, never one future per

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvgraft._internal import jsonio
 from kvgraft._internal.jsonio import loads_strict
 from kvgraft.errors import InputError, short_int, short_repr
 
@@ -65,7 +66,7 @@ def read_raw_header(path: Path, fd: int | None = None) -> tuple[int, int, bytes]
             if fd is None:
                 os.close(handle)
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        raise jsonio.unreadable(path, exc) from None
     return size, n, raw
 
 

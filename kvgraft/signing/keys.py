@@ -130,7 +130,7 @@ def _read_pem(path: Path, what: str) -> bytes:
             raise InputError(f"{path}: {size} bytes is too large for a {what}")
         return path.read_bytes()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+        raise jsonio.unreadable(path, exc, f"read the {what}") from None
 
 
 def is_encrypted(path: Path) -> bool:

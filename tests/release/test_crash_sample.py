@@ -86,3 +86,18 @@ def test_the_library_and_report_checks_report_a_broken_artifact(tmp_path: Path, 
     scenario = crash_campaign.library_scenario if name == "library" else crash_campaign.audit_run_scenario
     tally = scenario(tmp_path, 1, model)
     assert tally.held == 0 and tally.failures, tally
+
+
+def test_a_half_pair_after_a_complete_keygen_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one partial state the kills may leave (a private key without its public key, the kill between
+    keygen's two writes) is admitted after a kill, never after a complete run; the control: it is reported."""
+    real = crash_campaign.run
+
+    def run_then_drop(args: list[str], kill_at: float | None = None) -> tuple[int | None, float]:
+        out = real(args, kill_at)
+        Path(f"{tmp_path / 'k'}.pub.pem").unlink(missing_ok=True)
+        return out
+
+    monkeypatch.setattr(crash_campaign, "run", run_then_drop)
+    tally = crash_campaign.keygen_scenario(tmp_path, 1)
+    assert tally.held == 1 and tally.admitted == 1 and not tally.cleared and tally.failures

@@ -87,6 +87,21 @@ def test_sample_sizes_match_the_hypergeometric_and_binomial_bounds() -> None:
     assert sizes(100)["hypergeometric"] == 95  # one failing entry in 100: nearly all must be audited
 
 
+def test_the_dry_run_must_say_it_ran_the_gpu_machines_torch(tmp_path: Path) -> None:
+    # make gpu-check-dry's last step: torch 2.11.0 is pinned in the GPU machine's list; a run under this
+    # machine's torch (2.13.0+cpu) fails it, one under 2.11.0 in any build passes.
+    emulate = _bench("gpu_emulate")
+    assert emulate.machine_pins()["torch"] == "2.11.0"
+    result = tmp_path / "gpu_check.json"
+    for torch, ok in (("2.11.0+cu130", True), ("2.11.0", True), ("2.13.0+cpu", False), ("2.11.1", False), ("", False)):
+        result.write_text(json.dumps({"machine": {"torch": torch, "device_name": "CPU", "transformers": "5.24.0"}}))
+        if ok:
+            assert f"ran torch {torch} (the GPU machine's 2.11.0)" in emulate.check_ran(result)
+        else:
+            with pytest.raises(SystemExit, match=re.escape("not the GPU machine's 2.11.0")):
+                emulate.check_ran(result)
+
+
 def _requirements(wheel: Path) -> set[str]:
     """Requires-Dist names of a wheel, markers and extras dropped (an over-approximation is fine here)."""
     with zipfile.ZipFile(wheel) as z:

@@ -117,11 +117,13 @@ gpu-check:
 	bash bench/gpu_check.sh
 
 # The same script here on the CPU, tiny models, from the wheel folder, in a venv that sees only the GPU
-# machine's packages, at that machine's versions where they are pinned in its list (transformers 5.17.0,
-# huggingface-hub 1.33.0: downloaded from PyPI into out/gpu-dry/machine-wheels; bench/gpu_emulate.py):
-# what tests/bench/test_gpu_check.py runs. First the GPU machine's own wheel set ($(GPU_WHEELS)) is
-# installed into a CPython $(GPU_PY) here, where there is one, and kvgraft's signing, digests and schema
-# validation run on it (its cffi and rpds-py are built per Python version). The budget is this loaded
+# machine's packages, at that machine's versions where they are pinned in its list (torch 2.11.0, its CUDA
+# build with the CUDA libraries it loads: 2.6 GB downloaded once into out/gpu-dry/machine-wheels, 4.4 GB in
+# the venv; transformers 5.17.0, huggingface-hub 1.33.0; bench/gpu_emulate.py): what tests/bench/test_gpu_check.py
+# runs; the last line fails unless the run's gpu_check.json says torch 2.11.0 ran it. First the GPU machine's
+# own wheel set ($(GPU_WHEELS)) is installed into a CPython $(GPU_PY) here, where there is one (pyenv's, on this
+# project's machines; Debian 12 and PyPI have none), and kvgraft's signing, digests and schema validation run
+# on it (its cffi and rpds-py are built per Python version). The budget is this loaded
 # 2-core machine's, not the GPU's: the step estimates are checked against it as on the GPU.
 GPU_DRY_VENV ?= out/gpu-dry/venv
 gpu-check-dry: $(STAMP)
@@ -131,3 +133,4 @@ gpu-check-dry: $(STAMP)
 	  GPU_WHEELS=out/gpu-dry/wheels
 	$(BIN)/python bench/gpu_emulate.py $(GPU_DRY_VENV)
 	PY=$(GPU_DRY_VENV)/bin/python GPU_WHEELS=out/gpu-dry/wheels OUT=out/gpu-dry/out bash bench/gpu_check.sh --dry-run --budget 3600
+	$(BIN)/python bench/gpu_emulate.py $(GPU_DRY_VENV) --ran out/gpu-dry/out/gpu_check.json

@@ -2,6 +2,7 @@
 
 Run: python3 bench/gpu_emulate.py VENV [--from SITE_PACKAGES] [--machine-wheels DIR]
      python3 bench/gpu_emulate.py SCRATCH --check-wheels 3.12 bench/wheels/py3.12
+     python3 bench/gpu_emulate.py VENV --ran OUT/gpu_check.json
 
 The GPU machine (bench/gpu_machine_packages.txt) has torch, transformers, safetensors, typer, rich,
 scipy and more, but not cryptography, rfc8785, jsonschema(-rs) or sigstore, and reaches no package
@@ -9,12 +10,16 @@ index. This builds VENV (no system site packages) whose only third-party package
 distributions of SITE_PACKAGES (default: this Python's) that the GPU machine also has, one link per
 top-level file or folder of each such distribution, in VENV/gpu-machine-site, named by a .pth file.
 Everything else must come from the carried wheel folder, exactly as there. The list's NAME==VERSION
-lines are that machine's versions where they decide which code paths work (transformers 5.17.0,
-huggingface-hub 1.33.0 and what it imports, tokenizers 0.23.2): those are downloaded from PyPI (into
---machine-wheels) and installed into VENV/gpu-machine-pinned, ahead of the links, instead of linking
-this machine's versions. It then checks that the packages the GPU machine lacks cannot be imported
-from VENV and that the pinned versions are the ones imported: a dry run that passes here would
-otherwise prove nothing about the wheel folder.
+lines are that machine's versions where they decide which code paths work (torch 2.11.0, transformers
+5.17.0, huggingface-hub 1.33.0 and what it imports, tokenizers 0.23.2): those are downloaded from PyPI (into
+--machine-wheels) with their dependencies and installed into VENV/gpu-machine-pinned, ahead of the links,
+instead of linking this machine's versions, together with those of their dependencies that the GPU machine's
+list names and this machine lacks (torch 2.11.0's CUDA 13 libraries and triton: the index's only torch 2.11.0
+for Linux x86-64 is the CUDA build, which does not import without them and runs on the CPU with them; about
+2.6 GB of wheels, 4.4 GB installed). It then checks that the packages the GPU machine lacks cannot be imported
+from VENV and that the pinned versions are the ones imported: a dry run that passes here would otherwise
+prove nothing about the wheel folder. `--ran RESULT` afterwards: fail unless the GPU check's result JSON
+says it ran under the pinned torch.
 """
 
 from __future__ import annotations
@@ -60,15 +65,21 @@ def machine_pins() -> dict[str, str]:
     return {normalize(line.split("==")[0]): line.split("==")[1] for line in _listed() if "==" in line}
 
 
-def install_pins(python: Path, target: Path, wheels: Path) -> None:
-    """The pinned versions from PyPI (pure-Python wheels, cached in `wheels`) into `target`."""
+def install_pins(python: Path, target: Path, wheels: Path, site: Path) -> list[str]:
+    """The pinned versions from PyPI (wheels, cached in `wheels`) into `target`, with those of their dependencies
+    that the GPU machine has and `site` lacks (torch 2.11.0's CUDA libraries and triton); the names installed."""
     pins = [f"{n}=={v}" for n, v in sorted(machine_pins().items())]
     wheels.mkdir(parents=True, exist_ok=True)
-    quiet = ["-q", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:"]
+    quiet = ["-q", "--disable-pip-version-check", "--only-binary=:all:"]
+    # With their dependencies, resolved together (pip keeps the files already in `wheels`).
     subprocess.run([str(python), "-m", "pip", "download", *quiet, "-d", str(wheels), *pins], check=True)
-    files = [str(f) for f in sorted(wheels.glob("*.whl")) if normalize(f.name.split("-")[0]) in machine_pins()]
-    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--no-index", "--no-compile", "--target", str(target),
-                    *files], check=True)
+    here = {normalize(d.metadata["Name"] or "") for d in md.distributions(path=[str(site)])}
+    downloaded = {normalize(f.name.split("-")[0]) for f in wheels.glob("*.whl")}
+    needed = sorted((downloaded & machine_packages()) - here - set(machine_pins()))
+    # By name from the folder, so that a wheel left there by an earlier pin is not installed beside the new one.
+    subprocess.run([str(python), "-m", "pip", "install", *quiet, "--no-deps", "--no-index", "--find-links", str(wheels),
+                    "--no-compile", "--target", str(target), *pins, *needed], check=True)
+    return sorted(machine_pins()) + needed
 
 
 def link_distributions(site: Path, target: Path) -> list[str]:
@@ -98,7 +109,7 @@ def build(venv_dir: Path, site: Path, machine_wheels: Path) -> list[str]:
     python = venv_dir / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
-    install_pins(python, venv_dir / "gpu-machine-pinned", machine_wheels)
+    install_pins(python, venv_dir / "gpu-machine-pinned", machine_wheels, site)
     linked = link_distributions(site, venv_dir / "gpu-machine-site")
     # .pth lines join sys.path in order: the pinned versions first.
     (Path(purelib) / "gpu-machine.pth").write_text(f"{venv_dir / 'gpu-machine-pinned'}\n{venv_dir / 'gpu-machine-site'}\n")
@@ -112,9 +123,13 @@ def check_absent(python: Path) -> None:
     pins = machine_pins()
     probe = ("import importlib.util, importlib.metadata as md, sys, torch, transformers, safetensors, typer, rich, scipy; "
              f"seen = [m for m in {ABSENT!r} if importlib.util.find_spec(m) is not None]; "
-             f"off = [f'{{n}} {{md.version(n)}} (pinned {{v}})' for n, v in {pins!r}.items() if md.version(n) != v]; "
+             # A local version label (torch's +cu130) is the build, not the release pinned.
+             f"off = [f'{{n}} {{md.version(n)}} (pinned {{v}})' for n, v in {pins!r}.items() "
+             "if md.version(n).split('+')[0] != v]; "
              "off += [f'transformers {transformers.__version__} imported'] "
              f"if transformers.__version__ != {pins.get('transformers')!r} else []; "
+             "off += [f'torch {torch.__version__} imported'] "
+             f"if {pins.get('torch')!r} not in (None, torch.__version__.split('+')[0]) else []; "
              "sys.exit('importable without the wheel folder: ' + ', '.join(seen) if seen else "
              "'not at the GPU machine version: ' + ', '.join(off) if off else 0)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -185,6 +200,20 @@ def check_wheels(python: Path, wheels: Path, scratch: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def check_ran(result: Path) -> str:
+    """Fail unless the GPU check's result JSON is a dry run's under the pinned torch (its release, whatever its
+    build: 2.11.0+cu130 here on the CPU); what it ran, in words."""
+    import json
+
+    machine = json.loads(result.read_text())["machine"]
+    want = machine_pins().get("torch")
+    ran = str(machine.get("torch", ""))
+    if want is not None and ran.split("+")[0] != want:
+        raise SystemExit(f"{result}: ran torch {ran or '(none said)'}, not the GPU machine's {want}")
+    return (f"{result}: ran torch {ran} (the GPU machine's {want}) on {machine.get('device_name')}, transformers "
+            f"{machine.get('transformers')}, Python {machine.get('python')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("venv", type=Path)
@@ -194,7 +223,12 @@ def main() -> None:
                     help="where the pinned versions' wheels are downloaded to (default: VENV/../machine-wheels)")
     ap.add_argument("--check-wheels", nargs=2, metavar=("PYTHON_VERSION", "WHEELS"),
                     help="instead: install WHEELS into a CPython of that version here, if there is one, and use them")
+    ap.add_argument("--ran", type=Path, metavar="RESULT",
+                    help="instead: fail unless RESULT (a gpu_check.json) says the run used the pinned torch")
     args = ap.parse_args()
+    if args.ran:
+        print(check_ran(args.ran), file=sys.stderr)
+        return
     if args.check_wheels:
         version, folder = args.check_wheels
         python = find_python(version)

@@ -1288,3 +1288,61 @@ def test_a_tensor_of_too_many_dimensions_is_named(tmp_path: Path) -> None:
     bad = _header_file(tmp_path / "bad", {"a": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, 4)
     assert _err(lambda: stfile.read_header(bad), InputError) == \
         f"{bad}: tensor 'a': shape has 9 dimensions; at most 8"
+
+
+# Sample G (seed 6) of 2026-12-02: integrity survivors after the streaming verify (docs/mutation.md).
+
+def test_a_changed_file_laid_out_in_another_order_names_its_first_wrong_tensor(rel: Path) -> None:
+    """Not deep: the file's digest differs, and _locate names the first changed tensor in the file, not by name
+    (tensors stored in reverse name order, two of them changed)."""
+    _lay_out_in_reverse_name_order(rel, 1)
+    e = _m(rel)["entries"][1]
+    assert check_release(rel).tensors == sum(len(x["tensors"]) for x in _m(rel)["entries"])  # the control
+    first, last = "layer.1.values", "layer.0.keys"  # first and last in this file; last and first by name
+    path = rel / e["file"]
+    data = bytearray(path.read_bytes())
+    for k in (first, last):
+        data[e["tensors"][k]["byte_range"][0]] ^= 0xFF
+    path.write_bytes(bytes(data))
+    a, b = e["tensors"][first]["byte_range"]
+    actual, stated = sha256_hex(bytes(data)), _m(rel)["files"][e["file"]]["sha256"]
+    want = (f"{path}: entry {e['id']!r} tensor {first!r} bytes [{a}, {b}): sha256 {sha256_hex(bytes(data[a:b]))}, "
+            f"the manifest says {e['tensors'][first]['sha256']} (file sha256 {actual}, manifest says {stated})")
+    assert _err(lambda: check_release(rel), IntegrityError) == want
+    assert _err(lambda: check_entry(open_release(rel).release, e["id"]), IntegrityError) == want
+
+
+def test_check_index_reads_every_record_once_and_counts_the_index_bytes(rel: Path, tmp_path: Path) -> None:
+    """`verify --sample`'s pass over the index: each record handed to `each` once, in release order; the bytes
+    read are the index files' (format 2) or none (format 1, whose records the manifest holds)."""
+    from kvgraft.release.integrity import check_index
+
+    ids = [e["id"] for e in _m(rel)["entries"]]
+    seen: list[str] = []
+    assert check_index(open_release(rel).release, lambda e: seen.append(e["id"])) == 0
+    assert seen == ids
+    assert check_index(open_release(rel).release) == 0
+    root = tmp_path / "v2"
+    make_release(root, entries=5, seed=61, format_version=2, shard_entries=2)
+    opened = open_release(root).release
+    assert opened.index is not None
+    index_bytes = sum((root / n).stat().st_size for n in opened.index.index_files())
+    seen.clear()
+    assert check_index(opened, lambda e: seen.append(e["id"])) == index_bytes
+    assert seen == Release.open(root).entry_ids() and len(seen) == 5
+    assert check_index(open_release(root).release) == index_bytes
+
+
+def test_an_ignored_file_whose_name_sorts_after_every_listed_one_is_excused(rel: Path) -> None:
+    """The count of the folder excuses a file in an ignored path by asking whether the listed names hold it (a
+    sorted array of 64-bit name digests); a name whose digest is above all of theirs is not held, and excused."""
+    from kvgraft.release.integrity import _name_key
+
+    top = max(_name_key(n) for n in _m(rel)["files"])
+    name = next(f"notes/{i}.txt" for i in range(1000) if _name_key(f"notes/{i}.txt") > top)
+    (rel / "notes").mkdir()
+    (rel / name).write_text("x")
+    assert _err(lambda: check_release(rel), IntegrityError) == \
+        f"{rel}: files differ from the manifest: not part of the release: {name}"  # the control: not ignored
+    checked = check_release(rel, ignored=("notes",))
+    assert checked.ignored == [name] and checked.count == 1 + len(_m(rel)["files"])

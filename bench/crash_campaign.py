@@ -173,6 +173,20 @@ def keygen_scenario(work: Path, kills: int) -> Tally:
     return tally
 
 
+def _whole(rel: Path) -> Callable[[], str | None]:
+    """The check that the release at `rel` is whole and verifies (check_release), as a scenario's invariant."""
+    from kvgraft.release.integrity import check_release
+
+    def check() -> str | None:
+        try:
+            check_release(rel)
+            return None
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    return check
+
+
 def _tiny_model(work: Path) -> Path:
     from tests import tiny
 
@@ -187,7 +201,6 @@ def _records(path: Path, n: int) -> Path:
 
 
 def capture_scenario(work: Path, kills: int, model: Path) -> Tally:
-    from kvgraft.release.integrity import check_release
 
     src, rel = _records(work / "records.jsonl", 12), work / "captured"
 
@@ -195,15 +208,8 @@ def capture_scenario(work: Path, kills: int, model: Path) -> Tally:
         return run(["capture", str(src), "--out", str(rel), "--model", str(model), "--overwrite", "--probe", "2"],
                    kill_at)[0]
 
-    def check() -> str | None:
-        try:
-            check_release(rel)
-            return None
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-
     tally = Tally("capture --overwrite")
-    campaign(tally, kills, once, check, lambda: [(work, "captured")])
+    campaign(tally, kills, once, _whole(rel), lambda: [(work, "captured")])
     return tally
 
 
@@ -249,7 +255,6 @@ def _problems(path: Path) -> Path:
 
 
 def library_scenario(work: Path, kills: int, model: Path) -> Tally:
-    from kvgraft.release.integrity import check_release
 
     src, rel = _problems(work / "problems.jsonl"), work / "library"
 
@@ -257,15 +262,8 @@ def library_scenario(work: Path, kills: int, model: Path) -> Tally:
         return run(["library", "build", "--source", str(src), "--library-fraction", "1", "--no-generate", "--out",
                     str(rel), "--model", str(model), "--overwrite", "--probe", "2", "-q"], kill_at)[0]
 
-    def check() -> str | None:
-        try:
-            check_release(rel)  # the previous library or the new one: either is whole and verifies
-            return None
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    tally = Tally("library build --overwrite")
-    campaign(tally, kills, once, check, lambda: [(work, "library")])
+    tally = Tally("library build --overwrite")  # the previous library or the new one: either whole, verifying
+    campaign(tally, kills, once, _whole(rel), lambda: [(work, "library")])
     return tally
 
 

@@ -4,7 +4,7 @@
     python -m bench.crash_campaign --kills 3       # a sample: 3 kills per scenario (tests/release/test_crash_sample.py)
 
 Scenarios: `sign` (a release re-signed with another key), `keygen --overwrite`, `capture --overwrite` of a
-tiny random model (tests/tiny.py), a resumable sampled `audit recompute --json` (its journal), `library build
+tiny random model (tests/tiny.py), a resumable sampled `audit recompute --out` (its journal), `library build
 --overwrite` (`--only library`) and `audit run` of a plan that signs its report (`--only report`). Each
 run is killed at time t_i = D * (i + 0.5) / n, D the command's uninterrupted runtime measured first, so
 the kills spread evenly over it. After each kill the scenario's invariant is checked:
@@ -226,12 +226,12 @@ def audit_scenario(work: Path, kills: int, model: Path) -> Tally:
         if out.exists():
             out.unlink()  # the previous run completed: start the next one afresh
         return run(["audit", "recompute", str(rel), "--model", str(model), "--sample", "8", "--nonce", "crash",
-                    "--json", str(out), "-q"], kill_at)[0]
+                    "--out", str(out), "-q"], kill_at)[0]
 
     def check() -> str | None:
         if journal.exists():
             lines = journal.read_bytes().split(b"\n")[1:]
-            units = [json.loads(x)["unit"] for x in lines if x.strip()][:-1 or None]  # the last may be torn
+            units = [json.dumps(json.loads(x)["unit"]) for x in lines if x.strip()][:-1 or None]  # the last may be torn
             if len(units) != len(set(units)):
                 return f"a unit judged twice in {journal}"
         if out.exists():

@@ -230,6 +230,7 @@ def test_inject_campaign_report_rename_sweep() -> None:
     # the page's, after it, leaves the new report
     assert absent >= 3 and new >= 1 and absent + new + previous == runs, rows
 
+
 def _volatile_copy(report: dict[str, Any]) -> dict[str, Any]:
     """The report as another run of the same code would write it: other time, sizes of a rebuilt release, digests."""
     # the release's root digest wherever it is shown

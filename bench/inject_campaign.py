@@ -324,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.only or list(SCENARIOS):
         with tempfile.TemporaryDirectory(prefix=f"kvgraft-inject-{name}-") as tmp:
-            rows += SCENARIOS[name](Path(tmp), *([tuple(args.errno)] if args.errno else []),
-                                    classes=tuple(args.syscall or CLASSES))
+            chosen: dict[str, tuple[str, ...]] = {"classes": tuple(args.syscall or CLASSES)}
+            if args.errno:
+                chosen["codes"] = tuple(args.errno)
+            rows += SCENARIOS[name](Path(tmp), **chosen)
     print("| scenario | syscall | errno | injected runs | exit 7, one line | exit 0 (after the output was in place) "
           "| previous intact | new complete | no output (removed at the start) | violations |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -1,16 +1,26 @@
 """Inject ENOSPC, EIO and EDQUOT into the Nth write, fsync, rename and open of kvgraft commands, for every N.
 
-    python -m bench.inject_campaign                    # sign, keygen and a tiny capture: a table on stdout
+    python -m bench.inject_campaign                    # sign, keygen, a tiny capture, a report: a table on stdout
     python -m bench.inject_campaign --only sign        # one scenario
     python -m bench.inject_campaign --only keygen --errno ENOSPC   # one errno (tests/bench/test_bench_smoke.py)
+    python -m bench.inject_campaign --only report --errno EIO --syscall rename   # one syscall class
 
 strace's syscall fault injection (`strace -f -e inject=write:error=ENOSPC:when=N`) fails the Nth call of
 one syscall class; the classes' counts come from one traced complete run. Opens are counted and failed only
 where they name the output's folder, final names or lock files (`strace -P PATH`, which restricts both the
-tracing and the injection to calls on PATH; sign and keygen). Each injected run must end in
+tracing and the injection to calls on PATH; sign, keygen and report). Each injected run must end in
 one of two ways: exit 7 (EXIT_IO) with exactly one stderr line naming the cause's errno and no traceback,
 the previous artifact intact; or exit 0 with the new artifact complete (a failure after it was in place,
 such as its folder's flush, is a warning). Anything else is a violation. Exit 1 when there is one.
+
+`report`: `audit run` of a plan that re-signs an existing release (a fixed key: another than the previous
+run's) and runs the verify check only, the cheapest plan that writes a signed report (it still loads the
+model: `audit run` loads it before any check). The previous state is a complete run's folder (release,
+report.json, report.sigstore.json, report.html). `audit run` removes the previous report when it starts
+(an older report must not look current), so a third state is honest after exit 7: no report.json at all (a
+signature without its report may stay; docs/reliability.md). A report that does not verify with its run's
+key and the release, an html page without its report, a release that verifies with neither key, or a
+hidden temp file left in the folder is a violation.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ class Row:
     exit_ok: int = 0
     previous: int = 0
     new: int = 0
+    absent: int = 0  # no output at all, where the command removes the previous one on purpose (report)
     violations: list[str] = field(default_factory=list)
 
 
@@ -82,13 +93,15 @@ def count_calls(trace: str) -> Counter[str]:
 
 
 def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], reset: Callable[[], None],
-          codes: tuple[str, ...] = ERRNOS, paths: Callable[[], list[Path]] | None = None) -> list[Row]:
-    """Every (class, errno, N); `state` says "previous", "new" or what is wrong; `reset` restores the previous;
-    `paths`, the output's own paths, where the restricted classes are injected (without them, they are not)."""
+          codes: tuple[str, ...] = ERRNOS, paths: Callable[[], list[Path]] | None = None,
+          classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
+    """Every (class, errno, N); `state` says "previous", "new", "absent" (where the scenario admits no output
+    after a failed run) or what is wrong; `reset` restores the previous; `paths`, the output's own paths,
+    where the restricted classes are injected (without them, they are not)."""
     reset()
     total = counts(args(), paths() if paths else None)
     rows = []
-    for cls in (c for c in CLASSES if paths or c not in RESTRICTED):
+    for cls in (c for c in CLASSES if c in classes and (paths or c not in RESTRICTED)):
         only = paths() if paths and cls in RESTRICTED else ()
         for code in codes:
             row = Row(name, cls, code)
@@ -100,8 +113,9 @@ def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], re
                 now = state()
                 row.previous += now == "previous"
                 row.new += now == "new"
+                row.absent += now == "absent"
                 where = f"{cls} #{n} {code}: exit {done.returncode}"
-                if now not in ("previous", "new"):
+                if now not in ("previous", "new", "absent"):
                     row.violations.append(f"{where}: {now}")
                 elif done.returncode == 0:
                     row.exit_ok += 1
@@ -118,10 +132,10 @@ def sweep(name: str, args: Callable[[], list[str]], state: Callable[[], str], re
 
 def _line(r: Row) -> str:
     return (f"| {r.scenario} | {r.syscall} | {r.code} | {r.runs} | {r.exit_io} | {r.exit_ok} | {r.previous} | "
-            f"{r.new} | {len(r.violations)} |")
+            f"{r.new} | {r.absent} | {len(r.violations)} |")
 
 
-def sign_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
+def sign_rows(work: Path, codes: tuple[str, ...] = ERRNOS, classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
     from kvgraft.signing import keys
     from kvgraft.signing.verify import verify_release
     from tests.release_factory import make_release
@@ -150,10 +164,11 @@ def sign_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
         names = {*(p.name for p in signed.iterdir()), *(f".{n}.lock" for n in ("release.sigstore.json", "model.sig"))}
         return [signed, *(signed / n for n in sorted(names))]
 
-    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, codes, paths)
+    return sweep("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, codes, paths, classes)
 
 
-def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
+def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS,
+                classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
     from kvgraft.signing import keys
 
     prefix = work / "k"
@@ -179,10 +194,11 @@ def keygen_rows(work: Path, codes: tuple[str, ...] = ERRNOS) -> list[Row]:
         return [work, private, public, *(p.with_name(f".{p.name}.lock") for p in (private, public))]
 
     return sweep("keygen --overwrite", lambda: ["keygen", "--out", str(prefix), "--overwrite"], state, reset, codes,
-                 paths)
+                 paths, classes)
 
 
-def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",)) -> list[Row]:
+def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",),
+                 classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
     from kvgraft._internal import jsonio
     from kvgraft.release.integrity import check_release
 
@@ -206,17 +222,100 @@ def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",)) -> list[Row]:
             return f"left beside it: {[n.name for n in leftovers]}"
         return "previous" if jsonio.load_file(rel / "manifest.json")["root_digest"] == before else "new"
 
-    return sweep("capture --overwrite", lambda: args, state, reset, codes)
+    return sweep("capture --overwrite", lambda: args, state, reset, codes, classes=classes)
 
 
-SCENARIOS = {"sign": sign_rows, "keygen": keygen_rows, "capture": capture_rows}
+def report_rows(work: Path, codes: tuple[str, ...] = ("EIO",), classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
+    from kvgraft.reporting.signing import verify_report
+    from kvgraft.signing import keys
+    from kvgraft.signing.verify import verify_release
+    from tests.release_factory import make_release
+
+    model = _tiny_model(work)
+    (old_key, old_pub), (new_key, new_pub) = keys.write_keypair(work / "a"), keys.write_keypair(work / "b")
+    first, out = work / "first", work / "run"
+    make_release(first / "release", entries=4, format_version=2)
+
+    def plan(name: str, key: Path) -> Path:
+        # verify only: the cheapest check; the release is the output folder's own (re-signed by each run)
+        path = work / f"{name}.toml"
+        path.write_text(f"""format = "kvgraft-audit-plan"
+format_version = 1
+name = "inject"
+out = "{out}"
+[model]
+spec = "{model}"
+[release]
+path = "{out / 'release'}"
+[checks.verify]
+[signing]
+key = "{key}"
+""")
+        return path
+
+    old_plan, new_plan = plan("old", old_key), plan("new", new_key)
+    shutil.copytree(first, out)
+    subprocess.run([*KVGRAFT, "audit", "run", str(old_plan), "-q"], env=_env(), check=True, capture_output=True)
+    shutil.rmtree(first)
+    shutil.copytree(out, first)  # the previous state: a complete run's folder, its report signed by the old key
+    previous = (first / "report.json").read_bytes()
+    report = out / "report.json"
+
+    def reset() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(first, out)
+
+    def state() -> str:
+        hidden = sorted(p.name for d in (out, out / "release") if d.is_dir() for p in d.iterdir()
+                        if p.name.startswith("."))
+        if hidden:
+            return f"left in the folder: {hidden}"
+        release = []
+        for pub in (old_pub, new_pub):
+            try:
+                verify_release(out / "release", key=pub)
+                break
+            except Exception as exc:
+                release.append(f"{type(exc).__name__}: {exc}")
+        else:
+            return "the release verifies with neither key: " + " | ".join(e[:200] for e in release)
+        if not report.exists():
+            if (out / "report.html").exists():
+                return "report.html without its report.json"
+            return "absent"  # removed at the start on purpose (a signature without its report may stay)
+        errors = []
+        for label, pub in (("previous", old_pub), ("new", new_pub)):
+            try:
+                verify_report(report, key=pub, release=out / "release")  # what `kvgraft report verify` checks
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            if label == "previous" and report.read_bytes() != previous:
+                return "a report signed by the old key that is not the previous one"
+            return label
+        return "a report that verifies with neither key: " + " | ".join(e[:200] for e in errors)
+
+    def paths() -> list[Path]:
+        reports = ("report.json", "report.sigstore.json", "report.html")
+        names = {*(p.name for p in out.iterdir()), *reports, *(f".{n}.lock" for n in reports)}
+        rel = out / "release"
+        inside = {*(p.name for p in rel.iterdir()), *(f".{n}.lock" for n in ("release.sigstore.json", "model.sig"))}
+        return [out, *(out / n for n in sorted(names)), *(rel / n for n in sorted(inside))]
+
+    return sweep("audit run (report)", lambda: ["audit", "run", str(new_plan), "-q"], state, reset, codes, paths,
+                 classes)
+
+
+SCENARIOS = {"sign": sign_rows, "keygen": keygen_rows, "capture": capture_rows, "report": report_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(SCENARIOS), action="append")
     parser.add_argument("--errno", choices=ERRNOS, action="append",
-                        help="inject only these (default: each scenario's own; capture injects ENOSPC only)")
+                        help="inject only these (default: each scenario's own; capture injects ENOSPC only, report "
+                             "EIO only: each of their runs loads a model)")
+    parser.add_argument("--syscall", choices=list(CLASSES), action="append", help="inject only these classes")
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         print("strace is not installed (apt-get install strace)", file=sys.stderr)
@@ -225,10 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.only or list(SCENARIOS):
         with tempfile.TemporaryDirectory(prefix=f"kvgraft-inject-{name}-") as tmp:
-            rows += SCENARIOS[name](Path(tmp), *([tuple(args.errno)] if args.errno else []))
+            chosen: dict[str, tuple[str, ...]] = {"classes": tuple(args.syscall or CLASSES)}
+            if args.errno:
+                chosen["codes"] = tuple(args.errno)
+            rows += SCENARIOS[name](Path(tmp), **chosen)
     print("| scenario | syscall | errno | injected runs | exit 7, one line | exit 0 (after the output was in place) "
-          "| previous intact | new complete | violations |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| previous intact | new complete | no output (removed at the start) | violations |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_line(r))
     for r in rows:

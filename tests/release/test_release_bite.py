@@ -1346,3 +1346,105 @@ def test_an_ignored_file_whose_name_sorts_after_every_listed_one_is_excused(rel:
         f"{rel}: files differ from the manifest: not part of the release: {name}"  # the control: not ignored
     checked = check_release(rel, ignored=("notes",))
     assert checked.ignored == [name] and checked.count == 1 + len(_m(rel)["files"])
+
+
+# ------------------------------------------------------------------ the release group's reads (sample G's survivors)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A format-2 release of 4 entries in shards of 1, each entry 40 tokens (two prefix blocks of 16)."""
+    root = tmp_path_factory.mktemp("indexed") / "rel"
+    make_release(root, entries=4, tokens=40, seed=37, format_version=2, shard_entries=1)
+    return root
+
+
+def test_records_come_in_the_order_asked_and_an_unknown_id_is_named(indexed: Path) -> None:
+    rel = Release.open(indexed)
+    got = rel.records(["rec-002", "rec-000", "rec-002"])
+    assert [r["id"] for r in got] == ["rec-002", "rec-000", "rec-002"] and got[1] == rel.entry("rec-000")
+    known = ", ".join(rel.entry_ids())
+    assert _err(lambda: Release.open(indexed).records(["rec-001", "nope"]), InputError) == (
+        f"{indexed}: no entry 'nope' (entries: {known})")
+
+
+def test_the_record_cache_keeps_the_most_recent_records(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Index.entry keeps the last CACHED_RECORDS records handed out (oldest evicted first), so a record asked
+    for again is not parsed from its shard again, even when its shard has left the shard cache."""
+    from kvgraft.release import index as release_index
+    monkeypatch.setattr(release_index.Index, "CACHED_RECORDS", 2)
+    monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
+    rel = Release.open(indexed)
+    assert rel.index is not None
+    for eid in ("rec-000", "rec-001", "rec-002", "rec-003"):
+        rel.entry(eid)
+    assert rel.index.shards_read == [0, 1, 2, 3]
+    assert rel.entry("rec-002")["id"] == "rec-002" and rel.index.shards_read == [0, 1, 2, 3]  # kept: not read again
+    assert rel.entry("rec-000")["id"] == "rec-000" and rel.index.shards_read == [0, 1, 2, 3, 0]  # evicted: read again
+
+
+def test_token_counts_of_a_manifest_that_lists_none_are_read_from_the_shards(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release.format import root_digest
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    m = _m(root)
+    for s in m["index"]["shards"]:
+        del s["num_tokens"]
+    m["root_digest"] = root_digest(m)
+    (root / MANIFEST).write_text(json.dumps(m))
+    rel = Release.open(root)
+    assert rel.token_counts() == [40, 40, 40, 40] and rel.index is not None and rel.index.shards_read == [0, 1, 2, 3]
+
+
+def test_a_prefix_index_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    rel = Release.open(root)
+    assert rel.index is not None and rel.index.prefix_pages() is not None  # control: the copy reads
+    prefix = root / release_index.PREFIX_FILE
+    shutil.move(prefix, tmp_path / "prefix.bin")
+    prefix.symlink_to(tmp_path / "prefix.bin")
+    fresh = Release.open(root)
+    assert fresh.index is not None
+    assert _err(fresh.index.prefix_pages, InputError) == (
+        f"{prefix}: prefix index is a symlink; releases may not contain links")
+
+
+def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
+    from kvgraft.release import sources
+
+    class Fake:
+        location, notes = "https://example.invalid/rel", []
+        asked: list[tuple[Any, ...]] = []
+
+        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+            self.asked.append((name, sha256, size, what, entry))
+
+        def fetch_all(self) -> None:
+            raise AssertionError("not expected")
+
+    rel = Release.open(indexed)
+    e = rel.entry("rec-001")
+    meta = rel.file_meta(e)
+    fake = Fake()
+    sources.register(indexed, fake)
+    try:
+        assert rel.entry_file(e) == indexed / e["file"]
+    finally:
+        sources.unregister(indexed)
+    assert fake.asked == [(e["file"], meta["sha256"], meta["size"], "entry 'rec-001'", e)]
+    assert meta["size"] == (indexed / e["file"]).stat().st_size
+
+
+def test_a_killed_writers_partial_folder_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+    out = tmp_path / "rel"
+    first = ReleaseWriter(out)
+    assert first.tmp.is_dir() and first.tmp.parent == tmp_path
+    first._lock.release()  # as when its process is killed: the lock goes, the folder stays
+    (tmp_path / ".rel.keep").mkdir()  # control: not a writer's leftover
+    second = ReleaseWriter(out)
+    try:
+        assert not first.tmp.exists() and second.tmp.is_dir() and (tmp_path / ".rel.keep").is_dir()
+    finally:
+        second.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rel.keep"]

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     here = ROOT / ".mutation" / group
     if timed_out:
         _files, _names, own, extra = GROUPS[group]
-        tests = [*extra, *(t for t in own if (here / "mutants" / t).exists())]
+        tests = [*extra, *(t for t in own if (here / "mutants" / t.split("::")[0]).exists())]
         result = here / "result.json"
         ran = json.loads(result.read_text()).get("mutants") if result.exists() else None
         drawn = set(ran) if isinstance(ran, list) else None

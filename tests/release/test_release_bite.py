@@ -1448,3 +1448,53 @@ def test_a_killed_writers_partial_folder_is_removed_by_the_next_writer(tmp_path:
     finally:
         second.abort()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".rel.keep"]
+
+
+# ------------------------------------------------------------------ integrity: sample G's unresolved timeouts
+
+
+def test_opening_counts_its_files_and_names_the_manifest_as_the_default_source(indexed: Path) -> None:
+    listed = {n: f["sha256"] for n, f in Release.open(indexed).subject_files().items()}  # the index files
+    o = open_release(indexed, subjects={MANIFEST: listed_digests(indexed)[MANIFEST], **listed})
+    assert o.count == len(o.files) == 1 + len(listed) and len(listed) > 1
+    subjects = listed
+    assert _err(lambda: open_release(indexed, subjects=subjects), VerificationError) == (
+        f"{indexed}: the manifest does not list {MANIFEST} as a subject")
+
+
+def test_check_release_checks_the_prefix_records_of_an_indexed_release(indexed: Path) -> None:
+    """A format-2 release with prefix records (40 tokens an entry, blocks of 16) verifies: its records are
+    weighed against the entries' blocks (control for the prefix checks of test_hostile_round_three_index)."""
+    c = check_release(indexed)
+    assert c.release.index is not None and c.release.index.prefix_meta is not None
+    assert c.count == len(listed_digests(indexed))
+
+
+def test_a_read_across_a_replace_is_read_again_and_any_other_failure_stands(rel: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_release reads the folder again when it was replaced while read (the failure said nothing about
+    either release), at most READS_ACROSS_A_REPLACE times; a failure of a folder left in place is reported
+    after one read."""
+    from kvgraft.release import integrity
+    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
+    real = integrity._check_release
+    calls: list[int] = []
+
+    def replaced_while_read(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the first read meets the old folder, which is then replaced
+            shutil.move(root, tmp_path / "old")
+            shutil.move(intact, root)
+            raise IntegrityError(f"{root}: read across a replace")
+        return real(root, **options)
+
+    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    assert check_release(rel).root == rel and len(calls) == 2
+
+    def always_fails(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        raise IntegrityError(f"{root}: damaged")
+
+    calls.clear()
+    monkeypatch.setattr(integrity, "_check_release", always_fails)
+    assert _err(lambda: check_release(rel), IntegrityError) == f"{rel}: damaged" and len(calls) == 1

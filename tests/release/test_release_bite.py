@@ -1498,3 +1498,93 @@ def test_a_read_across_a_replace_is_read_again_and_any_other_failure_stands(rel:
     calls.clear()
     monkeypatch.setattr(integrity, "_check_release", always_fails)
     assert _err(lambda: check_release(rel), IntegrityError) == f"{rel}: damaged" and len(calls) == 1
+
+
+# ------------------------------------------------------------------ the release group's reads (sample H's survivors)
+
+
+def test_format_1_records_and_token_counts_come_from_the_manifest(rel: Path) -> None:
+    r = Release.open(rel)
+    assert [e["id"] for e in r.records(["rec-002", "rec-000"])] == ["rec-002", "rec-000"]
+    assert r.token_counts() == [int(e["num_tokens"]) for e in _m(rel)["entries"]] == [6, 6, 6]
+
+
+def test_token_counts_listed_by_the_manifest_read_no_shard(indexed: Path) -> None:
+    r = Release.open(indexed)
+    assert r.token_counts() == [40, 40, 40, 40] and r.index is not None and r.index.shards_read == []
+
+
+def test_a_file_an_entry_names_outside_its_shards_listing_is_refused_by_name(indexed: Path) -> None:
+    r = Release.open(indexed)
+    e = {**r.entry("rec-001"), "file": "entries/elsewhere.safetensors"}
+    assert _err(lambda: r.file_meta(e), InputError) == (
+        f"{indexed / MANIFEST}: entry 'rec-001': file 'entries/elsewhere.safetensors' is not listed")
+
+
+def test_the_longest_prefix_stops_at_the_first_block_no_entry_holds(indexed: Path) -> None:
+    r = Release.open(indexed)
+    ids = r.entry("rec-002")["token_ids"]
+    other = [t + 1 for t in ids[16:32]]  # the second block changed: only the first is held
+    assert r.prefix_table().longest(ids[:16] + other) == (2, 1)
+    hit = r.longest_prefix(ids[:16] + other)
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 16)
+    assert r.prefix_table().longest([t + 1 for t in ids[:16]]) is None
+
+
+def test_the_prefix_index_of_a_release_from_elsewhere_is_fetched_with_its_label(indexed: Path) -> None:
+    from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
+
+    class Fake:
+        location, notes = "https://example.invalid/rel", []
+
+        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+            asked.append((name, sha256, size, what, entry))
+
+        def fetch_all(self) -> None:
+            raise AssertionError("not expected")
+
+    r = Release.open(indexed)
+    assert r.index is not None and r.index.prefix_meta is not None
+    m = r.index.prefix_meta
+    sources.register(indexed, Fake())
+    try:
+        assert r.index.prefix_pages() is not None
+    finally:
+        sources.unregister(indexed)
+    assert asked == [(m["file"], m["sha256"], m["size"], "prefix index", None)]
+
+
+def test_a_manifest_that_is_not_utf8_is_named(rel: Path) -> None:
+    (rel / MANIFEST).write_bytes(b"\xff{}")
+    assert _err(lambda: Release.open(rel), InputError).startswith(f"{rel / MANIFEST}: invalid JSON: not UTF-8")
+
+
+def test_two_shards_that_name_one_file_are_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    from kvgraft.release.format import root_digest
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    m = _m(root)
+    m["index"]["shards"][1]["file"] = name = m["index"]["shards"][0]["file"]
+    m["root_digest"] = root_digest(m)
+    (root / MANIFEST).write_text(json.dumps(m))
+    assert _err(lambda: Release.open(root), InputError) == (
+        f"{root / MANIFEST}: index shard 1: file {name!r} is not a distinct file under {release_index.INDEX_DIR}/")
+
+
+def test_overwriting_where_the_file_system_cannot_swap_takes_two_renames(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from kvgraft._internal import jsonio
+
+    def cannot(_a: Path, _b: Path) -> None:
+        raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+
+    out = tmp_path / "rel"
+    make_release(out, entries=2, seed=38)
+    first = _m(out)["root_digest"]
+    monkeypatch.setattr(jsonio, "exchange", cannot)
+    make_release(out, entries=3, seed=39, overwrite=True)
+    assert _m(out)["root_digest"] != first and len(Release.open(out).entry_ids()) == 3
+    assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]

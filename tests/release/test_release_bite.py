@@ -1411,13 +1411,13 @@ def test_a_prefix_index_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_
 
 def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
     from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
 
     class Fake:
         location, notes = "https://example.invalid/rel", []
-        asked: list[tuple[Any, ...]] = []
 
         def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
-            self.asked.append((name, sha256, size, what, entry))
+            asked.append((name, sha256, size, what, entry))
 
         def fetch_all(self) -> None:
             raise AssertionError("not expected")
@@ -1431,7 +1431,7 @@ def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_an
         assert rel.entry_file(e) == indexed / e["file"]
     finally:
         sources.unregister(indexed)
-    assert fake.asked == [(e["file"], meta["sha256"], meta["size"], "entry 'rec-001'", e)]
+    assert asked == [(e["file"], meta["sha256"], meta["size"], "entry 'rec-001'", e)]
     assert meta["size"] == (indexed / e["file"]).stat().st_size
 
 

@@ -1346,3 +1346,245 @@ def test_an_ignored_file_whose_name_sorts_after_every_listed_one_is_excused(rel:
         f"{rel}: files differ from the manifest: not part of the release: {name}"  # the control: not ignored
     checked = check_release(rel, ignored=("notes",))
     assert checked.ignored == [name] and checked.count == 1 + len(_m(rel)["files"])
+
+
+# ------------------------------------------------------------------ the release group's reads (sample G's survivors)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A format-2 release of 4 entries in shards of 1, each entry 40 tokens (two prefix blocks of 16)."""
+    root = tmp_path_factory.mktemp("indexed") / "rel"
+    make_release(root, entries=4, tokens=40, seed=37, format_version=2, shard_entries=1)
+    return root
+
+
+def test_records_come_in_the_order_asked_and_an_unknown_id_is_named(indexed: Path) -> None:
+    rel = Release.open(indexed)
+    got = rel.records(["rec-002", "rec-000", "rec-002"])
+    assert [r["id"] for r in got] == ["rec-002", "rec-000", "rec-002"] and got[1] == rel.entry("rec-000")
+    known = ", ".join(rel.entry_ids())
+    assert _err(lambda: Release.open(indexed).records(["rec-001", "nope"]), InputError) == (
+        f"{indexed}: no entry 'nope' (entries: {known})")
+
+
+def test_the_record_cache_keeps_the_most_recent_records(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Index.entry keeps the last CACHED_RECORDS records handed out (oldest evicted first), so a record asked
+    for again is not parsed from its shard again, even when its shard has left the shard cache."""
+    from kvgraft.release import index as release_index
+    monkeypatch.setattr(release_index.Index, "CACHED_RECORDS", 2)
+    monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
+    rel = Release.open(indexed)
+    assert rel.index is not None
+    for eid in ("rec-000", "rec-001", "rec-002", "rec-003"):
+        rel.entry(eid)
+    assert rel.index.shards_read == [0, 1, 2, 3]
+    assert rel.entry("rec-002")["id"] == "rec-002" and rel.index.shards_read == [0, 1, 2, 3]  # kept: not read again
+    assert rel.entry("rec-000")["id"] == "rec-000" and rel.index.shards_read == [0, 1, 2, 3, 0]  # evicted: read again
+
+
+def test_token_counts_of_a_manifest_that_lists_none_are_read_from_the_shards(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release.format import root_digest
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    m = _m(root)
+    for s in m["index"]["shards"]:
+        del s["num_tokens"]
+    m["root_digest"] = root_digest(m)
+    (root / MANIFEST).write_text(json.dumps(m))
+    rel = Release.open(root)
+    assert rel.token_counts() == [40, 40, 40, 40] and rel.index is not None and rel.index.shards_read == [0, 1, 2, 3]
+
+
+def test_a_prefix_index_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    rel = Release.open(root)
+    assert rel.index is not None and rel.index.prefix_pages() is not None  # control: the copy reads
+    prefix = root / release_index.PREFIX_FILE
+    shutil.move(prefix, tmp_path / "prefix.bin")
+    prefix.symlink_to(tmp_path / "prefix.bin")
+    fresh = Release.open(root)
+    assert fresh.index is not None
+    assert _err(fresh.index.prefix_pages, InputError) == (
+        f"{prefix}: prefix index is a symlink; releases may not contain links")
+
+
+def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
+    from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
+
+    class Fake:
+        location, notes = "https://example.invalid/rel", []
+
+        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+            asked.append((name, sha256, size, what, entry))
+
+        def fetch_all(self) -> None:
+            raise AssertionError("not expected")
+
+    rel = Release.open(indexed)
+    e = rel.entry("rec-001")
+    meta = rel.file_meta(e)
+    fake = Fake()
+    sources.register(indexed, fake)
+    try:
+        assert rel.entry_file(e) == indexed / e["file"]
+    finally:
+        sources.unregister(indexed)
+    assert asked == [(e["file"], meta["sha256"], meta["size"], "entry 'rec-001'", e)]
+    assert meta["size"] == (indexed / e["file"]).stat().st_size
+
+
+def test_a_killed_writers_partial_folder_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+    out = tmp_path / "rel"
+    first = ReleaseWriter(out)
+    assert first.tmp.is_dir() and first.tmp.parent == tmp_path
+    first._lock.release()  # as when its process is killed: the lock goes, the folder stays
+    (tmp_path / ".rel.keep").mkdir()  # control: not a writer's leftover
+    second = ReleaseWriter(out)
+    try:
+        assert not first.tmp.exists() and second.tmp.is_dir() and (tmp_path / ".rel.keep").is_dir()
+    finally:
+        second.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rel.keep"]
+
+
+# ------------------------------------------------------------------ integrity: sample G's unresolved timeouts
+
+
+def test_opening_counts_its_files_and_names_the_manifest_as_the_default_source(indexed: Path) -> None:
+    listed = {n: f["sha256"] for n, f in Release.open(indexed).subject_files().items()}  # the index files
+    o = open_release(indexed, subjects={MANIFEST: listed_digests(indexed)[MANIFEST], **listed})
+    assert o.count == len(o.files) == 1 + len(listed) and len(listed) > 1
+    subjects = listed
+    assert _err(lambda: open_release(indexed, subjects=subjects), VerificationError) == (
+        f"{indexed}: the manifest does not list {MANIFEST} as a subject")
+
+
+def test_check_release_checks_the_prefix_records_of_an_indexed_release(indexed: Path) -> None:
+    """A format-2 release with prefix records (40 tokens an entry, blocks of 16) verifies: its records are
+    weighed against the entries' blocks (control for the prefix checks of test_hostile_round_three_index)."""
+    c = check_release(indexed)
+    assert c.release.index is not None and c.release.index.prefix_meta is not None
+    assert c.count == len(listed_digests(indexed))
+
+
+def test_a_read_across_a_replace_is_read_again_and_any_other_failure_stands(rel: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_release reads the folder again when it was replaced while read (the failure said nothing about
+    either release), at most READS_ACROSS_A_REPLACE times; a failure of a folder left in place is reported
+    after one read."""
+    from kvgraft.release import integrity
+    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
+    real = integrity._check_release
+    calls: list[int] = []
+
+    def replaced_while_read(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the first read meets the old folder, which is then replaced
+            shutil.move(root, tmp_path / "old")
+            shutil.move(intact, root)
+            raise IntegrityError(f"{root}: read across a replace")
+        return real(root, **options)
+
+    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    assert check_release(rel).root == rel and len(calls) == 2
+
+    def always_fails(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        raise IntegrityError(f"{root}: damaged")
+
+    calls.clear()
+    monkeypatch.setattr(integrity, "_check_release", always_fails)
+    assert _err(lambda: check_release(rel), IntegrityError) == f"{rel}: damaged" and len(calls) == 1
+
+
+# ------------------------------------------------------------------ the release group's reads (sample H's survivors)
+
+
+def test_format_1_records_and_token_counts_come_from_the_manifest(rel: Path) -> None:
+    r = Release.open(rel)
+    assert [e["id"] for e in r.records(["rec-002", "rec-000"])] == ["rec-002", "rec-000"]
+    assert r.token_counts() == [int(e["num_tokens"]) for e in _m(rel)["entries"]] == [6, 6, 6]
+
+
+def test_token_counts_listed_by_the_manifest_read_no_shard(indexed: Path) -> None:
+    r = Release.open(indexed)
+    assert r.token_counts() == [40, 40, 40, 40] and r.index is not None and r.index.shards_read == []
+
+
+def test_a_file_an_entry_names_outside_its_shards_listing_is_refused_by_name(indexed: Path) -> None:
+    r = Release.open(indexed)
+    e = {**r.entry("rec-001"), "file": "entries/elsewhere.safetensors"}
+    assert _err(lambda: r.file_meta(e), InputError) == (
+        f"{indexed / MANIFEST}: entry 'rec-001': file 'entries/elsewhere.safetensors' is not listed")
+
+
+def test_the_longest_prefix_stops_at_the_first_block_no_entry_holds(indexed: Path) -> None:
+    r = Release.open(indexed)
+    ids = r.entry("rec-002")["token_ids"]
+    other = [t + 1 for t in ids[16:32]]  # the second block changed: only the first is held
+    assert r.prefix_table().longest(ids[:16] + other) == (2, 1)
+    hit = r.longest_prefix(ids[:16] + other)
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 16)
+    assert r.prefix_table().longest([t + 1 for t in ids[:16]]) is None
+
+
+def test_the_prefix_index_of_a_release_from_elsewhere_is_fetched_with_its_label(indexed: Path) -> None:
+    from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
+
+    class Fake:
+        location, notes = "https://example.invalid/rel", []
+
+        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+            asked.append((name, sha256, size, what, entry))
+
+        def fetch_all(self) -> None:
+            raise AssertionError("not expected")
+
+    r = Release.open(indexed)
+    assert r.index is not None and r.index.prefix_meta is not None
+    m = r.index.prefix_meta
+    sources.register(indexed, Fake())
+    try:
+        assert r.index.prefix_pages() is not None
+    finally:
+        sources.unregister(indexed)
+    assert asked == [(m["file"], m["sha256"], m["size"], "prefix index", None)]
+
+
+def test_a_manifest_that_is_not_utf8_is_named(rel: Path) -> None:
+    (rel / MANIFEST).write_bytes(b"\xff{}")
+    assert _err(lambda: Release.open(rel), InputError).startswith(f"{rel / MANIFEST}: invalid JSON: not UTF-8")
+
+
+def test_two_shards_that_name_one_file_are_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    from kvgraft.release.format import root_digest
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    m = _m(root)
+    m["index"]["shards"][1]["file"] = name = m["index"]["shards"][0]["file"]
+    m["root_digest"] = root_digest(m)
+    (root / MANIFEST).write_text(json.dumps(m))
+    assert _err(lambda: Release.open(root), InputError) == (
+        f"{root / MANIFEST}: index shard 1: file {name!r} is not a distinct file under {release_index.INDEX_DIR}/")
+
+
+def test_overwriting_where_the_file_system_cannot_swap_takes_two_renames(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from kvgraft._internal import jsonio
+
+    def cannot(_a: Path, _b: Path) -> None:
+        raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+
+    out = tmp_path / "rel"
+    make_release(out, entries=2, seed=38)
+    first = _m(out)["root_digest"]
+    monkeypatch.setattr(jsonio, "exchange", cannot)
+    make_release(out, entries=3, seed=39, overwrite=True)
+    assert _m(out)["root_digest"] != first and len(Release.open(out).entry_ids()) == 3
+    assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]

@@ -519,10 +519,15 @@ def _list(root: Path, rel: Release, every: dict[str, str] | None, source: str,
     return listed
 
 
-def _users(rel: Release, name: str) -> str:
-    """Which entries use a file, to name them in a failure (reads every record: failures only)."""
-    ids = [e["id"] for e in rel.iter_entries() if e["file"] == name]
-    return f"entry {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''}" if ids else ""
+def _users(rel: Release, names: Sequence[str]) -> dict[str, str]:
+    """Which entries use each of these files, to name them in a failure: one pass over every record
+    (failures only); a file no entry uses is absent."""
+    ids: dict[str, list[str]] = {}
+    wanted = set(names)
+    for e in rel.iter_entries():
+        if e["file"] in wanted:
+            ids.setdefault(e["file"], []).append(e["id"])
+    return {n: f"entry {i[0]!r}{f' and {len(i) - 1} more' if len(i) > 1 else ''}" for n, i in ids.items()}
 
 
 def _folder_differs(root: Path, rel: Release, beside: dict[str, str], ignored: tuple[str, ...],
@@ -537,8 +542,10 @@ def _folder_differs(root: Path, rel: Release, beside: dict[str, str], ignored: t
     excused = [n for n in extra if _is_under(n, ignored)]
     extra = sorted(set(extra) - set(excused))
     if missing or extra:
+        users = _users(rel, missing[:5])
+
         def named(n: str) -> str:
-            return f"{n} ({_users(rel, n)})" if _users(rel, n) else n
+            return f"{n} ({users[n]})" if n in users else n
 
         parts = []
         if missing:
@@ -663,7 +670,7 @@ def _check(root: Path, folder: _Folder, prefetch: dict[str, Future[tuple[str, in
         excused, distinct = _folder_differs(root, rel, beside, ignored, source)
     if listed.wrong_size is not None:
         name, have, want = listed.wrong_size
-        users = _users(rel, name)
+        users = _users(rel, [name]).get(name, "")
         raise IntegrityError(f"{root / name}{f': {users}' if users else ''}: {have} bytes, the manifest says {want} "
                              f"({'truncated' if have < want else 'grown'})")
     for name in sorted(beside):

@@ -9,6 +9,7 @@ counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -1412,15 +1413,7 @@ def test_a_prefix_index_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_
 def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
     from kvgraft.release import sources
     asked: list[tuple[Any, ...]] = []
-
-    class Fake:
-        location, notes = "https://example.invalid/rel", []
-
-        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
-            asked.append((name, sha256, size, what, entry))
-
-        def fetch_all(self) -> None:
-            raise AssertionError("not expected")
+    Fake = functools.partial(_RecordingSource, asked)
 
     rel = Release.open(indexed)
     e = rel.entry("rec-001")
@@ -1534,15 +1527,7 @@ def test_the_longest_prefix_stops_at_the_first_block_no_entry_holds(indexed: Pat
 def test_the_prefix_index_of_a_release_from_elsewhere_is_fetched_with_its_label(indexed: Path) -> None:
     from kvgraft.release import sources
     asked: list[tuple[Any, ...]] = []
-
-    class Fake:
-        location, notes = "https://example.invalid/rel", []
-
-        def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
-            asked.append((name, sha256, size, what, entry))
-
-        def fetch_all(self) -> None:
-            raise AssertionError("not expected")
+    Fake = functools.partial(_RecordingSource, asked)
 
     r = Release.open(indexed)
     assert r.index is not None and r.index.prefix_meta is not None
@@ -1588,3 +1573,18 @@ def test_overwriting_where_the_file_system_cannot_swap_takes_two_renames(tmp_pat
     make_release(out, entries=3, seed=39, overwrite=True)
     assert _m(out)["root_digest"] != first and len(Release.open(out).entry_ids()) == 3
     assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
+
+
+class _RecordingSource:
+    """A release read from elsewhere (kvgraft.release.sources) that records each fetch asked of it."""
+
+    location, notes = "https://example.invalid/rel", []
+
+    def __init__(self, asked: list[tuple[Any, ...]]) -> None:
+        self.asked = asked
+
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+        self.asked.append((name, sha256, size, what, entry))
+
+    def fetch_all(self) -> None:
+        raise AssertionError("not expected")

@@ -288,7 +288,7 @@ key = "ephemeral"
 
 def audit_run_scenario(work: Path, kills: int, model: Path) -> Tally:
     from kvgraft.release.integrity import check_release
-    from kvgraft.reporting.signing import verify_report
+    from kvgraft.report.signing import verify_report
 
     plan, out = _plan(work, model, _records(work / "records.jsonl", 4)), work / "run"
     report, pub = out / "report.json", out / "keys" / "ephemeral.pub.pem"

@@ -226,7 +226,7 @@ def capture_rows(work: Path, codes: tuple[str, ...] = ("ENOSPC",),
 
 
 def report_rows(work: Path, codes: tuple[str, ...] = ("EIO",), classes: tuple[str, ...] = tuple(CLASSES)) -> list[Row]:
-    from kvgraft.reporting.signing import verify_report
+    from kvgraft.report.signing import verify_report
     from kvgraft.signing import keys
     from kvgraft.signing.verify import verify_release
     from tests.release_factory import make_release

@@ -14,6 +14,8 @@ from kvgraft.errors import EXIT_INCOMPLETE, EXIT_NOT_EXACT, EXIT_OK, InputError
 STATUSES = ("passed", "failed", "incomplete")
 # passed: the audit ran and found nothing wrong; failed: it ran and found a failure; incomplete: it ran but could
 # not reach a verdict (nothing to judge, or a control that shows its power failed).
+# A report's check may also be skipped (not run, with its reason): it has no exit code of its own.
+CHECK_STATUSES = (*STATUSES, "skipped")
 EXIT_CODES = {"passed": EXIT_OK, "failed": EXIT_NOT_EXACT, "incomplete": EXIT_INCOMPLETE}
 
 

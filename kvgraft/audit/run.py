@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgraft.audit.checks import KINDS, seal, status
+from kvgraft.audit.checks import KINDS, make_check, seal, status
 from kvgraft.audit.context import Context, Progress
 from kvgraft.audit.plan import Plan
 from kvgraft.errors import InputError
 from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
-from kvgraft.reporting.report import make_check
 
 
 @dataclass
@@ -102,9 +101,9 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
+    from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
-    from kvgraft.reporting.render_html import to_html
-    from kvgraft.reporting.report import new_report, write_report
+    from kvgraft.report.document import new_report, write_report
     from kvgraft.signing import attest, sign
 
     started = time.perf_counter()
@@ -158,7 +157,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     if key is None:
         write_report(report_path, report)
     else:
-        from kvgraft.reporting.signing import write_signed_report
+        from kvgraft.report.signing import write_signed_report
 
         say("signing the report")
         bundle = write_signed_report(report_path, report, key)

@@ -18,8 +18,8 @@ from typer.core import TyperArgument
 from kvgraft import __version__
 from kvgraft._internal.jsonio import WRITE_ERRNOS, io_failure
 from kvgraft.errors import Error
-from kvgraft.reporting.render import json_text
-from kvgraft.reporting.render import plain as plain  # re-exported: the CLI prints through it
+from kvgraft.render.text import json_text
+from kvgraft.render.text import plain as plain  # re-exported: the CLI prints through it
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
 # written in a help string may be read as markup (tests/cli/test_help.py renders every one).
@@ -78,7 +78,7 @@ def say(text: object, *, error: bool = False) -> None:
 
 def echo_json(doc: Any) -> None:
     """The one way a --json document is printed: indented, every control, bidi or separator character escaped
-    (reporting.render.json_text), as text mode shows them escaped."""
+    (render.text.json_text), as text mode shows them escaped."""
     typer.echo(json_text(doc))
 
 

@@ -185,7 +185,7 @@ def recompute_cmd(
         echo_json(result)
     elif not quiet:
         from kvgraft.audit.checks.recompute import cost_line
-        from kvgraft.reporting.render_report import check_renderables
+        from kvgraft.audit.render_report import check_renderables
 
         for r in check_renderables("recompute", result, out):
             out.print(r)
@@ -291,14 +291,14 @@ def claims_cmd(
     Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
     could be judged), 2 on unusable input.
     """
-    from kvgraft.audit import claims
     from kvgraft.audit.checks import seal
+    from kvgraft.claims import checker as claims
 
     result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
     if as_json:
         echo_json(result)
     else:
-        from kvgraft.reporting.render_report import claims_check_renderables
+        from kvgraft.audit.render_report import claims_check_renderables
 
         for r in claims_check_renderables(result, out):
             out.print(r)
@@ -322,8 +322,8 @@ def determinism_cmd(
 
     from kvgraft._internal.jsonio import check_writable
     from kvgraft.audit.checks import seal
+    from kvgraft.audit.render_report import check_renderables
     from kvgraft.recompute import determinism
-    from kvgraft.reporting.render_report import check_renderables
 
     if json_out is not None:
         check_writable(json_out)

@@ -52,7 +52,7 @@ def audit_run_cmd(
     if as_json:
         echo_json(outcome.report)
     elif not quiet:
-        from kvgraft.reporting.render_report import print_report
+        from kvgraft.audit.render_report import print_report
 
         print_report(outcome.report, out, path=str(outcome.report_path))
         out.print(f"report   {outcome.report_path}")

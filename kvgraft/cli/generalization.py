@@ -81,7 +81,7 @@ def build_cmd(
     from kvgraft.errors import InputError
     from kvgraft.generalization import library
     from kvgraft.inference import runtime
-    from kvgraft.reporting.render_generalization import build_renderables
+    from kvgraft.render.generalization import build_renderables
 
     if no_reference and no_generate:
         raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
@@ -155,7 +155,7 @@ def generalization_cmd(
     from kvgraft.audit.checks import seal
     from kvgraft.generalization import audit as gen
     from kvgraft.release.format import Release
-    from kvgraft.reporting.render_generalization import renderables
+    from kvgraft.render.generalization import renderables
 
     if json_out is not None:
         check_writable(json_out)

@@ -142,7 +142,7 @@ def run_cmd(
         grafted = entry if not prefix else (result.ledger["prefix"] or {}).get("entry")
         echo_json({"entry": grafted, "token_ids": result.token_ids, "text": result.text, "ledger": result.ledger})
         return
-    from kvgraft.reporting.render import ledger_table
+    from kvgraft.render.text import ledger_table
 
     # The continuation's own lines, each shown as text (model output can hold ESC or other controls).
     out.print("\n".join(plain(line) for line in result.text.split("\n")))

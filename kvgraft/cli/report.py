@@ -23,16 +23,16 @@ def show_cmd(
 
     --detail NAME shows what is behind one check; --html writes everything as one self-contained HTML page.
     """
-    from kvgraft.reporting.report import load_report
+    from kvgraft.report.document import load_report
 
     doc = load_report(report)
     if html_out is None:
-        from kvgraft.reporting.render_report import print_report
+        from kvgraft.audit.render_report import print_report
 
         print_report(doc, out, detail=detail, path=str(report))
         return
     from kvgraft._internal.jsonio import refuse_existing, write_atomic
-    from kvgraft.reporting.render_html import to_html
+    from kvgraft.audit.render_html import to_html
 
     refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())
@@ -55,7 +55,7 @@ def report_verify_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a sentence.")] = False,
 ) -> None:
     """Check a report's signature, that the signed digest is this file's, and its binding to the release."""
-    from kvgraft.reporting.signing import verify_report
+    from kvgraft.report.signing import verify_report
     from kvgraft.signing.sigstore import SigstoreTrust
 
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)

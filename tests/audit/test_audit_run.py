@@ -168,7 +168,7 @@ def test_the_report_is_signed_before_it_is_written(signed_run: Path, tmp_path: P
     (bench/crash_campaign.py's `audit run` kills found that order reversed); a refused report write leaves
     neither."""
     from kvgraft._internal import jsonio
-    from kvgraft.reporting import signing
+    from kvgraft.report import signing
     from kvgraft.signing import keys
 
     report = json.loads((signed_run / "report.json").read_text())

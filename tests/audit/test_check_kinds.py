@@ -12,10 +12,10 @@ import pytest
 from rich.console import Console
 
 from kvgraft.audit import checks as registry
+from kvgraft.audit import face, render_html, render_report
 from kvgraft.audit.checks.kind import CheckKind
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.reporting import face, render_html, render_report
-from kvgraft.reporting.figures import Face
+from kvgraft.render.figures import Face
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "fixtures" / "report-example.json"

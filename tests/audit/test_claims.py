@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgraft.audit import claims
+from kvgraft.claims import checker as claims
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.reporting.report import mcnemar_exact
+from kvgraft.report.document import mcnemar_exact
 from kvgraft.schema import validate
 
 PREPRINT = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
@@ -372,7 +372,7 @@ def test_cli_json_is_schema_valid(tmp_path: Path) -> None:
 
 
 def test_every_kind_in_the_schema_has_one_table_entry() -> None:
-    from kvgraft.audit.claim_kinds import KINDS
+    from kvgraft.claims.kinds import KINDS
     from kvgraft.schema import schema_dir
 
     schema = json.loads((schema_dir() / claims.CLAIMS_SCHEMA).read_text())

@@ -29,7 +29,7 @@ from kvgraft.cli._base import EXIT_PIPE
 from kvgraft.errors import EXIT_FAILED, EXIT_INPUT, InputError
 from kvgraft.inference import models
 from kvgraft.release.format import Release
-from kvgraft.reporting.render import json_text
+from kvgraft.render.text import json_text
 from kvgraft.signing import keys
 
 import rewrite

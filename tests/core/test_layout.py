@@ -92,6 +92,22 @@ def test_readme_layout_matches_the_tree() -> None:
     assert not stale, f"in the README, not in the tree: {stale}"
 
 
+def test_the_layers_name_every_package_once_each_on_one_line() -> None:
+    """The package-level layers contract is the architecture: every package of kvgraft/ sits on exactly one of its
+    lines, so `test_import_contracts_are_kept` proves that no module imports a package above its own."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    top = next(c for c in contracts if c["type"] == "layers" and "containers" not in c)
+    named = [m.strip() for line in top["layers"] for m in line.replace("|", ":").split(":")]
+    packages = {f"kvgraft.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    flat = {f"kvgraft.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert len(named) == len(set(named)), f"a module on two lines: {named}"
+    assert packages <= set(named), f"packages on no line of the layers: {sorted(packages - set(named))}"
+    assert set(named) <= packages | flat, f"lines naming no package or flat module: {sorted(set(named) - packages - flat)}"
+    assert not [m for m in named if m.count(".") > 1], "a line names a module inside a package, not the package"
+
+
 # Test folders beside those named for a kvgraft package: the flat modules and the layout, the vLLM connector, bench/.
 TEST_FOLDERS_BESIDE_PACKAGES = {"core", "serving", "bench"}
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from kvgraft import errors, verdict
 from kvgraft.audit import checks as registry
-from kvgraft.audit import claims
+from kvgraft.claims import checker as claims
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.generalization import audit as gen

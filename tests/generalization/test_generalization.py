@@ -328,7 +328,7 @@ def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, A
 def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> None:
     from rich.console import Console
 
-    from kvgraft.reporting.render_generalization import renderables
+    from kvgraft.render.generalization import renderables
 
     console = Console(record=True, width=width)
     for r in renderables(tiny_result, console):

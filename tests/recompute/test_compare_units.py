@@ -9,7 +9,7 @@ import torch
 
 from kvgraft.audit.checks import KINDS
 from kvgraft.recompute.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
-from kvgraft.reporting.views import heatmap_model, recompute_rows
+from kvgraft.render.views import heatmap_model, recompute_rows
 
 
 def steps(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -246,10 +246,9 @@ def test_cli_interrupted_audit_writes_no_result_and_resumes(tiny_lm: Callable[[s
 
 def test_sampled_audit_in_the_report_face_html_and_claim(tiny_lm: Callable[[str], Any], model_dir: Path,
                                                          release_dir: Path, tmp_path: Path) -> None:
-    from kvgraft.audit import plan
+    from kvgraft.audit import face, plan
     from kvgraft.audit import run as audit_run
-    from kvgraft.reporting import face
-    from kvgraft.reporting.render_html import to_html
+    from kvgraft.audit.render_html import to_html
 
     claims = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
     p = tmp_path / "plan.toml"

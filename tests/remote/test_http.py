@@ -138,7 +138,7 @@ def test_a_listed_file_never_replaces_the_manifest_or_a_signature_read_at_openin
 
 
 def test_report_verify_checks_the_binding_to_a_release_at_its_url(http: FolderServer, rel: Path, tmp_path: Path) -> None:
-    from kvgraft.reporting.signing import sign_report
+    from kvgraft.report.signing import sign_report
     from kvgraft.signing import keys
 
     doc = json.loads((Path(__file__).parents[1] / "fixtures" / "report-example.json").read_text())

@@ -8,21 +8,21 @@ from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
-from kvgraft.reporting.figures import Face
-from kvgraft.reporting.html_parts import esc
-from kvgraft.reporting.render import hanging, styled
-from kvgraft.reporting.terminal import claims_view
-from kvgraft.reporting.views import readings_lines
+from kvgraft.render.figures import Face
+from kvgraft.render.html import esc
+from kvgraft.render.terminal import claims_view
+from kvgraft.render.text import hanging, styled
+from kvgraft.render.views import readings_lines
 
 
 def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
-    """The report's `claims` list from a claims-check result (kvgraft.audit.claims.check)."""
+    """The report's `claims` list from a claims-check result (kvgraft.claims.checker.check)."""
     return [{"id": c["id"], "text": c["text"], "kind": c["kind"], "claimed": c["claimed"], "verdict": c["verdict"],
              "reason": c["reason"]} for c in claims_check["claims"]]
 
 
 def run(ctx: Context, cc: dict[str, Any]) -> Ran:
-    from kvgraft.audit import claims
+    from kvgraft.claims import checker as claims
 
     ctx.say("checking the claims file")
     cf = claims.load(ctx.plan.resolve(cc["file"]))

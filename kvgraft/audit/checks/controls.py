@@ -8,11 +8,11 @@ from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
-from kvgraft.reporting.figures import Face, detectable, null_meaning
-from kvgraft.reporting.html_parts import esc, table
-from kvgraft.reporting.render import hanging, kn, num, styled
-from kvgraft.reporting.render import table as text_table
-from kvgraft.reporting.views import CONTROLS_HEAD, controls_rows
+from kvgraft.render.figures import Face, detectable, null_meaning
+from kvgraft.render.html import esc, table
+from kvgraft.render.text import hanging, kn, num, styled
+from kvgraft.render.text import table as text_table
+from kvgraft.render.views import CONTROLS_HEAD, controls_rows
 
 
 def run(ctx: Context, kc: dict[str, Any]) -> Ran:

@@ -9,11 +9,11 @@ from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
-from kvgraft.reporting.figures import Face
-from kvgraft.reporting.html_parts import esc, table
-from kvgraft.reporting.render import hanging, num, styled
-from kvgraft.reporting.render import table as text_table
-from kvgraft.reporting.views import determinism_model
+from kvgraft.render.figures import Face
+from kvgraft.render.html import esc, table
+from kvgraft.render.text import hanging, num, styled
+from kvgraft.render.text import table as text_table
+from kvgraft.render.views import determinism_model
 
 
 def run(ctx: Context, dc: dict[str, Any]) -> Ran:

@@ -13,11 +13,11 @@ from rich.console import Console, RenderableType
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.generalization.conditions import LABELS, SHORT
-from kvgraft.reporting.figures import Face, as_dict, detectable, null_meaning
-from kvgraft.reporting.html_parts import accuracy_html, badge, esc, kv_html, table
-from kvgraft.reporting.render import kn, num
-from kvgraft.reporting.render import table as text_table
-from kvgraft.reporting.terminal import accuracy_view, mapping_view
+from kvgraft.render.figures import Face, as_dict, detectable, null_meaning
+from kvgraft.render.html import accuracy_html, badge, esc, kv_html, table
+from kvgraft.render.terminal import accuracy_view, mapping_view
+from kvgraft.render.text import kn, num
+from kvgraft.render.text import table as text_table
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
@@ -133,7 +133,7 @@ def face(data: dict[str, Any]) -> Face:
 def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
     result = data.get("result")
     if isinstance(result, dict) and result.get("kind") == "generalization":
-        from kvgraft.reporting.render_generalization import renderables
+        from kvgraft.render.generalization import renderables
 
         return renderables(result, console)
     bench = data.get("benchmark", {})

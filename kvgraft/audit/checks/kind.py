@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from kvgraft.audit.context import Context
-    from kvgraft.reporting.figures import Face
+    from kvgraft.render.figures import Face
 
 
 @dataclass(frozen=True)

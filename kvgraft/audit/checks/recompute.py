@@ -9,17 +9,17 @@ from rich.console import Console, RenderableType
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
-from kvgraft.reporting.figures import Face, as_dict
-from kvgraft.reporting.html_parts import badge, esc, heatmap_svg, kv_html, table
-from kvgraft.reporting.render import hanging, num, styled
-from kvgraft.reporting.render import table as text_table
-from kvgraft.reporting.terminal import heatmap_text
-from kvgraft.reporting.views import recompute_rows
+from kvgraft.render.figures import Face, as_dict
+from kvgraft.render.html import badge, esc, heatmap_svg, kv_html, table
+from kvgraft.render.terminal import heatmap_text
+from kvgraft.render.text import hanging, num, styled
+from kvgraft.render.text import table as text_table
+from kvgraft.render.views import recompute_rows
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     from kvgraft import sampling
-    from kvgraft.audit.claims import measured_from_recompute
+    from kvgraft.claims.checker import measured_from_recompute
     from kvgraft.recompute import audit as recompute
 
     sample = rc.get("sample")

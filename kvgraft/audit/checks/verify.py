@@ -9,10 +9,10 @@ from rich.text import Text
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
-from kvgraft.reporting.figures import Face, as_dict
-from kvgraft.reporting.html_parts import esc
-from kvgraft.reporting.render import hanging, num
-from kvgraft.reporting.views import verify_lines
+from kvgraft.render.figures import Face, as_dict
+from kvgraft.render.html import esc
+from kvgraft.render.text import hanging, num
+from kvgraft.render.views import verify_lines
 
 
 def run(ctx: Context, _settings: dict[str, Any]) -> Ran:

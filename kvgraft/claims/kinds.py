@@ -5,7 +5,7 @@ Every check here is driven by the fields of a claim, never by the paper it came 
 - accuracy  `percent` on a `benchmark` of N problems must be k/(s*r*N) within the stated rounding, for one reading
             of all the benchmark's figures together: s samples per problem (avg@s) and r runs. The benchmark may
             state `samples_per_problem` (and `runs`); else the smallest s up to 16 that fits every figure is used
-            (kvgraft.audit.readings). A figure no reading fits is inconsistent.
+            (kvgraft.claims.readings). A figure no reading fits is inconsistent.
 - gain      from a `baseline` accuracy claim to a `treated` one, under each reading considered: with one sample per
             problem the exact McNemar test in the most favourable case; with s > 1 a sign test on problems, bounded
             by how the extra right samples can spread (significance needs per-problem data).
@@ -17,7 +17,7 @@ Every check here is driven by the fields of a claim, never by the paper it came 
 - exactness byte-identical restore / zero KL: only a measurement can test it.
 
 The claims file these checks read (ClaimsFile) and the findings they give (Finding) are defined here too, so
-that kvgraft.audit.claims, which loads files and runs the check, sits above the kinds.
+that kvgraft.claims.checker, which loads files and runs the check, sits above the kinds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any, NoReturn
 
-from kvgraft.audit.readings import (
+from kvgraft.claims.readings import (
     MAX_SAMPLES,
     BenchmarkReading,
     Figure,

@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from kvgraft.audit.checks import KINDS
+from kvgraft.audit.render_html import to_html
+from kvgraft.audit.render_report import print_report
 from kvgraft.generalization import stats
-from kvgraft.reporting.render_html import to_html
-from kvgraft.reporting.render_report import print_report
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 

@@ -13,8 +13,8 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from kvgraft.audit.checks import KINDS
-from kvgraft.reporting.figures import Face
-from kvgraft.reporting.render import STATUS_MARK, STATUS_STYLE, WORDS, hanging, styled
+from kvgraft.render.figures import Face
+from kvgraft.render.text import STATUS_MARK, STATUS_STYLE, WORDS, hanging, styled
 
 
 def face(check: dict[str, Any]) -> Face:

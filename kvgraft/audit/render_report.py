@@ -1,4 +1,4 @@
-"""Terminal renderings of audit reports: the face (kvgraft.reporting.face), and each check's details.
+"""Terminal renderings of audit reports: the face (kvgraft.audit.face), and each check's details.
 
 Details tables show at their natural width when it fits the terminal, else as one paragraph per row: ids and
 verdicts are wrapped, never cut. Data members a renderer does not know are named, never dropped silently.
@@ -12,16 +12,16 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from kvgraft.audit import face
 from kvgraft.audit.checks import KINDS
 from kvgraft.errors import InputError
-from kvgraft.reporting import face
-from kvgraft.reporting.render import STATUS_STYLE, hanging, plain_tree, styled
-from kvgraft.reporting.terminal import claims_view, mapping_view
-from kvgraft.reporting.views import readings_lines
+from kvgraft.render.terminal import claims_view, mapping_view
+from kvgraft.render.text import STATUS_STYLE, hanging, plain_tree, styled
+from kvgraft.render.views import readings_lines
 
 
 def claims_check_renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
-    """The terminal rendering of a claims-check result (`audit claims`, kvgraft.audit.claims.check)."""
+    """The terminal rendering of a claims-check result (`audit claims`, kvgraft.claims.checker.check)."""
     result = plain_tree(result)
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
     out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(result)]

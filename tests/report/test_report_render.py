@@ -20,13 +20,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from kvgraft.audit import checks as registry
+from kvgraft.audit.render_html import to_html
+from kvgraft.audit.render_report import print_report
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.reporting import report as rp
-from kvgraft.reporting.render_html import to_html
-from kvgraft.reporting.render_report import print_report
-from kvgraft.reporting.terminal import interval_bar
-from kvgraft.reporting.views import HEAT, heatmap_model
+from kvgraft.render.terminal import interval_bar
+from kvgraft.render.views import HEAT, heatmap_model
+from kvgraft.report import document as rp
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
@@ -53,9 +54,9 @@ def test_fixture_is_valid_and_marked(example: dict[str, Any]) -> None:
 
 
 def test_verdict_logic() -> None:
-    ok = rp.make_check("verify", "verify", "passed", "ok", {"ok": True})
-    skipped = rp.make_check("energy", "other", "skipped", "energy", reason="no meter")
-    failed = rp.make_check("recompute", "recompute", "failed", "differs", {"entries": []})
+    ok = registry.make_check("verify", "verify", "passed", "ok", {"ok": True})
+    skipped = registry.make_check("energy", "other", "skipped", "energy", reason="no meter")
+    failed = registry.make_check("recompute", "recompute", "failed", "differs", {"entries": []})
     claim = {"id": "c", "text": "t", "verdict": "supported", "reason": "r"}
     assert rp.compute_verdict({"checks": [ok], "claims": []})["status"] == "passed"
     assert rp.compute_verdict({"checks": [ok, skipped], "claims": []})["status"] == "incomplete"
@@ -64,13 +65,13 @@ def test_verdict_logic() -> None:
     assert rp.compute_verdict({"checks": [ok], "claims": [claim | {"verdict": "contradicted"}]})["status"] == "failed"
     assert rp.compute_verdict({"checks": [ok], "claims": [claim | {"verdict": "not-testable"}]})["status"] == "passed"
     with pytest.raises(InputError, match="needs a reason"):
-        rp.make_check("x", "other", "skipped", "s")
+        registry.make_check("x", "other", "skipped", "s")
     with pytest.raises(InputError, match="unknown kind"):
-        rp.make_check("x", "magic", "passed", "s")
+        registry.make_check("x", "magic", "passed", "s")
 
 
 def test_new_report_round_trip(tmp_path: Path) -> None:
-    checks = [rp.make_check("verify", "verify", "passed", "ok", {"ok": True})]
+    checks = [registry.make_check("verify", "verify", "passed", "ok", {"ok": True})]
     r = rp.new_report(plan_name="p", plan_content="checks = ['verify']\n", environment={"device": "cpu"},
                       model={"spec": "smollm2-135m"}, release_root_digest="a" * 64, checks=checks,
                       release_attestation_digest="b" * 64)
@@ -371,9 +372,9 @@ def test_heatmap_shared_and_mismatched_layers() -> None:
         {"index": 3, "kind": "full", "keys": {"equal": False, "differing": 5, "max_ulp": 3, "max_abs": 1e-6},
          "values": {"equal": True, "differing": 0}}]}]}
     console = Console(file=io.StringIO(), width=80, record=True)
-    from kvgraft.reporting.html_parts import heatmap_svg
-    from kvgraft.reporting.terminal import heatmap_text
-    from kvgraft.reporting.views import recompute_rows
+    from kvgraft.render.html import heatmap_svg
+    from kvgraft.render.terminal import heatmap_text
+    from kvgraft.render.views import recompute_rows
 
     console.print(heatmap_text(data))
     assert "e · !0" in console.export_text()

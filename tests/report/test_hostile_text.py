@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kvgraft.cli import app
 from kvgraft.release.format import root_digest
-from kvgraft.reporting.render import plain
+from kvgraft.render.text import plain
 from kvgraft.signing import keys, sign
 
 runner = CliRunner()
@@ -124,7 +124,7 @@ key = "ephemeral"
 def test_a_word_longer_than_the_line_is_cut_under_the_indent_never_folded_to_column_zero() -> None:
     """A release string with no spaces and longer than the terminal (an escaped newline before forged text)
     must not leave the terminal to fold it: a folded piece would start a line with the attacker's text."""
-    from kvgraft.reporting.render import hanging, kv_lines
+    from kvgraft.render.text import hanging, kv_lines
 
     forged = "a" * 75 + "FORGED-LINE kvgraft: verified"
     for lines in (hanging("answer", "x" * 100 + forged, 80), kv_lines(80, "entry", [("id", "y" * 90 + forged)])):

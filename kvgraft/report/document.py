@@ -13,12 +13,12 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import canonical, load_file, write_json
-from kvgraft.audit.checks import KINDS, OTHER
-from kvgraft.audit.claims import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
+from kvgraft.claims.checker import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
 from kvgraft.errors import InputError
 from kvgraft.generalization.stats import mcnemar_exact, wilson_interval
 from kvgraft.release.format import now_utc
 from kvgraft.schema import validate
+from kvgraft.verdict import CHECK_STATUSES
 
 __all__ = ["mcnemar_exact", "wilson_interval"]
 
@@ -26,26 +26,8 @@ REPORT_SCHEMA = "audit-report.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
 REPORT_FORMAT_VERSION = 1
 
-CHECK_KINDS = (*KINDS, OTHER)  # the registry's kinds (kvgraft.audit.checks), and checks other tools write
-CHECK_STATUSES = ("passed", "failed", "incomplete", "skipped")
-
 
 # --- building --------------------------------------------------------------------------------------------------
-
-
-def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, Any] | None = None, *,
-               reason: str | None = None) -> dict[str, Any]:
-    """One entry of `checks`; a skipped check must say why."""
-    if kind not in CHECK_KINDS:
-        raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join(CHECK_KINDS)})")
-    if status not in CHECK_STATUSES:
-        raise InputError(f"check {name!r}: unknown status {status!r} (one of {', '.join(CHECK_STATUSES)})")
-    if status == "skipped" and not reason:
-        raise InputError(f"check {name!r}: a skipped check needs a reason")
-    check: dict[str, Any] = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
-    if reason:
-        check["reason"] = reason
-    return check
 
 
 def compute_verdict(report: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from kvgraft.generalization.conditions import LABELS, SHORT
-from kvgraft.reporting.render import WORDS, hanging, kn, kv_lines, num, pct, plain_tree, styled, table
+from kvgraft.render.text import WORDS, hanging, kn, kv_lines, num, pct, plain_tree, styled, table
 
 
 def _interval(a: dict[str, Any] | None) -> str:

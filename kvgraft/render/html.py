@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kvgraft.reporting.render import pct
-from kvgraft.reporting.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
+from kvgraft.render.text import pct
+from kvgraft.render.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
 
 HTML_COLOR = {
     "passed": "#1b7f3b", "supported": "#1b7f3b", "consistent": "#1b7f3b",

@@ -49,7 +49,7 @@ def report_statement(report_path: Path, report: dict[str, Any], data: bytes | No
 
 def sign_report(report_path: Path, key: PrivateKey) -> Path:
     """Sign a written report offline; write REPORT.sigstore.json beside it."""
-    from kvgraft.reporting.report import load_report
+    from kvgraft.report.document import load_report
 
     return _write_bundle(report_path, report_statement(report_path, load_report(report_path)), key)
 
@@ -57,7 +57,7 @@ def sign_report(report_path: Path, key: PrivateKey) -> Path:
 def write_signed_report(report_path: Path, report: dict[str, Any], key: PrivateKey) -> Path:
     """Write a report and its signature, the signature first: a writer killed between the two leaves a
     signature without a report (nothing at the report's path), never a report nobody signed."""
-    from kvgraft.reporting.report import validate_report
+    from kvgraft.report.document import validate_report
 
     validate_report(report, str(report_path))
     data = jsonio.json_bytes(report)
@@ -100,7 +100,7 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
     names (a folder, or a location kvgraft.remote reads). Raises VerificationError (exit 1) on any mismatch,
     InputError (exit 2) on unusable input.
     """
-    from kvgraft.reporting.report import load_report
+    from kvgraft.report.document import load_report
 
     report_path = Path(report_path)
     bpath = bundle_path(report_path)

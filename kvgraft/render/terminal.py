@@ -8,8 +8,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.reporting.render import WORDS, fitted, hanging, kv_lines, num, pct, styled
-from kvgraft.reporting.views import HEAT, acc_interval, heatmap_model
+from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
+from kvgraft.render.views import HEAT, acc_interval, heatmap_model
 
 
 def heatmap_text(data: dict[str, Any], columns: int = 80) -> RenderableType:

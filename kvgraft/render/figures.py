@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgraft.reporting.render import num
+from kvgraft.render.text import num
 
 
 @dataclass(frozen=True)

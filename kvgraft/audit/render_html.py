@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvgraft.audit import face
 from kvgraft.audit.checks import KINDS
-from kvgraft.reporting import face
-from kvgraft.reporting.html_parts import HTML_COLOR, as_json, badge, esc, kv_html, table
+from kvgraft.render.html import HTML_COLOR, as_json, badge, esc, kv_html, table
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -2,7 +2,7 @@
 
 A claims file (TOML, `format = "kvgraft-claims"`) lists benchmarks and claims. What is checked for each kind of
 claim, the roles it can be measured by and how a measurement judges it are one entry per kind in
-kvgraft.audit.claim_kinds.KINDS; this module loads and validates claims files and measurements, and runs
+kvgraft.claims.kinds.KINDS; this module loads and validates claims files and measurements, and runs
 the check.
 
 `measure` maps the roles of a claim's kind to keys of a measured-results JSON (a flat object), e.g.
@@ -18,12 +18,12 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
-from kvgraft.audit.claim_kinds import KINDS, ClaimsFile, Finding, References, ValueType
+from kvgraft.claims.kinds import KINDS, ClaimsFile, Finding, References, ValueType
 
 # Callers and tests have always found these here; the arithmetic now lives with the kinds that use it.
-from kvgraft.audit.claim_kinds import fmt as fmt
-from kvgraft.audit.claim_kinds import k_of_n as k_of_n
-from kvgraft.audit.claim_kinds import stated_decimals as stated_decimals
+from kvgraft.claims.kinds import fmt as fmt
+from kvgraft.claims.kinds import k_of_n as k_of_n
+from kvgraft.claims.kinds import stated_decimals as stated_decimals
 from kvgraft.errors import InputError
 from kvgraft.schema import validate
 
@@ -32,7 +32,7 @@ CLAIMS_FORMAT = "kvgraft-claims"
 CHECK_FORMAT = "kvgraft-claims-check"
 MAX_CLAIMS_BYTES = 4 * 1024 * 1024
 METADATA_KEYS = ("note", "source", "format", "format_version")
-# Claim verdicts, most severe first; the report (kvgraft.reporting.report) counts claims by the same words.
+# Claim verdicts, most severe first; the report (kvgraft.report.document) counts claims by the same words.
 CLAIM_VERDICTS = ("contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
 FAILING_CLAIM_VERDICTS = ("contradicted", "inconsistent")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvgraft.reporting.render import num as _num
+from kvgraft.render.text import num as _num
 
 # Heat-map palette, low to high divergence.
 HEAT = ["#fde68a", "#fcbf49", "#f77f00", "#e4572e", "#c1121f", "#780000"]

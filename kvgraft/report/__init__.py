@@ -1,0 +1,1 @@
+"""The audit report: the document (build, validate, verdict) and its signature."""

@@ -1,1 +1,0 @@
-"""Audit reports: building, validating and signing them, rendering them (terminal, HTML), and the renderers' parts."""

@@ -70,7 +70,7 @@ crash-campaign: $(STAMP)
 	$(BIN)/python -m bench.inject_campaign
 
 # Mutation testing (docs/mutation.md; slow: verify.py alone is about 40 minutes on 2 busy cores, every group several
-# hours). First every check named in issue 26 broken by hand, each against the test that must kill it; then mutmut
+# hours). First every named check of the security and verdict core broken by hand, each against the test that must kill it; then mutmut
 # (pinned in the dev extra), one group per module: stats verify integrity release attest signing noise verdict,
 # each with the fast tests that cover it. `make mutate GROUPS="verify integrity"` runs some groups only;
 # `make mutate SAMPLE=100` a uniform sample of 100 mutants per group, scored with a Wilson 95% interval (about
@@ -87,7 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/recompute_overhead.py
 	$(BIN)/python bench/verify.py
 
-# The GPU check (bench/gpu_check.sh; README "GPU check"). The GPU machine reaches no package index, so
+# The GPU check (bench/gpu_check.sh; docs/gpu.md). The GPU machine reaches no package index, so
 # what the check imports beyond that machine's packages (bench/gpu_machine_packages.txt) travels as
 # wheels: exactly these, pinned, for CPython $(GPU_PY) on manylinux x86-64 (abi3 or pure Python where
 # PyPI has them; cffi and rpds-py exist only per Python version). sigstore and gguf are not among them:

@@ -1,4 +1,4 @@
-"""Break each check named in issue 26 on purpose, one at a time, and run the test that must kill it.
+"""Break each named check of the security and verdict core on purpose, one at a time, and run the test that must kill it.
 
 Each mutant replaces one exact piece of source (it must occur exactly once: a check that moved makes
 this script fail loudly instead of passing quietly), runs its killing test, expects it to FAIL, and

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".mutation"
 
 # group -> (files to mutate, mutant names to run (fnmatch patterns; [] = all of them), fast test files that
-# cover them, extra pytest arguments). One group per module the issue names (release/ and signing/ split in
+# cover them, extra pytest arguments). One group per module of the core (release/ and signing/ split in
 # two: the file with the most checks alone), so that each runs only the tests that reach it.
 NO_MODEL = "not smollm2"
 # tests/core/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would

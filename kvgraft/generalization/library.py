@@ -240,7 +240,7 @@ def entry_meta(solved: Solved, capture_prefill_tokens: int, probe_tokens: int, s
         "capture_probe_tokens": probe_tokens,
         "attempts": len(solved.attempts),
         "failed_attempts": solved.failed_attempts,
-        # the definition: tokens generated to obtain the trace plus the prefill tokens of capture
+        # upstream cost: tokens generated to obtain the trace plus the prefill tokens of capture
         "tokens": solved.generated_tokens + capture_prefill_tokens,
         # every token the model processed for this entry
         "tokens_all": solved.generated_tokens + solved.generation_prefill_tokens + capture_prefill_tokens + probe_tokens,

@@ -1,5 +1,5 @@
 """bench/remote.py at a tiny size: it runs, and the bytes its S3 server counts show `verify --entry` reading what
-it needs (within the 5% the issue allows), while fetching the whole release first, the positive control counted
+it needs (within 5%), while fetching the whole release first, the positive control counted
 by the same server, is many times that."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CI checks in README.md and docs/ci-signing.md run as written (on a small synthetic release).
+"""The CI checks in docs/ci-signing.md run as written (on a small synthetic release).
 
 Each shell block after a `<!-- ci-check: NAME -->` marker is run with bash -e in a folder holding
 `release/`, with this environment's kvgraft and model_signing first on PATH. The `pip install` line
@@ -43,8 +43,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def test_every_ci_check_block_is_found() -> None:
-    assert set(blocks(REPO / "docs/ci-signing.md")) == {"oms", "oms-converse", "oms-published", "sample"}
-    assert set(blocks(REPO / "README.md")) == {"readme"}
+    assert set(blocks(REPO / "docs/ci-signing.md")) == {"interop", "oms", "oms-converse", "oms-published", "sample"}
 
 
 @needs_cli
@@ -64,7 +63,7 @@ def test_docs_oms_check_and_converse_run_as_written(workdir: Path) -> None:
 @needs_cli
 @pytest.mark.skipif(not (shutil.which("git") and shutil.which("openssl")), reason="needs git and openssl")
 def test_docs_published_oms_check_runs_as_written(workdir: Path) -> None:
-    """A P-384 Hub signer beside the kvgraft signer, in a git repository with a card, then detached (issue 23)."""
+    """A P-384 Hub signer beside the kvgraft signer, in a git repository with a card, then detached."""
     script = blocks(REPO / "docs/ci-signing.md")["oms-published"]
     r = run(script, workdir)
     assert r.returncode == 0, (r.stdout, r.stderr)
@@ -74,8 +73,8 @@ def test_docs_published_oms_check_runs_as_written(workdir: Path) -> None:
 
 
 @needs_cli
-def test_readme_ci_check_runs_as_written(workdir: Path) -> None:
-    r = run("kvgraft keygen --out release-signer\n" + blocks(REPO / "README.md")["readme"], workdir)
+def test_interop_ci_check_runs_as_written(workdir: Path) -> None:
+    r = run("kvgraft keygen --out release-signer\n" + blocks(REPO / "docs/ci-signing.md")["interop"], workdir)
     assert r.returncode == 0, (r.stdout, r.stderr)
 
 

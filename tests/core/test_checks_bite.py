@@ -1,4 +1,4 @@
-"""Each check of the security and verdict core fails a test when it is broken (issue 26).
+"""Each check of the security and verdict core fails a test when it is broken.
 
 Every test here was run red against a hand-made mutant of the check it names (the list, mutant ->
 test, is in docs/mutation.md). They go through the public API and the release's bytes: a statement

@@ -1,4 +1,4 @@
-"""The package layout: the torch-free core, no upward imports or cycles, one-line module docstrings, the README's map.
+"""The package layout: the torch-free core, no upward imports or cycles, one-line module docstrings, the map in docs/layout.md.
 
 The import contracts live in pyproject.toml ([tool.importlinter]) and are checked with import-linter's
 `lint-imports`; the torch-free core is also checked by importing it where torch cannot be imported.
@@ -81,15 +81,15 @@ def test_every_module_says_its_job_on_its_first_line() -> None:
         assert doc.splitlines()[0].strip(), f"{path.relative_to(ROOT)}: the docstring's first line is empty"
 
 
-def test_readme_layout_matches_the_tree() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_layout_page_matches_the_tree() -> None:
+    text = (ROOT / "docs/layout.md").read_text()
     section = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"kvgraft/[\w/]+\.py", section))
     # every module is on the map (a package's __init__ only where it holds code), and the map names no other
     present = {p.relative_to(ROOT).as_posix() for p in modules() if p.name != "__init__.py" or p.parent == PACKAGE}
-    assert not present - named, f"in the tree, not in the README's Layout: {sorted(present - named)}"
+    assert not present - named, f"in the tree, not in docs/layout.md: {sorted(present - named)}"
     stale = sorted(n for n in named if not (ROOT / n).is_file())
-    assert not stale, f"in the README, not in the tree: {stale}"
+    assert not stale, f"in docs/layout.md, not in the tree: {stale}"
 
 
 def test_the_layers_name_every_package_once_each_on_one_line() -> None:

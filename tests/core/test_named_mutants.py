@@ -25,7 +25,7 @@ def _test_names(path: Path) -> set[str]:
 
 def test_every_anchor_occurs_once_and_every_killing_test_exists() -> None:
     mutants = _mutants()
-    assert len(mutants) >= 17  # the checks issue 26 names
+    assert len(mutants) >= 17  # the named checks of the security and verdict core
     for name, edits, test in mutants:
         for file, old, new in edits:
             assert (ROOT / file).read_text().count(old) == 1, f"{name}: {file} does not hold its anchor once"

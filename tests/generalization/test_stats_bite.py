@@ -1,4 +1,4 @@
-"""generalization.stats against independent references and its exact boundaries (issue 26, `make mutate`).
+"""generalization.stats against independent references and its exact boundaries (`make mutate`).
 
 Each assertion here was added for a mutant mutmut left alive in tests/generalization/test_stats.py's run: messages that
 name the argument, the exact edges of every range check, the bootstrap against a direct resampling,

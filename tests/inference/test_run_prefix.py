@@ -1,5 +1,5 @@
 """`kvgraft run --prefix`: the longest block-aligned prefix of the prompt that an entry starts with is
-grafted, the rest prefilled; what was grafted and the schedule of its rows are reported (issue 21, item 3).
+grafted, the rest prefilled; what was grafted and the schedule of its rows are reported.
 Hit, partial and miss on the transformers path."""
 
 from __future__ import annotations

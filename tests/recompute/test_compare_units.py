@@ -27,7 +27,7 @@ def test_ulp_between_same_sign_normals_counts_steps() -> None:
 
 
 def test_across_zero_and_subnormals_is_no_ulp_figure() -> None:
-    # The case: a tiny difference across zero is ~2e9 ULP apart, which says nothing.
+    # The case that motivated it: a tiny difference across zero is ~2e9 ULP apart, which says nothing.
     stored = torch.tensor([-3.0e-5, 1.0, 1e-40, 2.0, float("inf")], dtype=torch.float32)
     fresh = torch.tensor([4.8e-5, 1.0, 3e-40, 2.0, 1e30], dtype=torch.float32)
     fresh[1] = steps(fresh[1:2], 2)[0]

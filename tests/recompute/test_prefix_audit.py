@@ -1,4 +1,4 @@
-"""Prefix grafts judged by `kvgraft audit recompute --prefix N` (issue 21, item 3).
+"""Prefix grafts judged by `kvgraft audit recompute --prefix N`.
 
 The rows a prefix graft holds are rows [0, n) of the entry's recorded prefill of all T tokens: the
 audit judges them under that schedule (the verdict) and against a prefill of the n tokens alone,
@@ -189,7 +189,7 @@ key = "ephemeral"
     assert "Prefix grafts of 16 tokens" in check["summary"]
 
 
-# ------------------------------------------------------------------ prefix grafts journaled (issue 35 item 5b)
+# ------------------------------------------------------------------ prefix grafts journaled
 
 
 class Interrupt(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""Sliding-window layers stored as their window or with every position (issue 21, item 4).
+"""Sliding-window layers stored as their window or with every position.
 
 Tiny Gemma 3 (sliding and full layers) and Gemma 4 (sliding, full and KV-shared layers), window 8:
 each layout is captured, recorded per layer (`stores`), grafted, and recomputed byte-exact on this

@@ -1,4 +1,4 @@
-"""Hostile releases (issue 13): no traceback, crash signal, hang or spoofed line; nothing grafted from a
+"""Hostile releases: no traceback, crash signal, hang or spoofed line; nothing grafted from a
 release `kvgraft verify` refuses; strict bundles; every predicate member checked against the manifest."""
 
 from __future__ import annotations

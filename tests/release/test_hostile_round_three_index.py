@@ -160,7 +160,7 @@ def test_verify_weighs_the_prefix_records_against_the_entries_blocks_before_read
 def test_prefix_lookups_hold_pages_of_the_prefix_index_not_the_file(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The prefix index is hashed in one pass and searched a page at a time: what stays in memory is bounded by the
-    page cache, not by the file (the issue's 1.5 GiB file took 3.5 GB). Every lookup still finds its entry, and a
+    page cache, not by the file (a 1.5 GiB file once took 3.5 GB). Every lookup still finds its entry, and a
     page changed after the pass is refused when it is read again."""
     root = tmp_path / "many"
     make_many(root, entries=64, tokens=3200)  # 200 blocks an entry: 12,800 records, 512,000 bytes

@@ -1,6 +1,6 @@
-"""Hostile releases, round two (issue 23): sizes bounded before arithmetic, UTF-8-only JSON, numbers in
+"""Hostile releases, round two: sizes bounded before arithmetic, UTF-8-only JSON, numbers in
 messages capped, every filesystem call on a release path guarded. Each test reproduces one finding of
-the issue's second campaign (exit 70, or work proportional to a hostile header, before the fix)."""
+the second campaign (exit 70, or work proportional to a hostile header, before the fix)."""
 
 from __future__ import annotations
 

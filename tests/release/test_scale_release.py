@@ -1,4 +1,4 @@
-"""The indexed release (format 2) and verification at the cost of what is used (issue 21).
+"""The indexed release (format 2) and verification at the cost of what is used.
 
 Bytes read are counted through the OS calls every kvgraft reader uses (os.pread, os.preadv, os.read
 on descriptors from os.open), per file: no timing.

@@ -1,4 +1,4 @@
-"""Strings from a release, a bundle, a report or a plan are printed as text, never as markup (issue 23).
+"""Strings from a release, a bundle, a report or a plan are printed as text, never as markup.
 
 One hostile string (a markup closing tag, a concealing tag, ANSI escapes, a newline) is planted in every
 string field a release carries: entry ids, source text, answer, meta, and every environment string

@@ -1,5 +1,5 @@
-"""Seeded fuzzing of `kvgraft verify --key` on a small signed release (issue 13): bit flips, truncations,
-extensions, swaps and deletions in every file; and (issue 23) same-size entry headers stating too many
+"""Seeded fuzzing of `kvgraft verify --key` on a small signed release: bit flips, truncations,
+extensions, swaps and deletions in every file; and same-size entry headers stating too many
 dimensions or a product of thousands of digits, JSON re-encoded as UTF-16/32 or behind a BOM, a path
 longer than PATH_MAX, file names holding markup, ESC or a newline. Every mutated release must be refused
 with exit 1 or 2, one plain line on stderr, no traceback, and no crash signal; the positive control,
@@ -48,7 +48,7 @@ deadline = time.monotonic() + seconds
 
 def mutate(root):
     kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "swap", "delete", "flip-many",
-                       # issue 23: sizes, encodings, paths, markup; and ignored repository metadata (exit 0)
+                       # round two: sizes, encodings, paths, markup; and ignored repository metadata (exit 0)
                        "header-rank", "header-elements", "reencode", "deep-path", "hostile-name", "git-metadata"])
     name = rng.choice(files)
     path = root / name
@@ -145,7 +145,7 @@ for i in range(cases):
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("fuzz")
     private, public = keys.write_keypair(folder / "k")
-    # Entries of 64 KiB: room for a same-size header with tens of thousands of dimensions (issue 23).
+    # Entries of 64 KiB: room for a same-size header with tens of thousands of dimensions.
     make_release(folder / "rel", entries=3, layers=2, heads=4, tokens=64, head_dim=16, seed=SEED)
     sign.sign_release(folder / "rel", keys.load_private_key(private))
     return folder / "rel", public

@@ -1,4 +1,4 @@
-"""OpenSSF model signing as releases are really published (issue 23): P-384 keys, a release kept in a git
+"""OpenSSF model signing as releases are really published: P-384 keys, a release kept in a git
 or Hugging Face Hub repository, a detached signature, and two signers (the kvgraft bundle by one key,
 model.sig by another). Signatures are made by the `model_signing` CLI itself (skipped, saying so, where
 it is not installed: `make install` installs it, the `oms` extra)."""

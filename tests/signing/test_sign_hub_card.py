@@ -1,4 +1,4 @@
-"""`kvgraft sign` on a folder holding a Hugging Face card (README.md beside manifest.json), issue 35 item 5.
+"""`kvgraft sign` on a folder holding a Hugging Face card (README.md beside manifest.json).
 
 Was: "files differ from the manifest: not part of the release: README.md", where `model_signing sign`
 signs the card. Now an ECDSA key signs it as model_signing does (model.sig lists every file of the folder;

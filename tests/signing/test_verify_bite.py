@@ -47,7 +47,7 @@ def test_describe_says_what_was_checked(rel: Path, ecdsa: tuple[Path, Path]) -> 
     sign.sign_release(rel, keys.load_private_key(ecdsa[0]))
     assert verify_release(rel).signature.describe() == \
         "not checked: pass --key or --certificate-identity/--certificate-oidc-issuer"
-    # Two signature files: which verified with which key (issue 23).
+    # Two signature files: which verified with which key.
     assert verify_release(rel, key=ecdsa[1]).signature.describe() == \
         f"verified: {attest.BUNDLE_NAME} verified with key {_kid(ecdsa[1])}; {attest.OMS_NAME} verified with key {_kid(ecdsa[1])}"
     (rel / attest.BUNDLE_NAME).unlink()

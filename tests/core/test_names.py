@@ -1,0 +1,76 @@
+"""Names in the documents and schemas point at something real: every `kvgraft.X` name imports, every repository
+path cited exists, and no document cites a file outside the repository."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "schemas").glob("*.json")),
+             ROOT / "bench/RESULTS.md"]
+DOTTED = re.compile(r"(?<![\w/.-])kvgraft(?:\.[A-Za-z_]\w*)+")
+# Not module names: the attestation's URI host, mutmut's generated mutant names (docs/mutation.md).
+NOT_NAMES = re.compile(r"kvgraft\.dev\b|\.x_\w*")
+# Paths inside the repository as documents cite them (in backticks or as a link target).
+CITED = re.compile(r"(?:`|\]\()((?:kvgraft|docs|bench|tests|schemas|audit|mutation|manifests)/[\w./-]*\w)")
+# Patterns and placeholders, not files: globs, a RELEASE/… layout, the wheel folder built by `make gpu-wheels`.
+NOT_FILES = re.compile(r"[*]|[A-Z]{3,}|bench/wheels/|tests/<|out/")
+OUTSIDE = re.compile(r"\.\./shared/(?!fixtures)\w+|/work/[\w/.-]*\w")  # ../shared/fixtures: the optional test data
+
+
+def resolves(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        module = ".".join(parts[:i])
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            continue
+        if spec is None:
+            continue
+        if i == len(parts):
+            return True
+        try:
+            obj = importlib.import_module(module)
+        except ImportError:  # kvgraft.vllm.connector needs vLLM: the module is there, its names cannot be looked up
+            return True
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def dead_names(text: str) -> list[str]:
+    return sorted({n.rstrip(".") for n in DOTTED.findall(text) if not NOT_NAMES.search(n) and not resolves(n.rstrip("."))})
+
+
+def missing_paths(text: str) -> list[str]:
+    return sorted({p for p in CITED.findall(text) if not NOT_FILES.search(p) and not (ROOT / p.split("#")[0]).exists()})
+
+
+def test_every_kvgraft_name_in_documents_and_schemas_imports() -> None:
+    found = {d.relative_to(ROOT).as_posix(): dead_names(d.read_text()) for d in DOCUMENTS}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_every_repository_path_a_document_cites_exists() -> None:
+    found = {d.relative_to(ROOT).as_posix(): missing_paths(d.read_text()) for d in DOCUMENTS}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_no_document_cites_a_file_outside_the_repository() -> None:
+    found = {d.relative_to(ROOT).as_posix(): OUTSIDE.findall(d.read_text()) for d in DOCUMENTS}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_checks_find_what_is_planted() -> None:
+    assert dead_names("see kvgraft.prefix_audit and kvgraft.report.compute_verdict") == [
+        "kvgraft.prefix_audit", "kvgraft.report.compute_verdict"]
+    assert dead_names("kvgraft.recompute.prefix, kvgraft.report.document.compute_verdict, kvgraft.dev/x") == []
+    assert missing_paths("`docs/no-such-page.md` and [x](bench/RESULTS.md)") == ["docs/no-such-page.md"]
+    assert OUTSIDE.findall("../shared/DESIGN.md, /work/x, ../shared/fixtures/sigstore/") == ["../shared/DESIGN", "/work/x"]

@@ -13,7 +13,7 @@ weights decide neither the verdict machinery nor the throughput; accuracy figure
       it two controls on the same device: one planted element (must be inconsistent) and a benign
       chunked rerun (must not be);
   (b) the same captured on the device machine's CPU, recomputed on the GPU (float32 with TF32 off, on;
-      bfloat16): verdict and max share of the envelope (|diff| / allowed; over 1 is outside);
+      bfloat16): verdict and max share of the noise bound (|diff| / allowed; over 1 is outside);
   (c) the 12B-class model at each --lengths: prefill tokens/s, recompute-audit tokens/s (the whole
       `recompute.audit`: verify, prefill, compare, probe, graft, natural contrast), and the projected
       time to audit the preprint's library in full and by a sample bounding failing entries at 1%;
@@ -162,7 +162,7 @@ def audit_row(rel: Path, lm: models.LoadedModel, require: str, device: str, **op
     return {"verdict": res["verdict"], "byte_exact": sum(e["byte_exact"] for e in es), "entries": len(es),
             "max_excess": max(e["max_excess"] for e in es), "kl_max": max(e["matched"]["kl_max"] for e in es),
             "not_replayed": sorted(res["conditions"]["not_replayed"]), "passed": res["passed"], "seconds": secs,
-            "envelope_seconds": sum(e["seconds"]["envelope"] for e in es),
+            "noise_bound_seconds": sum(e["seconds"]["noise_bound"] for e in es),
             "tokens": sum(e["num_tokens"] for e in es)}
 
 
@@ -415,7 +415,7 @@ def library_rates(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, 
     r = max(measured, key=lambda r: r["tokens"])
     audit_s = 1.5 * args.library_entry_tokens / r["audit_tokens_per_s"]
     overhead = 1.5 * statistics.median(r["audit_seconds"])
-    # The control's audit also measures the envelope (about 4 more prefills) and rewrites one entry file.
+    # The control's audit also measures the noise bound (about 4 more prefills) and rewrites one entry file.
     return {"from": f"(c) at {r['tokens']} tokens, x1.5", "entry_audit": audit_s, "overhead": overhead,
             "control": overhead + 5 * audit_s + 2 * write_s,
             "entry_capture": 1.5 * max(r["capture_seconds"] * entry_bytes / r["kv_bytes"], write_s)}
@@ -562,7 +562,7 @@ def markdown(res: dict[str, Any]) -> str:
         lines += [f"### {title}", "",
                   f"Tiny random models of tests/tiny.py (seed {res['seed']}); identity = sha256 of those weights, "
                   "tokenizer and config.", "",
-                  "| family | captured | recomputed | verdict | byte-exact entries | max share of envelope | "
+                  "| family | captured | recomputed | verdict | byte-exact entries | max share of the noise bound | "
                   "conditions not replayed | seconds | identity |", "|---|---|---|---|---|---|---|---|---|"]
         for r in tiny_rows:
             if r.get("part") != part and not (part == "a" and r.get("part") in ("build", "capture", None)):
@@ -674,7 +674,7 @@ def library_markdown(res: dict[str, Any]) -> list[str]:
     if c and "verdict" in c:
         lines += ["", f"Positive control: entry {c['entry']} (the first sampled), {c['tensor']} element {c['element']} "
                   f"set from {c['old']:.4g} to {c['new']:.4g}, every commitment rewritten, audited alone: {c['verdict']} "
-                  f"(expect {c['expect']}: {'met' if c['failing'] else 'NOT MET'}); max share of envelope "
+                  f"(expect {c['expect']}: {'met' if c['failing'] else 'NOT MET'}); max share of the noise bound "
                   f"{c['max_excess']:.3g}, {c['seconds']:.1f} s."]
     elif c:
         lines += ["", f"Positive control: {c.get('error') or c.get('skipped')}"]
@@ -751,7 +751,7 @@ def steps(args: argparse.Namespace, device: str, state: dict[str, Any], res: dic
                                                               f"{rates['entry_audit']:.2f} s ({rates['from']})")
 
     def control_estimate(left: float) -> tuple[float, str]:
-        return library_rates(args, state)["control"], ("an audit's fixed cost + 5 entry audits (it measures an envelope) "
+        return library_rates(args, state)["control"], ("an audit's fixed cost + 5 entry audits (it measures a noise bound) "
                                                        "+ 2 writes of the entry")
 
     def tiny_step(family: str) -> plan.Step:

@@ -4,7 +4,7 @@ Run: .venv/bin/python bench/sensitivity.py [--elements 10] [--out bench/sensitiv
      [--model SPEC --records apples,train --long-tokens 300 --weights-layer 10]   (a tiny model: tests/bench)
 
 Every case is a release on disk audited by `recompute.audit` exactly as `kvgraft audit recompute`
-would (recorded conditions replayed, envelope measured on this machine, `--require consistent`):
+would (recorded conditions replayed, noise bound measured on this machine, `--require consistent`):
 - benign: states computed under another attention kernel, chunking, thread count or batch shape,
   relabelled as the recorded conditions (every commitment rewritten): must be `consistent`;
 - planted: one element scaled by 1 + r (r = 1, 1e-2, 1e-4, 1e-6) at random elements, two ways of
@@ -13,7 +13,7 @@ would (recorded conditions replayed, envelope measured on this machine, `--requi
   original ids;
 - weights: one layer's weights scaled by 1 + s while the model keeps its name (audited with force);
 - another model: the same architecture with freshly initialised weights.
-Also leave-one-out over the benign perturbations: the envelope measured without the perturbation
+Also leave-one-out over the benign perturbations: the noise bound measured without the perturbation
 that made the states, in units of row noise (what the constant FACTOR has to exceed).
 TOPLOC's tolerance check (top-128 by magnitude per tensor, bf16: exponent matches >= 90, mantissa
 error mean <= 10, median <= 8) is applied to the same stored/fresh tensors.
@@ -83,7 +83,7 @@ def audit(rel: Path, lm: models.LoadedModel, force: bool = False) -> dict[str, A
     out = worst.get("outside") or {}
     return {"verdict": result["verdict"], "max_excess": worst["max_excess"],
             "where": out.get("worst") or out.get("layout") or out.get("shape"),
-            "envelope_s": sum(x["seconds"]["envelope"] for x in e), "toploc": toploc_release(rel, lm)}
+            "noise_bound_s": sum(x["seconds"]["noise_bound"] for x in e), "toploc": toploc_release(rel, lm)}
 
 
 def states_under(lm: models.LoadedModel, ids: list[int], how: str) -> dict[str, torch.Tensor]:
@@ -150,7 +150,7 @@ def main() -> None:
         case("control", f"{rec['id']}: unchanged", out)
 
     # Benign relabels, audited as recorded, and leave-one-out in units of row noise.
-    # The first five are perturbations the envelope is calibrated with (left out one at a time below);
+    # The first five are perturbations the noise bound is calibrated with (left out one at a time below);
     # token-by-token prefill (matrix-vector kernels) and chunks of 16 are never part of a calibration.
     benign = ["eager attention", "1 thread", "chunks of 64", "row 0 of a left-padded batch of 4",
               "chunks of 16", "chunks of 1", "eager attention, chunks of 1"]

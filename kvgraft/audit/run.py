@@ -59,13 +59,13 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
     from kvgraft.generalization import library
 
     lib = spec["library"]
-    say(f"building a verified-solution library from {lib['source']}")
+    say(f"building a solution library from {lib['source']}")
     problems, source = library.load_problems(lib["source"], lib.get("limit"))
     built = library.build(lm, problems, target, library_fraction=lib.get("library_fraction", 0.5),
                           salt=lib.get("salt", "kvgraft"), source=source, schedule=schedule,
                           settings=library.BuildSettings(attempts=lib.get("attempts", 0), generate=lib.get("attempts", 0) > 0),
                           probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
-    return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unverified")}}
+    return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unsolved")}}
 
 
 def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
@@ -132,9 +132,9 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     build = release_info.get("build")
     if build:
         c, t = build["counts"], build["totals"]
-        ctx.ledger["library"] = (f"{c['reference'] + c['model']} verified entries, {t['entry_tokens']:,} tokens "
+        ctx.ledger["library"] = (f"{c['reference'] + c['model']} solved entries, {t['entry_tokens']:,} tokens "
                                  f"({c['reference']} reference traces, {c['model']} model-generated, "
-                                 f"{c['unverified']} unverified); upstream cost {t['upstream_tokens']:,} tokens")
+                                 f"{c['unsolved']} unsolved); upstream cost {t['upstream_tokens']:,} tokens")
     checks: list[dict[str, Any]] = []
     for name, kind in KINDS.items():  # in the registry's order: claims read what recompute measured
         settings = plan.check(name)

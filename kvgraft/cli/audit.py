@@ -62,8 +62,8 @@ def recompute_cmd(
     attn: Annotated[str | None, typer.Option("--attn", help="Override the recorded attention kernel (eager, sdpa).")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="Override the recorded torch thread count.")] = None,
     require: Annotated[str, typer.Option("--require", help="exact: every entry byte-exact (the preprint's claim); "
-                                                           "consistent: byte-exact or inside the measured noise "
-                                                           "envelope.")] = "exact",
+                                                           "consistent: byte-exact or inside the noise bound "
+                                                           "measured here.")] = "exact",
     entry: Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="Audit only this entry "
                                                                                        "(repeatable).")] = None,
     probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
@@ -97,11 +97,11 @@ def recompute_cmd(
                          "and the vLLM connector graft): under its recorded schedule, and against a prefill of the N "
                          "tokens alone.")] = None,
 ) -> None:
-    """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by envelope.
+    """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by the noise bound.
 
     Replays the recorded conditions (device where present, dtype, attention, threads, deterministic
     flags, schedule); options override one and are recorded as overrides. Each entry is byte-exact,
-    consistent (inside the noise envelope measured here) or inconsistent. Exit 0 when the --require
+    consistent (inside the noise bound measured here) or inconsistent. Exit 0 when the --require
     is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
     --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
     With --out (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun

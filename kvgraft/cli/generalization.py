@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 library_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
-                          help="Build verified-solution libraries (cache releases of checked traces).")
+                          help="Build solution libraries: cache releases of traces whose final answer was checked.")
 app.add_typer(library_app, name="library")
 
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]
@@ -72,10 +72,10 @@ def build_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")]
     = False,
 ) -> None:
-    """Verify a solution trace for each library problem against its answer and capture the verified ones.
+    """Verify a solution trace for each library problem against its answer and capture the solved ones.
 
     The reference solution when the source has one (accepted only if the answer checker agrees), else
-    the model's greedy and then sampled generations. Problems without a verified trace are listed.
+    the model's greedy and then sampled generations. Problems without a solved trace are listed.
     """
     from kvgraft._internal.jsonio import check_writable, refuse_existing
     from kvgraft.errors import InputError
@@ -107,7 +107,7 @@ def build_cmd(
             out.print(r)
     else:
         c = result["counts"]
-        out.print(f"{c['reference'] + c['model']} verified entries, {c['unverified']} unverified → {out_dir}")
+        out.print(f"{c['reference'] + c['model']} solved entries, {c['unsolved']} unsolved → {out_dir}")
 
 
 @audit_app.command("generalization")

@@ -1,9 +1,9 @@
-"""The generalization audit: does grafting a verified solution help on problems it does not solve?
+"""The generalization audit: does grafting a solved problem's solution help on problems it does not solve?
 
 Conditions, on the same queries with the same decoding (greedy unless `samples` > 1):
 
 - ``none``  (a) no graft: the query prompt alone;
-- ``own``   (b) graft of the query's own verified solution from the library (replay);
+- ``own``   (b) graft of the query's own solution from the library (replay);
 - ``other`` (c) graft of the nearest OTHER library entry (generalization); entries of the query's own
   problem are excluded by problem id and by problem hash;
 - ``own_text`` / ``other_text`` (d) the grafted entry's token ids given as plain prompt tokens instead:
@@ -288,7 +288,7 @@ def prepare(release: Release, *, source: str | None = None, limit: int | None = 
 
     Source, fraction and salt default to what the library's entries recorded at build time, and so does
     the limit when the source is the library's.
-    Returns (queries, plan record) where the record lists library problems with no verified entry.
+    Returns (queries, plan record) where the record lists library problems with no entry (unsolved).
     """
     lib = Library(release)
     recorded = lib.entries[0]["meta"].get("split", {}) if lib.entries else {}
@@ -315,7 +315,7 @@ def prepare(release: Release, *, source: str | None = None, limit: int | None = 
     have = {e["meta"]["problem_id"] for e in lib.entries}
     missing = [p.id for p in library if p.id not in have]
     if missing:
-        notes.append(f"{len(missing)} library problem(s) have no verified trace in the library and get no replay "
+        notes.append(f"{len(missing)} library problem(s) have no solved trace in the library and get no replay "
                      f"condition: {', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
     queries = [Query(p, "library") for p in library] + [Query(p, "held_out") for p in held_out]
     synth: list[Problem] = []
@@ -534,7 +534,7 @@ def _ledger(lib: Library, results: Sequence[dict[str, Any]], by: dict[tuple[str,
                               else "decode tokens of condition a (no graft) on the same query"),
                    "per_query": settings.budget},
         "definitions": {
-            "upstream_tokens": "tokens generated to obtain the verified trace (failed attempts included) + prefill "
+            "upstream_tokens": "tokens generated to obtain the solved trace (failed attempts included) + prefill "
                                "tokens of its capture",
             "upstream_tokens_all": "upstream_tokens + prompt tokens prefilled for generation attempts + capture probe tokens",
             "upstream_tokens_attributed": "sum over runs of the grafted entry's upstream_tokens (an entry used twice "

@@ -1,4 +1,4 @@
-"""The verified-solution library: one solution trace per library problem, checked against its answer, captured.
+"""The solution library: one solution trace per library problem whose final answer was checked (solved), captured.
 
 For each problem of the library split (`problems.split`) a trace is obtained and accepted only when
 `answers.check` on it agrees with the gold answer:
@@ -12,7 +12,7 @@ Every accepted trace is captured with `capture.capture` (answer = gold). Each en
 the problem (id, hash, text, source), whether the trace is the reference or model-generated, the
 split it came from and its upstream cost: tokens generated to obtain the trace (failed attempts
 included), the prompt tokens prefilled for those attempts, and the prefill tokens of the capture.
-Problems without a verified trace are returned in the build result, never dropped silently.
+Problems without a solved trace are returned in the build result, never dropped silently.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Solved:
     """The outcome of `solve` for one problem."""
 
     problem: Problem
-    verified: bool
+    solved: bool  # a trace whose final answer equals the problem's
     trace: str | None
     trace_kind: str | None  # "reference" | "model" | None
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -170,7 +170,7 @@ class Solved:
 
     def as_dict(self) -> dict[str, Any]:
         return {"problem_id": self.problem.id, "problem_hash": problems.problem_hash(self.problem.problem),
-                "source": self.problem.source, "verified": self.verified, "trace_kind": self.trace_kind,
+                "source": self.problem.source, "solved": self.solved, "trace_kind": self.trace_kind,
                 "attempts": self.attempts, "failed_attempts": self.failed_attempts,
                 "generated_tokens": self.generated_tokens, "generation_prefill_tokens": self.generation_prefill_tokens,
                 "seconds": self.seconds, "energy": self.energy}
@@ -178,7 +178,7 @@ class Solved:
 
 def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSettings(), *,
           schedule: Schedule | None = None, check: Checker = answers.check) -> Solved:
-    """A verified trace for one problem, or none; every attempt and every generated token is recorded.
+    """A solved trace for one problem, or none; every attempt and every generated token is recorded.
 
     A pure function of (problem, model, settings): sampled attempts use generators seeded from
     (settings.seed, problem id, attempt number).
@@ -195,8 +195,8 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
                              "prefill_tokens": 0, "extracted": answers.extract_answer(trace), "correct": ok,
                              "stop": None})
             if ok:
-                result.verified, result.trace, result.trace_kind = True, trace, TRACE_REFERENCE
-        if not result.verified and settings.generate:
+                result.solved, result.trace, result.trace_kind = True, trace, TRACE_REFERENCE
+        if not result.solved and settings.generate:
             prompt = prompt_text(problem.problem)
             ids = encode(lm, prompt, add_special_tokens=schedule.add_special_tokens)
             eos = eos_ids(lm)
@@ -215,7 +215,7 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
                                  "generated_tokens": len(out.token_ids), "prefill_tokens": len(ids),
                                  "extracted": answers.extract_answer(out.text), "correct": ok, "stop": out.stop})
                 if ok:
-                    result.verified, result.trace, result.trace_kind = True, prompt + out.text, TRACE_MODEL
+                    result.solved, result.trace, result.trace_kind = True, prompt + out.text, TRACE_MODEL
                     break
     result.seconds = time.perf_counter() - t0
     assert meter.result is not None
@@ -262,10 +262,10 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
           salt: str = "kvgraft", source: dict[str, Any] | None = None, settings: BuildSettings = BuildSettings(),
           schedule: Schedule | None = None, probe_tokens: int = 0, overwrite: bool = False,
           check: Checker = answers.check, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Split, solve each library problem, capture the verified traces into a release at `out`.
+    """Split, solve each library problem, capture the solved traces into a release at `out`.
 
-    Returns the build result: the split, the verified entries with their upstream cost, the
-    unverified problems with every attempt made, totals, and the release's root digest.
+    Returns the build result: the split, the solved problems' entries with their upstream cost, the
+    unsolved problems with every attempt made, totals, and the release's root digest.
     """
     schedule = schedule or Schedule()
     library, held_out, record = problems.split(all_problems, library_fraction, salt)
@@ -283,7 +283,7 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
                 progress(i + 1, total)
         records: list[tuple[str, dict[str, Any]]] = []
         for s in solved:
-            if not s.verified or s.trace is None:
+            if not s.solved or s.trace is None:
                 continue
             where = f"library:{s.problem.id}"
             ids, _ = capture_tokenize(lm, {"text": s.trace}, schedule, where)
@@ -292,16 +292,16 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
             records.append((where, rec))
         if not records:
             names = ", ".join(s.problem.id for s in solved[:10])
-            raise InputError(f"no library problem has a verified trace ({names}); nothing to capture")
+            raise InputError(f"no library problem has a solved trace ({names}); nothing to capture")
         manifest = capture_release(lm, records, out, schedule=schedule, probe_tokens=probe_tokens, overwrite=overwrite)
     if progress:
         progress(total, total)
     assert meter.result is not None
     entries = manifest["entries"]
     up = [e["meta"]["upstream"] for e in entries]
-    verified = [{"problem_id": e["meta"]["problem_id"], "entry_id": e["id"], "trace": e["meta"]["trace"],
+    in_library = [{"problem_id": e["meta"]["problem_id"], "entry_id": e["id"], "trace": e["meta"]["trace"],
                  "num_tokens": e["num_tokens"], "upstream": e["meta"]["upstream"]} for e in entries]
-    unverified = [s.as_dict() for s in solved if not s.verified]
+    unsolved = [s.as_dict() for s in solved if not s.solved]
     return {
         "kind": BUILD_KIND,
         "release": {"path": str(out), "root_digest": manifest["root_digest"]},
@@ -312,16 +312,16 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
         "schedule": schedule.as_dict(),
         "library": len(library),
         "held_out": len(held_out),
-        "verified": verified,
-        "unverified": unverified,
-        "counts": {"reference": sum(1 for v in verified if v["trace"] == TRACE_REFERENCE),
-                   "model": sum(1 for v in verified if v["trace"] == TRACE_MODEL), "unverified": len(unverified)},
+        "solved": in_library,
+        "unsolved": unsolved,
+        "counts": {"reference": sum(1 for v in in_library if v["trace"] == TRACE_REFERENCE),
+                   "model": sum(1 for v in in_library if v["trace"] == TRACE_MODEL), "unsolved": len(unsolved)},
         "totals": {
             "entry_tokens": sum(e["num_tokens"] for e in entries),
             "upstream_tokens": sum(u["tokens"] for u in up),
             "upstream_tokens_all": sum(u["tokens_all"] for u in up),
-            "generated_tokens": sum(s.generated_tokens for s in solved),  # unverified problems' attempts included
-            "generated_tokens_verified": sum(u["generated_tokens"] for u in up),
+            "generated_tokens": sum(s.generated_tokens for s in solved),  # unsolved problems' attempts included
+            "generated_tokens_solved": sum(u["generated_tokens"] for u in up),
             "failed_attempts": sum(s.failed_attempts for s in solved),
             "seconds": time.perf_counter() - t0,
         },

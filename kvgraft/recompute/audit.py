@@ -288,14 +288,14 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     return {
         "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": judged["byte_exact"],
         "verdict": judged["verdict"], "conditions_differ": differing,
-        "outside": judged["outside"], "envelope": measured[0].as_dict() if measured else None,
+        "outside": judged["outside"], "noise_bound": measured[0].as_dict() if measured else None,
         "max_excess": judged["max_excess"], "tensors_equal": judged["tensors_equal"], "tensors": judged["tensors"],
         "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
         "first_difference": judged["first_difference"], "layers": rows, "probe_token_ids": probe,
         "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
         "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
         "seconds": {"prefill": t_prefill, "compare": t_compare,
-                    "envelope": measured[0].seconds if measured else 0.0, "total": time.perf_counter() - t0},
+                    "noise_bound": measured[0].seconds if measured else 0.0, "total": time.perf_counter() - t0},
     }
 
 
@@ -365,7 +365,7 @@ def prefix_statement(grafts: dict[str, Any]) -> str:
     return (f"Prefix grafts of {grafts['tokens']} tokens (rows [0, {grafts['tokens']}) of each entry's recorded "
             f"prefill), judged under that schedule: {counts['byte-exact']} byte-exact, {counts['consistent']} "
             f"consistent, {counts['inconsistent']} inconsistent of {len(judged)}; against a prefill of the prefix "
-            f"alone: {alone['byte-exact']} byte-identical, {alone['consistent']} inside its noise envelope, "
+            f"alone: {alone['byte-exact']} byte-identical, {alone['consistent']} inside its noise bound, "
             f"{alone['inconsistent']} outside{skipped}.")
 
 
@@ -386,21 +386,21 @@ def verdict_statement(result: dict[str, Any]) -> str:
     where = "; ".join(parts) if parts else "every recorded condition replayed"
     verdict = result["verdict"]
     meaning = {"byte-exact": "every SHA-256 equal",
-               "consistent": "bytes differ, every difference inside the measured noise envelope of the same computation",
-               "inconsistent": "some difference lies outside the envelope: not the same computation"}[verdict]
+               "consistent": "bytes differ, every difference inside the measured noise bound of the same computation",
+               "inconsistent": "some difference lies outside the noise bound: not the same computation"}[verdict]
     located = []
     for e in entries:
         w = (e.get("outside") or {}).get("worst")
         if w:
             at = ", ".join(f"{k} {w[k]}" for k in ("head", "position", "dim") if k in w)
             located.append(f"{e['id']}: layer {w['layer']} {w['tensor']} ({at}) |diff| {w['abs_diff']:.3g} is "
-                           f"{w['excess']:.3g}x the envelope")
+                           f"{w['excess']:.3g}x the noise bound")
         elif e.get("outside"):
             located.append(f"{e['id']}: " + "; ".join(e["outside"]["layout"] + e["outside"]["shape"]))
     return (f"Verdict {verdict} ({meaning}) on {machine}, {where}: {counts['byte-exact']} byte-exact, "
             f"{counts['consistent']} consistent, {counts['inconsistent']} inconsistent of {len(entries)} entries; "
             f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}."
-            + (" Outside the envelope: " + "; ".join(located) + "." if located else ""))
+            + (" Outside the noise bound: " + "; ".join(located) + "." if located else ""))
 
 
 REQUIREMENTS = ("exact", "consistent")

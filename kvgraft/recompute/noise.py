@@ -1,6 +1,6 @@
 """The numerical-noise bound of one computation, measured on this machine, and the three verdicts.
 
-(Results and the face call it the noise "envelope", JSON key `envelope`; in the code that word means DSSE only.)
+(Results, help and reports call it the noise bound too: JSON key `noise_bound`.)
 
 Stored KV states that differ from a fresh recompute in bytes are either the same computation run with
 other kernels (another CPU, thread count, chunking, attention kernel, engine) or a different one
@@ -141,7 +141,7 @@ class NoiseBound:
 def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
               only: set[str] | None = None, skip: set[str] | None = None,
               digests: dict[str, str] | None = None, every: frozenset[int] = frozenset()) -> NoiseBound:
-    """Measure the envelope of `reference` (the replayed recompute) from benign reruns of `ids`.
+    """Measure the noise bound of `reference` (the replayed recompute) from benign reruns of `ids`.
 
     Reused for the same model object, conditions, tokens, schedule and reference bytes (the same
     computation gives the same bound; entries of the same length but other tokens do not, since

@@ -6,10 +6,10 @@ is rows [0, n) of the entry's recorded prefill of all T tokens. Kernel blocking 
 the recorded conditions:
 
 - under the schedule that made them: rows [0, n) of a fresh prefill of the T tokens: byte-exact
-  where they are bit for bit, else judged against the noise envelope of that computation
+  where they are bit for bit, else judged against the noise bound of that computation
   (kvgraft.recompute.noise): consistent or inconsistent. This is the graft's claim, and its verdict;
 - against a fresh prefill of the n tokens alone, what a prefix graft stands in for: byte-exact
-  where the schedule makes them byte-identical, else judged against the envelope of the n-token
+  where the schedule makes them byte-identical, else judged against the noise bound of the n-token
   computation. A difference inside it is the schedule's and is recorded, not a failure; one outside
   it makes the verdict inconsistent (the rows are not the prefix's computation).
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int,
-             envelope: Callable[[], NoiseBound]) -> dict[str, Any]:
-    """Rows [0, n) against fresh tensors' rows [0, n): bit for bit, then (on a difference) by envelope."""
+             bound: Callable[[], NoiseBound]) -> dict[str, Any]:
+    """Rows [0, n) against fresh tensors' rows [0, n): bit for bit, then (on a difference) by the noise bound."""
     first: str | None = None
     first_outside: str | None = None
     worst_abs, differing, outside, max_excess = 0.0, 0, 0, 0.0
@@ -58,7 +58,7 @@ def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: i
         first = first or name
         worst_abs = max(worst_abs, d.max_abs)
         differing += d.differing
-        j = judge(rows[name], f, envelope().allowed(name, fresh[name])[:, :, :n, :])
+        j = judge(rows[name], f, bound().allowed(name, fresh[name])[:, :, :n, :])
         outside += j.outside
         max_excess = max(max_excess, j.max_excess)
         if j.outside and first_outside is None:
@@ -74,7 +74,7 @@ def _comparison_verdict(first_differing: str | None, outside: int) -> str:
 
 def graft_verdict(under: dict[str, Any], against: dict[str, Any]) -> str:
     """The graft's verdict from its two comparisons: the recorded schedule's is its claim; a difference from
-    the prefix alone inside that envelope is the schedule's, one outside it is not the prefix's computation.
+    the prefix alone inside that noise bound is the schedule's, one outside it is not the prefix's computation.
     The same function judges a fresh graft and re-judges one read back from a journal."""
     return worst([under["verdict"], "inconsistent" if against["verdict"] == "inconsistent" else "byte-exact"])
 
@@ -96,13 +96,13 @@ def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
         _, fresh_whole = layer_map(lm, whole)
         alone, _ = prefill(lm, ids[:n], schedule, new_cache(lm, every))
         _, fresh_alone = layer_map(lm, alone)
-    envelopes: dict[str, NoiseBound] = {}
+    bounds: dict[str, NoiseBound] = {}
 
     def measured(key: str, tokens: list[int], reference: dict[str, torch.Tensor]) -> Callable[[], NoiseBound]:
         def get() -> NoiseBound:  # measured only when some row differs
-            if key not in envelopes:
-                envelopes[key] = calibrate(lm, tokens, schedule, reference, every=every)
-            return envelopes[key]
+            if key not in bounds:
+                bounds[key] = calibrate(lm, tokens, schedule, reference, every=every)
+            return bounds[key]
         return get
 
     under = _compare(rows, fresh_whole, n, measured("whole", ids, fresh_whole))
@@ -115,7 +115,7 @@ def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
         "verdict": verdict, "byte_exact": under["byte_exact"],
         "under_recorded_schedule": under,
         "against_prefix_alone": against,
-        "envelopes": {k: e.as_dict() for k, e in envelopes.items()},
+        "noise_bounds": {k: e.as_dict() for k, e in bounds.items()},
     }
 
 

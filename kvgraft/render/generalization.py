@@ -194,42 +194,42 @@ def renderables(result: dict[str, Any], console: Console) -> list[RenderableType
             library_ledger_table(result, console), context_table(result, console)]
     out += energy_lines(result, console)
     if result["library"]["missing"]:
-        out.append(styled(hanging("", "library problems without a verified trace: "
+        out.append(styled(hanging("", "library problems without a solved trace: "
                                       + ", ".join(result["library"]["missing"]), console.width, indent=0), style="yellow"))
     out += [styled(hanging("•", s, console.width, indent=0)) for s in result["statements"]]
     return out
 
 
 def build_renderables(build: dict[str, Any], console: Console) -> list[RenderableType]:
-    """A library build result: what was verified, how, at what cost; what was not."""
+    """A library build result: what was solved, how, at what cost; what was not."""
     build = plain_tree(build)
     counts, totals = build["counts"], build["totals"]
     how = "ESTIMATE, not a measurement" if build["energy"]["is_estimate"] else f"measured: {build['energy']['method']}"
     rows = [[v["problem_id"], v["trace"], str(v["num_tokens"]), str(v["upstream"]["attempts"]),
              str(v["upstream"]["failed_attempts"]), str(v["upstream"]["generated_tokens"]), str(v["upstream"]["tokens"])]
-            for v in build["verified"]]
-    rows += [[u["problem_id"], "unverified", "—", str(len(u["attempts"])), str(u["failed_attempts"]),
-              str(u["generated_tokens"]), "—"] for u in build["unverified"]]
+            for v in build["solved"]]
+    rows += [[u["problem_id"], "unsolved", "—", str(len(u["attempts"])), str(u["failed_attempts"]),
+              str(u["generated_tokens"]), "—"] for u in build["unsolved"]]
     t = table(console, f"library {build['release']['path']}",
               ["problem", "trace", "tokens", "attempts", "failed", "generated", "upstream tokens"], rows,
               right=(2, 3, 4, 5, 6))
     summary = _kv(console, "summary", [
         ("split", f"{build['library']} library / {build['held_out']} held out (salt {build['split']['salt']!r}, "
                   f"fraction {build['split']['library_fraction']:g})"),
-        ("verified traces", f"{counts['reference'] + counts['model']} ({counts['reference']} reference, "
+        ("solved traces", f"{counts['reference'] + counts['model']} ({counts['reference']} reference, "
                             f"{counts['model']} model-generated)"),
-        ("without a verified trace", str(counts["unverified"])),
+        ("without a solved trace", str(counts["unsolved"])),
         ("tokens stored", num(totals["entry_tokens"])),
         ("upstream tokens (generated + capture prefill)", num(totals["upstream_tokens"])),
-        ("generated tokens, unverified problems included", num(totals["generated_tokens"])),
+        ("generated tokens, unsolved problems included", num(totals["generated_tokens"])),
         ("failed attempts", str(totals["failed_attempts"])),
         ("seconds", f"{totals['seconds']:.1f}"),
         ("energy", f"{build['energy']['joules']:.0f} J ({how})"),
         ("root digest", build["release"]["root_digest"]),
     ])
     out: list[RenderableType] = [t, summary]
-    if build["unverified"]:
-        out.append(styled(hanging("", "no verified trace (not in the library): "
-                                      + ", ".join(u["problem_id"] for u in build["unverified"]), console.width, indent=0),
+    if build["unsolved"]:
+        out.append(styled(hanging("", "no solved trace (not in the library): "
+                                      + ", ".join(u["problem_id"] for u in build["unsolved"]), console.width, indent=0),
                           style="yellow"))
     return out

@@ -269,7 +269,7 @@ def test_release_verdict_is_its_worst_entry(tiny_lm: Callable[[str], Any], cap: 
     assert "Verdict inconsistent" in three["statements"][-1]
 
 
-def test_a_nan_stored_where_fresh_is_finite_is_outside_the_envelope(tiny_lm: Callable[[str], Any], cap: Path) -> None:
+def test_a_nan_stored_where_fresh_is_finite_is_outside_the_noise_bound(tiny_lm: Callable[[str], Any], cap: Path) -> None:
     from kvgraft.recompute import audit as recompute
 
     rewrite.element(cap, 0, "layer.0.values", 3, lambda x: float("nan"))

@@ -195,7 +195,7 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
 
     build = library.build(lm, probs, tmp_path / "lib", library_fraction=0.5, salt="m", source=rec,
                           settings=library.BuildSettings(generate=False), check=check)
-    assert [u["problem_id"] for u in build["unverified"]] == [rejected]
+    assert [u["problem_id"] for u in build["unsolved"]] == [rejected]
     rel = Release.open(tmp_path / "lib")
     queries, prepared = gen.prepare(rel)
     assert prepared["split"]["library_ids"] == split_rec["library_ids"]  # the recorded split, reproduced

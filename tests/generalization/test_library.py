@@ -1,4 +1,4 @@
-"""The verified-solution library: traces checked against the answer, upstream cost counted, failures listed."""
+"""The solution library: traces checked against the answer, upstream cost counted, failures listed."""
 
 from __future__ import annotations
 
@@ -51,13 +51,13 @@ def _replay_attempt(lm: Any, problem: Problem, settings: library.BuildSettings, 
     return out.token_ids
 
 
-def test_reference_trace_is_verified_and_captured(tiny_lm: Any, tmp_path: Path) -> None:
+def test_reference_trace_is_solved_and_captured(tiny_lm: Any, tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     result = library.build(lm, PROBLEMS, tmp_path / "lib", library_fraction=1.0, salt="s",
                            settings=library.BuildSettings(generate=False))
     rel = Release.open(tmp_path / "lib")
     assert [e["id"] for e in rel.entries] == [p.id for p in PROBLEMS]
-    assert result["counts"] == {"reference": 4, "model": 0, "unverified": 0}
+    assert result["counts"] == {"reference": 4, "model": 0, "unsolved": 0}
     for p, e in zip(PROBLEMS, rel.entries, strict=True):
         text = e["source"]["text"]
         assert text == f"Problem: {p.problem}\nSolution: {p.solution}\nAnswer: {p.answer}"
@@ -80,7 +80,7 @@ def test_failed_attempts_are_counted_until_one_is_accepted(tiny_lm: Any, tmp_pat
     settings = library.BuildSettings(attempts=3, temperature=1.0, seed=7, max_new_tokens=12)
     checker = CountingChecker(accept_at=3)  # greedy fails, sample 1 fails, sample 2 is accepted
     solved = library.solve(lm, NO_SOLUTION, settings, check=checker)
-    assert solved.verified and solved.trace_kind == "model"
+    assert solved.solved and solved.trace_kind == "model"
     assert [a["kind"] for a in solved.attempts] == ["greedy", "sample", "sample"]
     assert [a["correct"] for a in solved.attempts] == [False, False, True]
     assert solved.failed_attempts == 2
@@ -106,26 +106,26 @@ def test_reference_failing_the_check_falls_back_to_generation(tiny_lm: Any) -> N
     lm = tiny_lm("llama")
     settings = library.BuildSettings(attempts=2, temperature=1.0, max_new_tokens=6)
     solved = library.solve(lm, PROBLEMS[0], settings, check=lambda _text, _gold: False)
-    assert not solved.verified and solved.trace is None
+    assert not solved.solved and solved.trace is None
     assert [a["kind"] for a in solved.attempts] == ["reference", "greedy", "sample", "sample"]
     assert solved.failed_attempts == 4
     assert solved.generated_tokens == sum(a["generated_tokens"] for a in solved.attempts) > 0
 
 
-def test_unverified_problems_are_listed_not_dropped(tiny_lm: Any, tmp_path: Path) -> None:
+def test_unsolved_problems_are_listed_not_dropped(tiny_lm: Any, tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     settings = library.BuildSettings(attempts=1, temperature=1.0, max_new_tokens=5)
     result = library.build(lm, [*PROBLEMS[:2], NO_SOLUTION], tmp_path / "lib", library_fraction=1.0, settings=settings,
                            check=CountingChecker(accept_at=None))
-    assert [u["problem_id"] for u in result["unverified"]] == [NO_SOLUTION.id]
-    missing = result["unverified"][0]
+    assert [u["problem_id"] for u in result["unsolved"]] == [NO_SOLUTION.id]
+    missing = result["unsolved"][0]
     assert missing["failed_attempts"] == 2
     assert missing["generated_tokens"] == sum(a["generated_tokens"] for a in missing["attempts"])
-    assert result["totals"]["generated_tokens"] == missing["generated_tokens"]  # unverified work is still upstream work
+    assert result["totals"]["generated_tokens"] == missing["generated_tokens"]  # unsolved work is still upstream work
     assert [e["id"] for e in Release.open(tmp_path / "lib").entries] == [p.id for p in PROBLEMS[:2]]
     json.dumps(result)  # a plain JSON document
 
-    with pytest.raises(InputError, match="no library problem has a verified trace"):
+    with pytest.raises(InputError, match="no library problem has a solved trace"):
         library.build(lm, [NO_SOLUTION], tmp_path / "none", library_fraction=1.0, settings=settings,
                       check=CountingChecker(accept_at=None))
     assert not (tmp_path / "none").exists()
@@ -200,6 +200,6 @@ def test_cli_build_json_prints_only_the_result(tiny_dir: Callable[[str], Path], 
     assert torch.get_num_threads() == torch_threads  # --threads held for the build only
     doc = json.loads(r.stdout)  # stdout holds the document and nothing else
     assert doc["kind"] == library.BUILD_KIND
-    assert doc["counts"] == {"reference": len(PROBLEMS), "model": 0, "unverified": 0}
-    assert [v["problem_id"] for v in doc["verified"]] == [p.id for p in PROBLEMS]
+    assert doc["counts"] == {"reference": len(PROBLEMS), "model": 0, "unsolved": 0}
+    assert [v["problem_id"] for v in doc["solved"]] == [p.id for p in PROBLEMS]
     assert doc["release"]["root_digest"] == Release.open(tmp_path / "lib").manifest["root_digest"]

@@ -66,7 +66,7 @@ def test_face_and_tables_use_absolute_and_relative_where_ulp_means_nothing() -> 
     row = recompute_rows(data)[0]
     assert row["max_ulp"] is None and row["max_rel"] is not None  # no ULP figure for a pair across zero
     figures = " ".join(KINDS["recompute"].face(data).figures)
-    assert "max |diff| 7.8e-05" in figures and "relative 1.625" in figures and "x the envelope" in figures
+    assert "max |diff| 7.8e-05" in figures and "relative 1.625" in figures and "x the noise bound" in figures
     assert "ULP" not in figures
     assert heatmap_model(data)["metric"] == "abs"
     # A same-sign normal difference keeps its ULP figure, in the face and the heat map.

@@ -78,7 +78,7 @@ def test_relabelled_sdpa_is_consistent_only_when_required(eager_release: Path, t
     code, result = _audit_cli(rel, tmp_path / "r.json", "--require", "consistent")
     assert code == 0 and result["verdict"] == "consistent" and result["passed"]
     e = result["entries"][0]
-    assert e["envelope"]["factor"] > 1 and any(p["tensors_differing"] for p in e["envelope"]["perturbations"])
+    assert e["noise_bound"]["factor"] > 1 and any(p["tensors_differing"] for p in e["noise_bound"]["perturbations"])
     code, result = _audit_cli(rel, tmp_path / "r2.json")
     assert code == errors.EXIT_NOT_EXACT and result["verdict"] == "consistent" and not result["passed"]
     assert "requirement exact: NOT met" in result["statements"][-1]

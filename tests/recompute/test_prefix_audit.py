@@ -2,7 +2,7 @@
 
 The rows a prefix graft holds are rows [0, n) of the entry's recorded prefill of all T tokens: the
 audit judges them under that schedule (the verdict) and against a prefill of the n tokens alone,
-byte-exact where they are byte-identical, else by the noise envelope of that computation.
+byte-exact where they are byte-identical, else by the noise bound of that computation.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_audit_recompute_prefix_cli(tiny_dir: Any, tiny_lm: Any, tmp_path: Path)
 
 
 def test_a_one_ulp_row_is_consistent_and_a_large_one_is_not(tiny_lm: Any, tmp_path: Path) -> None:
-    """Controls for the envelope path: a stored row inside the prefix moved by one ulp (every
+    """Controls for the noise bound path: a stored row inside the prefix moved by one ulp (every
     commitment rewritten) makes the prefix graft consistent, not byte-exact (so `--require exact`
     fails it); moved by 0.5 it is inconsistent. The release's verdict follows the prefix graft's."""
     lm = tiny_lm("llama")
@@ -136,9 +136,9 @@ def test_prefix_against_the_prefix_alone_on_the_default_model(smollm2: Any, tmp_
         assert r["against_prefix_alone"]["verdict"] == ("byte-exact" if same else "consistent"), n
 
 
-def test_outside_the_prefix_alone_envelope_fails_the_release(tiny_lm: Any, tmp_path: Path,
+def test_outside_the_prefix_alone_noise_bound_fails_the_release(tiny_lm: Any, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows byte-exact under their schedule but outside the envelope of the prefix alone are not the
+    """Rows byte-exact under their schedule but outside the noise bound of the prefix alone are not the
     prefix's computation: the prefix graft is inconsistent, and so is the release, though every entry
     is byte-exact (the comparison against the prefix alone is made to say so here)."""
 

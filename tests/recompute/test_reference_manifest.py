@@ -2,7 +2,7 @@
 
 Bytes are asserted equal only where the recorded conditions match this machine's; elsewhere the test
 checks the model identity and reports which conditions differ (the verdict for other machines comes
-from the envelope: tests/recompute/test_cross_machine.py).
+from the noise bound: tests/recompute/test_cross_machine.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The envelope, replay and verdict functions, each pinned against values worked out by hand (mutmut survivors,
+"""The noise bound, replay and verdict functions, each pinned against values worked out by hand (mutmut survivors,
 docs/mutation.md).
 
 No model loads here except the tiny llama of tests/tiny.py (calibrate, perturbations): the rest are
@@ -74,7 +74,7 @@ def test_judge_non_finite_values() -> None:
     assert judge(torch.tensor([[[[1.0, 0.0]]]]), fresh_nan, torch.ones(1, 1, 1, 1)).outside == 0
 
 
-def test_envelope_allowed_is_factor_times_noise_or_one_ulp() -> None:
+def test_noise_bound_allowed_is_factor_times_noise_or_one_ulp() -> None:
     fresh = torch.tensor([[[[1.0, -4.0], [0.5, 0.25]]]], dtype=torch.float32)  # [1, 1, 2, 2]
     noise = torch.tensor([[[[1e-3], [0.0]]]], dtype=torch.float64)
     env = NoiseBound({"k": noise})
@@ -203,7 +203,7 @@ def test_prefix_statement_whole() -> None:
     assert recompute.prefix_statement(grafts) == (
         "Prefix grafts of 32 tokens (rows [0, 32) of each entry's recorded prefill), judged under that schedule: "
         "3 byte-exact, 1 consistent, 1 inconsistent of 5; against a prefill of the prefix alone: 1 byte-identical, "
-        "1 inside its noise envelope, 3 outside; 2 entries skipped (no such prefix graft).")
+        "1 inside its noise bound, 3 outside; 2 entries skipped (no such prefix graft).")
     assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise envelope, 3 outside.")
     r = _result(["byte-exact"])
     r["prefix_grafts"] = grafts
@@ -288,7 +288,7 @@ def test_the_schedule_perturbations_rerun_one_shot_or_in_chunks_as_they_say(tiny
 
 def test_a_benign_rerun_that_overflows_or_gives_nan_adds_no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     """An infinite or NaN difference from a benign rerun says nothing about the noise: it must not widen the
-    envelope to the largest float (which would judge every stored value consistent)."""
+    noise bound to the largest float (which would judge every stored value consistent)."""
     ref = {"layer0.keys": torch.zeros(1, 1, 3, 3)}
     bad = torch.zeros(1, 1, 3, 3)
     bad[0, 0, 0, 1] = float("inf")  # row 0 overflows, row 1 is NaN, row 2 differs by a finite amount
@@ -582,13 +582,13 @@ def test_verdict_statement_whole() -> None:
                                             "abs_diff": 0.012345, "excess": 123.456}, "layout": [], "shape": []}
     r["entries"][3]["outside"] = {"layout": ["layer 0: gone"], "shape": ["layer 1 keys: s"]}
     assert recompute.verdict_statement(r) == (
-        "Verdict inconsistent (some difference lies outside the envelope: not the same computation) on cpu0 (cpu, "
+        "Verdict inconsistent (some difference lies outside the noise bound: not the same computation) on cpu0 (cpu, "
         "float32, sdpa, 2 threads), not replayed: cpu_isa 'a' -> 'b', threads 4 -> 2; overridden: dtype 'float32' -> "
         "'bfloat16', threads 4 -> 1: 1 byte-exact, 1 consistent, 2 inconsistent of 4 entries; requirement consistent: NOT met. "
-        "Outside the envelope: e2: layer 1 keys (head 0, position 3, dim 7) |diff| 0.0123 is 123x the envelope; "
+        "Outside the noise bound: e2: layer 1 keys (head 0, position 3, dim 7) |diff| 0.0123 is 123x the noise bound; "
         "e3: layer 0: gone; layer 1 keys: s.")
     r = _result(["consistent"])
-    assert "Verdict consistent (bytes differ, every difference inside the measured noise envelope of the same " \
+    assert "Verdict consistent (bytes differ, every difference inside the measured noise bound of the same " \
            "computation)" in recompute.verdict_statement(r)
 
 

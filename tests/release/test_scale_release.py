@@ -419,7 +419,7 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     _, a = layer_map(lm, alone)
     same = all(torch.equal(w[k][:, :, :n, :], a[k]) for k in a)  # this machine's answer, computed here
     assert result["against_prefix_alone"]["byte_exact"] == same
-    # a difference from the prefix alone is judged by the envelope of the n-token computation
+    # a difference from the prefix alone is judged by the noise bound of the n-token computation
     assert result["against_prefix_alone"]["verdict"] == ("byte-exact" if same else "consistent")
 
     as_format_1(tmp_path / "rel")

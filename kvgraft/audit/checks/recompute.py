@@ -1,4 +1,4 @@
-"""The recompute check: fresh KV states against the stored ones, bit for bit and within the noise envelope."""
+"""The recompute check: fresh KV states against the stored ones, bit for bit and within the noise bound."""
 
 from __future__ import annotations
 
@@ -80,12 +80,12 @@ def _entry_verdicts(entries: list[dict[str, Any]]) -> str:
 
 def difference_size(row: dict[str, Any]) -> str:
     """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
-    absolute and relative difference and the share of the envelope; ULP only among same-sign normal values."""
+    absolute and relative difference and the share of the noise bound; ULP only among same-sign normal values."""
     parts = [f"max |diff| {num(row.get('max_abs'))}"]
     if row.get("max_rel") is not None:
         parts.append(f"relative {num(row['max_rel'])}")
     if row.get("excess"):
-        parts.append(f"{num(row['excess'])}x the envelope")
+        parts.append(f"{num(row['excess'])}x the noise bound")
     if row.get("max_ulp"):
         parts.append(f"{num(row['max_ulp'])} ULP between same-sign normal values")
     return ", ".join(parts)
@@ -164,7 +164,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-HEADERS = ["entry", "tokens", "verdict", "layers differing", "max |diff|", "max relative", "of envelope",
+HEADERS = ["entry", "tokens", "verdict", "layers differing", "max |diff|", "max relative", "of noise bound",
            "max ULP (same-sign normals)", "first difference", "KL max", "KL vs no cache"]
 NUMERIC = (1, 3, 4, 5, 6, 7, 9, 10)
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +146,24 @@ def test_an_error_in_what_v2_borrows_from_v1_is_refused_by_the_stock_validator(
     with pytest.raises(ValidationError) as exc:
         validator(schemas, name).validate(doc)
     assert exc.value.json_path == path
+
+
+def test_the_docs_example_runs_as_written_without_kvgraft(release: Path, tmp_path: Path) -> None:
+    """docs/release-format.md's example, run by a Python where kvgraft cannot be imported, beside `schemas/` and
+    `RELEASE/`; then the same with an error planted in the manifest's environment (a v1 property)."""
+    text = (ROOT / "docs" / "release-format.md").read_text()
+    example = re.search(r"## Validating the files without kvgraft\n.*?```python\n(.*?)```", text, re.S)
+    assert example is not None
+    shutil.copytree(SCHEMAS, tmp_path / "schemas")
+    shutil.copytree(release, tmp_path / "RELEASE")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = "import sys; sys.modules['kvgraft'] = None  # any import of kvgraft would raise\n"
+    run = subprocess.run([sys.executable, "-c", probe + example.group(1)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "RELEASE" / "manifest.json").read_text())
+    manifest["environment"]["threads"] = 0
+    (tmp_path / "RELEASE" / "manifest.json").write_text(json.dumps(manifest))
+    run = subprocess.run([sys.executable, "-c", probe + example.group(1)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "ValidationError: 0 is less than the minimum of 1" in run.stderr, run.stderr

@@ -25,15 +25,38 @@ def schema_dir() -> Path:
 
 @cache
 def load_schema(name: str) -> dict[str, Any]:
-    """A schema file; one naming `x-kvgraft-defs-from` gets that schema's $defs, and its top-level
-    properties as `v1_<name>` defs, beside its own: the v2 release files reuse the v1 entry record."""
+    """A schema file as it is: every one names its `$id`, and refers to another by it (`$ref`)."""
     schema: dict[str, Any] = load_file(schema_dir() / name)
-    base = schema.get("x-kvgraft-defs-from")
-    if isinstance(base, str):
-        other = load_schema(base)
-        defs = {**other.get("$defs", {}), **{f"v1_{k}": v for k, v in other.get("properties", {}).items()}}
-        schema = {**schema, "$defs": {**defs, **schema.get("$defs", {})}}
     return schema
+
+
+@cache
+def _resources() -> dict[str, dict[str, Any]]:
+    """Every schema of the folder by its `$id`: the registry its cross-file `$ref`s resolve in (e.g. the v2
+    release files' `cache-manifest.v1.json#/$defs/entry`, relative to their own `$id`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(schema_dir().glob("*.json")):
+        schema = load_schema(path.name)
+        sid = schema.get("$id")
+        if not isinstance(sid, str) or sid in out:
+            raise ValueError(f"schema {path.name}: $id {sid!r} missing or not unique")
+        out[sid] = schema
+    return out
+
+
+@cache
+def _registry() -> Any:
+    """The folder as a `referencing` registry, for the reference validator (jsonschema)."""
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    resources = [(sid, Resource.from_contents(s, default_specification=DRAFT202012)) for sid, s in _resources().items()]
+    return Registry().with_resources(resources).crawl()
+
+
+def _no_retrieval(uri: str) -> Any:
+    """kvgraft's schemas refer only to one another: anything else is an error, never a download."""
+    raise ValueError(f"{uri} is not a schema of {schema_dir()}")
 
 
 @cache
@@ -42,7 +65,7 @@ def _validator(name: str) -> Any:
 
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    return Draft202012Validator(schema, registry=_registry())
 
 
 @cache
@@ -52,7 +75,8 @@ def _fast(name: str) -> Any:
         import jsonschema_rs
     except ImportError:
         return None
-    return jsonschema_rs.validator_for(load_schema(name))
+    registry = jsonschema_rs.Registry(list(_resources().items()), retriever=_no_retrieval)
+    return jsonschema_rs.validator_for(load_schema(name), registry=registry, retriever=_no_retrieval)
 
 
 def validate(doc: Any, name: str, where: str) -> None:
@@ -77,14 +101,18 @@ def _refuse(error: Any, where: str) -> None:
 
 @cache
 def _part_validator(name: str, pointer: str) -> Any:
-    """A validator of one part of a schema (`pointer`: its keys, /-separated), with the schema's $defs."""
+    """A validator of one part of a schema (`pointer`: its keys, /-separated): a `$ref` to it by the
+    schema's `$id`, so that its own refs resolve as in the whole."""
+    from urllib.parse import quote
+
     from jsonschema import Draft202012Validator
 
     schema = load_schema(name)
     part: Any = schema
     for key in pointer.split("/"):
-        part = part[key]
-    return Draft202012Validator({"$defs": schema.get("$defs", {}), **part})
+        part = part[key]  # a KeyError here names a part that is not there
+    fragment = "/".join(quote(key.replace("~", "~0"), safe="") for key in pointer.split("/"))
+    return Draft202012Validator({"$ref": f"{schema['$id']}#/{fragment}"}, registry=_registry())
 
 
 def validate_part(doc: Any, name: str, pointer: str, where: str) -> None:

@@ -204,7 +204,7 @@ def test_prefix_statement_whole() -> None:
         "Prefix grafts of 32 tokens (rows [0, 32) of each entry's recorded prefill), judged under that schedule: "
         "3 byte-exact, 1 consistent, 1 inconsistent of 5; against a prefill of the prefix alone: 1 byte-identical, "
         "1 inside its noise bound, 3 outside; 2 entries skipped (no such prefix graft).")
-    assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise envelope, 3 outside.")
+    assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise bound, 3 outside.")
     r = _result(["byte-exact"])
     r["prefix_grafts"] = grafts
     out = recompute.statements(r)

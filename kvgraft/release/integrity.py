@@ -32,9 +32,8 @@ from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
 from kvgraft.release.format import (
-    BUNDLE_NAME,
     MANIFEST,
-    OMS_NAME,
+    SIDE_FILES,
     Release,
     check_commitments,
     check_relpath,
@@ -68,9 +67,10 @@ class CheckedRelease:
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """(release-relative name, lstat) of every regular file under `root`, except the two signature files and
-    a repository's metadata at the root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes,
-    .gitignore, the paths the model_signing CLI ignores), which is neither listed nor looked into.
+    """(release-relative name, lstat) of every regular file under `root`, except the files a release keeps
+    beside its manifest that are no part of it (release_format.SIDE_FILES) and a repository's metadata at the
+    root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes, .gitignore, the paths the
+    model_signing CLI ignores), which is neither listed nor looked into.
 
     Symlinks and special files anywhere else in the folder are refused: a release holds plain files.
     """
@@ -98,7 +98,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append((Path(item.path), rel + "/"))
             elif stat.S_ISREG(st.st_mode):
-                if rel not in (BUNDLE_NAME, OMS_NAME):
+                if rel not in SIDE_FILES:
                     yield rel, st
             else:
                 raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")

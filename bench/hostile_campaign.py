@@ -50,7 +50,8 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]  # the checkout this file lives 
 
 import hostile_attacks as attacks  # noqa: E402
 
-from kvgraft.release.format import BUNDLE_NAME, MANIFEST  # noqa: E402
+from kvgraft.release.format import MANIFEST  # noqa: E402
+from kvgraft.signing.attest import BUNDLE_NAME  # noqa: E402
 
 VERIFY = ["verify", "verify-json", "verify-entry"]
 INSPECT = ["inspect", "inspect-json", "inspect-entry", "inspect-entry-json"]

@@ -22,8 +22,9 @@ from typing import Any
 
 from kvgraft import __version__
 from kvgraft.errors import Error, InputError
-from kvgraft.release.format import BUNDLE_NAME, OMS_NAME, Release
+from kvgraft.release.format import Release
 from kvgraft.schema import CACHE_MANIFEST, load_schema
+from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 
 RESULT_FORMAT = "kvgraft-inspect-result"
 RESULT_VERSION = 1

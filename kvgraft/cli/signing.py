@@ -88,8 +88,8 @@ def sign(
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
     from kvgraft._internal.jsonio import check_writable
-    from kvgraft.release.format import BUNDLE_NAME, OMS_NAME
     from kvgraft.signing import keys, sign
+    from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):

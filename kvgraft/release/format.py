@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
 FORMAT_VERSIONS = (1, 2)
-# Beside the data, a release folder may hold its signatures: these files are no part of what they sign.
-BUNDLE_NAME = "release.sigstore.json"
-OMS_NAME = "model.sig"  # an OpenSSF model signing v1.0 signature of the folder (kvgraft.signing.oms)
+# Files a release folder may keep beside its manifest that are no part of the release: its signatures
+# (kvgraft.signing.attest.BUNDLE_NAME, kvgraft.signing.oms.OMS_NAME), which no part of release/ reads. Named
+# here, in the folder's layout, because every reader of a folder skips them whatever its caller, and remote/
+# (below signing/) fetches and copies them with the release.
+SIDE_FILES = ("release.sigstore.json", "model.sig")
 # A release kept in a git (or Hugging Face Hub) repository: the repository's metadata at the folder's root,
 # which the model_signing CLI leaves out of what it signs, is no part of the release either.
 REPOSITORY_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})

@@ -1,10 +1,14 @@
-"""Release integrity: a release folder's files, sizes and digests against its manifest and what a signature lists.
+"""Release integrity: a release folder's files, sizes and digests against its manifest and an external listing.
 
-Steps 2-7 of `kvgraft.signing.verify`'s docstring. Knows no signature format: the subjects a statement or
-signature lists, and any further check of what it states, come from the caller. Imports no torch.
+Steps 2-7 of `kvgraft.signing.verify`'s docstring. Knows files and digests, not who lists them or why: an
+external listing of the release's files (`Listing`, and `Beside` for files kept beside the manifest's) comes
+from the caller, which names it in messages (its label) and says what it means. Imports no torch.
 
-A check of everything streams (format 2): files are listed, sized and hashed a shard at a time, and the
-folder is compared with them by counting (_check); names are compared only to say what differs.
+A check of everything (`check_release`) runs in the documented order, one named step each (`_check`): the
+manifest file (2), its content and the listing against it (3), list the files, compare the folder, sizes (4),
+digests (5), the prefix index, headers (6), tensors (7). It streams (format 2): files are listed, sized and
+hashed a shard at a time, and the folder is compared with them by counting; names are compared only to say
+what differs.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 import stat
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +36,8 @@ from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
 from kvgraft.release.format import (
-    BUNDLE_NAME,
     MANIFEST,
-    OMS_NAME,
+    SIDE_FILES,
     Release,
     check_commitments,
     check_relpath,
@@ -44,9 +47,50 @@ from kvgraft.release.format import (
 from kvgraft.release.hashing import hash_file, hash_ranges, pool
 
 MAX_RELEASE_FILES = 1_000_000
-# What a statement says about a release beyond its file digests, checked against the parsed manifest
+# What a listing says about a release beyond its file digests, checked against the parsed manifest
 # (manifest, its sha256, its size); raises VerificationError when they disagree.
 ManifestCheck = Callable[[dict[str, Any], str, int], None]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """An external listing of a release's files: the digests that pin manifest.json and the files it binds.
+
+    `files`: name -> sha256, manifest.json included. `label` names it in messages ("the {label} lists ...").
+    `every_file`: it names every file of the release, not only manifest.json and the files the manifest binds
+    directly (Release.subject_files: format 1 every file, format 2 the index files); it is then compared file
+    by file as step 4 lists them. `keeps_beside` (with `every_file`): what it names beyond the release's files
+    lies beside the release, checked as `Beside` files are; otherwise such a name is refused.
+    `vouched`: its maker was verified, so the manifest it pins may be as large as they made it; otherwise the
+    manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
+    `manifest_note`: what the listing says the release is, added to the message when manifest.json's digest
+    differs from the listed one. `also`: what else it states, checked against the parsed manifest in step 3
+    (before the folder, so a lying listing costs no hashing); raises VerificationError when they disagree.
+    """
+
+    files: Mapping[str, str]
+    label: str
+    every_file: bool = False
+    keeps_beside: bool = False
+    vouched: bool = False
+    manifest_note: str = ""
+    also: ManifestCheck | None = None
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What may lie in a release folder beside its manifest's files, as an external listing (`label` in
+    messages) names it.
+
+    `files`: name -> sha256 of files kept beside the release (a Hub card): present and hashed like the
+    release's own, reported in CheckedRelease.beside (a name the manifest lists is the release's own).
+    `excused`: paths (files, or folders and all under them) that the listing leaves out: a file there is not
+    refused as extra, and is reported in CheckedRelease.ignored; it excuses nothing the manifest lists.
+    """
+
+    label: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    excused: tuple[str, ...] = ()
 
 
 @dataclass
@@ -62,15 +106,16 @@ class CheckedRelease:
     tensors: int
     tensors_rehashed: int
     release: Release
-    beside: dict[str, str] = field(default_factory=dict)  # files outside the manifest a signature lists, their sha256
-    ignored: list[str] = field(default_factory=list)  # files outside the manifest a signature says it ignores
+    beside: dict[str, str] = field(default_factory=dict)  # files outside the manifest (Beside.files), their sha256
+    ignored: list[str] = field(default_factory=list)  # files outside the manifest in the paths Beside excuses
     count: int = 0  # the release's files checked, manifest.json included (format 2: more than `files` holds)
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """(release-relative name, lstat) of every regular file under `root`, except the two signature files and
-    a repository's metadata at the root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes,
-    .gitignore, the paths the model_signing CLI ignores), which is neither listed nor looked into.
+    """(release-relative name, lstat) of every regular file under `root`, except the files a release keeps
+    beside its manifest that are no part of it (release_format.SIDE_FILES) and a repository's metadata at the
+    root (release_format.REPOSITORY_METADATA: .git, .github, .gitattributes, .gitignore, the paths the
+    model_signing CLI ignores), which is neither listed nor looked into.
 
     Symlinks and special files anywhere else in the folder are refused: a release holds plain files.
     """
@@ -98,7 +143,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append((Path(item.path), rel + "/"))
             elif stat.S_ISREG(st.st_mode):
-                if rel not in (BUNDLE_NAME, OMS_NAME):
+                if rel not in SIDE_FILES:
                     yield rel, st
             else:
                 raise InputError(f"{root / rel}: is not a regular file; releases hold only plain files")
@@ -121,7 +166,7 @@ class _Folder:
     files: int  # regular files (_walk), manifest.json included
     stored: int  # bytes allocated to them, manifest.json excepted (a sparse file adds nothing)
     manifest: bool  # manifest.json is one of them
-    under_ignored: list[str]  # those in the paths a signature says it ignores
+    under_ignored: list[str]  # those in the paths excused (Beside.excused)
 
 
 def _scan(root: Path, ignored: Sequence[str] = ()) -> _Folder:
@@ -209,152 +254,156 @@ def _folder_id(root: Path) -> tuple[int, int, int] | None:
     return None if st is None else (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-def check_release(root: Path, **options: Any) -> CheckedRelease:
+def check_release(root: Path, listing: Listing | None = None, *, beside: Beside | None = None, deep: bool = False,
+                  keep_files: bool = False) -> CheckedRelease:
     """_check_release, read again when the folder at `root` was replaced while it was read (a failure
     then says nothing about either release); any other failure stands."""
     root = Path(root)
     for attempt in range(1, READS_ACROSS_A_REPLACE + 1):
         before = _folder_id(root)
         try:
-            return _check_release(root, **options)
+            return _check_release(root, listing=listing, beside=beside, deep=deep, keep_files=keep_files)
         except Error:
             if attempt == READS_ACROSS_A_REPLACE or before is None or _folder_id(root) == before:
                 raise
     raise AssertionError("unreachable")
 
 
-def _check_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
-                   deep: bool = False, signed: bool = False, attested_root: str | None = None,
-                   check_claims: ManifestCheck | None = None, beside: dict[str, str] | None = None,
-                   beside_source: str = "OMS signature", subjects_beside: bool = False,
-                   every_file: bool = False, ignored: Sequence[str] = (), keep_files: bool = False) -> CheckedRelease:
-    """The release's bytes against `subjects` (if any) and the manifest (module docstring).
+@dataclass
+class _Run:
+    """One check of everything (_check_release) as its steps hand it on: what was asked, and what was read."""
 
-    `subjects`: name -> sha256 that a statement or signature lists, manifest.json included; `source`
-    names it in messages ("signed statement", ...); `attested_root`: the root digest it attests.
-    `check_claims` checks the rest of what it states once the manifest is parsed, before the folder.
-    `signed`: its signature was verified, so the manifest it pins is as large as its signer made it;
-    otherwise the manifest is refused unparsed when larger than its data warrants (_unsigned_manifest_limit).
-    Raises IntegrityError when bytes differ, VerificationError when the statement and the manifest
-    disagree, InputError for unusable input.
+    root: Path
+    listing: Listing | None
+    label: str  # what the files are compared against, in messages: the listing's label, else "manifest"
+    beside: dict[str, str]  # files beside the release: Beside.files (step 4 drops the release's own, adds keeps_beside's)
+    beside_label: str  # what names them in messages: Beside.label, else `label`
+    excused: tuple[str, ...]  # Beside.excused
+    deep: bool
+    keep_files: bool
+    folder: _Folder
+    doc: Any = None  # step 2: manifest.json parsed, its sha256 and size
+    msha: str = ""
+    msize: int = 0
+    prefetch: dict[str, Future[tuple[str, int]]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
 
-    `beside`: files outside the manifest (name -> sha256) that `beside_source` lists, such as a Hub
-    card: present and hashed like the release's own, reported in CheckedRelease.beside. With
-    `subjects_beside`, the names `subjects` lists beyond the manifest are such files (an OMS signature
-    that is the statement). `every_file`: `subjects` names every file of the release (an OMS list), not
-    manifest.json and the files the statement binds directly (format 2: the index files).
-    `ignored`: paths (files, or folders and all under them) that `beside_source` says it leaves out
-    (OMS `ignore_paths`): a file there is not refused as extra, and reported in CheckedRelease.ignored; it
-    excuses nothing the manifest lists.
+
+def _check_release(root: Path, *, listing: Listing | None = None, beside: Beside | None = None, deep: bool = False,
+                   keep_files: bool = False) -> CheckedRelease:
+    """The release's bytes against `listing` (if any), `beside` (if any) and the manifest (module docstring).
+
+    Raises IntegrityError when bytes differ, VerificationError when the listing and the manifest disagree,
+    InputError for unusable input. `deep`: step 7, every tensor's digest.
     `keep_files`: CheckedRelease.files lists every file's digest (format 2: otherwise the manifest's and the
-    index files', so that memory does not grow with the entries; signing and an OMS list need them all).
+    index files', so that memory does not grow with the entries; a signer and a listing of every file need them all).
     """
     root = Path(root)
     jsonio.require_folder(root)
-    folder = _scan(root, ignored)
-    stmt_subjects = subjects
-    manifest_path = root / MANIFEST
-
-    # 2. the manifest file against the statement, before it is parsed. Its bytes are read once: the
-    # bytes hashed are the bytes parsed.
-    if stmt_subjects is not None:
-        if MANIFEST not in stmt_subjects:
-            raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
-        if not folder.manifest:
-            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
-    if not folder.manifest:
-        raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
-    limit = release_format.MAX_MANIFEST_BYTES if signed else _unsigned_manifest_limit(folder.stored)
-    doc, msha, msize = _read_manifest(manifest_path, limit, signed, stmt_subjects, source, attested_root)
-    if (remote := sources.of(root)) is not None:
-        # A release read from elsewhere: every file it lists, fetched and checked, once manifest.json matched.
-        remote.fetch_all()
-        folder = _scan(root, ignored)
+    label = listing.label if listing is not None else "manifest"
+    named = dict(beside.files) if beside is not None else {}
+    excused = beside.excused if beside is not None else ()
+    run = _Run(root, listing, label, named, beside.label if beside is not None and named else label, tuple(excused),
+               deep, keep_files, _scan(root, excused))
+    _read_manifest_file(run)
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
     # every check passed.
-    stop = threading.Event()
-    prefetch = {name: pool().submit(hash_file, root / name, size, stop)
-                for name, size in _files_to_prefetch(root, doc)}
+    run.prefetch = {name: pool().submit(hash_file, root / name, size, run.stop)
+                    for name, size in _files_to_prefetch(root, run.doc)}
     try:
-        return _check(root, folder, prefetch, check_claims, stmt_subjects, source, deep, doc, msha, msize, stop,
-                      dict(beside or {}), beside_source if beside else source, subjects_beside, every_file,
-                      tuple(ignored), keep_files)
+        return _check(run)
     finally:
-        stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
-        for future in prefetch.values():
+        run.stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
+        for future in run.prefetch.values():
             future.cancel()
 
 
-def _read_manifest(manifest_path: Path, limit: int, signed: bool, subjects: dict[str, str] | None, source: str,
-                   attested_root: str | None) -> tuple[Any, str, int]:
-    """Step 2: manifest.json read once within `limit`, its bytes against the statement's subject, then
+def _listing_names_manifest(root: Path, listing: Listing | None) -> None:
+    """Step 2's start: a listing names manifest.json (it pins the rest through it)."""
+    if listing is not None and MANIFEST not in listing.files:
+        raise VerificationError(f"{root}: the {listing.label} does not list {MANIFEST} as a subject")
+
+
+def _missing_manifest(root: Path, listing: Listing | None) -> Error:
+    """Step 2: what a folder without manifest.json is: damaged when a listing names it, else no release."""
+    if listing is not None:
+        return IntegrityError(f"{root / MANIFEST}: missing ({MANIFEST} is a subject of the {listing.label})")
+    return InputError(f"{root / MANIFEST}: missing manifest (is {root} a cache release?)")
+
+
+def _read_manifest_file(run: _Run) -> None:
+    """Step 2 of a check of everything: manifest.json present and read once against the listing (_read_manifest),
+    within the limit the listing allows; a release read from elsewhere is then fetched, every file it lists
+    checked as it arrives, and the folder counted again."""
+    _listing_names_manifest(run.root, run.listing)
+    if not run.folder.manifest:
+        raise _missing_manifest(run.root, run.listing)
+    vouched = run.listing is not None and run.listing.vouched
+    limit = release_format.MAX_MANIFEST_BYTES if vouched else _unsigned_manifest_limit(run.folder.stored)
+    run.doc, run.msha, run.msize = _read_manifest(run.root / MANIFEST, limit, run.listing)
+    if (remote := sources.of(run.root)) is not None:
+        remote.fetch_all()
+        run.folder = _scan(run.root, run.excused)
+
+
+def _read_manifest(manifest_path: Path, limit: int, listing: Listing | None) -> tuple[Any, str, int]:
+    """Step 2: manifest.json read once within `limit`, its bytes against the listing's digest, then
     parsed (the bytes hashed are the bytes parsed). Returns (parsed document, sha256, size)."""
-    what = "a manifest" if signed else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
-                                        f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
+    vouched = listing is not None and listing.vouched
+    what = "a manifest" if vouched else (f"an unsigned manifest ({limit // 2**20} MiB here: 1/{UNSIGNED_MANIFEST_RATIO} "
+                                         f"of the stored data, at least {UNSIGNED_MANIFEST_FLOOR // 2**20} MiB)")
     data = jsonio.read_bounded(manifest_path, limit, what)
     msha, msize = sha256_hex(data), len(data)
-    if subjects is not None and msha != subjects[MANIFEST]:
-        theirs = f"; the statement attests the release with root digest {attested_root}" \
-            if attested_root is not None else ""
-        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {source} ({subjects[MANIFEST]})"
-                             f"{theirs}")
+    if listing is not None and msha != listing.files[MANIFEST]:
+        note = f"; {listing.manifest_note}" if listing.manifest_note else ""
+        raise IntegrityError(f"{manifest_path}: sha256 {msha} does not match the {listing.label} "
+                             f"({listing.files[MANIFEST]}){note}")
     return jsonio.loads_strict(data, str(manifest_path)), msha, msize
 
 
-def _statement_matches(root: Path, manifest: dict[str, Any], msha: str, msize: int,
-                       stmt_subjects: dict[str, str] | None, source: str, check_claims: ManifestCheck | None,
-                       lists_more: bool = False, rel: Release | None = None,
-                       files: dict[str, dict[str, Any]] | None = None) -> Release:
-    """Step 3's statement half: the subjects a statement lists are manifest.json and the files the
-    manifest lists (format 2: its index files; `files`: these instead), with the same digests; then what
-    else it claims. `lists_more`: the subjects may name further files (an OMS list names every file of
-    the folder)."""
-    rel = rel if rel is not None else Release(root, manifest)
-    if stmt_subjects is not None:
-        listed = files if files is not None else rel.subject_files()
-        expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in listed.items()}}
-        for name in sorted(set(expected) if lists_more else set(stmt_subjects) | set(expected)):
-            if stmt_subjects.get(name) != expected.get(name):
-                raise VerificationError(
-                    f"{root / name}: the {source} lists sha256 {stmt_subjects.get(name)} and the manifest "
-                    f"{expected.get(name)}")
-    if check_claims is not None:
-        check_claims(manifest, msha, msize)
-    return rel
+def _listing_matches(rel: Release, msha: str, msize: int, listing: Listing | None, *, every_later: bool) -> None:
+    """Step 3's listing half: the listing names manifest.json and the files the manifest binds directly
+    (Release.subject_files), with the same digests, and no other file unless it names every file; then what
+    else it states (Listing.also). `every_later`: a listing of every file is compared in step 4 instead."""
+    if listing is None:
+        return
+    if not (listing.every_file and every_later):
+        expected = {MANIFEST: msha, **{name: f["sha256"] for name, f in rel.subject_files().items()}}
+        for name in sorted(set(expected) if listing.every_file else set(listing.files) | set(expected)):
+            if listing.files.get(name) != expected.get(name):
+                raise VerificationError(f"{rel.root / name}: the {listing.label} lists sha256 "
+                                        f"{listing.files.get(name)} and the manifest {expected.get(name)}")
+    if listing.also is not None:
+        listing.also(rel.manifest, msha, msize)
 
 
-def open_release(root: Path, *, subjects: dict[str, str] | None = None, source: str = "manifest",
-                 signed: bool = False, attested_root: str | None = None,
-                 check_claims: ManifestCheck | None = None, lists_more: bool = False) -> CheckedRelease:
+def open_release(root: Path, listing: Listing | None = None) -> CheckedRelease:
     """What opening a release checks (docs/verification.md): manifest.json's bytes against the
-    statement's subject, its content (schema, commitments: format 1 every record, format 2 the index)
-    and the statement against it. Reads manifest.json only: no entry file, no index shard."""
+    listing's digest, its content (schema, commitments: format 1 every record, format 2 the index)
+    and the listing against it. Reads manifest.json only: no entry file, no index shard."""
     root = Path(root)
     jsonio.require_folder(root)
     manifest_path = root / MANIFEST
-    if subjects is not None and MANIFEST not in subjects:
-        raise VerificationError(f"{root}: the {source} does not list {MANIFEST} as a subject")
+    _listing_names_manifest(root, listing)
     st = jsonio.stat_or_none(manifest_path)
     if st is None:
-        if subjects is not None:
-            raise IntegrityError(f"{manifest_path}: missing ({MANIFEST} is a subject of the {source})")
-        raise InputError(f"{manifest_path}: missing manifest (is {root} a cache release?)")
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
+        raise _missing_manifest(root, listing)
+    if stat.S_ISLNK(st.st_mode):
         raise InputError(f"{manifest_path}: is a symlink; releases may not contain links")
     limit = release_format.MAX_MANIFEST_BYTES
-    if not signed:
+    if listing is None or not listing.vouched:
         # Weighed against the data as check_release does, listing the folder only for a manifest above
         # the floor (a format-2 manifest is far below it: ~30 bytes per entry).
         limit = UNSIGNED_MANIFEST_FLOOR
         with contextlib.suppress(OSError):
             if manifest_path.lstat().st_size > UNSIGNED_MANIFEST_FLOOR:
                 limit = _unsigned_manifest_limit(_scan(root).stored)
-    doc, msha, msize = _read_manifest(manifest_path, limit, signed, subjects, source, attested_root)
+    doc, msha, msize = _read_manifest(manifest_path, limit, listing)
     manifest = release_format.check_manifest(doc, manifest_path)
-    rel = _statement_matches(root, manifest, msha, msize, subjects, source, check_claims, lists_more)
+    rel = Release(root, manifest)
+    _listing_matches(rel, msha, msize, listing, every_later=False)
     check_commitments(root, manifest)
     files = {MANIFEST: msha, **{n: f["sha256"] for n, f in rel.subject_files().items()}}
     return CheckedRelease(root, manifest, msha, msize, files, msize, 0, 0, rel, count=len(files))
@@ -496,11 +545,11 @@ class _Listed:
         return i < len(self.keys) and self.keys[i] == key
 
 
-def _list(root: Path, rel: Release, every: dict[str, str] | None, source: str,
-          unlisted: dict[str, str], beside: dict[str, str]) -> _Listed:
-    """Every file the release lists: a safe name, present, of the size stated; against `every` (a signature
-    that lists every file, e.g. an OMS list) when given. Names listed by `unlisted` and `beside` are taken
-    out of them as they are met."""
+def _list(run: _Run, rel: Release, every: Mapping[str, str] | None, unlisted: dict[str, str]) -> _Listed:
+    """Every file the release lists: a safe name, present, of the size stated; against `every` (a listing
+    of every file) when given. Names in `unlisted` and the files beside the release are taken out of them as
+    they are met."""
+    root, source, beside = run.root, run.label, run.beside
     listed = _Listed()
     for name, meta in _release_files(rel):
         path = safe_path(root, name, "manifest file")
@@ -530,11 +579,11 @@ def _users(rel: Release, names: Sequence[str]) -> dict[str, str]:
     return {n: f"entry {i[0]!r}{f' and {len(i) - 1} more' if len(i) > 1 else ''}" for n, i in ids.items()}
 
 
-def _folder_differs(root: Path, rel: Release, beside: dict[str, str], ignored: tuple[str, ...],
-                    source: str) -> tuple[list[str], int]:
+def _folder_differs(run: _Run, rel: Release) -> tuple[list[str], int]:
     """The folder's names against the release's, exactly (sets of names: run when the counts disagreed).
-    Raises IntegrityError naming what is missing and extra; returns the extra files in `ignored` paths, and
+    Raises IntegrityError naming what is missing and extra; returns the extra files in the excused paths, and
     how many distinct files the release lists beside manifest.json."""
+    root, beside, ignored, source = run.root, run.beside, run.excused, run.label
     present = release_folder_files(root)
     expected = {MANIFEST} | {name for name, _ in _release_files(rel)}
     missing = sorted((expected | set(beside)) - present)
@@ -575,11 +624,13 @@ class _Hashed:
     digests: dict[str, str] = field(default_factory=dict)  # name -> sha256 of the files kept (CheckedRelease.files)
 
 
-def _hash_all(root: Path, rel: Release, prefetch: dict[str, Future[tuple[str, int]]], stop: threading.Event,
-              deep: bool, keep: Callable[[str], bool]) -> _Hashed:
+def _hash_all(run: _Run, rel: Release) -> _Hashed:
     """Step 5, every file's bytes once across cores, at most HASH_WINDOW in flight beyond the prefetch; step 6,
     each entry's safetensors header against its record; step 7 with `deep`, every tensor's digest. A shard at
-    a time: memory does not grow with the entries."""
+    a time: memory does not grow with the entries. Kept (_Hashed.digests): every file's digest with
+    `keep_files` or format 1, else those manifest.json binds directly (format 2: the index files)."""
+    root, prefetch, stop, deep = run.root, run.prefetch, run.stop, run.deep
+    kept = None if run.keep_files or rel.index is None else set(rel.subject_files())
     out = _Hashed()
     window: collections.deque[tuple[str, str, Future[tuple[str, int]]]] = collections.deque()
 
@@ -587,7 +638,7 @@ def _hash_all(root: Path, rel: Release, prefetch: dict[str, Future[tuple[str, in
         name, want, future = window.popleft()
         sha, size = _result(future, root / name)
         out.bytes += size
-        if keep(name):
+        if kept is None or name in kept:
             out.digests[name] = sha
         if sha != want:
             out.bad_count += 1
@@ -629,81 +680,137 @@ def _rehash(root: Path, entry: dict[str, Any], out: _Hashed) -> str | None:
     return None
 
 
-def _check(root: Path, folder: _Folder, prefetch: dict[str, Future[tuple[str, int]]], check_claims: ManifestCheck | None,
-           stmt_subjects: dict[str, str] | None, source: str, deep: bool, doc: Any, msha: str,
-           msize: int, stop: threading.Event, beside: dict[str, str], beside_source: str,
-           subjects_beside: bool, every_file: bool, ignored: tuple[str, ...], keep_files: bool) -> CheckedRelease:
-    manifest_path = root / MANIFEST
+def _check(run: _Run) -> CheckedRelease:
+    """Steps 3-7 of a check of everything, one named function each, in the documented order (module docstring);
+    the first failure raises. The records are read a shard at a time as they are checked (format 2), never all
+    kept: memory is the manifest's and a few shards', whatever the number of entries."""
+    rel = _open_manifest(run)  # 3
+    listed = _list_files(run, rel)  # 4
+    _check_beside_names(run)
+    excused, distinct = _compare_folder(run, rel, listed)
+    _check_sizes(run.root, rel, listed)
+    blocks = _before_the_bytes(run, rel)
+    done = _hash_all(run, rel)  # 5-7, streamed: their failures are raised below, in step order
+    beside = _check_beside_digests(run)  # 5
+    _check_digests(run, rel, done)
+    _check_prefix_index(rel, blocks)
+    _check_headers_and_tensors(done)  # 6, 7
+    hashed = run.msize + done.bytes + sum(size for _, size in beside.values()) + done.rehashed_bytes
+    files = {MANIFEST: run.msha, **dict(sorted(done.digests.items()))}
+    return CheckedRelease(run.root, rel.manifest, run.msha, run.msize, files, hashed, done.tensors, done.rehashed, rel,
+                          {n: sha for n, (sha, _) in beside.items()}, excused, 1 + distinct)
 
-    # 3. manifest content, statement vs manifest. The records are read a shard at a time as they are checked
-    # (format 2), never all kept: memory is the manifest's and a few shards', whatever the number of entries.
-    manifest = release_format.check_manifest(doc, manifest_path)
-    rel = Release(root, manifest)
+
+def _open_manifest(run: _Run) -> Release:
+    """Step 3: the manifest's content (schema; format 2: the root digest binding the shard digests about to be
+    trusted), then the listing against it (_listing_matches; a listing of every file waits for step 4)."""
+    manifest = release_format.check_manifest(run.doc, run.root / MANIFEST)
+    rel = Release(run.root, manifest)
     if rel.index is not None:
-        check_commitments(root, manifest)  # the root digest binds the shard digests about to be trusted
-    # A list of every file (an OMS signature) is compared file by file in step 4's pass; what it lists beyond
-    # the release's files is left in `unlisted`: beside the release (subjects_beside) or refused.
-    every = stmt_subjects if every_file else None
-    unlisted = {n: d for n, d in (every or {}).items() if n != MANIFEST}
-    _statement_matches(root, manifest, msha, msize, None if every_file else stmt_subjects, source, check_claims,
-                       rel=rel)
+        check_commitments(run.root, manifest)
+    _listing_matches(rel, run.msha, run.msize, run.listing, every_later=True)
+    return rel
 
-    # 4. the folder: names, missing, extra, sizes
-    listed = _list(root, rel, every, source, unlisted, beside)
-    if unlisted and subjects_beside:
-        beside.update(unlisted)
+
+def _list_files(run: _Run, rel: Release) -> _Listed:
+    """Step 4, list the files: every file the release lists, in one pass (_list), against a listing of every
+    file when there is one; what that listing names beyond them then lies beside the release (keeps_beside),
+    or is refused."""
+    listing = run.listing
+    every = listing.files if listing is not None and listing.every_file else None
+    unlisted = {n: d for n, d in (every or {}).items() if n != MANIFEST}
+    listed = _list(run, rel, every, unlisted)
+    if unlisted and listing is not None and listing.keeps_beside:
+        run.beside.update(unlisted)
     elif unlisted:
         name = min(unlisted)
-        raise VerificationError(f"{root / name}: the {source} lists sha256 {unlisted[name]} and the manifest None")
-    for name in beside:
-        check_relpath(name, f"{root}: the {beside_source}")
+        raise VerificationError(f"{run.root / name}: the {run.label} lists sha256 {unlisted[name]} and the manifest "
+                                f"None")
+    return listed
+
+
+def _check_beside_names(run: _Run) -> None:
+    """Step 4, the files beside the release: safe names, none in the repository metadata the walk leaves out."""
+    for name in run.beside:
+        check_relpath(name, f"{run.root}: the {run.beside_label}")
         if name.split("/")[0] in release_format.REPOSITORY_METADATA:
-            raise VerificationError(f"{root / name}: the {beside_source} lists it beside the release, which ignores "
-                                    f"it")
-    # The walk counted the folder's files: with every file listed present, equal counts mean no other file
-    # is there. A count that differs (or a rare digest collision of two names) asks the exact comparison.
-    excused = [n for n in folder.under_ignored if n not in beside and not listed.holds(n)]
+            raise VerificationError(f"{run.root / name}: the {run.beside_label} lists it beside the release, which "
+                                    f"ignores it")
+
+
+def _compare_folder(run: _Run, rel: Release, listed: _Listed) -> tuple[list[str], int]:
+    """Step 4, compare the folder: the walk counted its files; with every file listed present, equal counts
+    mean no other file is there. A count that differs (or a rare digest collision of two names) asks the exact
+    comparison (_folder_differs, which raises naming them). Returns the excused files found, and how many
+    distinct files the release lists beside manifest.json."""
+    root, beside = run.root, run.beside
+    excused = [n for n in run.folder.under_ignored if n not in beside and not listed.holds(n)]
     distinct = listed.distinct()
     beside_present = all((st := jsonio.stat_or_none(root / n)) is not None and stat.S_ISREG(st.st_mode)
                          for n in beside)
-    if listed.missing or not beside_present or folder.files != 1 + distinct + len(beside) + len(excused):
-        excused, distinct = _folder_differs(root, rel, beside, ignored, source)
-    if listed.wrong_size is not None:
-        name, have, want = listed.wrong_size
-        users = _users(rel, [name]).get(name, "")
-        raise IntegrityError(f"{root / name}{f': {users}' if users else ''}: {have} bytes, the manifest says {want} "
-                             f"({'truncated' if have < want else 'grown'})")
-    for name in sorted(beside):
-        safe_path(root, name, f"file the {beside_source} lists")
-    if rel.index is None:
-        check_commitments(root, manifest)
-    blocks = rel.index.prefix_blocks(rel.token_counts()) if rel.index is not None else []
+    if listed.missing or not beside_present or run.folder.files != 1 + distinct + len(beside) + len(excused):
+        return _folder_differs(run, rel)
+    return excused, distinct
 
-    # 5-7. every byte, once, across cores (format 1: most of it already hashed by the prefetch); headers; tensors
-    kept = set(rel.subject_files())
-    done = _hash_all(root, rel, prefetch, stop, deep, lambda n: keep_files or rel.index is None or n in kept)
-    beside_digests = {n: _result(pool().submit(hash_file, root / n, None, stop), root / n) for n in sorted(beside)}
-    for n, (sha, _) in beside_digests.items():
+
+def _check_sizes(root: Path, rel: Release, listed: _Listed) -> None:
+    """Step 4, sizes: the first file of another size than the manifest states, with the entries using it."""
+    if listed.wrong_size is None:
+        return
+    name, have, want = listed.wrong_size
+    users = _users(rel, [name]).get(name, "")
+    raise IntegrityError(f"{root / name}{f': {users}' if users else ''}: {have} bytes, the manifest says {want} "
+                         f"({'truncated' if have < want else 'grown'})")
+
+
+def _before_the_bytes(run: _Run, rel: Release) -> list[int]:
+    """The end of steps 3-4, before a byte is weighed: each file beside the release a path inside the folder;
+    format 1's entry and root digests (format 2's were checked in step 3); the prefix index's record count
+    against the entries' blocks (format 2: returned, its records checked after step 5)."""
+    for name in sorted(run.beside):
+        safe_path(run.root, name, f"file the {run.beside_label} lists")
+    if rel.index is None:
+        check_commitments(run.root, rel.manifest)
+        return []
+    return rel.index.prefix_blocks(rel.token_counts())
+
+
+def _check_beside_digests(run: _Run) -> dict[str, tuple[str, int]]:
+    """Step 5 for the files beside the release: each hashed, against the digest its listing gives.
+    Returns name -> (sha256, size)."""
+    root, beside = run.root, run.beside
+    digests = {n: _result(pool().submit(hash_file, root / n, None, run.stop), root / n) for n in sorted(beside)}
+    for n, (sha, _) in digests.items():
         if sha != beside[n]:
-            raise IntegrityError(f"{root / n}: sha256 {sha} does not match the {beside_source} ({beside[n]}); it is "
+            raise IntegrityError(f"{root / n}: sha256 {sha} does not match the {run.beside_label} ({beside[n]}); it is "
                                  f"beside the release, outside its manifest")
-    if done.bad:
-        name, actual, stated = done.bad[0]
-        by_sha = {meta["sha256"]: n for n, meta in _release_files(rel)} | {msha: MANIFEST}
-        message = _locate(rel, name, actual, stated, source, by_sha)
-        if done.bad_count > 1:
-            message += f" (and {done.bad_count - 1} more files differ: {', '.join(n for n, _, _ in done.bad[1:4])})"
-        raise IntegrityError(message)
-    # The prefix index's records, which a lookup trusts to name an entry and a number of blocks it holds
-    # (their count weighed against the entries' blocks before step 5 read them).
+    return digests
+
+
+def _check_digests(run: _Run, rel: Release, done: _Hashed) -> None:
+    """Step 5, digests: the first file whose bytes differ from the manifest's digest, located to its tensor or
+    header (_locate), with how many more differ."""
+    if not done.bad:
+        return
+    name, actual, stated = done.bad[0]
+    by_sha = {meta["sha256"]: n for n, meta in _release_files(rel)} | {run.msha: MANIFEST}
+    message = _locate(rel, name, actual, stated, run.label, by_sha)
+    if done.bad_count > 1:
+        message += f" (and {done.bad_count - 1} more files differ: {', '.join(n for n, _, _ in done.bad[1:4])})"
+    raise IntegrityError(message)
+
+
+def _check_prefix_index(rel: Release, blocks: list[int]) -> None:
+    """The prefix index (format 2, after step 5): its records, which a lookup trusts to name an entry and a
+    number of blocks it holds (their count was weighed against the entries' blocks before step 5 read them)."""
     if rel.index is not None:
         rel.index.check_prefix(blocks)
+
+
+def _check_headers_and_tensors(done: _Hashed) -> None:
+    """Steps 6 and 7: the first entry whose safetensors header differs from its record, then (deep) the first
+    tensor whose bytes differ from its digest."""
     if done.header is not None:
         raise done.header
     if done.tensor is not None:
         raise IntegrityError(done.tensor)
-
-    hashed = msize + done.bytes + sum(size for _, size in beside_digests.values()) + done.rehashed_bytes
-    files = {MANIFEST: msha, **dict(sorted(done.digests.items()))}
-    return CheckedRelease(root, manifest, msha, msize, files, hashed, done.tensors, done.rehashed, rel,
-                          {n: sha for n, (sha, _) in beside_digests.items()}, excused, 1 + distinct)

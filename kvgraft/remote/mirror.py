@@ -31,11 +31,10 @@ from kvgraft import errors
 from kvgraft.errors import InputError
 from kvgraft.release import sources
 from kvgraft.release.format import (
-    BUNDLE_NAME,
     MANIFEST,
     MAX_MANIFEST_BYTES,
-    OMS_NAME,
     REPOSITORY_METADATA,
+    SIDE_FILES,
     Release,
     check_commitments,
     load_manifest,
@@ -92,8 +91,9 @@ class Mirror:
 
     def open(self) -> None:
         """manifest.json, the signature files and a pulled subset's list, read at once (all but the first may be absent)."""
-        wanted = [(MANIFEST, MAX_MANIFEST_BYTES, "the manifest"), (BUNDLE_NAME, MAX_SIGNATURE_BYTES, "a signature"),
-                  (OMS_NAME, MAX_SIGNATURE_BYTES, "a signature"), (SUBSET_NAME, MAX_SUBSET_BYTES, "a subset list")]
+        wanted = [(MANIFEST, MAX_MANIFEST_BYTES, "the manifest"),
+                  *[(name, MAX_SIGNATURE_BYTES, "a signature") for name in SIDE_FILES],
+                  (SUBSET_NAME, MAX_SUBSET_BYTES, "a subset list")]
         with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="kvgraft-open") as ex:
             got = list(ex.map(lambda w: read_small(self.store, w[0], w[1], w[2]), wanted))
         if got[0] is None:
@@ -108,7 +108,7 @@ class Mirror:
               meter: Meter | None = None) -> None:
         if name in self._placed:
             return
-        if name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME):  # read at opening, never replaced by a listed file
+        if name in (MANIFEST, *SIDE_FILES, SUBSET_NAME):  # read at opening, never replaced by a listed file
             raise InputError(f"{self.store.shown(name)}: {what}: the manifest lists {name} as a file of the release")
         target = safe_path(self.root, name, what)
         fetch_piece(self.store, self.cache, name, sha256, size, what, entry=entry, link=target, meter=meter)
@@ -135,7 +135,7 @@ class Mirror:
             return
         for name in listed:
             top = name.split("/")[0]
-            if name in files or name in (MANIFEST, BUNDLE_NAME, OMS_NAME, SUBSET_NAME) or top in REPOSITORY_METADATA:
+            if name in files or name in (MANIFEST, *SIDE_FILES, SUBSET_NAME) or top in REPOSITORY_METADATA:
                 continue
             data = read_small(self.store, name, MAX_BESIDE_BYTES, "a file beside the release")
             if data is not None:

@@ -21,7 +21,7 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import integrity, sources
-from kvgraft.release.format import BUNDLE_NAME, MANIFEST, OMS_NAME, Release, now_utc, safe_path
+from kvgraft.release.format import MANIFEST, SIDE_FILES, Release, now_utc, safe_path
 from kvgraft.remote.transfer import place
 
 SUBSET_NAME = "kvgraft-subset.json"
@@ -91,9 +91,9 @@ def pull(rel: Release, ids: list[str], out: Path, *, origin: str, sample: dict[s
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        for name in [MANIFEST, BUNDLE_NAME, OMS_NAME, *files]:
+        for name in [MANIFEST, *SIDE_FILES, *files]:
             src = rel.root / name
-            if name in (BUNDLE_NAME, OMS_NAME) and jsonio.stat_or_none(src) is None:
+            if name in SIDE_FILES and jsonio.stat_or_none(src) is None:
                 continue
             # From a remote release's mirror: links to cached pieces, which are never written in place. From a
             # local folder: copies, not links to files its owner may still change.

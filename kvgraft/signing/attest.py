@@ -30,13 +30,16 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.format import BUNDLE_NAME as BUNDLE_NAME  # the signature files' names belong to the release
 from kvgraft.release.format import FORMAT, MANIFEST, check_relpath
-from kvgraft.release.format import OMS_NAME as OMS_NAME  # folder layout, which release/ checks without signing/
 from kvgraft.schema import validate
 from kvgraft.signing.keys import PublicKey, der_fingerprint, key_id
 from kvgraft.signing.keys import verify as key_verify
 
+# The release's two signature files: kvgraft's bundle, and an OpenSSF model signing v1.0 signature of the
+# folder (kvgraft.signing.oms). The folder layout keeps them beside the manifest, no part of the release
+# (release.format.SIDE_FILES, which every reader of a folder skips).
+BUNDLE_NAME = "release.sigstore.json"
+OMS_NAME = "model.sig"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgraft.dev/attestation/cache-release/v1"
 PREDICATE_SCHEMA = "release-attestation-predicate.v1.json"

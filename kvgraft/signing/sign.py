@@ -19,7 +19,7 @@ from kvgraft.errors import Error, InputError
 from kvgraft.release.format import ENTRIES_DIR, MANIFEST, REPOSITORY_METADATA, check_relpath, safe_path
 from kvgraft.release.hashing import hash_file
 from kvgraft.release.index import INDEX_DIR
-from kvgraft.release.integrity import check_release
+from kvgraft.release.integrity import Beside, check_release
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,
@@ -73,7 +73,7 @@ def _checked_folder(root: Path) -> tuple[dict[str, Any], dict[str, str], dict[st
     root = Path(root)
     own = {MANIFEST, ENTRIES_DIR, INDEX_DIR, BUNDLE_NAME, OMS_NAME, *REPOSITORY_METADATA}
     tops = sorted(set(os.listdir(root)) - own) if jsonio.stat_or_none(root, follow=True) is not None else []
-    checked = check_release(root, ignored=tops, keep_files=True)
+    checked = check_release(root, beside=Beside(f"OMS signature ({OMS_NAME})", excused=tuple(tops)), keep_files=True)
     beside = {name: _beside_digest(root, name) for name in checked.ignored}
     return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files, beside
 

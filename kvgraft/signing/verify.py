@@ -48,8 +48,10 @@ from kvgraft.errors import Error, InputError, IntegrityError, VerificationError,
 from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import (
+    Beside,
     CheckedEntry,
     CheckedRelease,
+    Listing,
     ManifestCheck,
     check_entry,
     check_index,
@@ -440,26 +442,29 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsLi
     signed = read.signature.status == "verified"
     source = read.source
     if read.statement is not None:
+        # The statement's subjects pin manifest.json and the files it binds; its predicate is checked against
+        # the parsed manifest (step 3, before the folder).
         statement = read.statement
         subjects, attested = attest.subjects(statement), statement["predicate"]["root_digest"]
-        claims = _predicate_check(root, statement, source)
+        listing = Listing(subjects, source, vouched=signed,
+                          manifest_note=f"the statement attests the release with root digest {attested}",
+                          also=_predicate_check(root, statement, source))
         if scope == "all":
             beside = ({n: d for n, d in oms_files.items() if n not in subjects}
-                      if oms_files is not None and beside_ok else None)
-            return check_release(root, subjects=subjects, source=source, deep=deep, signed=signed,
-                                 attested_root=attested, check_claims=claims, beside=beside,
-                                 beside_source=f"OMS signature ({oms_path.name})", ignored=ignored,
-                                 keep_files=oms_files is not None)
-        return open_release(root, subjects=subjects, source=source, signed=signed, attested_root=attested,
-                            check_claims=claims)
+                      if oms_files is not None and beside_ok else {})
+            return check_release(root, listing, beside=Beside(f"OMS signature ({oms_path.name})", beside, ignored),
+                                 deep=deep, keep_files=oms_files is not None)
+        return open_release(root, listing)
+    # An OMS file list (or none) plays the statement's part; it names every file of the folder, and what it
+    # names beyond the release's files lies beside it (when it may: beside_ok).
+    every = (Listing(oms_files, source, every_file=True, keeps_beside=beside_ok, vouched=signed)
+             if oms_files is not None else None)
     if scope == "all":
-        # An OMS file list (or none) plays the statement's part; it names every file of the folder.
-        return check_release(root, subjects=oms_files, source=source, deep=deep, signed=signed,
-                             subjects_beside=beside_ok and oms_files is not None, every_file=True, ignored=ignored,
+        return check_release(root, every, beside=Beside(source, excused=ignored), deep=deep,
                              keep_files=oms_files is not None)
-    # Signed with OMS alone: its list names every file; opening compares those opening reads
-    # (manifest.json, which binds the rest, and the index files), each entry's file when it is checked.
-    return open_release(root, subjects=oms_files, source=source, signed=signed, lists_more=True)
+    # Signed with OMS alone: opening compares the files opening reads (manifest.json, which binds the rest,
+    # and the index files), each entry's file when it is checked.
+    return open_release(root, every)
 
 
 def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,

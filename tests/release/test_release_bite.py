@@ -21,7 +21,7 @@ import pytest
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.release.integrity import check_entry, check_release, open_release, release_folder_files
+from kvgraft.release.integrity import Beside, Listing, check_entry, check_release, open_release, release_folder_files
 
 import rewrite
 from release_factory import listed_digests, make_release, release_fixtures
@@ -53,9 +53,9 @@ def test_an_intact_release_counts_every_file_byte_and_tensor(rel: Path) -> None:
     assert (c.manifest_size, c.bytes_hashed, c.tensors, c.tensors_rehashed) == (msize, msize + sizes, ntensors, 0)
     assert c.files == listed_digests(rel) and c.beside == {} and c.manifest_sha256 == listed_digests(rel)[MANIFEST]
     assert c.root == rel and c.release.root == rel and c.manifest["root_digest"] == m["root_digest"]
-    d = check_release(rel, deep=True, subjects=listed_digests(rel), source="signed statement", signed=True)
+    d = check_release(rel, Listing(listed_digests(rel), "signed statement", vouched=True), deep=True)
     assert (d.bytes_hashed, d.tensors, d.tensors_rehashed) == (msize + sizes + tensor_bytes, ntensors, ntensors)
-    o = open_release(rel, subjects=listed_digests(rel))
+    o = open_release(rel, Listing(listed_digests(rel), "manifest"))
     assert (o.bytes_hashed, o.tensors, o.tensors_rehashed, o.manifest_size) == (msize, 0, 0, msize)
     assert o.files == listed_digests(rel)
     one = check_entry(o.release, m["entries"][1]["id"])
@@ -74,11 +74,11 @@ def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
     subjects = listed_digests(rel)
     no_manifest = {k: v for k, v in subjects.items() if k != MANIFEST}
     for call in (check_release, open_release):
-        assert _err(lambda c=call: c(rel, subjects=no_manifest, source="signed statement"), VerificationError) == \
+        assert _err(lambda c=call: c(rel, Listing(no_manifest, "signed statement")), VerificationError) == \
             f"{rel}: the signed statement does not list {MANIFEST} as a subject"
     (rel / MANIFEST).unlink()
     for call in (check_release, open_release):
-        assert _err(lambda c=call: c(rel, subjects=subjects, source="signed statement"), IntegrityError) == \
+        assert _err(lambda c=call: c(rel, Listing(subjects, "signed statement")), IntegrityError) == \
             f"{rel / MANIFEST}: missing ({MANIFEST} is a subject of the signed statement)"
         assert _err(lambda c=call: c(rel), InputError) == \
             f"{rel / MANIFEST}: missing manifest (is {rel} a cache release?)"
@@ -87,10 +87,11 @@ def test_folder_and_manifest_presence(rel: Path, tmp_path: Path) -> None:
 def test_manifest_digest_against_the_statement(rel: Path) -> None:
     subjects = {**listed_digests(rel), MANIFEST: "0" * 64}
     actual = sha256_hex((rel / MANIFEST).read_bytes())
+    note = f"the statement attests the release with root digest {'ab' * 32}"
     for call in (check_release, open_release):
-        assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), IntegrityError) == \
+        assert _err(lambda c=call: c(rel, Listing(subjects, "S")), IntegrityError) == \
             f"{rel / MANIFEST}: sha256 {actual} does not match the S ({'0' * 64})"
-        assert _err(lambda c=call: c(rel, subjects=subjects, source="S", attested_root="ab" * 32), IntegrityError) == (
+        assert _err(lambda c=call: c(rel, Listing(subjects, "S", manifest_note=note)), IntegrityError) == (
             f"{rel / MANIFEST}: sha256 {actual} does not match the S ({'0' * 64}); the statement attests the release "
             f"with root digest {'ab' * 32}")
 
@@ -99,16 +100,17 @@ def test_statement_subjects_against_the_manifest(rel: Path) -> None:
     subjects = {**listed_digests(rel), E1: "1" * 64}
     real = _m(rel)["files"][E1]["sha256"]
     for call in (check_release, open_release):
-        assert _err(lambda c=call: c(rel, subjects=subjects, source="S"), VerificationError) == \
+        assert _err(lambda c=call: c(rel, Listing(subjects, "S")), VerificationError) == \
             f"{rel / E1}: the S lists sha256 {'1' * 64} and the manifest {real}"
     extra = {**listed_digests(rel), "entries/zz.safetensors": "2" * 64}
-    assert _err(lambda: check_release(rel, subjects=extra, source="S"), VerificationError) == \
+    assert _err(lambda: check_release(rel, Listing(extra, "S")), VerificationError) == \
         f"{rel / 'entries/zz.safetensors'}: the S lists sha256 {'2' * 64} and the manifest None"
     # An OMS list (lists_more) may name further files; open_release ignores them.
-    assert open_release(rel, subjects=extra, lists_more=True).files == listed_digests(rel)
+    assert open_release(rel, Listing(extra, "manifest", every_file=True)).files == listed_digests(rel)
     seen: list[tuple[str, int]] = []
-    check_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
-    open_release(rel, check_claims=lambda m, sha, size: seen.append((sha, size)))
+    hook = Listing(listed_digests(rel), "manifest", also=lambda m, sha, size: seen.append((sha, size)))
+    check_release(rel, hook)
+    open_release(rel, hook)
     assert seen == [(listed_digests(rel)[MANIFEST], (rel / MANIFEST).stat().st_size)] * 2
 
 
@@ -121,7 +123,7 @@ def test_missing_and_extra_files_are_named(rel: Path) -> None:
         f"extra.txt")
     (rel / E0).unlink()
     (rel / "extra.txt").unlink()
-    assert _err(lambda: check_release(rel, subjects=listed_digests(rel) | {}, source="S"), Exception).startswith(
+    assert _err(lambda: check_release(rel, Listing(listed_digests(rel) | {}, "S")), Exception).startswith(
         f"{rel / E0}: files differ from the S: missing {E0} (entry {ids[0]!r}), {E1} (entry {ids[1]!r})")
 
 
@@ -262,25 +264,25 @@ def test_links_and_special_files_are_refused(rel: Path) -> None:
 def test_files_beside_the_release_a_signature_lists(rel: Path) -> None:
     (rel / "README.md").write_text("card")
     card = sha256_hex(b"card")
-    c = check_release(rel, beside={"README.md": card}, beside_source="OMS signature (model.sig)")
-    assert c.beside == {"README.md": card} and c.bytes_hashed == check_release(rel, beside={
-        "README.md": card}).bytes_hashed
+    c = check_release(rel, beside=Beside("OMS signature (model.sig)", {"README.md": card}))
+    assert c.beside == {"README.md": card} and c.bytes_hashed == check_release(rel, beside=Beside("OMS signature", {
+        "README.md": card})).bytes_hashed
     assert c.bytes_hashed == (rel / MANIFEST).stat().st_size + sum(
         f["size"] for f in _m(rel)["files"].values()) + 4
-    assert _err(lambda: check_release(rel, beside={"README.md": "4" * 64}, beside_source="B"), IntegrityError) == (
+    assert _err(lambda: check_release(rel, beside=Beside("B", {"README.md": "4" * 64})), IntegrityError) == (
         f"{rel / 'README.md'}: sha256 {card} does not match the B ({'4' * 64}); it is beside the release, outside "
         f"its manifest")
-    assert _err(lambda: check_release(rel, beside={".git/config": "5" * 64}, beside_source="B"),
+    assert _err(lambda: check_release(rel, beside=Beside("B", {".git/config": "5" * 64})),
                 VerificationError) == f"{rel / '.git/config'}: the B lists it beside the release, which ignores it"
     (rel / "README.md").unlink()
-    assert _err(lambda: check_release(rel, beside={"README.md": card}, beside_source="B"), IntegrityError) == \
+    assert _err(lambda: check_release(rel, beside=Beside("B", {"README.md": card})), IntegrityError) == \
         f"{rel / 'README.md'}: files differ from the manifest: missing README.md"
     # A file the manifest lists, named by the signature too, is the release's own (compared by the caller).
-    assert check_release(rel, beside={E0: "6" * 64}).beside == {}
+    assert check_release(rel, beside=Beside("OMS signature", {E0: "6" * 64})).beside == {}
     # subjects_beside: what an OMS list names beyond the manifest is beside the release.
     (rel / "README.md").write_text("card")
     oms_list = {**listed_digests(rel), "README.md": card}
-    got = check_release(rel, subjects=oms_list, subjects_beside=True, every_file=True, source="OMS")
+    got = check_release(rel, Listing(oms_list, "OMS", every_file=True, keeps_beside=True))
     assert got.beside == {"README.md": card}
     assert Release.open(rel).root == rel
 
@@ -453,14 +455,15 @@ def test_manifests_above_the_limits_are_refused_with_whole_lines(rel: Path) -> N
         f.write(b" " * (16 * 1024 * 1024 + 1 - len(original)))
     size = path.stat().st_size
     assert size == 16 * 1024 * 1024 + 1
+    vouched = Listing(listed_digests(rel), "signed statement", vouched=True)  # its maker was verified
     assert _err(lambda: check_release(rel), InputError) == (
         f"{path}: {size} bytes exceeds the 16777216-byte limit for an unsigned manifest (16 MiB here: 1/64 of the "
         f"stored data, at least 16 MiB)")
-    assert check_release(rel, signed=True).manifest_size == size  # the control: a signed one may be larger
+    assert check_release(rel, vouched).manifest_size == size  # the control: a signed one may be larger
     os.truncate(path, 256 * 1024 * 1024 + 1)
-    assert _err(lambda: check_release(rel, signed=True), InputError) == \
+    assert _err(lambda: check_release(rel, vouched), InputError) == \
         f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
-    assert _err(lambda: open_release(rel, signed=True), InputError) == \
+    assert _err(lambda: open_release(rel, vouched), InputError) == \
         f"{path}: {256 * 1024 * 1024 + 1} bytes exceeds the 268435456-byte limit for a manifest"
 
 
@@ -468,12 +471,13 @@ def test_a_file_removed_after_the_listing_is_named_missing(rel: Path) -> None:
     """A file the manifest lists that goes away after the folder was counted (here: while the statement's
     claims are checked, the caller's hook) is refused by name, with the entry using it (the folder is listed
     again, by name, to say so); the control: the same hook removing nothing."""
-    assert check_release(rel, check_claims=lambda m, sha, size: None).files == listed_digests(rel)
+    listed = listed_digests(rel)
+    assert check_release(rel, Listing(listed, "manifest", also=lambda m, sha, size: None)).files == listed
 
     def remove(m: dict[str, Any], sha: str, size: int) -> None:
         os.remove(rel / E1)
 
-    assert _err(lambda: check_release(rel, check_claims=remove), IntegrityError) == \
+    assert _err(lambda: check_release(rel, Listing(listed_digests(rel), "manifest", also=remove)), IntegrityError) == \
         f"{rel / E1}: files differ from the manifest: missing {E1} (entry 'rec-001')"
 
 
@@ -741,12 +745,12 @@ def test_a_file_beside_the_release_is_named_with_what_lists_it(rel: Path) -> Non
     default, or the source its caller gives."""
     (rel / "README.md").write_text("# card\n")
     real = sha256_hex((rel / "README.md").read_bytes())
-    assert check_release(rel, beside={"README.md": real}).tensors > 0  # the control: listed with its digest
+    assert check_release(rel, beside=Beside("OMS signature", {"README.md": real})).tensors > 0  # the control
     wrong = {"README.md": "0" * 64}
-    assert _err(lambda: check_release(rel, beside=wrong), IntegrityError) == (
+    assert _err(lambda: check_release(rel, beside=Beside("OMS signature", wrong)), IntegrityError) == (
         f"{rel / 'README.md'}: sha256 {real} does not match the OMS signature ({'0' * 64}); it is beside the release, "
         f"outside its manifest")
-    assert _err(lambda: check_release(rel, beside=wrong, beside_source="card list"), IntegrityError).startswith(
+    assert _err(lambda: check_release(rel, beside=Beside("card list", wrong)), IntegrityError).startswith(
         f"{rel / 'README.md'}: sha256 {real} does not match the card list (")
 
 
@@ -972,8 +976,9 @@ def test_a_file_name_with_a_backslash_is_refused(rel: Path) -> None:
     assert _err(lambda: check_relpath("entries\\00000.safetensors", "here"), InputError) == \
         "here: unsafe file name 'entries\\\\00000.safetensors' (absolute, '..' or empty parts are refused)"
     (rel / "README.md").write_text("card")
-    assert check_release(rel, beside={"README.md": sha256_hex(b"card")}).beside == {"README.md": sha256_hex(b"card")}
-    assert _err(lambda: check_release(rel, beside={"docs\\README.md": "0" * 64}), InputError) == \
+    card = {"README.md": sha256_hex(b"card")}
+    assert check_release(rel, beside=Beside("OMS signature", card)).beside == card
+    assert _err(lambda: check_release(rel, beside=Beside("OMS signature", {"docs\\README.md": "0" * 64})), InputError) == \
         f"{rel}: the OMS signature: unsafe file name 'docs\\\\README.md' (absolute, '..' or empty parts are refused)"
 
 
@@ -1345,7 +1350,7 @@ def test_an_ignored_file_whose_name_sorts_after_every_listed_one_is_excused(rel:
     (rel / name).write_text("x")
     assert _err(lambda: check_release(rel), IntegrityError) == \
         f"{rel}: files differ from the manifest: not part of the release: {name}"  # the control: not ignored
-    checked = check_release(rel, ignored=("notes",))
+    checked = check_release(rel, beside=Beside("B", excused=("notes",)))
     assert checked.ignored == [name] and checked.count == 1 + len(_m(rel)["files"])
 
 
@@ -1448,10 +1453,10 @@ def test_a_killed_writers_partial_folder_is_removed_by_the_next_writer(tmp_path:
 
 def test_opening_counts_its_files_and_names_the_manifest_as_the_default_source(indexed: Path) -> None:
     listed = {n: f["sha256"] for n, f in Release.open(indexed).subject_files().items()}  # the index files
-    o = open_release(indexed, subjects={MANIFEST: listed_digests(indexed)[MANIFEST], **listed})
+    o = open_release(indexed, Listing({MANIFEST: listed_digests(indexed)[MANIFEST], **listed}, "manifest"))
     assert o.count == len(o.files) == 1 + len(listed) and len(listed) > 1
     subjects = listed
-    assert _err(lambda: open_release(indexed, subjects=subjects), VerificationError) == (
+    assert _err(lambda: open_release(indexed, Listing(subjects, "manifest")), VerificationError) == (
         f"{indexed}: the manifest does not list {MANIFEST} as a subject")
 
 

@@ -18,7 +18,7 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import IntegrityError
 from kvgraft.release import integrity
 from kvgraft.release.format import MANIFEST, Release
-from kvgraft.release.integrity import check_release
+from kvgraft.release.integrity import Beside, check_release
 
 from release_factory import make_release
 
@@ -91,13 +91,13 @@ def test_an_ignored_path_excuses_only_files_outside_the_release(rel: Path) -> No
     neither may stand in for an extra file elsewhere in the count."""
     first = sorted(e["file"] for e in Release.open(rel).iter_entries())[0]
     (rel / "stray.bin").write_bytes(b"x")
-    assert "not part of the release: stray.bin" in _err(lambda: check_release(rel, ignored=(first,)))
+    assert "not part of the release: stray.bin" in _err(lambda: check_release(rel, beside=Beside("B", excused=(first,))))
     (rel / "README.md").write_text("card\n")
     card = {"README.md": sha256_hex(b"card\n")}
     assert "not part of the release: stray.bin" in _err(
-        lambda: check_release(rel, beside=card, ignored=("README.md",)))
+        lambda: check_release(rel, beside=Beside("B", card, ("README.md",))))
     # the controls: the stray file in an ignored path is excused, and reported
-    checked = check_release(rel, beside=card, ignored=("stray.bin",))
+    checked = check_release(rel, beside=Beside("B", card, ("stray.bin",)))
     assert checked.ignored == ["stray.bin"] and checked.beside == card
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvgraft.render.shapes import Detectable
 from kvgraft.render.text import num
@@ -13,10 +12,6 @@ from kvgraft.render.text import num
 class Face:
     verdict: str  # the sentence that decides the check's status
     figures: list[str] = field(default_factory=list)  # the few figures behind it
-
-
-def as_dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
 
 
 def points(effect: float) -> str:

@@ -71,7 +71,8 @@ def heatmap_svg(data: Entries) -> str:
                              f'fill="{HEAT[-1]}" stroke="#000">'
                              f"<title>{esc(tip)}</title></rect>")
                 continue
-            fill = IDENTICAL_COLOR if c["identical"] else HEAT[c["level"] if c.get("level") is not None else 0]
+            level = c.get("level")
+            fill = IDENTICAL_COLOR if c["identical"] else HEAT[level if level is not None else 0]
             tip = f"{r['id']} layer {i}: {cell_text(c)}"
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" fill="{fill}">'
                          f"<title>{esc(tip)}</title></rect>")

@@ -6,9 +6,19 @@ Terminal (render_report) and HTML (render_html) draw these; neither computes a f
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from kvgraft.render.shapes import Accuracy, ByteClasses, Controls, Entries, Layer, Readings, RecomputeEntry, VerifyResult
+from kvgraft.render.shapes import (
+    Accuracy,
+    ByteClasses,
+    Condition,
+    Controls,
+    Entries,
+    Layer,
+    Readings,
+    RecomputeEntry,
+    VerifyResult,
+)
 from kvgraft.render.text import num as _num
 
 # Heat-map palette, low to high divergence.
@@ -19,7 +29,69 @@ MAX_HEAT_ROWS = 200
 MAX_HEAT_LAYERS = 1024  # layer indices beyond this are not drawn (no model has that many; a bad report might)
 
 
-def _layer_cell(layer: Layer) -> dict[str, Any]:
+class Cell(TypedDict):
+    """One layer of one entry: its K and V diffs merged; `level` and `log10` once the heat map has placed it."""
+
+    index: int
+    kind: str | None
+    known: bool
+    identical: bool
+    differing: int
+    max_ulp: int | None
+    max_abs: float | None
+    max_rel: float | None
+    ulp_pairs: int
+    mismatch: str | None
+    level: NotRequired[int | None]
+    log10: NotRequired[float]
+
+
+class HeatRow(TypedDict):
+    id: str
+    cells: dict[int, Cell]
+    byte_exact: bool
+
+
+class Heatmap(TypedDict):
+    rows: list[HeatRow]
+    layers: int
+    metric: str  # ulp | abs
+    log_lo: float
+    log_hi: float
+    truncated: int  # entries not drawn
+
+
+class Row(TypedDict):
+    """One entry of a recompute check, as both renderings' tables show it."""
+
+    id: str
+    tokens: int | None
+    exact: bool
+    verdict: str
+    excess: float | str | None
+    differing_layers: int
+    layers: int
+    max_ulp: int | None
+    max_abs: float | None
+    max_rel: float | None
+    first: str
+    kl: float | None
+    kl_natural: float | None
+
+
+class ClassCells(TypedDict):
+    entry: str
+    cells: list[tuple[str, str]]  # (class label, colour) per condition
+
+
+class ByteClassView(TypedDict):
+    conditions: list[Condition]
+    colour: dict[str, str]
+    classes: int
+    rows: list[ClassCells]
+
+
+def _layer_cell(layer: Layer) -> Cell:
     """Merge a layer's K and V diffs (kvgraft.recompute.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
     parts = [p for p in (layer.get("keys"), layer.get("values")) if p is not None]
     differing = sum(p["differing"] for p in parts)
@@ -37,13 +109,13 @@ def _layer_cell(layer: Layer) -> dict[str, Any]:
             "max_rel": max(rel) if rel else None, "ulp_pairs": sum(pairs), "mismatch": mismatch}
 
 
-def heatmap_model(data: Entries) -> dict[str, Any]:
+def heatmap_model(data: Entries) -> Heatmap:
     """Rows = entries, columns = layers; each cell's level 0..len(HEAT)-1 by log10 of max ULP (else max abs diff)."""
     entries = data["entries"]
     n_layers = 0
-    rows: list[dict[str, Any]] = []
+    rows: list[HeatRow] = []
     for e in entries[:MAX_HEAT_ROWS]:
-        cells: dict[int, dict[str, Any]] = {}
+        cells: dict[int, Cell] = {}
         for layer in e["layers"]:
             if layer["index"] < MAX_HEAT_LAYERS:
                 cells[layer["index"]] = _layer_cell(layer)
@@ -72,7 +144,7 @@ def heatmap_model(data: Entries) -> dict[str, Any]:
             "truncated": max(0, len(entries) - MAX_HEAT_ROWS)}
 
 
-def cell_text(c: dict[str, Any]) -> str:
+def cell_text(c: Cell) -> str:
     if c.get("kind") == "shared" and not c["known"]:
         return "shared layer: stores no states of its own"
     if c.get("mismatch"):
@@ -92,9 +164,9 @@ def cell_text(c: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def recompute_rows(data: Entries) -> list[dict[str, Any]]:
+def recompute_rows(data: Entries) -> list[Row]:
     """One summary per entry of a recompute check: the table both renderings show."""
-    out = []
+    out: list[Row] = []
     for e in data["entries"]:
         cells = [_layer_cell(x) for x in e["layers"]]
         ulps = [x["max_ulp"] for x in cells if x["max_ulp"] is not None]
@@ -127,12 +199,12 @@ def _first_difference(entry: RecomputeEntry) -> str:
         where += f": {fd['detail']}"
     return where
 
-def determinism_model(data: ByteClasses) -> dict[str, Any]:
+def determinism_model(data: ByteClasses) -> ByteClassView:
     """Conditions with their class and colour index, and the optional per-entry rows."""
     conds = data["conditions"]
-    order = list(dict.fromkeys(str(x["class"]) for x in conds if "class" in x))
+    order = list(dict.fromkeys(label for x in conds if (label := x.get("class")) is not None))
     colour = {label: CLASS_COLORS[i % len(CLASS_COLORS)] for i, label in enumerate(order)}
-    rows = []
+    rows: list[ClassCells] = []
     for row in data.get("rows", []):
         labels = [str(x) for x in row["classes"]]
         row_order = list(dict.fromkeys(labels))

@@ -15,7 +15,7 @@ from kvgraft.render.shapes import Entries, RecomputeEntry
 from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
-from kvgraft.render.views import recompute_rows
+from kvgraft.render.views import Row, recompute_rows
 
 
 # What the face, details and HTML read of a report check's `data`: a recompute result
@@ -157,7 +157,7 @@ def _entry_verdicts(entries: list[RecomputeEntry]) -> str:
     return ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(entries)} entries"
 
 
-def difference_size(row: dict[str, Any]) -> str:
+def difference_size(row: Row) -> str:
     """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
     absolute and relative difference and the share of the noise bound; ULP only among same-sign normal values."""
     parts = [f"max |diff| {num(row.get('max_abs'))}"]

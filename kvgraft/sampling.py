@@ -26,7 +26,7 @@ import heapq
 import json
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from math import comb
@@ -55,7 +55,7 @@ def check_nonce(nonce: Any, what: str = "--nonce") -> str:
     return nonce
 
 
-def nonce_origin(sample: dict[str, Any], journal: str | None) -> str:
+def nonce_origin(sample: Mapping[str, Any], journal: str | None) -> str:
     """Where a result's nonce came from, in words: given (by the auditor), drawn (here, at random), or read
     from the journal an earlier run left (whoever wrote that file chose it)."""
     if sample.get("nonce_source") == "journal":
@@ -297,7 +297,7 @@ def pct(x: float) -> str:
     return f"{p:.{digits}f}%"
 
 
-def sentence(b: dict[str, Any]) -> str:
+def sentence(b: Mapping[str, Any]) -> str:
     """'0 of 200 sampled fail: at most 1.5% of 100,000 entries fail (95%)' from a recorded bound."""
     conf = f"{100 * float(b['confidence']):g}%"
     return (f"{b['failing']} of {b['sampled']:,} sampled fail ({b['fail_means']}): at most "

@@ -7,13 +7,14 @@ Each kind's details come from its module in the check registry (kvgraft.audit.ch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console, RenderableType
 from rich.text import Text
 
 from kvgraft.audit import face
 from kvgraft.audit.checks import KINDS
+from kvgraft.audit.checks.claims import ClaimsData
 from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
 from kvgraft.render.text import STATUS_STYLE, hanging, plain_tree, styled
@@ -23,8 +24,9 @@ from kvgraft.render.views import readings_lines
 def claims_check_renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (`audit claims`, kvgraft.claims.checker.check)."""
     result = plain_tree(result)
+    shown = cast("ClaimsData", result)  # sealed by the CLI: valid against schemas/claims.v1.json
     title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
-    out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(result)]
+    out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(shown)]
     out.append(claims_view(console, result["claims"], title))
     counts = ", ".join(f"{n} {k}" for k, n in result["counts"].items() if n)
     status = result.get("status", "failed" if result["failed"] else "passed")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from kvgraft.render.shapes import Detectable
 from kvgraft.render.text import num
 
 
@@ -14,29 +14,25 @@ class Face:
     figures: list[str] = field(default_factory=list)  # the few figures behind it
 
 
-def as_dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def points(effect: float) -> str:
     """A difference between two accuracies, in percentage points (not a percentage of anything)."""
     return f"{num(effect * 100, '.0f')} points"
 
 
-def detectable(det: dict[str, Any]) -> str:
+def detectable(det: Detectable) -> str:
     """What `kvgraft.generalization.stats.detectable_effect` measured, said as what it is."""
-    n, power = det.get("n"), det.get("power", 0.8)
-    if det.get("effect") is None:
+    n, power, effect = det["n"], det.get("power", 0.8), det["effect"]
+    if effect is None:
         return f"at n = {n} no difference can be significant"
-    return f"smallest difference detectable at n = {n} with {power:.0%} power: {points(det['effect'])}"
+    return f"smallest difference detectable at n = {n} with {power:.0%} power: {points(effect)}"
 
 
-def null_meaning(dets: list[dict[str, Any]]) -> str:
+def null_meaning(dets: list[Detectable]) -> str:
     """One line: what the non-significant results among these say, and what they do not."""
-    sized = [d for d in dets if d.get("effect") is not None]
+    sized = [(e, d["n"]) for d in dets if (e := d["effect"]) is not None]
     if not sized:
         return "not significant here means nothing: at these sizes no difference could have been significant"
-    big = max(sized, key=lambda d: d["effect"])
-    at = f"n = {big['n']}" if len({d["n"] for d in sized}) == 1 else f"the smallest n, {min(d['n'] for d in sized)}"
-    return (f"not significant means no difference of {points(big['effect'])} or more is likely to have been missed "
+    effect, n = max(sized, key=lambda d: d[0])
+    at = f"n = {n}" if len({m for _, m in sized}) == 1 else f"the smallest n, {min(m for _, m in sized)}"
+    return (f"not significant means no difference of {points(effect)} or more is likely to have been missed "
             f"(at {at}); smaller differences are not excluded")

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from kvgraft.render.shapes import Accuracy, Entries
 from kvgraft.render.text import pct
 from kvgraft.render.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
 
@@ -39,7 +40,7 @@ def table(headers: list[str], rows: list[list[str]], num: Iterable[int] = ()) ->
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def heatmap_svg(data: dict[str, Any]) -> str:
+def heatmap_svg(data: Entries) -> str:
     m = heatmap_model(data)
     if not m["rows"] or not m["layers"]:
         return '<p class="muted">(no per-layer data)</p>'
@@ -70,7 +71,8 @@ def heatmap_svg(data: dict[str, Any]) -> str:
                              f'fill="{HEAT[-1]}" stroke="#000">'
                              f"<title>{esc(tip)}</title></rect>")
                 continue
-            fill = IDENTICAL_COLOR if c["identical"] else HEAT[c["level"] if c.get("level") is not None else 0]
+            level = c.get("level")
+            fill = IDENTICAL_COLOR if c["identical"] else HEAT[level if level is not None else 0]
             tip = f"{r['id']} layer {i}: {cell_text(c)}"
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{cell - 1:.1f}" height="15" fill="{fill}">'
                          f"<title>{esc(tip)}</title></rect>")
@@ -93,7 +95,7 @@ def heatmap_svg(data: dict[str, Any]) -> str:
     return "".join(parts) + more
 
 
-def intervals_svg(accuracies: list[dict[str, Any]]) -> str:
+def intervals_svg(accuracies: list[Accuracy]) -> str:
     rows = [(a, acc_interval(a)) for a in accuracies]
     label_w, plot_w, right_w, row_h, top = 190, 560, 190, 26, 24
     width = label_w + plot_w + right_w
@@ -106,7 +108,7 @@ def intervals_svg(accuracies: list[dict[str, Any]]) -> str:
                      f'<text x="{x:.1f}" y="{top - 8}" font-size="10" text-anchor="middle" fill="#555">{t}%</text>')
     for j, (a, iv) in enumerate(rows):
         y = top + row_h * j + row_h / 2
-        k, n = int(a["k"]), int(a["n"])
+        k, n = a["k"], a["n"]
         parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" font-size="12" text-anchor="end">{esc(a["name"])}</text>')
         if iv is not None:
             x0, x1 = label_w + plot_w * iv[0], label_w + plot_w * iv[1]
@@ -120,10 +122,10 @@ def intervals_svg(accuracies: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def accuracy_html(title: str, accuracies: list[dict[str, Any]]) -> str:
+def accuracy_html(title: str, accuracies: list[Accuracy]) -> str:
     rows = []
     for a in accuracies:
-        k, n = int(a["k"]), int(a["n"])
+        k, n = a["k"], a["n"]
         iv = acc_interval(a)
         rows.append([esc(a["name"]), f"{k}/{n}", pct(k / n), "-" if iv is None else f"{pct(iv[0])}–{pct(iv[1])}"])
     return f"<h3>{esc(title)}</h3>" + intervals_svg(accuracies) + table(["condition", "k/n", "accuracy", "95% Wilson interval"],

@@ -8,11 +8,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvgraft.render.shapes import Accuracy, Claim, Entries, Finding
 from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
 from kvgraft.render.views import HEAT, acc_interval, heatmap_model
 
 
-def heatmap_text(data: dict[str, Any], columns: int = 80) -> RenderableType:
+def heatmap_text(data: Entries, columns: int = 80) -> RenderableType:
     """Rows: entries, columns: layers. Ids that leave no room for the layers go on a line of their own."""
     m = heatmap_model(data)
     if not m["rows"] or not m["layers"]:
@@ -78,16 +79,16 @@ def interval_bar(k: int, n: int, lo: float, hi: float, width: int = 30) -> Text:
 
 
 
-def accuracy_view(console: Console, title: str, accuracies: list[dict[str, Any]]) -> RenderableType:
+def accuracy_view(console: Console, title: str, accuracies: list[Accuracy]) -> RenderableType:
     headers = ["condition", "k/n", "accuracy", "95% interval"]
     t = Table(title=title, title_justify="left")
     for i, h in enumerate([*headers, "0% " + " " * 24 + "100%"]):
         t.add_column(h, justify="right" if i in (1, 2, 3) else "left")
     rows = []
     for a in accuracies:
-        k, n = int(a["k"]), int(a["n"])
+        k, n = a["k"], a["n"]
         iv = acc_interval(a) if n else None
-        row = [str(a["name"]), f"{k}/{n}", pct(k / n) if n else "-", f"{pct(iv[0])}–{pct(iv[1])}" if iv else "-"]
+        row = [a["name"], f"{k}/{n}", pct(k / n) if n else "-", f"{pct(iv[0])}–{pct(iv[1])}" if iv else "-"]
         rows.append(row)
         t.add_row(*row, interval_bar(k, n, *iv) if iv else "")
     return fitted(console, t, headers, rows)
@@ -102,13 +103,13 @@ def mapping_view(console: Console, title: str, mapping: dict[str, Any]) -> Rende
     return styled(kv_lines(console.width, title, rows), WORDS)
 
 
-def claims_view(console: Console, claims: list[dict[str, Any]], title: str = "claims") -> RenderableType:
+def claims_view(console: Console, claims: list[Claim], title: str = "claims") -> RenderableType:
     """One paragraph per claim: id, verdict, what was claimed, and each finding behind the verdict."""
     lines = [title]
     for c in claims:
         lines.append("")
-        lines += hanging(f"{c['id']}  {c['verdict']}", str(c.get("claimed", "")), console.width, indent=0)
-        for f in c.get("findings", []) or [{"check": "reason", "verdict": c["verdict"], "detail": c.get("reason", "")}]:
+        lines += hanging(f"{c['id']}  {c['verdict']}", c.get("claimed", ""), console.width, indent=0)
+        for f in c.get("findings", []) or [Finding(check="reason", verdict=c["verdict"], detail=c.get("reason", ""))]:
             lines += hanging("", f"· {f['check']} ({f['verdict']}): {f['detail']}", console.width)
     return styled(lines, WORDS)
 

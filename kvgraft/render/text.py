@@ -13,6 +13,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kvgraft.render.shapes import KN
+
 STATUS_STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow", "incomplete": "bold yellow"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "incomplete": "?"}
 VERDICT_STYLE = {
@@ -98,7 +100,7 @@ def pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def kn(a: dict[str, Any] | None) -> str:
+def kn(a: KN | None) -> str:
     """k/n of an accuracy dict, "-" when it has no n."""
     return f"{a['k']}/{a['n']}" if a and a.get("n") else "-"
 

@@ -6,8 +6,19 @@ Terminal (render_report) and HTML (render_html) draw these; neither computes a f
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import NotRequired, TypedDict
 
+from kvgraft.render.shapes import (
+    Accuracy,
+    ByteClasses,
+    Condition,
+    Controls,
+    Entries,
+    Layer,
+    Readings,
+    RecomputeEntry,
+    VerifyResult,
+)
 from kvgraft.render.text import num as _num
 
 # Heat-map palette, low to high divergence.
@@ -18,37 +29,98 @@ MAX_HEAT_ROWS = 200
 MAX_HEAT_LAYERS = 1024  # layer indices beyond this are not drawn (no model has that many; a bad report might)
 
 
-def _layer_cell(layer: dict[str, Any]) -> dict[str, Any]:
+class Cell(TypedDict):
+    """One layer of one entry: its K and V diffs merged; `level` and `log10` once the heat map has placed it."""
+
+    index: int
+    kind: str | None
+    known: bool
+    identical: bool
+    differing: int
+    max_ulp: int | None
+    max_abs: float | None
+    max_rel: float | None
+    ulp_pairs: int
+    mismatch: str | None
+    level: NotRequired[int | None]
+    log10: NotRequired[float]
+
+
+class HeatRow(TypedDict):
+    id: str
+    cells: dict[int, Cell]
+    byte_exact: bool
+
+
+class Heatmap(TypedDict):
+    rows: list[HeatRow]
+    layers: int
+    metric: str  # ulp | abs
+    log_lo: float
+    log_hi: float
+    truncated: int  # entries not drawn
+
+
+class Row(TypedDict):
+    """One entry of a recompute check, as both renderings' tables show it."""
+
+    id: str
+    tokens: int | None
+    exact: bool
+    verdict: str
+    excess: float | str | None
+    differing_layers: int
+    layers: int
+    max_ulp: int | None
+    max_abs: float | None
+    max_rel: float | None
+    first: str
+    kl: float | None
+    kl_natural: float | None
+
+
+class ClassCells(TypedDict):
+    entry: str
+    cells: list[tuple[str, str]]  # (class label, colour) per condition
+
+
+class ByteClassView(TypedDict):
+    conditions: list[Condition]
+    colour: dict[str, str]
+    classes: int
+    rows: list[ClassCells]
+
+
+def _layer_cell(layer: Layer) -> Cell:
     """Merge a layer's K and V diffs (kvgraft.recompute.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
-    parts = [layer[x] for x in ("keys", "values") if isinstance(layer.get(x), dict)]
-    differing = sum(int(p.get("differing") or 0) for p in parts)
+    parts = [p for p in (layer.get("keys"), layer.get("values")) if p is not None]
+    differing = sum(p["differing"] for p in parts)
     # A ULP figure only where some differing element had one (finite same-sign normals: kvgraft.recompute.compare); reports
     # from before `ulp_pairs` counted every element.
-    ulps = [int(p["max_ulp"]) for p in parts if p.get("max_ulp") is not None
-            and (p.get("ulp_pairs") is None or int(p["ulp_pairs"]) > 0)]
-    pairs = [int(p["ulp_pairs"]) if p.get("ulp_pairs") is not None else int(p.get("differing") or 0) for p in parts]
-    absd = [float(p["max_abs"]) for p in parts if p.get("max_abs") is not None]
-    rel = [float(p["max_rel"]) for p in parts if p.get("max_rel") is not None]
+    ulps = [u for p in parts if (u := p.get("max_ulp")) is not None and p.get("ulp_pairs", 1) > 0]
+    pairs = [p.get("ulp_pairs", p["differing"]) for p in parts]
+    absd = [float(a) for p in parts if (a := p.get("max_abs")) is not None]
+    rel = [r for p in parts if (r := p.get("max_rel")) is not None]
     known = bool(parts) and "layout_mismatch" not in layer
-    identical = known and all(p.get("equal") is True for p in parts)
-    mismatch = layer.get("layout_mismatch") or next((p["shape_mismatch"] for p in parts if p.get("shape_mismatch")), None)
-    return {"index": layer.get("index"), "kind": layer.get("kind"), "known": known, "identical": identical,
+    identical = known and all(p["equal"] for p in parts)
+    mismatch = layer.get("layout_mismatch") or next((m for p in parts if (m := p.get("shape_mismatch"))), None)
+    return {"index": layer["index"], "kind": layer.get("kind"), "known": known, "identical": identical,
             "differing": differing, "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
             "max_rel": max(rel) if rel else None, "ulp_pairs": sum(pairs), "mismatch": mismatch}
 
 
-def heatmap_model(data: dict[str, Any]) -> dict[str, Any]:
+def heatmap_model(data: Entries) -> Heatmap:
     """Rows = entries, columns = layers; each cell's level 0..len(HEAT)-1 by log10 of max ULP (else max abs diff)."""
-    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
+    entries = data["entries"]
     n_layers = 0
-    rows: list[dict[str, Any]] = []
+    rows: list[HeatRow] = []
     for e in entries[:MAX_HEAT_ROWS]:
-        cells: dict[int, dict[str, Any]] = {}
-        for layer in e.get("layers", []):
-            if isinstance(layer, dict) and isinstance(layer.get("index"), int) and layer["index"] < MAX_HEAT_LAYERS:
+        cells: dict[int, Cell] = {}
+        for layer in e["layers"]:
+            if layer["index"] < MAX_HEAT_LAYERS:
                 cells[layer["index"]] = _layer_cell(layer)
                 n_layers = max(n_layers, layer["index"] + 1)
-        rows.append({"id": str(e.get("id", "?")), "cells": cells, "byte_exact": e.get("byte_exact")})
+        rows.append({"id": e["id"], "cells": cells, "byte_exact": e["byte_exact"]})
     # ULP digits only when every differing element of every cell has a ULP distance that means something.
     diffs = [c for r in rows for c in r["cells"].values() if c["differing"]]
     metric = "ulp" if diffs and all(c["max_ulp"] and c["ulp_pairs"] == c["differing"] for c in diffs) else "abs"
@@ -72,7 +144,7 @@ def heatmap_model(data: dict[str, Any]) -> dict[str, Any]:
             "truncated": max(0, len(entries) - MAX_HEAT_ROWS)}
 
 
-def cell_text(c: dict[str, Any]) -> str:
+def cell_text(c: Cell) -> str:
     if c.get("kind") == "shared" and not c["known"]:
         return "shared layer: stores no states of its own"
     if c.get("mismatch"):
@@ -92,35 +164,34 @@ def cell_text(c: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def recompute_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+def recompute_rows(data: Entries) -> list[Row]:
     """One summary per entry of a recompute check: the table both renderings show."""
-    out = []
-    for e in data.get("entries", []):
-        cells = [_layer_cell(x) for x in e.get("layers", []) if isinstance(x, dict)]
+    out: list[Row] = []
+    for e in data["entries"]:
+        cells = [_layer_cell(x) for x in e["layers"]]
         ulps = [x["max_ulp"] for x in cells if x["max_ulp"] is not None]
         absd = [x["max_abs"] for x in cells if x["max_abs"] is not None]
         rel = [x["max_rel"] for x in cells if x["max_rel"] is not None]
-        matched = e.get("matched") if isinstance(e.get("matched"), dict) else {}
-        natural = e.get("natural") if isinstance(e.get("natural"), dict) else {}
-        verdict = e.get("verdict") or ("byte-exact" if e.get("byte_exact") else "differs")
-        out.append({"id": str(e.get("id")), "tokens": e.get("num_tokens"), "exact": bool(e.get("byte_exact")),
-                    "verdict": str(verdict), "excess": e.get("max_excess"),
+        verdict = e.get("verdict") or ("byte-exact" if e["byte_exact"] else "differs")
+        out.append({"id": e["id"], "tokens": e.get("num_tokens"), "exact": e["byte_exact"],
+                    "verdict": verdict, "excess": e.get("max_excess"),
                     "differing_layers": sum(1 for x in cells if not x["identical"] and (x["known"] or x["mismatch"])),
                     "layers": len(cells), "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
                     "max_rel": max(rel) if rel else None,
-                    "first": _first_difference(e), "kl": matched.get("kl_max"), "kl_natural": natural.get("kl_max")})
+                    "first": _first_difference(e), "kl": e.get("matched", {}).get("kl_max"),
+                    "kl_natural": e.get("natural", {}).get("kl_max")})
     return out
 
 
-def _first_difference(entry: dict[str, Any]) -> str:
+def _first_difference(entry: RecomputeEntry) -> str:
     fd = entry.get("first_difference")
-    if not isinstance(fd, dict):
+    if fd is None:
         return "-"
     where = f"layer {fd.get('layer')}"
     if fd.get("tensor"):
         where += f" {fd['tensor']}"
     loc = fd.get("location")
-    if isinstance(loc, list) and len(loc) == 4:
+    if loc is not None and len(loc) == 4:
         where += f" pos {loc[2]} (head {loc[1]}, dim {loc[3]})"
     elif loc:
         where += f" at {loc}"
@@ -128,49 +199,50 @@ def _first_difference(entry: dict[str, Any]) -> str:
         where += f": {fd['detail']}"
     return where
 
-def determinism_model(data: dict[str, Any]) -> dict[str, Any]:
+def determinism_model(data: ByteClasses) -> ByteClassView:
     """Conditions with their class and colour index, and the optional per-entry rows."""
-    conds = [x for x in data.get("conditions", []) if isinstance(x, dict)]
-    order = list(dict.fromkeys(str(x["class"]) for x in conds if "class" in x))
+    conds = data["conditions"]
+    order = list(dict.fromkeys(label for x in conds if (label := x.get("class")) is not None))
     colour = {label: CLASS_COLORS[i % len(CLASS_COLORS)] for i, label in enumerate(order)}
-    rows = []
+    rows: list[ClassCells] = []
     for row in data.get("rows", []):
-        labels = [str(x) for x in row.get("classes", [])]
+        labels = [str(x) for x in row["classes"]]
         row_order = list(dict.fromkeys(labels))
-        rows.append({"entry": str(row.get("entry")),
+        rows.append({"entry": row["entry"],
                      "cells": [(lab, CLASS_COLORS[row_order.index(lab) % len(CLASS_COLORS)]) for lab in labels]})
     return {"conditions": conds, "colour": colour, "classes": len(order), "rows": rows}
 
 
-def verify_lines(data: dict[str, Any]) -> tuple[str, list[str]]:
+def verify_lines(data: VerifyResult) -> tuple[str, list[str]]:
     """(result, details) of a verify check's data (a verify result)."""
     result = "ok" if data.get("ok") else f"failed: {data.get('error') or 'see details'}"
-    details = [str(d) for d in data.get("details", [])]
-    for key, label in (("root_digest", "root digest"), ("entries", "entries"), ("files", "files checked"),
-                       ("tensors", "tensors"), ("bytes_hashed", "bytes hashed"), ("deep", "deep (every tensor re-hashed)")):
-        if key in data:
-            details.append(f"{label}: {_num(data[key])}")
+    details = list(data.get("details", []))
+    for label, value in (("root digest", data.get("root_digest")), ("entries", data.get("entries")),
+                         ("files checked", data.get("files")), ("tensors", data.get("tensors")),
+                         ("bytes hashed", data.get("bytes_hashed")), ("deep (every tensor re-hashed)", data.get("deep"))):
+        if value is not None:  # the schema gives none of them null: present and not None are one
+            details.append(f"{label}: {_num(value)}")
     sig = data.get("signature")
-    if isinstance(sig, dict):
+    if sig is not None:
         who = sig.get("identity") or sig.get("key_id") or ""
         details.append(f"signature: {sig.get('status')} {sig.get('method') or ''} {who}".strip())
     return result, details
 
-def acc_interval(a: dict[str, Any]) -> tuple[float, float] | None:
+def acc_interval(a: Accuracy) -> tuple[float, float] | None:
+    """The accuracy's interval as recorded, else the Wilson interval of k of n; None when there is no n."""
     iv = a.get("interval")
-    if isinstance(iv, list) and len(iv) == 2:
-        return float(iv[0]), float(iv[1])
-    try:
-        from kvgraft.generalization.stats import wilson_interval
-
-        return wilson_interval(int(a["k"]), int(a["n"]), float(a.get("confidence", 0.95)))
-    except Exception:
+    if iv is not None:
+        return iv[0], iv[1]  # the schema gives it exactly two members
+    if not a["n"]:
         return None
+    from kvgraft.generalization.stats import wilson_interval  # scipy: imported when an interval is drawn
 
-def controls_rows(result: dict[str, Any]) -> list[list[str]]:
+    return wilson_interval(a["k"], a["n"], a.get("confidence", 0.95))
+
+def controls_rows(result: Controls) -> list[list[str]]:
     """One row per control: what it expects, a vs graft, p, the leakage split, the detectable effect, shows?"""
     rows = []
-    for o in result.get("controls", []):
+    for o in result["controls"]:
         d = o["detectable"]
         sp = o["split"]
         split = (f"clean {sp['clean']['k']}/{sp['clean']['n']}, "
@@ -185,6 +257,6 @@ CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wi
                  "smallest difference detectable (80% power)", "shows it"]
 
 
-def readings_lines(result: dict[str, Any]) -> list[str]:
+def readings_lines(result: Readings) -> list[str]:
     """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
     return [f"reading: {r['summary']}" for r in result.get("readings", []) if r["figures"]]

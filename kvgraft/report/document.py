@@ -23,6 +23,7 @@ from kvgraft.verdict import CHECK_STATUSES
 __all__ = ["mcnemar_exact", "wilson_interval"]
 
 REPORT_SCHEMA = "audit-report.v1.json"
+GENERALIZATION_SCHEMA = "generalization-result.v1.json"
 REPORT_FORMAT = "kvgraft-audit-report"
 REPORT_FORMAT_VERSION = 1
 
@@ -110,7 +111,17 @@ def validate_report(doc: Any, where: str) -> None:
     digest = doc["plan"].get("sha256")
     if digest is not None and digest != plan_digest(doc["plan"]["content"]):
         raise InputError(f"{where}: plan.sha256 does not match the plan content")
-    for c in doc["checks"]:
+    for i, c in enumerate(doc["checks"]):
+        if c["kind"] == "generalization":
+            if "result" in c["data"]:
+                # The whole result its face draws: the report schema names its kind, its own schema its members.
+                validate(c["data"]["result"], GENERALIZATION_SCHEMA, f"{where}: checks[{i}].data.result")
+            split = c["data"].get("split", {})
+            for part, accs in (("conditions", c["data"]["conditions"]), ("split.clean", split.get("clean", [])),
+                               ("split.contaminated", split.get("contaminated", []))):
+                for j, a in enumerate(accs):
+                    if a["k"] > a["n"]:
+                        raise InputError(f"{where}: checks[{i}].data.{part}[{j}]: k = {a['k']} exceeds n = {a['n']}")
         if c["kind"] == "determinism":
             n = len(c["data"]["conditions"])
             for row in c["data"].get("rows", []):

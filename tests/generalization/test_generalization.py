@@ -341,8 +341,11 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
         assert needle in text, needle
     assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
     from kvgraft.audit.checks import KINDS
+    from kvgraft.audit.checks.generalization import report_check_data
 
-    face = KINDS["generalization"].face({"result": tiny_result})  # a report's face of this result
+    # A report's face of this result: its check's data as the audit run writes it (the report schema requires
+    # `conditions` beside `result`).
+    face = KINDS["generalization"].face({**report_check_data(tiny_result), "result": tiny_result})
     assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
 

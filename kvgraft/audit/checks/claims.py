@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
 from rich.console import Console, RenderableType
 
@@ -10,9 +10,17 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face
 from kvgraft.render.html import esc
+from kvgraft.render.shapes import Claim, Readings
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
+
+
+class ClaimsData(Readings):
+    """What the face, details and HTML read of a report check's `data` ($defs/claims_check of the report schema)."""
+
+    counts: NotRequired[dict[str, int]]
+    claims: NotRequired[list[Claim]]
 
 
 def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,20 +55,20 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if judged else "incomplete"
 
 
-def face(data: dict[str, Any]) -> Face:
-    counts = ", ".join(f"{n} {k}" for k, n in (data.get("counts") or {}).items() if n)
-    claims = [c for c in data.get("claims", []) if isinstance(c, dict)]
+def face(data: ClaimsData) -> Face:
+    counts = ", ".join(f"{n} {k}" for k, n in data.get("counts", {}).items() if n)
+    claims = data.get("claims", [])
     bad = [c for c in claims if c.get("verdict") in ("contradicted", "inconsistent")]
     verdict = f"{len(claims)} claims: {counts or 'none'}" + ("" if bad else "; none contradicted or inconsistent")
-    return Face(verdict, [f"reading: {r['summary']}" for r in data.get("readings", []) if r.get("figures")])
+    return Face(verdict, [f"reading: {r['summary']}" for r in data.get("readings", []) if r["figures"]])
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
-    return [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(data)] + [
-        claims_view(console, [c for c in data.get("claims", []) if isinstance(c, dict)])]
+def details(data: ClaimsData, console: Console) -> list[RenderableType]:
+    out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(data)]
+    return [*out, claims_view(console, data.get("claims", []))]
 
 
-def html(data: dict[str, Any]) -> str:
+def html(data: ClaimsData) -> str:
     return "".join(f"<p>{esc(line)}</p>" for line in readings_lines(data))
 
 

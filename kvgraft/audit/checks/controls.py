@@ -10,6 +10,7 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face, detectable, null_meaning
 from kvgraft.render.html import esc, table
+from kvgraft.render.shapes import Controls, Detectable
 from kvgraft.render.text import hanging, kn, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import CONTROLS_HEAD, controls_rows
@@ -38,15 +39,15 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"
 
 
-def face(data: dict[str, Any]) -> Face:
-    controls = [c for c in data.get("controls", []) if isinstance(c, dict)]
+def face(data: Controls) -> Face:
+    controls = data["controls"]
     shows = sum(1 for c in controls if c.get("shows"))
     verdict = f"{shows}/{len(controls)} controls show what they expect (an effect where one is planted, none where not)"
     figures = []
-    nulls = []
+    nulls: list[Detectable] = []
     for c in controls:
         graft = "b" if c.get("condition") == "own" else "c"
-        det = c.get("detectable") or {}
+        det = c["detectable"]
         power = f" ({detectable(det)})" if det else ""
         if det and not c.get("significant", True):
             nulls.append(det)
@@ -57,13 +58,13 @@ def face(data: dict[str, Any]) -> Face:
     return Face(verdict, figures)
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+def details(data: Controls, console: Console) -> list[RenderableType]:
     rows = controls_rows(data)
     out = [text_table(console, "controls: planted effects on a generated fact library", CONTROLS_HEAD, rows)]
     return out + [styled(hanging("•", s, console.width, indent=0)) for s in data.get("statements", [])]
 
 
-def html(data: dict[str, Any]) -> str:
+def html(data: Controls) -> str:
     notes = "".join(f"<li>{esc(x)}</li>" for x in data.get("statements", []))
     return table(CONTROLS_HEAD, [[esc(x) for x in row] for row in controls_rows(data)]) + f"<ul>{notes}</ul>"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from rich.console import Console, RenderableType
 
@@ -11,9 +11,23 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face
 from kvgraft.render.html import esc, table
+from kvgraft.render.shapes import ByteClasses
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import determinism_model
+
+
+class Environment(TypedDict, total=False):
+    device_name: str | None
+
+
+class DeterminismData(ByteClasses):
+    """What the face, details and HTML read of a report check's `data` ($defs/determinism of the report schema)."""
+
+    baseline: NotRequired[str]
+    length: NotRequired[int]
+    notes: NotRequired[list[str]]
+    environment: NotRequired[Environment]
 
 
 def run(ctx: Context, dc: dict[str, Any]) -> Ran:
@@ -29,16 +43,16 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if len(result["conditions"]) >= 2 else "incomplete"
 
 
-def face(data: dict[str, Any]) -> Face:
-    conds = [c for c in data.get("conditions", []) if isinstance(c, dict)]
+def face(data: DeterminismData) -> Face:
+    conds = data["conditions"]
     classes: dict[str, list[str]] = {}
     for c in conds:
-        classes.setdefault(str(c.get("class", "?")), []).append(str(c.get("name")))
-    env = data.get("environment") or {}
-    where = f" on {env.get('device_name')}" if isinstance(env, dict) and env.get("device_name") else ""
+        classes.setdefault(c.get("class", "?"), []).append(c["name"])
+    device = data.get("environment", Environment()).get("device_name")
+    where = f" on {device}" if device else ""
     verdict = (f"{len(classes)} distinct KV byte classes among {len(conds)} conditions{where} "
                "(it describes; it fails nothing)")
-    baseline = str(data.get("baseline", ""))
+    baseline = data.get("baseline", "")
     figures = []
     for label, names in classes.items():
         if baseline in names:
@@ -49,11 +63,11 @@ def face(data: dict[str, Any]) -> Face:
     return Face(verdict, figures)
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+def details(data: DeterminismData, console: Console) -> list[RenderableType]:
     m = determinism_model(data)
     out: list[RenderableType] = []
     if m["conditions"]:
-        rows = [[str(x["name"]), str(x.get("class", "?")), num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl"))]
+        rows = [[x["name"], x.get("class", "?"), num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl"))]
                 for x in m["conditions"]]
         out.append(text_table(console, f"KV byte classes: {m['classes']} among {len(m['conditions'])} conditions "
                                        "(same class = same bytes)", ["condition", "class", "max ULP", "max |diff|", "KL"],
@@ -65,7 +79,7 @@ def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
     return out + [styled(hanging("•", n, console.width, indent=0)) for n in data.get("notes", [])]
 
 
-def html(data: dict[str, Any]) -> str:
+def html(data: DeterminismData) -> str:
     m = determinism_model(data)
     out = ""
 

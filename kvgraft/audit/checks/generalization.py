@@ -6,18 +6,89 @@ whole result under `result`) is built here: the generalization audit itself know
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.generalization.conditions import LABELS, SHORT
-from kvgraft.render.figures import Face, as_dict, detectable, null_meaning
+from kvgraft.render.figures import Face, detectable, null_meaning
 from kvgraft.render.html import accuracy_html, badge, esc, kv_html, table
+from kvgraft.render.shapes import KN, Accuracy, Detectable
 from kvgraft.render.terminal import accuracy_view, mapping_view
 from kvgraft.render.text import kn, num
 from kvgraft.render.text import table as text_table
+
+
+# What the face, details and HTML read of a report check's `data` ($defs/generalization of the report schema);
+# `result`, when present, is the whole result, valid against schemas/generalization-result.v1.json.
+class Benchmark(TypedDict, total=False):
+    name: str
+    size: int
+
+
+class McNemarRow(TypedDict):
+    a: str
+    b: str
+    a_only: int
+    b_only: int
+    p_value: float
+    method: NotRequired[str]
+
+
+class AccuracySplit(TypedDict, total=False):
+    clean: list[Accuracy]
+    contaminated: list[Accuracy]
+
+
+class Equality(TypedDict):
+    graft: str
+    text: str
+    n: int
+    equal: int
+
+
+class PairedTest(TypedDict):
+    correct_a: int
+    correct_b: int
+    p_exact: float
+    alpha: float
+
+
+class Comparison(TypedDict):
+    name: str
+    a: str
+    b: str
+    n: int
+    significant: bool
+    mcnemar: PairedTest
+    detectable: NotRequired[Detectable]
+
+
+class Leaked(TypedDict):
+    clean: KN
+    contaminated: KN
+
+
+class Leakage(TypedDict):
+    by_condition: dict[str, Leaked]
+
+
+class Result(TypedDict):
+    kind: str
+    equality: dict[str, Equality]
+    comparisons: list[Comparison]
+    leakage: Leakage
+
+
+class GeneralizationData(TypedDict):
+    conditions: list[Accuracy]
+    benchmark: NotRequired[Benchmark]
+    mcnemar: NotRequired[list[McNemarRow]]
+    split: NotRequired[AccuracySplit]
+    ledger: NotRequired[dict[str, object]]
+    result: NotRequired[Result]
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
@@ -89,9 +160,9 @@ def ledger_lines(g: dict[str, Any]) -> dict[str, str]:
     return lines
 
 
-def face(data: dict[str, Any]) -> Face:
-    result = as_dict(data.get("result"))
-    equality = result.get("equality") or {}
+def face(data: GeneralizationData) -> Face:
+    result = data.get("result")
+    equality = (result.get("equality") or {}) if result is not None else {}
     if equality:
         same = [f"{SHORT.get(q['text'], q['text'])} = {SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
                 for q in equality.values()]
@@ -100,15 +171,15 @@ def face(data: dict[str, Any]) -> Face:
                    "the same tokens as prompt text do NOT reproduce a graft's output") + ": " + ", ".join(same)
     else:
         verdict = "no prompt-text condition to compare with the grafts"
-    bench = (data.get("benchmark") or {}).get("name")
-    accs = ", ".join(f"{str(a['name']).split(':')[0]} {kn(a)}" for a in data.get("conditions", []))
+    bench = data.get("benchmark", Benchmark()).get("name")
+    accs = ", ".join(f"{a['name'].split(':')[0]} {kn(a)}" for a in data["conditions"])
     figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
-    comps = result.get("comparisons") or []
+    comps = (result.get("comparisons") or []) if result is not None else []
     nulls = []
     for c in comps:
-        m = c.get("mcnemar") or {}
+        m = c["mcnemar"]
         sig = "significant" if c.get("significant") else "not significant"
-        det = c.get("detectable") or {}
+        det = c.get("detectable")
         n = c.get("n")
         power = f"; {detectable(det)}" if det else ""
         if det and n and not c.get("significant"):
@@ -119,55 +190,58 @@ def face(data: dict[str, Any]) -> Face:
     if nulls:
         figures.append(null_meaning(nulls))
     if not comps:
-        for m in data.get("mcnemar", []):
-            figures.append(f"{m['b']} vs {m['a']}: exact McNemar p = {num(m['p_value'])}")
-    for cond, leak in ((result.get("leakage") or {}).get("by_condition") or {}).items():
-        dirty, clean = leak.get("contaminated") or {}, leak.get("clean") or {}
-        if dirty.get("n") and not cond.endswith("_text"):  # a text condition shares its graft's entries
-            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean.get('n', 0)} {SHORT.get(cond, cond)} queries "
+        for row in data.get("mcnemar", []):
+            figures.append(f"{row['b']} vs {row['a']}: exact McNemar p = {num(row['p_value'])}")
+    leakage = result.get("leakage") if result is not None else None
+    for cond, leak in (leakage["by_condition"] if leakage is not None else {}).items():
+        dirty, clean = leak["contaminated"], leak["clean"]
+        if dirty["n"] and not cond.endswith("_text"):  # a text condition shares its graft's entries
+            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean['n']} {SHORT.get(cond, cond)} queries "
                            f"have their answer or text in the grafted entry; right there {kn(dirty)}, "
-                           f"on clean ones {kn(clean) if clean.get('n') else 'none to count'}")
+                           f"on clean ones {kn(clean) if clean['n'] else 'none to count'}")
     return Face(verdict, figures)
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
-    result = data.get("result")
-    if isinstance(result, dict) and result.get("kind") == "generalization":
-        from kvgraft.render.generalization import renderables
+def _splits(data: GeneralizationData) -> list[tuple[str, list[Accuracy]]]:
+    split = data.get("split", AccuracySplit())
+    return [(part, accs) for part, accs in (("clean", split.get("clean")), ("contaminated", split.get("contaminated")))
+            if accs]
 
-        return renderables(result, console)
-    bench = data.get("benchmark", {})
+
+def details(data: GeneralizationData, console: Console) -> list[RenderableType]:
+    # The whole result under `result` is not drawn here: its tables are `kvgraft audit generalization`'s.
+    bench = data.get("benchmark", Benchmark())
     out = [accuracy_view(console, "accuracy" + (f" on {bench['name']}" if bench.get("name") else ""),
-                         data.get("conditions", []))]
-    if data.get("mcnemar"):
-        rows = [[str(m["a"]), str(m["b"]), str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}"]
-                for m in data["mcnemar"]]
+                         data["conditions"])]
+    mcnemar = data.get("mcnemar")
+    if mcnemar:
+        rows = [[m["a"], m["b"], str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}"] for m in mcnemar]
         out.append(text_table(console, "paired comparisons (exact McNemar)", ["a", "b", "only a", "only b", "p"], rows))
-    for part in ("clean", "contaminated"):
-        if (data.get("split") or {}).get(part):
-            out.append(accuracy_view(console, f"{part} problems", data["split"][part]))
-    if isinstance(data.get("ledger"), dict):
-        out.append(mapping_view(console, "generalization ledger", data["ledger"]))
+    for part, accs in _splits(data):
+        out.append(accuracy_view(console, f"{part} problems", accs))
+    ledger = data.get("ledger")
+    if ledger is not None:
+        out.append(mapping_view(console, "generalization ledger", ledger))
     return out
 
 
-def html(data: dict[str, Any]) -> str:
-    bench = data.get("benchmark", {})
+def html(data: GeneralizationData) -> str:
+    bench = data.get("benchmark", Benchmark())
     title = "accuracy" + (f" on {bench.get('name')}" if bench.get("name") else "")
-    title += f" ({bench['size']} problems)" if bench.get("size") else ""
-    out = accuracy_html(title, data.get("conditions", []))
-    if data.get("mcnemar"):
+    title += f" ({bench.get('size')} problems)" if bench.get("size") else ""
+    out = accuracy_html(title, data["conditions"])
+    mcnemar = data.get("mcnemar")
+    if mcnemar:
         rows = [[esc(m["a"]), esc(m["b"]), str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}",
                  badge("supported", "significant at 0.05") if m["p_value"] < 0.05
-                 else badge("unsupported", "not significant at 0.05")] for m in data["mcnemar"]]
+                 else badge("unsupported", "not significant at 0.05")] for m in mcnemar]
         out += "<h3>paired comparisons (exact McNemar)</h3>" + table(["a", "b", "solved only by a", "solved only by b", "p", ""],
                                                                      rows, num=(2, 3, 4))
-    split = data.get("split") or {}
-    for part in ("clean", "contaminated"):
-        if split.get(part):
-            out += accuracy_html(f"{part} problems", split[part])
-    if isinstance(data.get("ledger"), dict):
-        out += "<h3>ledger</h3>" + kv_html(data["ledger"])
+    for part, accs in _splits(data):
+        out += accuracy_html(f"{part} problems", accs)
+    ledger = data.get("ledger")
+    if ledger is not None:
+        out += "<h3>ledger</h3>" + kv_html(ledger)
     return out
 
 

@@ -39,7 +39,11 @@ class CheckKind:
     status: Callable[[dict[str, Any]], str]  # passed | failed | incomplete, from its result alone
     stamps_status: bool  # whether its result carries its status as a member (verify's document does not)
     run: Callable[[Context, dict[str, Any]], Ran]  # run it under an audit plan's settings
-    face: Callable[[dict[str, Any]], Face]  # its verdict line and deciding figures, from the report check's data
-    details: Callable[[dict[str, Any], Console], list[RenderableType]]  # terminal details (`report show --detail`)
-    html: Callable[[dict[str, Any]], str]  # its details section of the HTML page
+    # face, details and html each take the kind's own TypedDict of its report data (RecomputeData, …): `Any` here,
+    # at the registry boundary, is where that data enters typed. It is sound because data reaches them only from a
+    # report that passed validate_report (load_report, new_report) or a result that passed seal, and the report
+    # schema's $defs for the kind require every member the TypedDict marks Required.
+    face: Callable[[Any], Face]  # its verdict line and deciding figures, from the report check's data
+    details: Callable[[Any, Console], list[RenderableType]]  # terminal details (`report show --detail`)
+    html: Callable[[Any], str]  # its details section of the HTML page
     known_data: tuple[str, ...]  # the data members details and HTML draw; others are listed by name, not dropped

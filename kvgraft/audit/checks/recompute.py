@@ -2,19 +2,98 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
-from kvgraft.render.figures import Face, as_dict
+from kvgraft.render.figures import Face
 from kvgraft.render.html import badge, esc, heatmap_svg, kv_html, table
+from kvgraft.render.shapes import Entries, RecomputeEntry
 from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
-from kvgraft.render.views import recompute_rows
+from kvgraft.render.views import Row, recompute_rows
+
+
+# What the face, details and HTML read of a report check's `data`: a recompute result
+# (schemas/recompute-result.v1.json) or a subset of its members, as $defs/recompute of the report schema has it.
+class Sample(TypedDict):
+    method: str
+    weighting: str
+    root_digest: str
+    nonce: str
+    nonce_source: str  # given | drawn | journal
+    population: int
+    population_tokens: int
+    size: int
+    positions: list[int]
+    entries: list[str]
+
+
+class Bound(TypedDict):
+    confidence: float
+    failing: int
+    sampled: int
+    population: int
+    fail_means: str
+    max_failing_entries: int
+    max_failing_fraction: float
+    method: str
+    population_tokens: int
+    failing_sampled_tokens: int
+    max_failing_tokens: int
+    max_failing_token_fraction: float
+    token_method: str
+
+
+class Cost(TypedDict):
+    entries_recomputed: int
+    entries_resumed: int
+    resumed_from: NotRequired[str | None]
+    tokens_recomputed: int
+    tokens_resumed: int
+    wall_seconds: float
+    tokens_per_second: float | None
+    library_entries: int
+    library_tokens: int
+    projected_library_seconds: float | None
+    executor: str
+    workers: int
+
+
+class Current(TypedDict, total=False):
+    device: str | None
+    device_name: str | None
+    dtype: str | None
+    attn_implementation: str | None
+    threads: int | None
+
+
+class Environment(TypedDict, total=False):
+    current: Current
+
+
+class Conditions(TypedDict):
+    replayed: list[str]
+    overridden: dict[str, dict[str, object]]
+    not_replayed: dict[str, list[object]]
+
+
+class RecomputeData(Entries):
+    reference: NotRequired[str]
+    all_byte_exact: NotRequired[bool]
+    statements: NotRequired[list[str]]
+    verdict: NotRequired[str]
+    require: NotRequired[str]
+    passed: NotRequired[bool]
+    sample: NotRequired[Sample]
+    bound: NotRequired[Bound]
+    cost: NotRequired[Cost]
+    environment: NotRequired[Environment]
+    conditions: NotRequired[Conditions]
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
@@ -68,17 +147,17 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if result["passed"] else "failed"
 
 
-def _entry_verdicts(entries: list[dict[str, Any]]) -> str:
+def _entry_verdicts(entries: list[RecomputeEntry]) -> str:
     counts: dict[str, int] = {}
     for e in entries:
-        v = str(e.get("verdict") or ("byte-exact" if e.get("byte_exact") else "differs"))
+        v = e.get("verdict") or ("byte-exact" if e["byte_exact"] else "differs")
         counts[v] = counts.get(v, 0) + 1
     if len(counts) == 1:
         return f"all {len(entries)} entries {next(iter(counts))}"
     return ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(entries)} entries"
 
 
-def difference_size(row: dict[str, Any]) -> str:
+def difference_size(row: Row) -> str:
     """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
     absolute and relative difference and the share of the noise bound; ULP only among same-sign normal values."""
     parts = [f"max |diff| {num(row.get('max_abs'))}"]
@@ -91,22 +170,27 @@ def difference_size(row: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def face(data: dict[str, Any]) -> Face:
-    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
+def _resumed_from(data: RecomputeData) -> str | None:
+    cost = data.get("cost")
+    return None if cost is None else cost.get("resumed_from")
+
+
+def face(data: RecomputeData) -> Face:
+    entries = data["entries"]
     rows = recompute_rows(data)
     word = data.get("verdict") or ("byte-exact" if data.get("all_byte_exact") else "not byte-exact")
-    drawn = as_dict(data.get("sample"))
-    of = f" (a sample of {num(drawn.get('population'))})" if drawn else ""
+    drawn = data.get("sample")
+    of = f" (a sample of {num(drawn['population'])})" if drawn is not None else ""
     verdict = f"{word}: {_entry_verdicts(entries)}{of} against a fresh computation"
     if data.get("require"):
         verdict += f"; requirement {data['require']}: {'met' if data.get('passed') else 'NOT met'}"
     figures = []
-    env = ((data.get("environment") or {}).get("current") or {})
+    env = data.get("environment", Environment()).get("current", Current())
     if env:
-        where = ", ".join(str(env[k]) for k in ("device", "dtype", "attn_implementation") if env.get(k) is not None)
-        threads = f", {env['threads']} threads" if env.get("threads") else ""
-        cond = data.get("conditions") or {}
-        skipped, changed = sorted(cond.get("not_replayed") or {}), sorted(cond.get("overridden") or {})
+        where = ", ".join(str(v) for v in (env.get("device"), env.get("dtype"), env.get("attn_implementation")) if v is not None)
+        threads = f", {env.get('threads')} threads" if env.get("threads") else ""
+        cond = data.get("conditions")
+        skipped, changed = (sorted(cond["not_replayed"]), sorted(cond["overridden"])) if cond is not None else ([], [])
         replay = "; ".join(x for x in (f"overridden: {', '.join(changed)}" if changed else "",
                                        f"not replayed: {', '.join(skipped)}" if skipped else "") if x)
         figures.append(f"on {env.get('device_name', '?')} ({where}{threads}); "
@@ -126,36 +210,42 @@ def face(data: dict[str, Any]) -> Face:
     return Face(verdict, figures)
 
 
-def _sample_figures(data: dict[str, Any]) -> list[str]:
+def _sample_figures(data: RecomputeData) -> list[str]:
     """The sample (how anyone re-derives it), the bound it gives on the whole release, and the cost ledger."""
     from kvgraft import sampling
 
     out = []
-    drawn = as_dict(data.get("sample"))
-    if drawn:
+    drawn, bound = data.get("sample"), data.get("bound")
+    if drawn is not None:
         out.append(f"sample: {num(drawn['size'])} of {num(drawn['population'])} entries drawn from the release root and "
-                   f"nonce {drawn['nonce']} ({sampling.nonce_origin(drawn, as_dict(data.get('cost')).get('resumed_from'))}; "
+                   f"nonce {drawn['nonce']} ({sampling.nonce_origin(drawn, _resumed_from(data))}; "
                    f"{drawn['method']}, uniform over entries); "
                    "re-derive: kvgraft audit sample RELEASE --check REPORT")
-    if drawn and data.get("bound"):
-        out.append(f"bound: {sampling.sentence(data['bound'])}")
-    line = cost_line(data)
+    if drawn is not None and bound is not None:
+        out.append(f"bound: {sampling.sentence(bound)}")
+    cost = data.get("cost")
+    line = None if cost is None else _cost_sentence(cost)
     return out + ([line] if line else [])
 
 
-def cost_line(data: dict[str, Any]) -> str | None:
+def cost_line(result: dict[str, Any]) -> str | None:
+    """The cost line of a sealed recompute result (`audit recompute` prints it): None when it has no cost ledger."""
+    cost: Cost | None = result.get("cost")  # sealed: valid against the recompute result's schema
+    return None if cost is None else _cost_sentence(cost)
+
+
+def _cost_sentence(cost: Cost) -> str:
     """The recompute's cost ledger in one line: tokens, wall time, tokens/s, the whole release projected."""
-    cost = as_dict(data.get("cost"))
-    if cost.get("tokens_recomputed") is not None:
-        rate = f", {num(round(cost['tokens_per_second']))} tokens/s" if cost.get("tokens_per_second") else ""
-        n, journal = cost.get("entries_resumed") or 0, cost.get("resumed_from")
-        resumed = f"; {num(n)} entries resumed from {journal or 'an interrupted run'}" if n or journal else ""
-        whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
-                 f"about {_duration(cost['projected_library_seconds'])} on {cost.get('executor')}"
-                 f" ({cost.get('workers')} worker{'' if cost.get('workers') == 1 else 's'})"
-                 if cost.get("projected_library_seconds") else "")
-        return f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s{rate}{resumed}{whole}"
-    return None
+    per_second = cost["tokens_per_second"]
+    rate = f", {num(round(per_second))} tokens/s" if per_second else ""
+    n, journal = cost.get("entries_resumed") or 0, cost.get("resumed_from")
+    resumed = f"; {num(n)} entries resumed from {journal or 'an interrupted run'}" if n or journal else ""
+    projected = cost["projected_library_seconds"]
+    whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
+             f"about {_duration(projected)} on {cost['executor']}"
+             f" ({cost['workers']} worker{'' if cost['workers'] == 1 else 's'})"
+             if projected else "")
+    return f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s{rate}{resumed}{whole}"
 
 
 def _duration(seconds: float) -> str:
@@ -169,7 +259,7 @@ HEADERS = ["entry", "tokens", "verdict", "layers differing", "max |diff|", "max 
 NUMERIC = (1, 3, 4, 5, 6, 7, 9, 10)
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+def details(data: RecomputeData, console: Console) -> list[RenderableType]:
     rows = [[r["id"], num(r["tokens"]), r["verdict"], f"{r['differing_layers']}/{r['layers']}", num(r["max_abs"]),
              num(r["max_rel"]), num(r["excess"]), num(r["max_ulp"]), r["first"], num(r["kl"]), num(r["kl_natural"])]
             for r in recompute_rows(data)]
@@ -177,7 +267,7 @@ def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
     return out + [styled(hanging("•", st, console.width, indent=0)) for st in data.get("statements", [])]
 
 
-def html(data: dict[str, Any]) -> str:
+def html(data: RecomputeData) -> str:
     rows = []
     for r in recompute_rows(data):
         state = badge("passed" if r["verdict"] in ("byte-exact", "consistent") else "failed", r["verdict"])
@@ -186,21 +276,22 @@ def html(data: dict[str, Any]) -> str:
                      num(r["kl_natural"])])
     out = ""
     if data.get("reference"):
-        out += f'<p class="muted">compared with: {esc(data["reference"])}</p>'
+        out += f'<p class="muted">compared with: {esc(data.get("reference"))}</p>'
     out += table(HEADERS, rows, num=NUMERIC)
     out += "<h3>per-layer divergence (rows: entries, columns: layers)</h3>" + heatmap_svg(data)
     drawn, bound = data.get("sample"), data.get("bound")
-    if isinstance(drawn, dict) and isinstance(bound, dict):
+    if drawn is not None and bound is not None:
         from kvgraft import sampling
 
         out += "<h3>sample and bound</h3>" + kv_html({
             "sample": f"{drawn['size']:,} of {drawn['population']:,} entries ({drawn['weighting']})",
             "drawn by": f"{drawn['method']}: root {drawn['root_digest']}, nonce {drawn['nonce']} "
-                        f"({sampling.nonce_origin(drawn, as_dict(data.get('cost')).get('resumed_from'))})",
+                        f"({sampling.nonce_origin(drawn, _resumed_from(data))})",
             "re-derive": "kvgraft audit sample RELEASE --check REPORT.json",
             "bound": sampling.sentence(bound), "method": bound["method"], "tokens": bound["token_method"]})
-    if data.get("statements"):
-        out += "<ul>" + "".join(f"<li>{esc(st)}</li>" for st in data["statements"]) + "</ul>"
+    statements = data.get("statements")
+    if statements:
+        out += "<ul>" + "".join(f"<li>{esc(st)}</li>" for st in statements) + "</ul>"
     return out
 
 

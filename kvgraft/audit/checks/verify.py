@@ -9,8 +9,9 @@ from rich.text import Text
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
-from kvgraft.render.figures import Face, as_dict
+from kvgraft.render.figures import Face
 from kvgraft.render.html import esc
+from kvgraft.render.shapes import Signature, VerifyResult
 from kvgraft.render.text import hanging, num
 from kvgraft.render.views import verify_lines
 
@@ -30,13 +31,13 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if result["ok"] else "failed"
 
 
-def face(data: dict[str, Any]) -> Face:
+def face(data: VerifyResult) -> Face:
     if not data.get("ok"):
         return Face(f"release refused: {data.get('error') or 'see details'}")
     verdict = (f"release intact: {num(data.get('entries'))} entries, {num(data.get('files'))} files, "
                f"{num(data.get('tensors'))} tensors, {num(data.get('bytes_hashed'))} bytes hashed against its manifest"
                + ("; every tensor re-hashed" if data.get("deep") else ""))
-    sig = as_dict(data.get("signature"))
+    sig = data.get("signature", Signature())
     if sig.get("status") == "verified":
         who = (f"key {sig.get('key_id')}" if sig.get("method") == "key"
                else f"{sig.get('identity')} via {sig.get('issuer')} (Sigstore)")
@@ -46,13 +47,13 @@ def face(data: dict[str, Any]) -> Face:
     return Face(verdict, [signed] + [f"warning: {w}" for w in data.get("warnings", [])])
 
 
-def details(data: dict[str, Any], console: Console) -> list[RenderableType]:
+def details(data: VerifyResult, console: Console) -> list[RenderableType]:
     result, lines = verify_lines(data)
     out: list[RenderableType] = [Text(f"result: {result}", style="green" if data.get("ok") else "red")]
     return out + [Text("\n".join(hanging("", d, console.width))) for d in lines]
 
 
-def html(data: dict[str, Any]) -> str:
+def html(data: VerifyResult) -> str:
     result, lines = verify_lines(data)
     out = f"<p>result: <b>{esc(result)}</b></p>"
     if lines:

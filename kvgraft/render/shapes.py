@@ -1,0 +1,202 @@
+"""The shapes of the results the renderers' parts read, as TypedDicts: dicts at runtime (so a result serializes
+to its published schema unchanged), checked member by member by mypy.
+
+Each mirrors the part of schemas/audit-report.v1.json (and of the kind's result schema, which is stricter) that
+guarantees it: `Required` where the schema requires the member, `NotRequired` where a report may lack it, and a
+renderer reads a `NotRequired` member with `.get`. A report is validated against its schema when it is loaded
+(kvgraft.report.document.load_report) or built, and a result when it is sealed (kvgraft.audit.checks.seal); that
+is what makes a report check's `data` one of these shapes. The check kinds (kvgraft.audit.checks.<kind>) extend
+them with the members only their faces read.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+# --- shared --------------------------------------------------------------------------------------------------------
+
+
+class KN(TypedDict):
+    """k of n (solved of asked)."""
+
+    k: int
+    n: int
+
+
+class Accuracy(TypedDict):
+    """$defs/accuracy: k of n under a named condition, with its Wilson interval when the producer wrote it."""
+
+    name: str
+    k: int
+    n: int  # at least 1
+    interval: NotRequired[list[float]]  # [lo, hi]
+    confidence: NotRequired[float]
+
+
+class Detectable(TypedDict):
+    """kvgraft.generalization.stats.detectable_effect: the smallest difference a test at n could find."""
+
+    n: int
+    effect: float | None
+    power: NotRequired[float]
+
+
+# --- recompute: entries, layers, tensor diffs ------------------------------------------------------------------------
+
+
+class TensorDiff(TypedDict):
+    """$defs/tensor_diff, the members the heat map and the rows read."""
+
+    equal: bool
+    differing: int
+    max_abs: NotRequired[float | str]  # "Infinity" for a non-finite difference
+    max_rel: NotRequired[float]
+    max_ulp: NotRequired[int | None]
+    ulp_pairs: NotRequired[int]
+    shape_mismatch: NotRequired[str | None]
+
+
+class Layer(TypedDict):
+    index: int
+    kind: NotRequired[str]
+    keys: NotRequired[TensorDiff]
+    values: NotRequired[TensorDiff]
+    layout_mismatch: NotRequired[str]
+
+
+class FirstDifference(TypedDict, total=False):
+    layer: int
+    tensor: str | None
+    location: list[int] | None
+    detail: str | None
+
+
+class Dist(TypedDict, total=False):
+    kl_max: float
+
+
+class RecomputeEntry(TypedDict):
+    id: str
+    byte_exact: bool
+    layers: list[Layer]
+    num_tokens: NotRequired[int]
+    verdict: NotRequired[str]
+    max_excess: NotRequired[float | str]
+    first_difference: NotRequired[FirstDifference | None]
+    matched: NotRequired[Dist]
+    natural: NotRequired[Dist]
+
+
+class Entries(TypedDict):
+    """What the per-entry rows and the heat map read of a recompute result."""
+
+    entries: list[RecomputeEntry]
+
+
+# --- determinism: byte classes ----------------------------------------------------------------------------------------
+
+# Functional form: a condition's byte class is its member `class`, a Python keyword.
+Condition = TypedDict("Condition", {
+    "name": str, "class": NotRequired[str], "condition": NotRequired[dict[str, object]],
+    "max_ulp": NotRequired[int | None], "max_abs": NotRequired[float | str], "kl": NotRequired[float]})
+
+
+class ClassRow(TypedDict):
+    entry: str
+    classes: list[str | int]
+
+
+class ByteClasses(TypedDict):
+    """What the byte-class tables read of a determinism matrix."""
+
+    conditions: list[Condition]
+    rows: NotRequired[list[ClassRow]]
+
+
+# --- verify ----------------------------------------------------------------------------------------------------------
+
+
+class Signature(TypedDict, total=False):
+    status: str
+    method: str | None
+    key_id: str | None
+    identity: str | None
+    issuer: str | None
+    bundle: str | None
+
+
+class VerifyResult(TypedDict):
+    """$defs/verify: a verify result, or any object with `ok`."""
+
+    ok: bool
+    error: NotRequired[str | None]
+    details: NotRequired[list[str]]
+    root_digest: NotRequired[str]
+    entries: NotRequired[int]
+    files: NotRequired[int]
+    tensors: NotRequired[int]
+    bytes_hashed: NotRequired[int]
+    deep: NotRequired[bool]
+    signature: NotRequired[Signature]
+    warnings: NotRequired[list[str]]
+
+
+# --- controls --------------------------------------------------------------------------------------------------------
+
+
+class PValue(TypedDict):
+    p_exact: float
+
+
+class Split(TypedDict):
+    clean: KN
+    contaminated: KN
+
+
+class Control(TypedDict):
+    """$defs/controls: one planted effect and what the audit found of it."""
+
+    name: str
+    expect: str
+    condition: str  # own | other
+    n: int
+    baseline: KN
+    graft: KN
+    mcnemar: PValue
+    detectable: Detectable
+    split: Split
+    shows: bool
+    significant: NotRequired[bool]
+
+
+class Controls(TypedDict):
+    controls: list[Control]
+    statements: NotRequired[list[str]]
+
+
+# --- claims ----------------------------------------------------------------------------------------------------------
+
+
+class Finding(TypedDict):
+    check: str
+    verdict: str
+    detail: str
+
+
+class Claim(TypedDict):
+    """A claim's verdict, as a claims check and a report's `claims` hold it."""
+
+    id: str
+    verdict: str
+    claimed: NotRequired[str]
+    reason: NotRequired[str]
+    findings: NotRequired[list[Finding]]
+
+
+class Reading(TypedDict):
+    summary: str
+    figures: dict[str, float]
+
+
+class Readings(TypedDict):
+    readings: NotRequired[list[Reading]]

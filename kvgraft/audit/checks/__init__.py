@@ -119,11 +119,11 @@ def seal(name: str, result: dict[str, Any], where: str | None = None) -> dict[st
     return result
 
 
-def run_check(ctx: Context, name: str, settings: dict[str, Any]) -> Ran:
+def run_check(ctx: Context, name: str, settings: dict[str, Any], where: str | None = None) -> Ran:
     """One check, as `audit run` runs each and a single-check command its one: the kind's run under `settings`,
     its result sealed, and left for the checks after it (`ctx.results`)."""
     ran = kind(name).run(ctx, settings)
-    ctx.sealed(name, seal(name, ran.result))
+    ctx.sealed(name, seal(name, ran.result, where))
     return ran
 
 

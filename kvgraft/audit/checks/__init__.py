@@ -30,7 +30,8 @@ ENTRY_POINTS = "kvgraft.check_kinds"
 # these (tests/audit/test_check_kinds.py).
 BUILTIN: tuple[CheckKind, ...] = (verify.KIND, recompute.KIND, determinism.KIND, generalization.KIND, controls.KIND,
                                   claims.KIND)
-# The registered kinds: the built-in ones, then those registered (entry points on first use, then `register`).
+# The registered kinds: the built-in ones, then the others in the order registered (by `register`, and the entry
+# points' on the registry's first use), so they run after the built-in ones, claims included.
 KINDS: dict[str, CheckKind] = {k.name: k for k in BUILTIN}
 # A report may also hold checks of kind "other" (written by other tools), and of kinds a reader has not
 # registered: both are shown by their summary alone.
@@ -83,10 +84,6 @@ def kinds() -> dict[str, CheckKind]:
     """Every registered kind, in the order an audit runs them (the plugins' loaded on first use)."""
     load_plugins()
     return KINDS
-
-
-def builtin(name: str) -> bool:
-    return any(k.name == name for k in BUILTIN)
 
 
 def kind(name: str) -> CheckKind:

@@ -93,6 +93,15 @@ def validate(doc: Any, name: str, where: str) -> None:
     _refuse(best_match(_validator(name).iter_errors(doc)), where)
 
 
+def validate_with(doc: Any, schema: dict[str, Any], where: str) -> None:
+    """`validate` against a schema given as a document (a plugin's check kind may carry its own)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    Draft202012Validator.check_schema(schema)
+    _refuse(best_match(Draft202012Validator(schema).iter_errors(doc)), where)
+
+
 def _refuse(error: Any, where: str) -> None:
     if error is not None:
         message = error.message if len(error.message) < 200 else error.message[:200] + "..."

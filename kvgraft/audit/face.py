@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from kvgraft.audit.checks import KINDS
+from kvgraft.audit.checks import kinds
 from kvgraft.render.figures import Face
 from kvgraft.render.text import STATUS_MARK, STATUS_STYLE, WORDS, hanging, styled
 
@@ -21,7 +21,7 @@ def face(check: dict[str, Any]) -> Face:
     """The face of one check of a report; a skipped check says why, an unknown kind shows its summary."""
     if check["status"] == "skipped":
         return Face(f"skipped: {check.get('reason') or check['summary']}")
-    kind = KINDS.get(check["kind"])
+    kind = kinds().get(check["kind"])
     if kind is None or not check.get("data"):
         return Face(check["summary"])
     # The report passed validate_report: its data has every member the kind's face reads (a report that lacks

@@ -44,6 +44,16 @@ class Plan:
         return override or Path(self.doc.get("out", f"out/{self.name}"))
 
 
+def single(kind: str, settings: dict[str, Any], *, model: str | None = None) -> Plan:
+    """The plan of a single-check command (`audit recompute`, `audit claims`, ...): its one check, with the
+    command's options as that check's settings; relative paths are relative to the current directory."""
+    doc: dict[str, Any] = {"format": "kvgraft-audit-plan", "format_version": 1, "name": f"audit {kind}",
+                           "checks": {kind: settings}}
+    if model is not None:
+        doc["model"] = {"spec": model}
+    return Plan(Path(f"audit-{kind}"), doc)
+
+
 def load(path: Path | str) -> Plan:
     path = Path(path)
     raw = read_bounded(path, MAX_JSON_BYTES, "an audit plan")

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from kvgraft.audit import face
-from kvgraft.audit.checks import KINDS
+from kvgraft.audit.checks import kinds
 from kvgraft.render.html import HTML_COLOR, as_json, badge, esc, kv_html, table
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -77,7 +77,7 @@ def to_html(report: dict[str, Any]) -> str:
     for c in report["checks"]:
         section = [f'<div class="check"><h3>{esc(c["name"])} {badge(c["status"])} '
                    f'<span class="muted">{esc(c["kind"])}</span></h3>', f"<p>{esc(c['summary'])}</p>"]
-        kind = KINDS.get(c["kind"])
+        kind = kinds().get(c["kind"])
         if kind is not None and c["data"]:
             section.append(kind.html(c["data"]))
         rest = {k: v for k, v in c["data"].items() if k not in (kind.known_data if kind is not None else ())}

@@ -13,7 +13,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from kvgraft.audit import face
-from kvgraft.audit.checks import KINDS
+from kvgraft.audit.checks import kinds
 from kvgraft.audit.checks.claims import ClaimsData
 from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
@@ -39,7 +39,7 @@ def claims_check_renderables(result: dict[str, Any], console: Console) -> list[R
 def check_renderables(kind: str, data: dict[str, Any], console: Console) -> list[RenderableType]:
     """One check's details: the view `audit recompute` and `audit determinism` print on their own, and
     `report show --detail NAME` prints for a check of a report."""
-    k = KINDS.get(kind)
+    k = kinds().get(kind)
     return k.details(plain_tree(data), console) if k is not None else []
 
 
@@ -52,7 +52,8 @@ def _check_details(c: dict[str, Any], console: Console) -> list[RenderableType]:
         out.append(Text(f"skipped: {c['reason']}", style="yellow"))
     if c["data"]:
         out += check_renderables(c["kind"], c["data"], console)
-        known = KINDS[c["kind"]].known_data if c["kind"] in KINDS else ()
+        k = kinds().get(c["kind"])
+        known = k.known_data if k is not None else ()
         rest = {k: v for k, v in c["data"].items() if k not in known}
         if rest:
             out.append(mapping_view(console, "other data", rest))

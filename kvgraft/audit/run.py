@@ -1,6 +1,8 @@
 """`kvgraft audit run PLAN`: every check a plan names, one report, signed and bound to the release.
 
-The checks are the registry's kinds (kvgraft.audit.checks), run in its order; each result is sealed once, here.
+The checks are the registry's kinds (kvgraft.audit.checks, with the plugins'), run in its order, each through
+`run_check` as the single-check commands run theirs: the kind's run, its result sealed once; a check reads the
+earlier ones' results (`ctx.results`), and returns what it adds to the report (its entry, ledger lines, claims).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgraft.audit.checks import KINDS, make_check, seal, status
+from kvgraft.audit.checks import kinds, make_check, run_check, status
 from kvgraft.audit.context import Context, Progress
 from kvgraft.audit.plan import Plan
 from kvgraft.errors import InputError
@@ -91,6 +93,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     """
     from kvgraft.execution.executor import ModelSpec, from_options, plan_options
 
+    check_kinds(plan)
     o = plan_options(plan.doc.get("executor"), executor)
     m = plan.doc["model"]
     spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
@@ -98,6 +101,18 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
                       max_retries=o.get("max_retries", 2)) as ex:
         return _run(plan, out_dir=out_dir, device=device, say=say, ex=ex)
+
+
+def check_kinds(plan: Plan) -> None:
+    """Refuse a plan naming a check kind this installation has not registered, before anything loads."""
+    from kvgraft.audit.checks import ENTRY_POINTS
+
+    known = kinds()
+    unknown = [name for name in plan.doc["checks"] if name not in known]
+    if unknown:
+        raise InputError(f"{plan.path}: no check kind {', '.join(map(repr, unknown))} is registered (registered: "
+                         f"{', '.join(known)}; a third-party kind registers through the entry-point group "
+                         f"{ENTRY_POINTS})")
 
 
 def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
@@ -129,28 +144,31 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     from kvgraft.signing.verify import verified
 
     ctx = Context(plan, lm, out, say, ex, verified(release, verify_policy(key=pub)).release)
+    ledger: dict[str, Any] = {}
     build = release_info.get("build")
     if build:
         c, t = build["counts"], build["totals"]
-        ctx.ledger["library"] = (f"{c['reference'] + c['model']} solved entries, {t['entry_tokens']:,} tokens "
-                                 f"({c['reference']} reference traces, {c['model']} model-generated, "
-                                 f"{c['unsolved']} unsolved); upstream cost {t['upstream_tokens']:,} tokens")
+        ledger["library"] = (f"{c['reference'] + c['model']} solved entries, {t['entry_tokens']:,} tokens "
+                             f"({c['reference']} reference traces, {c['model']} model-generated, "
+                             f"{c['unsolved']} unsolved); upstream cost {t['upstream_tokens']:,} tokens")
     checks: list[dict[str, Any]] = []
-    for name, kind in KINDS.items():  # in the registry's order: claims read what recompute measured
+    claims: list[dict[str, Any]] = []
+    for name in list(kinds()):  # in the registry's order: claims read what recompute measured
         settings = plan.check(name)
         if settings is not None:
-            ran = kind.run(ctx, settings)
-            result = seal(name, ran.result)  # the one place a result gets its status
-            checks.append(make_check(name, name, status(name, result), ran.summary,
-                                     ran.data if ran.data is not None else result))
+            ran = run_check(ctx, name, settings)
+            checks.append(make_check(name, name, status(name, ran.result), ran.summary,
+                                     ran.data if ran.data is not None else ran.result))
+            ledger.update(ran.ledger)
+            claims += ran.claims
     wall = time.perf_counter() - started
     limit = plan.doc.get("limits", {}).get("max_minutes")
-    ctx.ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
+    ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
     report = new_report(
         plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
         model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
                "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
-        release_root_digest=_root(release), checks=checks, ledger=ctx.ledger, claims=ctx.claims,
+        release_root_digest=_root(release), checks=checks, ledger=ledger, claims=claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
     bundle = None

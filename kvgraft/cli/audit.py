@@ -118,6 +118,9 @@ def recompute_cmd(
     check_options(device=device, dtype=dtype, attn=attn)  # before torch is imported
     from kvgraft import sampling
     from kvgraft._internal.jsonio import check_writable
+    from kvgraft.audit import plan
+    from kvgraft.audit.checks import run_check
+    from kvgraft.audit.context import Context
     from kvgraft.execution.executor import NotAuditedError
     from kvgraft.inference import reapply
     from kvgraft.recompute import audit as recompute
@@ -147,32 +150,24 @@ def recompute_cmd(
     overrides = reapply.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
     n_threads = reapply.thread_count(recorded, dev, threads=threads)
     journal = journal or (Path(f"{json_out}.journal") if json_out else None)
+    # The recompute check as `audit run` runs it, its settings from these options (kvgraft.audit.checks.recompute).
+    settings: dict[str, Any] = {"entries": entry, "probe": probe, "force": force, "schedule": override,
+                                "overrides": overrides, "require": require, "sample": sample, "nonce": nonce,
+                                "journal": journal, "prefix": prefix}
     with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
                        threads=threads) as ex:
         ex.reapply_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
+            ctx = Context(plan.single("recompute", settings, model=model), lm, Path.cwd(), _silent, ex, rel)
             try:
-                options: dict[str, Any] = {
-                    "entries": entry, "probe_text": probe, "force": force, "schedule": override, "on_progress": tick,
-                    "executor": ex, "overrides": overrides, "require": require, "sample": sample, "nonce": nonce,
-                    "journal": journal}
-                if prefix is None:
-                    result = recompute.audit(checked, lm, **options)
-                else:
-                    from kvgraft.recompute import prefix as prefix_audit
-
-                    result = prefix_audit.audit(checked, lm, prefix=prefix, **options)
+                result = run_check(ctx, "recompute", {**settings, "on_progress": tick}).result
             except (KeyboardInterrupt, NotAuditedError):
                 if journal is not None and journal.exists():
                     say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "
                         "same command to resume (no result was written)", error=True)
                 raise
-    from kvgraft.audit.checks import seal
-    from kvgraft.recompute.audit import resumed_statement
-
-    seal("recompute", result)
-    resumed = resumed_statement(result["cost"])
+    resumed = recompute.resumed_statement(result["cost"])
     if resumed:  # even with --quiet: results this run did not compute are in what it reports
         say(f"kvgraft: note: {resumed}", error=True)
     if json_out:
@@ -193,6 +188,10 @@ def recompute_cmd(
         if line:
             say(line)
     exit_with(result["status"])
+
+
+def _silent(_message: str) -> None:
+    """A single-check command's progress lines: none (its bar and its result say what happens)."""
 
 
 @contextlib.contextmanager
@@ -291,10 +290,16 @@ def claims_cmd(
     Exit 0 when passed, 4 when failed (a claim is contradicted or inconsistent), 6 when incomplete (no claim
     could be judged), 2 on unusable input.
     """
-    from kvgraft.audit.checks import seal
-    from kvgraft.claims import checker as claims
+    from kvgraft.audit import plan
+    from kvgraft.audit.checks import run_check
+    from kvgraft.audit.context import Context, absent
 
-    result = seal("claims", claims.check_files(claims_file, measured), "claims check result")
+    # The claims check as `audit run` runs it (kvgraft.audit.checks.claims), against --measured instead of this
+    # audit's recompute check; it reads no model and no release.
+    settings: dict[str, Any] = {"file": str(claims_file), "measured": measured}
+    ctx = Context(plan.single("claims", settings), absent("model"), Path.cwd(), _silent, absent("executor"),
+                  absent("release"))
+    result = run_check(ctx, "claims", settings, "claims check result").result
     if as_json:
         echo_json(result)
     else:
@@ -321,17 +326,21 @@ def determinism_cmd(
     from rich.progress import Progress
 
     from kvgraft._internal.jsonio import check_writable
-    from kvgraft.audit.checks import seal
+    from kvgraft.audit import plan
+    from kvgraft.audit.checks import run_check
+    from kvgraft.audit.context import Context, absent
     from kvgraft.audit.render_report import check_renderables
-    from kvgraft.recompute import determinism
 
     if json_out is not None:
         check_writable(json_out)
+    # The determinism check as `audit run` runs it (kvgraft.audit.checks.determinism): it loads its own models.
+    settings: dict[str, Any] = {"length": length, "gpu": gpu}
+    ctx = Context(plan.single("determinism", settings, model=model), absent("model"), Path.cwd(), _silent,
+                  absent("executor"), absent("release"))
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)
-        result = determinism.matrix(model, length=length, include_gpu=gpu,
-                                    progress=lambda i, n: bar.update(task, completed=i, total=n))
-    seal("determinism", result)
+        result = run_check(ctx, "determinism", {**settings, "progress": lambda i, n: bar.update(task, completed=i,
+                                                                                                  total=n)}).result
     if json_out:
         from kvgraft._internal.jsonio import write_json
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -151,31 +151,38 @@ def generalization_cmd(
     3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
     With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
     """
+    import contextlib
+
     from kvgraft._internal.jsonio import check_writable
-    from kvgraft.audit.checks import seal
-    from kvgraft.generalization import audit as gen
+    from kvgraft.audit import plan
+    from kvgraft.audit.checks import run_check
+    from kvgraft.audit.context import Context, Lazy
     from kvgraft.release.format import Release
     from kvgraft.render.generalization import renderables
 
     if json_out is not None:
         check_writable(json_out)
-    settings = gen.Settings(max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed,
-                            policy=policy, force=force, budget=budget)
+    # The generalization check as `audit run` runs it (kvgraft.audit.checks.generalization), its settings from
+    # these options. It prepares the queries before it reads the model: the executor, the model and the bar
+    # start only then, in that order, as they did here.
+    settings: dict[str, Any] = {
+        "synthetic": synthetic_n, "policy": policy, "max_new_tokens": max_new_tokens, "samples": samples,
+        "temperature": temperature, "source": source, "limit": limit, "library_fraction": library_fraction,
+        "salt": salt, "synthetic_seed": synthetic_seed, "seed": seed, "force": force, "budget": budget}
     rel = Release.open(library_dir)
-    queries, prepared = gen.prepare(rel, source=source, limit=limit, library_fraction=library_fraction, salt=salt,
-                                    synthetic_n=synthetic_n, synthetic_seed=synthetic_seed)
-    # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
-    with make_executor(executor, model, device, dtype, attn, address=ray_address, workers=workers, ship=ship,
-                       threads=threads) as ex:
-        lm = ex.model(lambda: load_model(model, device, dtype, attn))
-        with _progress(quiet) as bar:
-            task = bar.add_task("auditing", total=None)
+    with contextlib.ExitStack() as stack:
+        # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
+        ex = Lazy(lambda: stack.enter_context(make_executor(executor, model, device, dtype, attn, address=ray_address,
+                                                            workers=workers, ship=ship, threads=threads)))
+        lm = Lazy(lambda: ex.get().model(lambda: load_model(model, device, dtype, attn)))
+        bar = Lazy(lambda: stack.enter_context(_progress(quiet)))
+        task = Lazy(lambda: bar.get().add_task("auditing", total=None))
 
-            def tick(i: int, n: int, label: str) -> None:
-                bar.update(task, completed=i, total=n, description=f"auditing {label}")
+        def tick(i: int, n: int, label: str) -> None:
+            bar.get().update(task.get(), completed=i, total=n, description=f"auditing {label}")
 
-            result = gen.audit(lm, rel, queries, settings, prepared=prepared, progress=tick, executor=ex)
-    seal("generalization", result)
+        ctx = Context(plan.single("generalization", settings, model=model), lm, Path.cwd(), lambda _m: None, ex, rel)
+        result = run_check(ctx, "generalization", {**settings, "progress": tick}).result
     if json_out:
         from kvgraft._internal.jsonio import write_json
 

@@ -45,17 +45,23 @@ def test_every_kind_implements_every_part_in_its_own_module(name: str, part: str
         assert value.__module__ == f"kvgraft.audit.checks.{name}", f"{name}.{part} lives in {value.__module__}"
 
 
-def test_the_registry_is_the_report_schemas_kinds_and_the_plans_checks() -> None:
+def test_the_schemas_list_the_registrys_built_in_kinds() -> None:
+    """The report schema's `kind` accepts any registered name (a plugin's too) and lists the built-in kinds in
+    the registry's order; the plan schema has a table for each built-in kind and accepts a plugin's."""
     report = json.loads((ROOT / "schemas" / "audit-report.v1.json").read_text())
-    kinds = report["$defs"]["check"]["properties"]["kind"]["enum"]
-    assert sorted(kinds) == sorted([*registry.KINDS, registry.OTHER])
+    kind = report["$defs"]["check"]["properties"]["kind"]
+    builtins = [k.name for k in registry.BUILTIN]
+    assert kind["examples"] == [*builtins, registry.OTHER]
+    assert kind["pattern"] == f"^{registry.NAME.pattern}$"
     plan = json.loads((ROOT / "schemas" / "audit-plan.v1.json").read_text())
-    assert sorted(plan["properties"]["checks"]["properties"]) == sorted(registry.KINDS)
-    assert list(registry.KINDS)[-1] == "claims"  # it reads what the checks before it measured
+    checks = plan["properties"]["checks"]
+    assert list(checks["properties"]) == builtins
+    assert checks["propertyNames"]["pattern"] == kind["pattern"]
+    assert builtins[-1] == "claims"  # it reads what the checks before it measured
 
 
 def test_seal_stamps_the_status_by_the_kinds_rule_and_validates_by_its_schema() -> None:
-    with pytest.raises(InputError, match="no audit result of kind 'magic'"):
+    with pytest.raises(InputError, match="no check kind 'magic' is registered"):
         registry.seal("magic", {})
     with pytest.raises(SchemaError):
         registry.seal("determinism", {"conditions": [{}, {}]})  # the rule says passed; the schema refuses the rest
@@ -105,3 +111,79 @@ def test_every_part_renders_the_example_report() -> None:
         assert kind.details(c["data"], console)
         assert isinstance(kind.html(c["data"]), str)
     assert seen == {"verify", "recompute", "determinism", "generalization"}
+
+
+CLAIMS = ROOT / "audit" / "claims" / "kv-grafting-preprint.toml"
+
+
+def _bare_context(kind: str, settings: dict[str, Any], tmp_path: Path) -> Any:
+    """The Context of a one-check plan that provides no model, executor or release."""
+    from kvgraft.audit import plan
+    from kvgraft.audit.context import Context, absent
+
+    return Context(plan.single(kind, settings), absent("model"), tmp_path, lambda _m: None, absent("executor"),
+                   absent("release"))
+
+
+def test_a_check_reads_earlier_results_through_a_read_only_view_not_context_slots(tmp_path: Path) -> None:
+    """The claims check judges exactness from the recompute check's sealed result (ctx.results), and says which
+    comparison it was measured for; the Context has no slot a kind fills for another."""
+    ctx = _bare_context("claims", {"file": str(CLAIMS)}, tmp_path)
+    for slot in ("measured", "natural_kl", "claims", "ledger"):
+        assert not hasattr(ctx, slot), slot
+    alone = registry.run_check(ctx, "claims", {"file": str(CLAIMS)})
+    verdict = {c["id"]: c for c in alone.claims}["restore-exact"]
+    assert verdict["verdict"] == "not-testable" and "one-shot prefill" not in verdict["reason"]
+    assert ctx.results["claims"] is alone.result  # sealed, and left for the checks after it
+    with pytest.raises(TypeError):
+        ctx.results["recompute"] = {}  # type: ignore[index]
+
+    ctx = _bare_context("claims", {"file": str(CLAIMS)}, tmp_path)
+    entry = {"byte_exact": True, "matched": {"kl_max": 0.0}, "natural": {"kl_max": 2e-3}}
+    ctx.sealed("recompute", {"entries": [entry, entry]})
+    after = registry.run_check(ctx, "claims", {"file": str(CLAIMS)})
+    verdict = {c["id"]: c for c in after.claims}["restore-exact"]
+    assert verdict["verdict"] == "supported"
+    assert "one-shot prefill of prefix + probe without any cache, max KL = 0.002, not 0" in verdict["reason"]
+    assert after.summary.endswith("and this audit's measurements")
+
+
+def test_the_single_check_commands_run_the_registrys_kind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`audit claims` and `audit determinism` run the registered kind's run with their options as its settings,
+    and report what the registry sealed: replace the kind's run, and the command runs the replacement."""
+    from typer.testing import CliRunner
+
+    from kvgraft.cli import app
+
+    runner = CliRunner()
+    seen: dict[str, dict[str, Any]] = {}
+    real = registry.KINDS["claims"]
+
+    def claims_run(ctx: Any, settings: dict[str, Any]) -> Any:
+        seen["claims"] = settings
+        return real.run(ctx, settings)
+
+    monkeypatch.setitem(registry.KINDS, "claims", dataclasses.replace(real, run=claims_run))
+    res = runner.invoke(app, ["audit", "claims", str(CLAIMS), "--json"])
+    assert res.exit_code == 0, res.output
+    assert seen["claims"] == {"file": str(CLAIMS), "measured": None}
+    assert json.loads(res.stdout)["status"] == "passed"
+
+    matrix = {"kind": "kvgraft-determinism-result", "format_version": 1, "model": "some-model", "length": 64,
+              "baseline": "cpu", "environment": {}, "notes": [],
+              "conditions": [{"name": "cpu", "condition": {}, "kv_digest": "0" * 64, "class": "A",
+                              "identical_to_baseline": True, "max_ulp": 0, "max_abs": 0.0, "kl": 0.0}]}
+
+    def determinism_run(ctx: Any, settings: dict[str, Any]) -> Any:
+        seen["determinism"] = {k: v for k, v in settings.items() if k != "progress"}
+        assert ctx.plan.doc["model"]["spec"] == "some-model"
+        from kvgraft.audit.checks.kind import Ran
+
+        return Ran(matrix, "one condition")
+
+    monkeypatch.setitem(registry.KINDS, "determinism", dataclasses.replace(registry.KINDS["determinism"],
+                                                                           run=determinism_run))
+    res = runner.invoke(app, ["audit", "determinism", "--model", "some-model", "--length", "64", "--no-gpu", "--json"])
+    assert seen["determinism"] == {"length": 64, "gpu": False}
+    assert res.exit_code == 6, res.output  # the registry's status rule: fewer than two conditions is incomplete
+    assert json.loads(res.stdout)["status"] == "incomplete"

@@ -64,8 +64,9 @@ def test_the_registry_status_is_the_kinds_rule_and_refuses_an_unknown_kind_or_st
     assert checks.status("determinism", {"conditions": [{}, {}]}) == "passed"
     with pytest.raises(InputError) as info:
         checks.status("other", {})
-    assert str(info.value) == ("no audit result of kind 'other' (one of verify, recompute, determinism, "
-                               "generalization, controls, claims)")
+    assert str(info.value) == ("no check kind 'other' is registered (one of verify, recompute, determinism, "
+                               "generalization, controls, claims; a third-party kind registers through the "
+                               "entry-point group kvgraft.check_kinds)")
     # a rule that answered outside the statuses is a bug, not a verdict
     odd = dataclasses.replace(checks.KINDS["verify"], status=lambda result: "fine")
     monkeypatch.setitem(checks.KINDS, "verify", odd)

@@ -1,36 +1,97 @@
-"""The registry of check kinds: one module per kind, in the order an audit runs them; seal, status, report entry.
+"""The registry of check kinds: the built-in modules and the plugins' entry points, in the order an audit runs them.
 
 Layering (pyproject [tool.importlinter]): a kind module sits above the producers it runs (recompute,
 determinism, generalization, kvgraft.claims), the renderers' parts (kvgraft.render) and the report document
 (kvgraft.report); what renders a report by kind (audit.face, render_report, render_html) sits above the registry,
 and the audit run above them. So the status rule and schema of a kind live in its module with the rest of it,
 and no producer seals its own result: a result is sealed once, by `seal`, where it becomes a verdict (the audit
-run, or the single-audit CLI command).
+run, or a single-check command, both through the kind's `run`).
+
+A third-party kind registers through the entry-point group `kvgraft.check_kinds` (the entry point's name is
+the kind's name, its value a `CheckKind`), a program or test through `register`; no name is registered twice.
 """
 
 from __future__ import annotations
 
+import re
+from importlib import metadata
 from typing import Any
 
 from kvgraft.audit.checks import claims, controls, determinism, generalization, recompute, verify
-from kvgraft.audit.checks.kind import CheckKind
+from kvgraft.audit.checks.kind import CheckKind, Ran
+from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
-from kvgraft.schema import validate
+from kvgraft.schema import validate, validate_with
 from kvgraft.verdict import CHECK_STATUSES, STATUSES
 
-# Every check a plan can name, in the order they run and appear in the report: claims come after the
-# checks whose measurements they read.
-KINDS: dict[str, CheckKind] = {k.name: k for k in (verify.KIND, recompute.KIND, determinism.KIND,
-                                                    generalization.KIND, controls.KIND, claims.KIND)}
-# A report may also hold checks of kind "other" (written by other tools): shown by their summary alone.
+ENTRY_POINTS = "kvgraft.check_kinds"
+# Every built-in check a plan can name, in the order they run and appear in the report: claims come after the
+# checks whose results they read. The report schema's `kind` examples and the plan schema's `checks` list
+# these (tests/audit/test_check_kinds.py).
+BUILTIN: tuple[CheckKind, ...] = (verify.KIND, recompute.KIND, determinism.KIND, generalization.KIND, controls.KIND,
+                                  claims.KIND)
+# The registered kinds: the built-in ones, then the others in the order registered (by `register`, and the entry
+# points' on the registry's first use), so they run after the built-in ones, claims included.
+KINDS: dict[str, CheckKind] = {k.name: k for k in BUILTIN}
+# A report may also hold checks of kind "other" (written by other tools), and of kinds a reader has not
+# registered: both are shown by their summary alone.
 OTHER = "other"
-CHECK_KINDS = (*KINDS, OTHER)
+# A kind's name, as the report schema's `kind` pattern and the plan schema's `checks` names accept it.
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_plugins_loaded = False
+
+
+def register(k: CheckKind) -> CheckKind:
+    """Add a check kind after the registered ones; a name already registered (or "other") is refused."""
+    if not isinstance(k, CheckKind):
+        raise InputError(f"a check kind is a kvgraft.audit.checks.kind.CheckKind, not {type(k).__name__}")
+    if not NAME.fullmatch(k.name):
+        raise InputError(f"check kind {k.name!r}: a name is a lower-case letter, then up to 63 of a-z, 0-9, _ and -")
+    if k.name in KINDS or k.name == OTHER:
+        raise InputError(f"check kind {k.name!r} is registered already ({_origin(KINDS.get(k.name))})")
+    KINDS[k.name] = k
+    return k
+
+
+def _origin(k: CheckKind | None) -> str:
+    return "reserved for checks written by other tools" if k is None else f"by {k.run.__module__}"
+
+
+def load_plugins() -> None:
+    """Register the kinds of the entry-point group `kvgraft.check_kinds`, once: a kind that does not load, is
+    not a CheckKind, is named differently from its entry point or takes a registered name is refused."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in metadata.entry_points(group=ENTRY_POINTS):
+        where = f"entry point {ep.name} = {ep.value} (group {ENTRY_POINTS})"
+        try:
+            k = ep.load()
+        except Exception as exc:  # a plugin's import error, whatever it is, names the plugin
+            raise InputError(f"{where}: does not load: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(k, CheckKind):
+            raise InputError(f"{where}: is a {type(k).__name__}, not a CheckKind")
+        if k.name != ep.name:
+            raise InputError(f"{where}: names kind {k.name!r}, not {ep.name!r}")
+        try:
+            register(k)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+
+
+def kinds() -> dict[str, CheckKind]:
+    """Every registered kind, in the order an audit runs them (the plugins' loaded on first use)."""
+    load_plugins()
+    return KINDS
 
 
 def kind(name: str) -> CheckKind:
-    if name not in KINDS:
-        raise InputError(f"no audit result of kind {name!r} (one of {', '.join(KINDS)})")
-    return KINDS[name]
+    known = kinds()
+    if name not in known:
+        raise InputError(f"no check kind {name!r} is registered (one of {', '.join(known)}; a third-party kind "
+                         f"registers through the entry-point group {ENTRY_POINTS})")
+    return known[name]
 
 
 def status(name: str, result: dict[str, Any]) -> str:
@@ -48,15 +109,26 @@ def seal(name: str, result: dict[str, Any], where: str | None = None) -> dict[st
     s = status(name, result)
     if k.stamps_status:
         result["status"] = s
-    validate(result, k.schema, where or f"{name} result")
+    if isinstance(k.schema, str):
+        validate(result, k.schema, where or f"{name} result")
+    else:
+        validate_with(result, k.schema, where or f"{name} result")
     return result
+
+
+def run_check(ctx: Context, name: str, settings: dict[str, Any], where: str | None = None) -> Ran:
+    """One check, as `audit run` runs each and a single-check command its one: the kind's run under `settings`,
+    its result sealed, and left for the checks after it (`ctx.results`)."""
+    ran = kind(name).run(ctx, settings)
+    ctx.sealed(name, seal(name, ran.result, where))
+    return ran
 
 
 def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, Any] | None = None, *,
                reason: str | None = None) -> dict[str, Any]:
     """One entry of `checks`; a skipped check must say why."""
-    if kind not in CHECK_KINDS:
-        raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join(CHECK_KINDS)})")
+    if kind not in kinds() and kind != OTHER:
+        raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join([*KINDS, OTHER])})")
     if status not in CHECK_STATUSES:
         raise InputError(f"check {name!r}: unknown status {status!r} (one of {', '.join(CHECK_STATUSES)})")
     if status == "skipped" and not reason:

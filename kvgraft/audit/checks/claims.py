@@ -30,21 +30,31 @@ def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(ctx: Context, cc: dict[str, Any]) -> Ran:
+    """Under a plan's `[checks.claims]` (file), against what this audit's recompute check measured (its sealed
+    result, when it ran); `audit claims` sets `measured` (a measurements file, or None) instead."""
     from kvgraft.claims import checker as claims
 
     ctx.say("checking the claims file")
-    cf = claims.load(ctx.plan.resolve(cc["file"]))
-    checked = claims.check(cf, ctx.measured or None, measured_where="this audit's recompute check")
-    ctx.claims = claim_verdicts(checked)
-    if ctx.natural_kl is not None:
+    path = ctx.plan.resolve(cc["file"])
+    recomputed = ctx.results.get("recompute") if "measured" not in cc else None
+    if recomputed is None:
+        checked = claims.check_files(path, cc.get("measured"))
+        return Ran(checked, f"{len(checked['claims'])} claims checked against internal consistency"
+                            + (" and the measurements file" if cc.get("measured") else ""),
+                   claims=claim_verdicts(checked))
+    measured = claims.measured_from_recompute(recomputed)
+    checked = claims.check(claims.load(path), measured or None, measured_where="this audit's recompute check")
+    verdicts = claim_verdicts(checked)
+    natural_kl = max(abs(e["natural"]["kl_max"]) for e in recomputed["entries"]) if recomputed["entries"] else None
+    if natural_kl is not None:
         # Say for which comparison exactness was measured, next to the verdict itself.
-        for c in ctx.claims:
+        for c in verdicts:
             if c.get("kind") == "exactness":
-                contrast = "exactly 0" if ctx.natural_kl == 0.0 else f"{ctx.natural_kl:.3g}, not 0"
+                contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
                 c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
                                 f"prefix + probe without any cache, max KL = {contrast})")
-    return Ran(checked, f"{len(ctx.claims)} claims checked against internal consistency"
-                        + (" and this audit's measurements" if ctx.measured else ""))
+    return Ran(checked, f"{len(verdicts)} claims checked against internal consistency"
+                        + (" and this audit's measurements" if measured else ""), claims=verdicts)
 
 
 def status(result: dict[str, Any]) -> str:

@@ -26,10 +26,10 @@ def run(ctx: Context, kc: dict[str, Any]) -> Ran:
     k = controls.run(ctx.lm, Release.open(ctx.out / "controls-release"), n=n, seed=seed,
                      max_new_tokens=kc.get("max_new_tokens", 32), executor=ctx.ex)
     shown = sum(c["shows"] for c in k["controls"])
-    ctx.ledger["controls"] = (f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
-                              "(its own release, out/…/controls-release, not signed)")
+    ledger = {"controls": f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+                          "(its own release, out/…/controls-release, not signed)"}
     return Ran(k, f"{shown}/{len(k['controls'])} controls show what they expect "
-                  f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})")
+                  f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})", ledger=ledger)
 
 
 def status(result: dict[str, Any]) -> str:

@@ -31,10 +31,13 @@ class DeterminismData(ByteClasses):
 
 
 def run(ctx: Context, dc: dict[str, Any]) -> Ran:
+    """Under a plan's `[checks.determinism]` (length), and what `audit determinism` sets beyond a plan: gpu
+    (whether CUDA conditions run when a GPU is present), progress. Loads its own models: not the Context's."""
     from kvgraft.recompute import determinism
 
     ctx.say("running the determinism matrix")
-    d = determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128), include_gpu=True)
+    d = determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128),
+                           include_gpu=dc.get("gpu", True), progress=dc.get("progress"))
     return Ran(d, "\n".join(d["notes"]))
 
 

@@ -92,15 +92,22 @@ class GeneralizationData(TypedDict):
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
+    """Under a plan's `[checks.generalization]` (synthetic, policy, max_new_tokens, samples, temperature), and
+    what `audit generalization` sets beyond a plan: source, limit, library_fraction, salt (of the split; default
+    the library's), synthetic_seed, seed, force, budget, progress."""
     from kvgraft.generalization import audit as gen
 
     ctx.say("generalization audit: conditions a-d on library, held-out and synthetic problems")
-    queries, prepared = gen.prepare(ctx.release, synthetic_n=gc.get("synthetic", 0))
     settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
-                            samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0))
-    g = gen.audit(ctx.lm, ctx.release, queries, settings, prepared=prepared, executor=ctx.ex)
-    ctx.ledger.update(ledger_lines(g))
-    return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g})
+                            samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0),
+                            seed=gc.get("seed", 0), force=gc.get("force", False), budget=gc.get("budget"))
+    # The queries before the model: a source that does not load is refused before anything heavy starts.
+    queries, prepared = gen.prepare(ctx.release, source=gc.get("source"), limit=gc.get("limit"),
+                                    library_fraction=gc.get("library_fraction"), salt=gc.get("salt"),
+                                    synthetic_n=gc.get("synthetic", 0), synthetic_seed=gc.get("synthetic_seed", 1))
+    g = gen.audit(ctx.lm, ctx.release, queries, settings, prepared=prepared, progress=gc.get("progress"),
+                  executor=ctx.ex)
+    return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g}, ledger=ledger_lines(g))
 
 
 def status(result: dict[str, Any]) -> str:

@@ -2,14 +2,15 @@
 
 Why one dataclass and not seven tables: a check kind was spread over the audit run, the verdict module, the
 report's kind list, the face, the terminal details, the HTML page and the list of data members the renderers
-draw. Each kind is now one module under kvgraft/audit/checks/ that builds one `CheckKind`; the registry
-(kvgraft/audit/checks/__init__.py) lists them, and verdict, face and both renderers dispatch through it.
+draw. Each kind is now one `CheckKind`: a built-in one a module under kvgraft/audit/checks/, a third-party
+one an entry point; the registry (kvgraft/audit/checks/__init__.py) lists them, and the audit run, the
+single-check commands, verdict, face and both renderers dispatch through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,22 +24,26 @@ if TYPE_CHECKING:
 class Ran:
     """What a check's run returns: its result (sealed by the registry afterwards, not by the run), the summary
     line of its report entry, and the entry's `data` when that is not the result itself (generalization keeps
-    a short form beside the whole result, which it holds by reference, so sealing the result reaches it)."""
+    a short form beside the whole result, which it holds by reference, so sealing the result reaches it).
+    What it adds to the report beside its entry: lines of the token ledger, and claim verdicts (the claims
+    check's). A run writes nothing into the Context: later checks read its sealed result (`ctx.results`)."""
 
     result: dict[str, Any]
     summary: str
     data: dict[str, Any] | None = None
+    ledger: dict[str, str] = field(default_factory=dict)
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class CheckKind:
     """Every part of one check kind. A kind without one of these parts is refused (tests/test_check_kinds.py)."""
 
-    name: str  # the kind's word in plans, reports and the report schema's `kind` enum
-    schema: str  # the JSON schema its result satisfies (schemas/…)
+    name: str  # the kind's word in plans and reports (the registry's NAME pattern; built-in ones listed in the schemas)
+    schema: str | dict[str, Any]  # the JSON schema its result satisfies: a file under schemas/, or (a plugin's) the schema
     status: Callable[[dict[str, Any]], str]  # passed | failed | incomplete, from its result alone
     stamps_status: bool  # whether its result carries its status as a member (verify's document does not)
-    run: Callable[[Context, dict[str, Any]], Ran]  # run it under an audit plan's settings
+    run: Callable[[Context, dict[str, Any]], Ran]  # run it under a plan's settings (audit run, or a one-check command)
     # face, details and html each take the kind's own TypedDict of its report data (RecomputeData, …): `Any` here,
     # at the registry boundary, is where that data enters typed. It is sound because data reaches them only from a
     # report that passed validate_report (load_report, new_report) or a result that passed seal, and the report

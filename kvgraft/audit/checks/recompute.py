@@ -97,8 +97,10 @@ class RecomputeData(Entries):
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
+    """Under a plan's `[checks.recompute]` (require, entries, sample or target_fraction, nonce, prefix), and what
+    `audit recompute` sets beyond a plan: probe (text), force, schedule, overrides, journal (a path, or None for
+    none; without it, one under the output folder, removed when the result is complete), on_progress."""
     from kvgraft import sampling
-    from kvgraft.claims.checker import measured_from_recompute
     from kvgraft.recompute import audit as recompute
 
     sample = rc.get("sample")
@@ -107,39 +109,46 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
             raise InputError("checks.recompute: sample and target_fraction exclude each other")
         sample = sampling.sample_size(float(rc["target_fraction"]), ctx.release.num_entries)
     ctx.say(f"recomputing fresh KV states and comparing ({f'a sample of {sample}' if sample else 'every entry'})")
-    # Each judged entry is journaled as it lands: rerunning an interrupted plan on the same release resumes.
-    journal = ctx.out / f"recompute-{str(ctx.release.manifest['root_digest'])[:16]}.journal"
-    for stale in ctx.out.glob("recompute-*.journal"):
-        if stale != journal:
-            stale.unlink()  # of another release (a rebuilt library): nothing of it can be resumed here
-    overrides = {}
-    fixed = ctx.ex.fixed_threads()
-    if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
-        overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
+    own_journal = "journal" not in rc
+    if own_journal:  # each judged entry is journaled as it lands: rerunning an interrupted plan resumes
+        journal = ctx.out / f"recompute-{str(ctx.release.manifest['root_digest'])[:16]}.journal"
+        for stale in ctx.out.glob("recompute-*.journal"):
+            if stale != journal:
+                stale.unlink()  # of another release (a rebuilt library): nothing of it can be resumed here
+    else:
+        journal = rc["journal"]
+    if "overrides" in rc:
+        overrides = dict(rc["overrides"])
+    else:
+        overrides = {}
+        fixed = ctx.ex.fixed_threads()
+        if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
+            overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
     options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
                                "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
-                               "journal": journal, "overrides": overrides}
+                               "journal": journal, "overrides": overrides, "probe_text": rc.get("probe"),
+                               "force": rc.get("force", False), "schedule": rc.get("schedule"),
+                               "on_progress": rc.get("on_progress")}
     if rc.get("prefix") is None:
         result = recompute.audit(ctx.release, ctx.lm, **options)
     else:  # the entries' prefix grafts too (checks.recompute.prefix)
         from kvgraft.recompute import prefix
 
         result = prefix.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options)
-    journal.unlink(missing_ok=True)
+    if own_journal:
+        journal.unlink(missing_ok=True)
     exact = sum(e["byte_exact"] for e in result["entries"])
-    ctx.measured.update(measured_from_recompute(result))
-    ctx.natural_kl = max(abs(e["natural"]["kl_max"]) for e in result["entries"]) if result["entries"] else None
     cost = result["cost"]
     rate = f", {cost['tokens_per_second']:,.0f} tokens/s" if cost["tokens_per_second"] else ""
     projected = (f"; the whole release ({cost['library_tokens']:,} tokens) about "
                  f"{cost['projected_library_seconds'] / 60:.1f} min on {cost['executor']}"
                  if cost["projected_library_seconds"] else "")
-    ctx.ledger["recompute"] = (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
-                               f"(required: {result['require']}); {cost['tokens_recomputed']:,} tokens recomputed in "
-                               f"{cost['wall_seconds']:.1f} s{rate}{projected}")
+    ledger = {"recompute": (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
+                            f"(required: {result['require']}); {cost['tokens_recomputed']:,} tokens recomputed in "
+                            f"{cost['wall_seconds']:.1f} s{rate}{projected}")}
     if result.get("sample"):
-        ctx.ledger["recompute bound"] = sampling.sentence(result["bound"])
-    return Ran(result, "\n".join(result["statements"]))
+        ledger["recompute bound"] = sampling.sentence(result["bound"])
+    return Ran(result, "\n".join(result["statements"]), ledger=ledger)
 
 
 def status(result: dict[str, Any]) -> str:

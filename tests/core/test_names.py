@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "schemas").glob("*.json")),
              ROOT / "bench/RESULTS.md"]
 DOTTED = re.compile(r"(?<![\w/.-])kvgraft(?:\.[A-Za-z_]\w*)+")
-# Not module names: the attestation's URI host, mutmut's generated mutant names (docs/mutation.md).
-NOT_NAMES = re.compile(r"kvgraft\.dev\b|\.x_\w*")
+# Not module names: the attestation's URI host, mutmut's generated mutant names (docs/mutation.md), the entry-point
+# group third-party check kinds register in (tested to be the registry's ENTRY_POINTS below).
+NOT_NAMES = re.compile(r"kvgraft\.dev\b|\.x_\w*|^kvgraft\.check_kinds$")
 # Paths inside the repository as documents cite them (in backticks or as a link target).
 CITED = re.compile(r"(?:`|\]\()((?:kvgraft|docs|bench|tests|schemas|audit|mutation|manifests)/[\w./-]*\w)")
 # Patterns and placeholders, not files: globs, a RELEASE/… layout, the wheel folder built by `make gpu-wheels`.
@@ -74,3 +75,9 @@ def test_the_checks_find_what_is_planted() -> None:
     assert dead_names("kvgraft.recompute.prefix, kvgraft.report.document.compute_verdict, kvgraft.dev/x") == []
     assert missing_paths("`docs/no-such-page.md` and [x](bench/RESULTS.md)") == ["docs/no-such-page.md"]
     assert OUTSIDE.findall("../shared/DESIGN.md, /work/x, ../shared/fixtures/sigstore/") == ["../shared/DESIGN", "/work/x"]
+
+
+def test_the_entry_point_group_the_documents_name_is_the_registrys() -> None:
+    from kvgraft.audit import checks
+
+    assert checks.ENTRY_POINTS == "kvgraft.check_kinds"

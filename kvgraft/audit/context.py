@@ -12,7 +12,7 @@ from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
 
 if TYPE_CHECKING:
-    from kvgraft.release.format import Release
+    from kvgraft.signing.verify import VerifiedRelease
 
 Progress = Callable[[str], None]
 
@@ -26,7 +26,7 @@ class Context:
     out: Path
     say: Progress
     ex: Executor
-    release: Release  # verified once, before any check reads it
+    release: VerifiedRelease  # verified once, under the run's policy, before any check reads it
     ledger: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)  # for the claims check: what recompute measured
     natural_kl: float | None = None  # recompute's largest KL against a one-shot prefill without a cache

@@ -132,7 +132,7 @@ def recompute_cmd(
         from kvgraft.recompute.prefix import check_tokens
 
         check_tokens(prefix)
-    # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
+    # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
     checked = verified(release, keys_policy(key, require_signature=require_signature))
     rel = checked.release
     if target_fraction is not None:

@@ -154,14 +154,16 @@ def generalization_cmd(
     from kvgraft._internal.jsonio import check_writable
     from kvgraft.audit.checks import seal
     from kvgraft.generalization import audit as gen
-    from kvgraft.release.format import Release
     from kvgraft.render.generalization import renderables
+    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.verify import verified
 
     if json_out is not None:
         check_writable(json_out)
     settings = gen.Settings(max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, seed=seed,
                             policy=policy, force=force, budget=budget)
-    rel = Release.open(library_dir)
+    # As `kvgraft verify` opens it without a key (a stale statement fails; each entry's bytes are checked when read).
+    rel = verified(library_dir, SignatureNotChecked())
     queries, prepared = gen.prepare(rel, source=source, limit=limit, library_fraction=library_fraction, salt=salt,
                                     synthetic_n=synthetic_n, synthetic_seed=synthetic_seed)
     # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.

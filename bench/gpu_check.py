@@ -78,11 +78,13 @@ from kvgraft.recompute import audit as recompute  # noqa: E402
 from kvgraft.recompute.determinism import prefix_ids  # noqa: E402
 from kvgraft.release import hashing  # noqa: E402
 from kvgraft.release.format import Release  # noqa: E402
+from kvgraft.signing.policy import OwnOutput  # noqa: E402
 from kvgraft.signing.verify import verified  # noqa: E402
 
 import rewrite  # noqa: E402  # tests/rewrite.py: change stored bytes and every commitment over them
 import tiny  # noqa: E402
 
+OWN = OwnOutput("bench/gpu_check.py, which captured it")  # every release it reads, it wrote in this process
 BUDGET = 480.0  # s, from bench/gpu_check.sh's start: the install, imports and every step
 CLAIMS = ROOT / "audit" / "claims" / "kv-grafting-preprint.toml"
 BOUND, CONFIDENCE = 0.01, 0.95
@@ -155,7 +157,7 @@ def tf32(on: bool) -> Iterator[None]:
 def audit_row(rel: Path, lm: models.LoadedModel, require: str, device: str, **options: Any) -> dict[str, Any]:
     """One `recompute.audit` of a release, summarised; an exception becomes the row's error."""
     try:
-        res, secs = timed(lambda: recompute.audit(rel, lm, require=require, **options), device)
+        res, secs = timed(lambda: recompute.audit(verified(rel, OWN), lm, require=require, **options), device)
     except Exception as exc:  # recorded, and the run goes on: one failure must not cost the lease
         return error_of(exc)
     es = res["entries"]
@@ -310,8 +312,8 @@ def big_length(args: argparse.Namespace, device: str, big: dict[str, Any], lengt
         text = lm.tokenizer.decode(prefix_ids(lm, length))
         _, row["capture_seconds"] = timed(lambda: capture.capture(
             lm, [("big", {"id": f"p{length}", "text": text})], rel_dir, schedule=SCHEDULE, probe_tokens=4), device)
-        rel = verified(Release.open(rel_dir)).release
-        entry = rel.entries[0]
+        checked = verified(rel_dir, OWN)
+        entry = checked.release.entries[0]
         row["tokens"] = n = entry["num_tokens"]
         prefills = [timed(lambda: runtime.prefill(lm, entry["token_ids"], SCHEDULE), device)[1]
                     for _ in range(3)]
@@ -330,7 +332,7 @@ def big_length(args: argparse.Namespace, device: str, big: dict[str, Any], lengt
             row["audit_tokens_per_s"] = n / statistics.median(row["audit_seconds"])
         restores = []
         for _ in range(5):
-            restored, secs = timed(lambda: graft.restore(rel, entry["id"], lm), device)
+            restored, secs = timed(lambda: graft.restore(checked, entry["id"], lm), device)
             row["kv_bytes"] = restored.kv_bytes
             del restored
             restores.append(secs)
@@ -338,7 +340,7 @@ def big_length(args: argparse.Namespace, device: str, big: dict[str, Any], lengt
         row["restore_gbps"] = row["kv_bytes"] / statistics.median(restores) / 1e9
         ranges = sorted(tuple(t["byte_range"]) for t in entry["tensors"].values())
         dest = bytearray(row["kv_bytes"])
-        path = rel.entry_file(entry)
+        path = checked.release.entry_file(entry)
         read_hash = [timed(lambda: hashing.read_and_hash(path, ranges, memoryview(dest)), "cpu")[1]
                      for _ in range(3)]
         all_cores = [timed(lambda: hash_in_memory(memoryview(dest), ranges), "cpu")[1] for _ in range(3)]
@@ -455,7 +457,7 @@ def library_capture(args: argparse.Namespace, device: str, state: dict[str, Any]
                 "storage": {k: state["storage"].get(k) for k in ("folder", "filesystem", "write_bps")}})
     shutil.rmtree(folder, ignore_errors=True)
     _, lib["capture_seconds"] = timed(lambda: capture.capture(lm, records, folder, schedule=SCHEDULE, probe_tokens=1), device)
-    rel = verified(Release.open(folder)).release
+    rel = verified(folder, OWN).release
     entries = rel.entries
     lib["tokens"] = sum(int(e["num_tokens"]) for e in entries)
     lib["release"] = {"entries": len(entries), "tokens": lib["tokens"],
@@ -470,12 +472,13 @@ def library_audit(args: argparse.Namespace, device: str, state: dict[str, Any], 
     """One `recompute.audit(sample=n)` with a fresh nonce; n fixed before the nonce is drawn, so it does
     not depend on which entries the draw picks; the sample re-derived from the root and the nonce."""
     lm, lib = state["big"]["lm"], state["library"]
-    rel = Release.open(Path(lib["folder"]))
+    checked = verified(Path(lib["folder"]), OWN)
+    rel = checked.release
     entries = rel.entries
     n = library_sample(args, state, left)
     if n < min(args.library_sample, len(entries)):
         lib["sample_reduced"] = f"sample of {n} instead of {min(args.library_sample, len(entries))}: what the budget left"
-    res, secs = timed(lambda: recompute.audit(rel, lm, require="exact", sample=n), device)  # a fresh nonce
+    res, secs = timed(lambda: recompute.audit(checked, lm, require="exact", sample=n), device)  # a fresh nonce
     es = res["entries"]
     lib["audit"] = {"verdict": res["verdict"], "passed": res["passed"], "seconds": secs,
                     "sampled_tokens": sum(e["num_tokens"] for e in es),

@@ -32,8 +32,8 @@ from kvgraft._internal.cores import cores
 from kvgraft.inference import capture, graft, models, runtime
 from kvgraft.recompute.determinism import prefix_ids
 from kvgraft.release import hashing
-from kvgraft.release.format import Release
-from kvgraft.signing.verify import verified
+from kvgraft.signing.policy import OwnOutput
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 
 def seconds(fn: Callable[[], Any]) -> float:
@@ -48,13 +48,13 @@ def seconds(fn: Callable[[], Any]) -> float:
         gc.enable()
 
 
-def make_release(lm: models.LoadedModel, n: int, folder: Path) -> Release:
+def make_release(lm: models.LoadedModel, n: int, folder: Path) -> VerifiedRelease:
     ids = prefix_ids(lm, n)
     capture.capture(lm, [("bench", {"id": "p", "text": lm.tokenizer.decode(ids)})], folder,
                     schedule=runtime.Schedule(add_special_tokens=False), probe_tokens=0)
-    # Verified once here, as every consumer does on first use (kvgraft.signing.verify.verified): the columns
-    # time the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
-    return verified(Release.open(folder)).release
+    # Verified once here (kvgraft.signing.verify.verified), as the one this process wrote: the columns time
+    # the graft of a verified release, and "first" a first graft in fresh memory, not the verify.
+    return verified(folder, OwnOutput("bench/graft_vs_recompute.py, which captured it"))
 
 
 def main() -> None:
@@ -73,11 +73,10 @@ def main() -> None:
     print(" ".join(f"{c:>{max(len(c), 7)}}" for c in cols))
     floors: list[tuple[int, float, float, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        make_release(lm, 16, Path(tmp) / "warm")  # imports, thread pool: not part of any timing
-        graft.restore(Release.open(Path(tmp) / "warm"), "p", lm)
+        graft.restore(make_release(lm, 16, Path(tmp) / "warm"), "p", lm)  # imports, thread pool: not part of any timing
         for n in args.lengths:
             rel = make_release(lm, n, Path(tmp) / f"rel{n}")
-            entry = rel.entry("p")
+            entry = rel.release.entry("p")
             first = seconds(lambda: graft.restore(rel, "p", lm))  # noqa: B023
             restored = graft.restore(rel, "p", lm)
             pt = Path(tmp) / f"cache{n}.pt"
@@ -86,7 +85,7 @@ def main() -> None:
             share = os.urandom(entry_bytes(rel, entry) // n_cores)
             ranges = sorted(tuple(t["byte_range"]) for t in entry["tensors"].values())
             dest = bytearray(entry_bytes(rel, entry))
-            path = rel.entry_file(entry)
+            path = rel.release.entry_file(entry)
             rows: list[dict[str, float]] = []
             for _ in range(args.rounds):
                 r = {"prefill": seconds(lambda: runtime.prefill(lm, entry["token_ids"], runtime.Schedule())),  # noqa: B023
@@ -142,7 +141,7 @@ def hash_in_memory(buf: memoryview, ranges: list[tuple[int, int]]) -> None:
         f.result()
 
 
-def entry_bytes(rel: Release, entry: dict[str, Any]) -> int:
+def entry_bytes(rel: VerifiedRelease, entry: dict[str, Any]) -> int:
     return sum(t["byte_range"][1] - t["byte_range"][0] for t in entry["tensors"].values())
 
 

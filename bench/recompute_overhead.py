@@ -18,7 +18,8 @@ from kvgraft.inference import capture, models, runtime
 from kvgraft.inference.runtime import Schedule
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.determinism import prefix_ids
-from kvgraft.release.format import Release
+from kvgraft.signing.policy import OwnOutput
+from kvgraft.signing.verify import verified
 
 
 def status_kb(key: str) -> int:
@@ -42,7 +43,8 @@ def main() -> None:
     layer_kv = 0
     with tempfile.TemporaryDirectory() as tmp:
         capture.capture(lm, records, Path(tmp) / "rel", schedule=Schedule(add_special_tokens=False), probe_tokens=8)
-        rel = Release.open(Path(tmp) / "rel")
+        checked = verified(Path(tmp) / "rel", OwnOutput("bench/recompute_overhead.py, which captured it"))
+        rel = checked.release
         for entry in rel.entries:
             t0 = time.perf_counter()
             cache, _ = runtime.prefill(lm, entry["token_ids"], Schedule.from_dict(rel.manifest["schedule"]))
@@ -50,7 +52,7 @@ def main() -> None:
             rss0 = status_kb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")
             t1 = time.perf_counter()
-            rows = recompute.compare_layers(rel, entry, lm, cache)
+            rows = recompute.compare_layers(checked, entry, lm, cache)
             compare_s.append(time.perf_counter() - t1)
             peaks.append(status_kb("VmHWM") - rss0)
             assert all(r[p]["equal"] for r in rows for p in ("keys", "values") if p in r)
@@ -58,7 +60,7 @@ def main() -> None:
             layer_kv = 2 * (end - start)
             del cache
             t2 = time.perf_counter()
-            recompute.audit_entry(rel, entry, lm)
+            recompute.audit_entry(checked, entry, lm)
             entry_s.append(time.perf_counter() - t2)
     p, c, e = statistics.median(prefill_s), statistics.median(compare_s), statistics.median(entry_s)
     model = "default model" if args.model == models.DEFAULT_MODEL else args.model

@@ -115,10 +115,10 @@ def step(name: str, release: str, key: str, arg: str) -> dict[str, object]:
     if name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
     t0 = time.perf_counter()
-    rel = verified(release, policy).release
+    checked = verified(release, policy)
     out: dict[str, object] = {}
     if name == "graft-one":
-        _, n = read_entry_tensors(rel, rel.entry(arg))
+        _, n = read_entry_tensors(checked, checked.release.entry(arg))
         out["bytes_read"] = n
     out["seconds"] = time.perf_counter() - t0
     return out

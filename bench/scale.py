@@ -41,6 +41,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvgraft.signing.policy import VerifyPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 8 * 1024 * 1024
@@ -157,11 +161,12 @@ class StopAtFirst:
         raise FirstRecompute(len(units))
 
 
-def index_step(name: str, root: str, arg: str, policy: object) -> dict[str, object]:
+def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str, object]:
     from types import SimpleNamespace
 
     from kvgraft import sampling
     from kvgraft.release.format import Release
+    from kvgraft.signing.verify import verified
 
     out: dict[str, object] = {}
     if name == "audit-sample":  # kvgraft audit sample RELEASE --nonce bench --size 20
@@ -176,7 +181,7 @@ def index_step(name: str, root: str, arg: str, policy: object) -> dict[str, obje
                              identity=SimpleNamespace(sha256=identity["sha256"], as_dict=lambda: identity))
         options = {"sample": 20, "nonce": "bench"} if name == "first-sample" else {"entries": [arg]}
         try:
-            recompute.audit(root, lm, executor=StopAtFirst(), **options)  # type: ignore[arg-type]
+            recompute.audit(verified(root, policy), lm, executor=StopAtFirst(), **options)  # type: ignore[arg-type]
         except FirstRecompute as stop:
             out["units"] = stop.args[0]
     elif name == "verify-sample":  # kvgraft verify RELEASE --key K --require-signature --sample 300 --nonce bench
@@ -242,9 +247,9 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     elif name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
 
-        rel = verified(root, policy).release
+        checked = verified(root, policy)
         t1 = time.perf_counter()
-        _, n = read_entry_tensors(rel, rel.entry(arg))
+        _, n = read_entry_tensors(checked, checked.release.entry(arg))
         out["read_hash_s"] = time.perf_counter() - t1
         out["bytes"] = n
     else:

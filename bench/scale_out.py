@@ -109,12 +109,14 @@ def main() -> None:
     from kvgraft.execution.executor import LocalExecutor, ModelSpec, RayExecutor, comparable
     from kvgraft.inference import models
     from kvgraft.recompute import audit as recompute
-    from kvgraft.release.format import Release
+    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.verify import verified
 
-    model_dir, rel = build(args.dir, args.entries, args.tokens)
-    n_tokens = Release.open(rel).token_counts()
+    model_dir, folder = build(args.dir, args.entries, args.tokens)  # perhaps by an earlier run: no OwnOutput
+    rel = verified(folder, SignatureNotChecked())
+    n_tokens = rel.release.token_counts()
     wait_quiet(args.quiet_wait)
-    print(f"release   {rel}: {args.entries} entries of {min(n_tokens)}-{max(n_tokens)} tokens; model {model_dir} "
+    print(f"release   {folder}: {args.entries} entries of {min(n_tokens)}-{max(n_tokens)} tokens; model {model_dir} "
           f"(random Llama, 4 layers, hidden 256)")
     print(f"machine   {len(os.sched_getaffinity(0))} cores usable; python {sys.version.split()[0]}; torch {torch.__version__}; "
           f"ray {ray.__version__}; 1-minute load average {os.getloadavg()[0]:.2f}")

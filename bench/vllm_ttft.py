@@ -59,7 +59,8 @@ def run(out: Path) -> None:
     plan = json.loads((out / "plan.json").read_text())
     release = out / "release"
     t = time.perf_counter()
-    rel = verified(release, verify_policy()).release
+    checked = verified(release, verify_policy())
+    rel = checked.release
     verify_s = time.perf_counter() - t
     entries = {e["id"]: e for e in rel.entries}
     hash_ms: dict[str, float] = {}
@@ -67,7 +68,7 @@ def run(out: Path) -> None:
         runs = []
         for _ in range(3):
             t = time.perf_counter()
-            read_entry_tensors(rel, entry)
+            read_entry_tensors(checked, entry)
             runs.append(time.perf_counter() - t)
         hash_ms[eid] = statistics.median(runs) * 1e3
     tok = AutoTokenizer.from_pretrained(plan["model"])

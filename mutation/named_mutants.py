@@ -80,14 +80,13 @@ MUTANTS: list[tuple[str, list[tuple[str, str, str]], str]] = [
     ("recompute.classify: a shape mismatch alone judged consistent",
      [("kvgraft/recompute/audit.py", "    if not (layout or shape or outside):", "    if not (layout or outside):")],
      T + "test_a_tensor_stored_in_another_shape_is_inconsistent"),
-    ("verify.verified: a verification reused under another policy",
-     [("kvgraft/signing/verify.py",
-       "        if policy is None or release.policy == policy:\n            return release",
-       "        if True:\n            return release"),
-      ("kvgraft/signing/verify.py",
-       "        if earlier is not None and (policy is None or earlier.policy == policy):",
-       "        if earlier is not None:")],
-     T + "test_verified_does_not_reuse_a_verification_under_another_policy"),
+    ("ray_worker.Worker.release: a release verified under another policy than the driver's",
+     [("kvgraft/execution/ray_worker.py", "        rel = verified(root, policy)\n",
+       "        rel = verified(root, VerifyPolicy())\n")],
+     T + "test_a_ray_worker_verifies_the_release_under_the_drivers_policy"),
+    ("ray_worker.Worker.release: a verification reused under another policy",
+     [("kvgraft/execution/ray_worker.py", '        slot += f":{policy!r}"\n', "")],
+     T + "test_a_ray_worker_verifies_the_release_under_the_drivers_policy"),
 ]
 
 

@@ -12,7 +12,7 @@ from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
 
 if TYPE_CHECKING:
-    from kvgraft.release.format import Release
+    from kvgraft.signing.verify import VerifiedRelease
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -46,7 +46,7 @@ class Context:
     checks read of it (`results`, by kind name, read-only); what it adds to the report it returns (Ran)."""
 
     def __init__(self, plan: Plan, lm: models.LoadedModel | Lazy[models.LoadedModel], out: Path, say: Progress,
-                 ex: Executor | Lazy[Executor], release: Release | Lazy[Release]) -> None:
+                 ex: Executor | Lazy[Executor], release: VerifiedRelease | Lazy[VerifiedRelease]) -> None:
         self.plan, self.out, self.say = plan, out, say
         self._lm, self._ex, self._release = lm, ex, release
         self._results: dict[str, dict[str, Any]] = {}
@@ -69,5 +69,5 @@ class Context:
         return self._ex.get() if isinstance(self._ex, Lazy) else self._ex
 
     @property
-    def release(self) -> Release:
+    def release(self) -> VerifiedRelease:
         return self._release.get() if isinstance(self._release, Lazy) else self._release

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgraft.audit.checks import kinds, make_check, run_check, status
 from kvgraft.audit.context import Context, Progress
@@ -19,6 +19,9 @@ from kvgraft.errors import InputError
 from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
+
+if TYPE_CHECKING:
+    from kvgraft.signing.policy import VerifyPolicy
 
 
 @dataclass
@@ -37,14 +40,17 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
 
     spec = plan.doc["release"]
     if "path" in spec:
-        from kvgraft.release.format import Release
         from kvgraft.remote import is_remote, local_root
+        from kvgraft.signing.policy import SignatureNotChecked
+        from kvgraft.signing.verify import verified
 
         remote = is_remote(spec["path"])  # a location the release is published at (docs/remote.md)
         if remote and plan.doc.get("signing", {}).get("key"):
             raise InputError(f"{plan.path}: a plan that signs its release needs a local folder, not {spec['path']}")
         path = local_root(spec["path"]) if remote else plan.resolve(spec["path"])
-        rel = Release.open(path)
+        # The plan's pin, before anything is signed or run: opened as `kvgraft verify` opens it without a key
+        # (a stale statement fails); the run verifies it again under its own policy (`_policy`).
+        rel = verified(path, SignatureNotChecked())
         if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
             raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
                              f"plan's {spec['root_digest']}")
@@ -68,6 +74,19 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
                           settings=library.BuildSettings(attempts=lib.get("attempts", 0), generate=lib.get("attempts", 0) > 0),
                           probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
     return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unsolved")}}
+
+
+def _policy(release_info: dict[str, Any], public_key: Path | None) -> VerifyPolicy:
+    """The policy the run reads its release under: the ephemeral key it signed with; else, for a release this
+    run wrote (captured or built), its own output (digests only); else, a plan's existing release, what
+    `kvgraft verify` checks without a key."""
+    from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, SignedWithKeys
+
+    if public_key is not None:
+        return SignedWithKeys((public_key,))
+    if release_info["kind"] != "existing":
+        return OwnOutput(f"kvgraft audit run ({release_info['kind']})")
+    return SignatureNotChecked()
 
 
 def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
@@ -138,12 +157,11 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         sign.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
-    # Opened once under the plan's policy (with its key when it signs): every check below reads the
-    # release through it, and each entry's bytes are checked when read; the verify check hashes all.
-    from kvgraft.signing.policy import verify_policy
+    # Opened once under the run's policy (with the key it signed with, when ephemeral): every check below reads
+    # the release through it, and each entry's bytes are checked when read; the verify check hashes all.
     from kvgraft.signing.verify import verified
 
-    ctx = Context(plan, lm, out, say, ex, verified(release, verify_policy(key=pub)).release)
+    ctx = Context(plan, lm, out, say, ex, verified(release, _policy(release_info, pub)))
     ledger: dict[str, Any] = {}
     build = release_info.get("build")
     if build:
@@ -168,7 +186,7 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
         model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
                "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
-        release_root_digest=_root(release), checks=checks, ledger=ledger, claims=claims,
+        release_root_digest=str(ctx.release.manifest["root_digest"]), checks=checks, ledger=ledger, claims=claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
     bundle = None
@@ -185,8 +203,3 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
     write_atomic(html, to_html(report).encode())
     return Outcome(report, report_path, bundle, pub, release, html)
 
-
-def _root(release: Path) -> str:
-    from kvgraft.release.format import load_manifest
-
-    return str(load_manifest(release)["root_digest"])

@@ -135,7 +135,7 @@ def recompute_cmd(
         from kvgraft.recompute.prefix import check_tokens
 
         check_tokens(prefix)
-    # Verified as `kvgraft verify` does, before any model loads (recompute.audit keeps this verification).
+    # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
     checked = verified(release, keys_policy(key, require_signature=require_signature))
     rel = checked.release
     if target_fraction is not None:
@@ -159,7 +159,7 @@ def recompute_cmd(
         ex.reapply_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
         lm = ex.model(lambda: load_model(model, dev, dt, at))
         with progress_bar(quiet) as tick:
-            ctx = Context(plan.single("recompute", settings, model=model), lm, Path.cwd(), _silent, ex, rel)
+            ctx = Context(plan.single("recompute", settings, model=model), lm, Path.cwd(), _silent, ex, checked)
             try:
                 result = run_check(ctx, "recompute", {**settings, "on_progress": tick}).result
             except (KeyboardInterrupt, NotAuditedError):

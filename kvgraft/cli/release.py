@@ -131,7 +131,7 @@ def run_cmd(
         rel.entry(entry)  # an unknown entry is refused before the model loads
     _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
     lm = load_model(model, device, dt, at)
-    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force, policy=policy,
+    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force,
                        attn=attn, dtype=dtype, prefix=prefix)
     for warning in checked.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)

@@ -36,16 +36,19 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
 from kvgraft.release import sources
-from kvgraft.release.format import MANIFEST, Release, safe_path
+from kvgraft.release.format import MANIFEST, safe_path
+from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
+from kvgraft.signing.verify import VerifiedRelease
 
 KINDS = ("local", "ray")
-UnitFn = Callable[[LoadedModel, Release, Any], dict[str, Any]]
+UnitFn = Callable[[LoadedModel, VerifiedRelease, Any], dict[str, Any]]
 Progress = Callable[[int, int, str], None]
 OnResult = Callable[[int, dict[str, Any]], None]  # (unit index, its result), as each one lands
 # `cost` is the recompute's cost ledger: tokens per second and wall time, timing like `seconds`.
@@ -117,7 +120,7 @@ class Executor(ABC):
     kind = ""
 
     @abstractmethod
-    def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
             on_result: OnResult | None = None) -> list[dict[str, Any]]:
         """`progress(done, total, label)`: `label` names a unit just started (local) or just finished (ray).
@@ -181,7 +184,7 @@ class LocalExecutor(Executor):
         with self._threads():
             return record(lm.device, lm.dtype, lm.attn)
 
-    def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
             on_result: OnResult | None = None) -> list[dict[str, Any]]:
         from kvgraft.execution.ray_worker import node_placement, torch_device_name
@@ -391,27 +394,35 @@ class RayExecutor(Executor):
 
     # ------------------------------------------------------------ releases
 
-    def _handle(self, release: Release) -> dict[str, Any]:
+    def _handle(self, release: VerifiedRelease) -> dict[str, Any]:
+        """What a worker needs to open the release itself and verify it under the driver's policy (the policy
+        travels, never an opened Release: each worker holds a VerifiedRelease of its own)."""
         key = str(release.manifest["root_digest"])
         root = release.root.resolve()
         source = sources.of(release.root)
+        policy = {"policy": release.policy}
         if source is not None:
             # Read where it is published: each worker opens the location itself and fetches, checks and caches
             # the pieces of the entries it judges (the driver's mirror folder is on the driver's machine, and
             # shipping would fetch every piece of the release).
-            return {"root": str(root), "root_digest": key, "shipped": None, "location": source.location}
+            return {"root": str(root), "root_digest": key, "shipped": None, "location": source.location, **policy}
         if not self.ship:
-            return {"root": str(root), "root_digest": key, "shipped": None}
+            return {"root": str(root), "root_digest": key, "shipped": None, **policy}
         if key not in self._shipped:
             files = {MANIFEST: (root / MANIFEST).read_bytes()}
-            for rel in release.all_files():
+            for rel in release.release.all_files():
                 files[rel] = safe_path(root, rel, "release file").read_bytes()
+            for name in (BUNDLE_NAME, OMS_NAME):  # its signatures: the worker verifies them under the policy
+                if (root / name).is_file():
+                    files[name] = (root / name).read_bytes()
             self._shipped[key] = self.ray().put(files)
-        return {"root": str(root), "root_digest": key, "shipped": self._shipped[key]}
+        # The files the policy names (public keys, a detached OMS signature) travel with it: nodes share no folder.
+        named = {str(p): Path(p).read_bytes() for p in (*release.policy.keys, release.policy.oms_signature) if p}
+        return {"root": str(root), "root_digest": key, "shipped": self._shipped[key], **policy, "policy_files": named}
 
     # ------------------------------------------------------------ the work
 
-    def map(self, fn: UnitFn, release: Release, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
             on_result: OnResult | None = None) -> list[dict[str, Any]]:
         self.start()

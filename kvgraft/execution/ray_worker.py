@@ -7,9 +7,12 @@ it. `run(fn, release, unit)` applies a pure per-unit function `fn(lm, release, u
 the unit's placement: which node, process and device computed it, in which environment, and how
 that environment differs from the one the release recorded.
 
-A release reaches a worker either as a path every node sees (opened there and checked to have the
-driver's root digest) or shipped through Ray's object store (`--ship`): the files are written once
-per node under $TMPDIR/kvgraft-ray/<root digest> and opened from there.
+A release reaches a worker either as a path every node sees or shipped through Ray's object store
+(`--ship`: the files, its signatures among them, are written once per node under
+$TMPDIR/kvgraft-ray/<root digest>), with the policy the driver verified it under (and, shipped, the
+files that policy names). The worker verifies it there under that policy
+(`kvgraft.signing.verify.verified`), checks it has the driver's root digest, and hands the unit
+function that `VerifiedRelease`: no worker reads a release it did not verify itself.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release.format import MANIFEST, Release, safe_path
+from kvgraft.release.format import MANIFEST, safe_path
+from kvgraft.signing.policy import VerifyPolicy
+from kvgraft.signing.verify import VerifiedRelease, verified
 
-UnitFn = Callable[[Any, Release, Any], dict[str, Any]]
+UnitFn = Callable[[Any, VerifiedRelease, Any], dict[str, Any]]
 
 
 def _ray() -> Any:
@@ -55,7 +61,7 @@ class Worker:
     def __init__(self, model: dict[str, Any], index: int) -> None:
         self.index = index
         self.model_spec = dict(model)
-        self.releases: dict[str, Release] = {}
+        self.releases: dict[str, VerifiedRelease] = {}
         self.error: BaseException | None = None
         self.lm: Any = None
         try:
@@ -107,9 +113,13 @@ class Worker:
                 "identity": self.identity.as_dict(), "config": self.lm.model.config, "environment": self.environment,
                 "placement": dict(self.where), "threads": self.environment.get("threads")}
 
-    def release(self, handle: dict[str, Any]) -> Release:
+    def release(self, handle: dict[str, Any]) -> VerifiedRelease:
         key = str(handle["root_digest"])
+        policy = handle.get("policy")
+        if not isinstance(policy, VerifyPolicy):
+            raise InputError(f"worker {self.index}: the driver sent no verification policy for release {key[:16]}…")
         slot = f"{key}:shipped" if handle.get("shipped") is not None else f"{key}:{handle['root']}"
+        slot += f":{policy!r}"
         if slot in self.releases:
             return self.releases[slot]
         if handle.get("location") is not None:
@@ -118,17 +128,38 @@ class Worker:
             root = local_root(str(handle["location"]))  # this node's mirror and cache of the published release
         elif handle.get("shipped") is not None:
             root = self._materialize(key, handle["shipped"])
+            policy = self._policy_files(policy, handle.get("policy_files") or {})
         else:
             root = Path(handle["root"])
             if not (root / MANIFEST).is_file():
                 raise InputError(f"{root}: no release at this path on node {socket.gethostname()} (worker {self.index}); "
                                  "put the release on a path every node sees, or pass --ship")
-        rel = Release.open(root)
+        rel = verified(root, policy)
         if rel.manifest["root_digest"] != key:
             raise IntegrityError(f"{root} on node {socket.gethostname()}: root digest {rel.manifest['root_digest']} is not "
                                  f"the driver's {key}: the nodes see different releases at this path")
         self.releases[slot] = rel
         return rel
+
+    def _policy_files(self, policy: VerifyPolicy, files: dict[str, bytes]) -> VerifyPolicy:
+        """The driver's policy with the files it names (keys, a detached OMS signature) written on this node."""
+        if not files:
+            return policy
+        base = Path(tempfile.mkdtemp(prefix="kvgraft-policy-"))
+
+        def here(p: Path) -> Path:
+            if str(p) not in files:
+                raise InputError(f"worker {self.index}: the driver's policy names {p}, which was not shipped")
+            local = base / f"{len(list(base.iterdir()))}-{Path(p).name}"
+            local.write_bytes(files[str(p)])
+            return local
+
+        changes: dict[str, Any] = {}
+        if policy.keys:
+            changes["keys"] = tuple(here(p) for p in policy.keys)
+        if policy.oms_signature is not None:
+            changes["oms_signature"] = here(policy.oms_signature)
+        return replace(policy, **changes) if changes else policy  # type: ignore[type-var]
 
     def _materialize(self, key: str, ref: Any) -> Path:
         """Write a shipped release once per node; later workers on the node reuse it."""

@@ -51,7 +51,8 @@ from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
-from kvgraft.release.format import Release, now_utc
+from kvgraft.release.format import now_utc
+from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
@@ -132,9 +133,9 @@ class Task:
 class Library:
     """A library release's entries indexed by problem id, problem hash and text similarity."""
 
-    def __init__(self, release: Release) -> None:
+    def __init__(self, release: VerifiedRelease) -> None:
         self.release = release
-        self.entries = library_entries(release.entries, str(release.root))
+        self.entries = library_entries(release.release.entries, str(release.root))
         self.index = Index((e["id"], e["meta"]["problem"]) for e in self.entries)
         self.by_id = {e["id"]: e for e in self.entries}
 
@@ -200,7 +201,7 @@ def reset_peak_rss() -> str | None:
 # ---------------------------------------------------------------- one run
 
 
-def run_query(lm: LoadedModel, release: Release, task: Task, settings: Settings) -> dict[str, Any]:
+def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: Settings) -> dict[str, Any]:
     """One (query, condition) run → its result. A pure function of (model, library, task, settings).
 
     Samples use generators seeded from (settings.seed, query id, sample index), the same for every
@@ -210,7 +211,7 @@ def run_query(lm: LoadedModel, release: Release, task: Task, settings: Settings)
     cond = task.condition
     if cond not in CONDITIONS:
         raise InputError(f"unknown condition {cond!r}")
-    entry = release.entry(task.entry_id) if task.entry_id is not None else None
+    entry = release.release.entry(task.entry_id) if task.entry_id is not None else None
     if cond != "none" and entry is None:
         raise InputError(f"condition {cond} needs a library entry for query {q.id!r}")
     prompt_ids = encode(lm, query_text(q.problem))
@@ -282,8 +283,9 @@ def run_query(lm: LoadedModel, release: Release, task: Task, settings: Settings)
 # ---------------------------------------------------------------- preparing the queries
 
 
-def prepare(release: Release, *, source: str | None = None, limit: int | None = None, library_fraction: float | None = None,
-            salt: str | None = None, synthetic_n: int = 0, synthetic_seed: int = 1) -> tuple[list[Query], dict[str, Any]]:
+def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int | None = None,
+            library_fraction: float | None = None, salt: str | None = None, synthetic_n: int = 0,
+            synthetic_seed: int = 1) -> tuple[list[Query], dict[str, Any]]:
     """The queries: the library and held-out halves of the source split, then `synthetic_n` fresh problems.
 
     Source, fraction and salt default to what the library's entries recorded at build time, and so does
@@ -605,7 +607,7 @@ def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]],
     return statements
 
 
-def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query], results: Sequence[dict[str, Any]],
+def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequence[Query], results: Sequence[dict[str, Any]],
               settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
               context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
     """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed)."""
@@ -656,14 +658,13 @@ def aggregate(lm_info: dict[str, Any], release: Release, queries: Sequence[Query
 # ---------------------------------------------------------------- the whole audit
 
 
-def audit(lm: LoadedModel, release: Release | Path | str, queries: Sequence[Query], settings: Settings = Settings(), *,
+def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], settings: Settings = Settings(), *,
           prepared: dict[str, Any] | None = None,
           progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
     from kvgraft.execution.executor import LocalExecutor
 
     ex = executor or LocalExecutor()
-    rel = release if isinstance(release, Release) else Release.open(release)
     forced = check_model(rel, lm, force=settings.force)
     library = Library(rel)
     tasks = plan(library, queries, settings)

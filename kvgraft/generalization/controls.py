@@ -37,7 +37,7 @@ from kvgraft.generalization.problems import Problem
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
     from kvgraft.inference.models import LoadedModel
-    from kvgraft.release.format import Release
+    from kvgraft.signing.verify import VerifiedRelease
 
 KIND = "kvgraft-controls-result"
 SCHEMA = "controls-result.v1.json"
@@ -148,9 +148,10 @@ def _statement(o: dict[str, Any]) -> str:
             "finds this effect at this size")
 
 
-def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens: int = 32,
+def run(lm: LoadedModel, release: VerifiedRelease, *, n: int, seed: int, max_new_tokens: int = 32,
         executor: Executor | None = None) -> dict[str, Any]:
-    """Run the three controls against the fact library `release` (built by `build` with the same n and seed)."""
+    """Run the three controls against the fact library `release` (built by `build` with the same n and seed, then
+    `kvgraft.signing.verify.verified` under the policy it is read with: `OwnOutput` when built in this process)."""
     from kvgraft.generalization import audit as gen
     cs = problems(n, seed)
 
@@ -171,7 +172,7 @@ def run(lm: LoadedModel, release: Release, *, n: int, seed: int, max_new_tokens:
                       f"{right_entry}/{outcomes[1]['n']} queries")
     result = {"kind": KIND, "format_version": 1, "kvgraft_version": __version__, "model": replay["model"]["spec"],
               "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
-                          "entries": len(release.entries)},
+                          "entries": release.release.num_entries},
               "generator": {"source": SOURCE, "n": n, "seed": seed},
               "settings": {"max_new_tokens": max_new_tokens, "decoding": "greedy"},
               "controls": outcomes, "statements": statements, "seconds": time.perf_counter() - t0,

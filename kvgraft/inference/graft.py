@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,10 +17,9 @@ from kvgraft.inference.environment import record as environment
 from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
 from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cache
 from kvgraft.inference.tensors import split_views
-from kvgraft.release.format import Release, tensor_mismatch
+from kvgraft.release.format import tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.signing.policy import VerifyPolicy
-from kvgraft.signing.verify import VerifiedRelease, verified
+from kvgraft.signing.verify import VerifiedRelease
 
 
 @dataclass
@@ -44,7 +42,7 @@ class Restored:
         return self.kv_bytes if self.grafted_bytes is None else self.grafted_bytes
 
 
-def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bool:
+def check_model(release: VerifiedRelease, lm: LoadedModel, *, force: bool = False) -> bool:
     """Refuse a model whose identity differs from the release's; return True when forced past it."""
     want = release.manifest["model"]["identity"]
     have = lm.identity.as_dict()
@@ -57,7 +55,7 @@ def check_model(release: Release, lm: LoadedModel, *, force: bool = False) -> bo
         f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
 
 
-def read_entry_tensors(release: Release, entry: dict[str, Any],
+def read_entry_tensors(verified: VerifiedRelease, entry: dict[str, Any],
                        meanwhile: Callable[[dict[str, torch.Tensor]], object] | None = None,
                        ) -> tuple[dict[str, torch.Tensor], int]:
     """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass.
@@ -66,6 +64,7 @@ def read_entry_tensors(release: Release, entry: dict[str, Any],
     `meanwhile(tensors)` runs on this thread while other threads read and hash (the tensors are views
     of a buffer still being filled); whatever it builds must not be used unless this returns.
     """
+    release = verified.release
     path = release.entry_file(entry)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -152,16 +151,15 @@ def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch
     return cache
 
 
-def restore(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
-            policy: VerifyPolicy | None = None) -> Restored:
-    """Verify and graft one entry; refuses a different model unless forced (recorded).
+def restore(checked: VerifiedRelease, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Restored:
+    """Graft one entry of a verified release, its bytes checked as they are read; refuses a different model
+    unless forced (recorded).
 
-    The release goes through `kvgraft.signing.verify.verified` first (not again for a VerifiedRelease), exactly as
-    `kvgraft verify` checks it under `policy`: nothing is grafted from a release that verify refuses.
+    The release went through `kvgraft.signing.verify.verified` under its policy (what opening checks, as
+    `kvgraft verify` does): nothing is grafted from a release that verify refuses.
     """
-    checked = verified(release, policy)
     rel = checked.release
-    forced = check_model(rel, lm, force=force)
+    forced = check_model(checked, lm, force=force)
     entry = rel.entry(entry_id)
     t0 = time.perf_counter()
     built: list[Any] = []
@@ -174,7 +172,7 @@ def restore(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: 
     # read and hashed, and returned only once every digest has matched. On another device building
     # it copies the bytes, which must wait until they are verified.
     on_cpu = lm.torch_device.type == "cpu"
-    tensors, nbytes = read_entry_tensors(rel, entry, build if on_cpu else None)
+    tensors, nbytes = read_entry_tensors(checked, entry, build if on_cpu else None)
     if not on_cpu:
         build(tensors)
     cache, conditions = built
@@ -229,8 +227,8 @@ def prefix_rows(schedule: dict[str, Any], n: int, total: int) -> str:
     return f"rows [0, {n}) of a {how} prefill of all {total} tokens"
 
 
-def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: list[int], lm: LoadedModel, *,
-                   force: bool = False, policy: VerifyPolicy | None = None) -> Restored | None:
+def restore_prefix(checked: VerifiedRelease, token_ids: list[int], lm: LoadedModel, *,
+                   force: bool = False) -> Restored | None:
     """Graft the longest block-aligned prefix of `token_ids` that some entry starts with (at least one
     token is left to prefill); None when no entry starts with the first block (a miss).
 
@@ -238,15 +236,14 @@ def restore_prefix(release: VerifiedRelease | Release | Path | str, token_ids: l
     whole, as `restore` does, and rows [0, n) of its layers are grafted. The schedule that produced
     those rows is recorded in `Restored.prefix`.
     """
-    checked = verified(release, policy)
     rel = checked.release
     hit = rel.longest_prefix(list(token_ids[:-1]))
     if hit is None:
         return None
     entry, n = hit
-    forced = check_model(rel, lm, force=force)
+    forced = check_model(checked, lm, force=force)
     t0 = time.perf_counter()
-    tensors, nbytes = read_entry_tensors(rel, entry)
+    tensors, nbytes = read_entry_tensors(checked, entry)
     cut, views = prefix_entry(entry, tensors, n, str(rel.root))
     cache = build_cache(lm, cut, views, str(rel.root))
     conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
@@ -263,10 +260,9 @@ def free_buffers() -> None:
     buffers.clear()
 
 
-def load_cache(release: VerifiedRelease | Release | Path | str, entry_id: str, lm: LoadedModel, *, force: bool = False,
-               policy: VerifyPolicy | None = None) -> Any:
+def load_cache(release: VerifiedRelease, entry_id: str, lm: LoadedModel, *, force: bool = False) -> Any:
     """A transformers Cache holding the entry's verified states, ready for generation (see `restore`)."""
-    return restore(release, entry_id, lm, force=force, policy=policy).cache
+    return restore(release, entry_id, lm, force=force).cache
 
 
 @dataclass
@@ -276,21 +272,19 @@ class Continuation:
     ledger: dict[str, Any]
 
 
-def model_for(release: VerifiedRelease | Release | Path | str, spec: str = DEFAULT_MODEL, *, device: str | None = None,
+def model_for(release: VerifiedRelease, spec: str = DEFAULT_MODEL, *, device: str | None = None,
               dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
     """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
     device where this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
     from kvgraft.inference import models, reapply
 
-    rel = (release.release if isinstance(release, VerifiedRelease)
-           else release if isinstance(release, Release) else Release.open(release))
-    dev, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    dev, dt, at = reapply.load_options(release.manifest["environment"], device=device, dtype=dtype, attn=attn)
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
-def run(release: VerifiedRelease | Release | Path | str, entry_id: str | None, lm: LoadedModel, prompt: str, *,
-        max_new_tokens: int = 64, force: bool = False, policy: VerifyPolicy | None = None,
-        attn: str | None = None, dtype: str | None = None, prefix: bool = False) -> Continuation:
+def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt: str, *,
+        max_new_tokens: int = 64, force: bool = False, attn: str | None = None, dtype: str | None = None,
+        prefix: bool = False) -> Continuation:
     """Graft, prefill the prompt after the grafted prefix, decode greedily; account for every token.
 
     With `prefix` (and no `entry_id`) the prompt is the whole text: tokenized as the release's
@@ -308,7 +302,6 @@ def run(release: VerifiedRelease | Release | Path | str, entry_id: str | None, l
     from kvgraft.inference.models import ATTNS
     from kvgraft.inference.runtime import attention
 
-    checked = verified(release, policy)
     recorded = checked.release.manifest["environment"]
     kernel = attn if attn is not None else recorded.get("attn_implementation")
     if kernel not in ATTNS:
@@ -323,13 +316,13 @@ def run(release: VerifiedRelease | Release | Path | str, entry_id: str | None, l
             whole = encode(lm, prompt, add_special_tokens=bool(checked.release.manifest["schedule"].get("add_special_tokens")))
             if not whole:
                 raise InputError("--prefix: the prompt is empty; a prefix graft needs the prompt it starts")
-            hit = restore_prefix(checked, whole, lm, force=force, policy=policy)
+            hit = restore_prefix(checked, whole, lm, force=force)
             restored = hit if hit is not None else Restored(new_cache(lm), {"num_tokens": 0}, 0, 0.0, False, {},
                                                             list(checked.warnings))
             ids = whole[int(restored.entry["num_tokens"]):]
         else:
             assert entry_id is not None
-            restored = restore(checked, entry_id, lm, force=force, policy=policy)
+            restored = restore(checked, entry_id, lm, force=force)
             ids = encode(lm, prompt) if prompt else []
         t0 = time.perf_counter()
         if ids:

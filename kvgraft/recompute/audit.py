@@ -26,7 +26,7 @@ from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, f
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release, tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.signing.verify import VerifiedRelease, verified
+from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
@@ -75,7 +75,7 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=TORCH_DTYPES[info.dtype]).view(info.shape)
 
 
-def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
+def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
                    noise_bound: Callable[[], NoiseBound] | None = None,
                    fresh_digests: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location.
@@ -84,6 +84,7 @@ def compare_layers(rel: Release, entry: dict[str, Any], lm: LoadedModel, fresh_c
     numerical-noise bound: how many elements lie outside it, and the largest excess and where.
     `fresh_digests` (by tensor name) are the fresh tensors' SHA-256 when the caller has them already.
     """
+    rel = checked.release
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
     digests = fresh_digests if fresh_digests is not None else {}
     try:
@@ -245,9 +246,10 @@ def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
     return logits
 
 
-def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
+def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
                 force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
     """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
+    rel = checked.release
     t0 = time.perf_counter()
     # Where this entry ran (on Ray, each worker): what it could not replay of the record.
     differing = sorted(differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn)))
@@ -269,7 +271,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
             measured.append(calibrate(lm, entry["token_ids"], schedule, reference, digests=digests, every=every))
         return measured[0]
 
-    rows = compare_layers(rel, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
+    rows = compare_layers(checked, entry, lm, fresh_cache, noise_bound, fresh_digests=digests)
     reference.clear()
     t_compare = time.perf_counter() - t0 - t_prefill - (measured[0].seconds if measured else 0.0)
     judged = judged_fields(rows)
@@ -279,7 +281,7 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     del fresh_cache
     # The graft goes through the real restore path (and re-hashes what it reads) on purpose: the
     # distribution check audits what a user's graft does, not a cache assembled by the comparison.
-    grafted = restore(rel, entry["id"], lm, force=force)
+    grafted = restore(checked, entry["id"], lm, force=force)
     grafted_logits = forward(lm, grafted.cache, probe)
     del grafted
     natural = natural_logits(lm, entry["token_ids"] + probe, len(probe))
@@ -299,10 +301,10 @@ def audit_entry(rel: Release, entry: dict[str, Any], lm: LoadedModel, *, probe_t
     }
 
 
-def entry_unit(lm: LoadedModel, rel: Release, entry: dict[str, Any], *, probe_text: str | None = None,
+def entry_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, probe_text: str | None = None,
                force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
-    """`audit_entry` as an executor work unit: (model, release, entry) → result."""
-    return audit_entry(rel, entry, lm, probe_text=probe_text, force=force, schedule=schedule)
+    """`audit_entry` as an executor work unit: (model, verified release, entry) → result."""
+    return audit_entry(checked, entry, lm, probe_text=probe_text, force=force, schedule=schedule)
 
 
 def statements(result: dict[str, Any]) -> list[str]:
@@ -453,7 +455,7 @@ def bound(result: dict[str, Any], ids: Sequence[str], tokens: Sequence[int]) -> 
     return b.as_dict(FAIL_MEANS[result["require"]])
 
 
-def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, entries: list[str] | None = None,
+def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | None = None,
           probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
           progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
           overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
@@ -479,8 +481,8 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
     from kvgraft.execution.journal import header
 
     check_requirement(require)  # before any work
-    rel = verified(release).release  # as `kvgraft verify` does; a release the caller verified under a policy is kept
-    forced = check_model(rel, lm, force=force)
+    rel = checked.release  # verified under its policy by whoever turned a path into it (the CLI, a plan's run)
+    forced = check_model(checked, lm, force=force)
     nonce_source = None
     if journal is not None and sample is not None and nonce is None:
         earlier = (header(journal) or {}).get("sample")
@@ -521,7 +523,7 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, e
                "environment": {k: current.get(k) for k in sorted(SENSITIVE)}, **(then.run if then else {})}
         jr = _open_journal(journal, run, chosen, then) if journal is not None else None
         try:
-            result["entries"] = _judge(rel, lm, ex, chosen, jr, progress, on_progress,
+            result["entries"] = _judge(checked, lm, ex, chosen, jr, progress, on_progress,
                                        functools.partial(entry_unit, probe_text=probe_text, force=force,
                                                          schedule=schedule), result)
             if then is not None:
@@ -569,10 +571,11 @@ def conclude(result: dict[str, Any]) -> None:
     result["passed"] = passes(result["verdict"], result["require"])
 
 
-def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
+def _judge(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
            progress: Callable[[int, int], None] | None, on_progress: Callable[[dict[str, int]], None] | None,
            unit: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each chosen entry's result: from the journal where an earlier run judged it, else recomputed now."""
+    rel = checked.release
     # The entries' own units (a follow-up's are tuples, read back by it).
     done = {u: r for u, r in jr.done.items() if isinstance(u, str)} if jr is not None else {}
     todo = [e for e in chosen if e["id"] not in done]
@@ -591,7 +594,7 @@ def _judge(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, A
             on_progress(dict(state))
 
     t0 = time.perf_counter()
-    fresh = ex.map(unit, rel, todo, lm=lm, labels=[e["id"] for e in todo], on_result=landed,
+    fresh = ex.map(unit, checked, todo, lm=lm, labels=[e["id"] for e in todo], on_result=landed,
                    progress=(lambda i, n, _label: progress(i, n)) if progress else None) if todo else []
     wall = time.perf_counter() - t0
     by_id = {str(e["id"]): r for e, r in zip(todo, fresh, strict=True)}

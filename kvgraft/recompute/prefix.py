@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,9 +34,7 @@ from kvgraft.inference.runtime import Schedule, every_position_layers, layer_map
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.compare import diff_tensors
 from kvgraft.recompute.noise import NoiseBound, calibrate, judge, worst
-from kvgraft.release.format import Release
-from kvgraft.signing.policy import VerifyPolicy
-from kvgraft.signing.verify import VerifiedRelease, verified
+from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
@@ -79,13 +76,14 @@ def graft_verdict(under: dict[str, Any], against: dict[str, Any]) -> str:
     return worst([under["verdict"], "inconsistent" if against["verdict"] == "inconsistent" else "byte-exact"])
 
 
-def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
+def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: LoadedModel,
                  schedule: Schedule | None = None) -> dict[str, Any]:
     """Judge a graft of `entry`'s first n tokens (module docstring), under the conditions in force.
 
     `schedule`: the prefill schedule to recompute with (default: the recorded one).
     """
-    stored, _ = read_entry_tensors(rel, entry)
+    rel = checked.release
+    stored, _ = read_entry_tensors(checked, entry)
     _, rows = prefix_entry(entry, stored, n, str(rel.root))
     recorded_schedule = rel.manifest["schedule"]
     schedule = schedule or Schedule.from_dict(recorded_schedule)
@@ -119,10 +117,10 @@ def judge_prefix(rel: Release, entry: dict[str, Any], n: int, lm: LoadedModel,
     }
 
 
-def prefix_unit(lm: LoadedModel, rel: Release, entry: dict[str, Any], *, tokens: int,
+def prefix_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, tokens: int,
                 schedule: Schedule | None = None) -> dict[str, Any]:
-    """`judge_prefix` as an executor work unit (kvgraft.execution.executor): (model, release, entry) → result."""
-    return judge_prefix(rel, entry, tokens, lm, schedule)
+    """`judge_prefix` as an executor work unit (kvgraft.execution.executor): (model, verified release, entry) → result."""
+    return judge_prefix(checked, entry, tokens, lm, schedule)
 
 
 def check_tokens(tokens: int) -> None:
@@ -130,14 +128,13 @@ def check_tokens(tokens: int) -> None:
         raise InputError(f"--prefix {tokens}: a prefix graft has at least one token")
 
 
-def audit_prefix(release: VerifiedRelease | Release | Path | str, entry_id: str, n: int, lm: LoadedModel, *,
-                 force: bool = False, policy: VerifyPolicy | None = None) -> dict[str, Any]:
+def audit_prefix(checked: VerifiedRelease, entry_id: str, n: int, lm: LoadedModel, *,
+                 force: bool = False) -> dict[str, Any]:
     """Judge a graft of entry `entry_id`'s first n tokens under the recorded conditions (module docstring)."""
-    rel = verified(release, policy).release
-    forced = check_model(rel, lm, force=force)
-    entry = rel.entry(entry_id)
-    with reapply.applied(lm, rel.manifest["environment"], {}):
-        result = judge_prefix(rel, entry, n, lm)
+    forced = check_model(checked, lm, force=force)
+    entry = checked.release.entry(entry_id)
+    with reapply.applied(lm, checked.manifest["environment"], {}):
+        result = judge_prefix(checked, entry, n, lm)
     return {**result, "forced_model": forced}
 
 
@@ -177,7 +174,7 @@ def resumed_problem(entry: dict[str, Any], tokens: int, schedule: dict[str, Any]
     return None
 
 
-def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
+def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
                   schedule: Schedule | None, journal: Journal | None = None) -> dict[str, Any]:
     """Each chosen entry's prefix graft of `tokens` tokens judged (`judge_prefix`) on the executor; an
     entry no longer than that, or with a layer that does not hold every position, is listed as skipped.
@@ -197,7 +194,7 @@ def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict
         assert journal is not None
         journal.record(unit_id(tokens, fresh[i]["id"]), r)
 
-    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), rel, fresh, lm=lm,
+    judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), checked, fresh, lm=lm,
                     labels=[str(e["id"]) for e in fresh],
                     on_result=landed if journal is not None else None) if fresh else []
     by_id = {str(e["id"]): r for e, r in zip(fresh, judged, strict=True)}
@@ -209,9 +206,8 @@ def prefix_grafts(rel: Release, lm: LoadedModel, ex: Executor, chosen: list[dict
     return {"tokens": tokens, "entries": [by_id[str(e["id"])] for e in todo], "skipped": skipped}
 
 
-def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
-          overrides: dict[str, Any] | None = None, schedule: Schedule | None = None,
-          policy: VerifyPolicy | None = None, **options: Any) -> dict[str, Any]:
+def audit(checked: VerifiedRelease, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
+          overrides: dict[str, Any] | None = None, schedule: Schedule | None = None, **options: Any) -> dict[str, Any]:
     """`kvgraft.recompute.audit` of the release, then a graft of each audited entry's first `prefix`
     tokens judged under the same conditions (`prefix_grafts` in the result); its verdicts count in the
     release's verdict and requirement. With `journal` (in `options`, recompute.audit's) the grafts are
@@ -220,14 +216,12 @@ def audit(release: VerifiedRelease | Release | Path | str, lm: LoadedModel, *, p
 
     check_tokens(prefix)
     recompute.check_requirement(options.get("require", "exact"))
-    checked = verified(release, policy)
-    rel = checked.release
     ex = executor or LocalExecutor()
-    recorded = rel.manifest["schedule"]
+    recorded = checked.manifest["schedule"]
     grafts = recompute.FollowUp(
         key="prefix_grafts", run={"prefix_tokens": prefix},
         unit=lambda e: unit_id(prefix, e["id"]),
         check=lambda e, r: resumed_problem(e, prefix, recorded, r),
-        judge=lambda chosen, journal: prefix_grafts(rel, lm, ex, chosen, prefix, schedule, journal))
+        judge=lambda chosen, journal: prefix_grafts(checked, lm, ex, chosen, prefix, schedule, journal))
     # recompute.audit judges them under its conditions (reapply.applied), in its journal, and concludes with them.
     return recompute.audit(checked, lm, executor=ex, overrides=overrides, schedule=schedule, then=grafts, **options)

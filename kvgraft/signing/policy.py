@@ -14,6 +14,11 @@ under one policy is reused only under an equal one (`verify.verified`).
 - `SignedByIdentity`: the Sigstore bundle must name this certificate identity and OIDC issuer, under
   the trust root; an unsigned release fails.
 
+- `OwnOutput`: a release kvgraft itself wrote in this process and reads back (an audit's controls
+  library, a plan's captured release it does not sign): nothing to check a signature with, so its
+  manifest, its statement when there is one, and each entry's bytes against its digests when read. It
+  names why no signature is asked for; it is never what a command line's options give.
+
 `require_signature` (keys or identity only): also fail when the signature that was read could not be
 checked with what was given. `oms_signature`: a detached OpenSSF model signing signature, outside the folder.
 """
@@ -73,6 +78,16 @@ class SignedByIdentity(VerifyPolicy):
     trust: SigstoreTrust | None = None
     require_signature: bool = False
     oms_signature: Path | None = None
+
+
+@dataclass(frozen=True)
+class OwnOutput(VerifyPolicy):
+    """A release kvgraft wrote in this process (`made_by` says what wrote it) and reads back: digests only.
+
+    Checked as `SignatureNotChecked` checks (the manifest, a statement when present, every entry's bytes
+    when read); a class of its own so that the `VerifiedRelease` says why no signature was asked for."""
+
+    made_by: str
 
 
 def verify_policy(*, key: Path | None = None, more_keys: tuple[Path, ...] = (), identity: str | None = None,

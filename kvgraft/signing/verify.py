@@ -20,8 +20,9 @@ What `verify_release` checks, in order (the first failure raises, naming what an
 `_every_key_verifies_a_signature`, `_check_files` (2-7: `kvgraft.release.integrity.check_release`, or
 what opening checks), `_check_entries` (`--entry`), `_compare_oms_list`. The policy (which signature,
 whose) is a `kvgraft.signing.policy` object; the Sigstore checks are `kvgraft.signing.sigstore`.
-`verified` is what every consumer calls: it returns a `VerifiedRelease` (the release, what was checked,
-under which policy), which graft, the audits and the vLLM connector take without verifying again.
+`verified(path, policy)` is what the edges call (the CLI, a plan's run, the vLLM connector's start-up, a
+Ray worker given a path and the driver's policy): it returns a `VerifiedRelease` (the release, what was
+checked, under which policy), the only type graft, recompute, the audits and the libraries take.
 Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
 re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvgraft import __version__, sampling
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import Error, InputError, IntegrityError, VerificationError, shown
+from kvgraft.errors import Error, InputError, VerificationError, shown
 from kvgraft.release import sources
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.release.integrity import (
@@ -519,8 +519,11 @@ def _compare_oms_list(oms_read: _OmsList, checked: CheckedRelease, read: _Read,
 class VerifiedRelease:
     """A release that passed what opening checks (`verified`), with what was checked and under which policy.
 
-    `release` is the opened release its consumer reads through; each entry's bytes are checked when
-    read. Graft, the audits and the vLLM connector take one of these and do not verify again."""
+    The only way a consumer of release bytes (graft, recompute, the audits, the generalization and
+    control libraries, the vLLM connector, the Ray worker) is handed a release: their parameters are
+    typed so, and only the edges (the CLI, `verified` itself) turn a path into one. It carries its policy
+    and its check result itself. `release` is the opened release its consumer reads through; each
+    entry's bytes are checked when read."""
 
     release: Release
     checked: VerifyResult
@@ -537,54 +540,22 @@ class VerifiedRelease:
     def root(self) -> Path:
         return self.release.root
 
-
-# What `verified` found for each Release object it was given, while that object lives: an object opened
-# once and handed to many consumers (an audit's workers, a generalization run's queries) is verified once.
-# Held here, beside the verifier, not written into the release (the lower layer knows nothing of it).
-_CHECKED: dict[int, tuple[weakref.ref[Release], VerifyResult]] = {}
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.release.manifest
 
 
-def _recalled(release: Release) -> VerifyResult | None:
-    got = _CHECKED.get(id(release))
-    return got[1] if got is not None and got[0]() is release else None
-
-
-def _remember(release: Release, result: VerifyResult) -> None:
-    key = id(release)
-    _CHECKED[key] = (weakref.ref(release, lambda _: _CHECKED.pop(key, None)), result)
-
-
-def verified(release: VerifiedRelease | Release | Path | str, policy: VerifyPolicy | None = None) -> VerifiedRelease:
+def verified(root: Path | str, policy: VerifyPolicy) -> VerifiedRelease:
     """The one verification every consumer of a release's bytes goes through (graft, run, audits,
-    the vLLM connector): what opening a release checks, under `policy` (docs/verification.md).
+    the vLLM connector, the Ray worker): what opening a release checks, under `policy` (docs/verification.md).
 
-    Runs `verify_release(scope="open")` under `policy` (default: SignatureNotChecked(), as `kvgraft verify`
-    without options) unless `release` already passed it under the same policy, or under any policy
-    when none is asked for: the signature, the statement and the manifest (format 2: its index);
-    no entry byte is read. Each entry's bytes are checked when read, before any is used, against the
-    digests the signed root binds (graft.read_entry_tensors: size, safetensors header against the
-    record's tensor table, every tensor's SHA-256 in the same pass as the read). A Release object
-    passed in is the one the result holds. Raises as verify_release does.
+    Runs `verify_release(scope="open")` under `policy` (`SignatureNotChecked()` is what `kvgraft verify`
+    does without options; `OwnOutput` for a release kvgraft wrote in this process): the signature, the
+    statement and the manifest (format 2: its index); no entry byte is read. Each entry's bytes are
+    checked when read, before any is used, against the digests the signed root binds
+    (graft.read_entry_tensors: size, safetensors header against the record's tensor table, every
+    tensor's SHA-256 in the same pass as the read). Raises as verify_release does.
     """
-    if isinstance(release, VerifiedRelease):
-        if policy is None or release.policy == policy:
-            return release
-        release = release.release
-    if isinstance(release, Release):
-        earlier = _recalled(release)
-        if earlier is not None and (policy is None or earlier.policy == policy):
-            return VerifiedRelease(release, earlier)
-    root = release.root if isinstance(release, Release) else local_root(release)
-    result = verify_release(root, policy=policy or SignatureNotChecked(), scope="open")
+    result = verify_release(local_root(root), policy=policy, scope="open")
     assert result.opened is not None
-    if not isinstance(release, Release):
-        # Remembered for the Release it opened too: a consumer handed `.release` (an audit's checks)
-        # finds this verification, under this policy, instead of opening again under the default one.
-        _remember(result.opened, result)
-        return VerifiedRelease(result.opened, result)
-    now = result.opened.manifest["root_digest"]
-    if now != release.manifest["root_digest"]:
-        raise IntegrityError(f"{root / MANIFEST}: the release changed after it was opened (root digest "
-                             f"{release.manifest['root_digest']}, now {now})")
-    _remember(release, result)
-    return VerifiedRelease(release, result)
+    return VerifiedRelease(result.opened, result)

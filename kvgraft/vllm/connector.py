@@ -58,7 +58,7 @@ from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
 from kvgraft.remote import local_root
 from kvgraft.signing.policy import verify_policy
-from kvgraft.signing.verify import verified
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -167,11 +167,11 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
         self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
         self._roots = [str(r) for r in roots]
-        self._releases: dict[int, Release] = {}
+        self._releases: dict[int, VerifiedRelease] = {}  # each verified under self._policy, here at start-up
         self._refused: dict[int, _Refused] = {}
         for i, root in enumerate(self._roots):
             try:
-                self._releases[i] = verified(root, self._policy).release
+                self._releases[i] = verified(root, self._policy)
             except KvgraftError as exc:
                 self._refuse_release(i, str(exc))
         # Scheduler: which entries were found compatible; worker: what it grafted and what failed.
@@ -221,19 +221,19 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for i, rel in list(self._releases.items()):
             want = rel.manifest["model"]["identity"]
             if have is None:
-                self._refuse_release(i, why, "-", rel)
+                self._refuse_release(i, why, "-", rel.release)
                 continue
             if want["sha256"] != have["sha256"]:
                 self._refuse_release(
                     i, f"model identity differs ({describe_identity_diff(want, have)}): release "
-                       f"{want['sha256'][:16]}…, served {self._model_dir} {have['sha256'][:16]}…", "-", rel)
+                       f"{want['sha256'][:16]}…, served {self._model_dir} {have['sha256'][:16]}…", "-", rel.release)
                 continue
             try:
-                rel.prefix_table()
+                rel.release.prefix_table()
             except KvgraftError as exc:
-                self._refuse_release(i, str(exc), "-", rel)
+                self._refuse_release(i, str(exc), "-", rel.release)
         log.info("kvgraft: serving %d entries from %d of %d verified releases (model identity %s…)",
-                 sum(r.num_entries for r in self._releases.values()), len(self._releases), len(self._roots),
+                 sum(r.release.num_entries for r in self._releases.values()), len(self._releases), len(self._roots),
                  have["sha256"][:16] if have else "?")
 
     def _match(self, prompt: list[int]) -> tuple[int, dict[str, Any], int] | None:
@@ -242,7 +242,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         found: list[tuple[int, int, dict[str, Any]]] = []
         for i, rel in self._releases.items():
             try:
-                hit = rel.longest_prefix(prompt, self._block_size)
+                hit = rel.release.longest_prefix(prompt, self._block_size)
             except KvgraftError as exc:
                 log.warning(refusal(self._roots[i], "-", "-", _first_line(str(exc))))
                 continue
@@ -454,7 +454,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         t0 = time.perf_counter()
         try:
-            entry = rel.entry(load.entry_id)
+            entry = rel.release.entry(load.entry_id)
             if load.entry_digest and entry["digest"] != load.entry_digest:
                 self._fail(load, "-", f"the entry record is {entry['digest'][:16]}… here, the scheduler matched "
                                       f"{load.entry_digest[:16]}… (the release changed between them)")

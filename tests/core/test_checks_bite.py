@@ -159,30 +159,49 @@ def test_stale_root_digest_is_refused(rel: Path) -> None:
     assert verify_release(rel).model["spec"] == "someone/else"
 
 
-def test_verified_does_not_reuse_a_verification_under_another_policy(rel: Path, keypair: tuple[Path, Path],
-                                                                     other_key: tuple[Path, Path]) -> None:
+def test_a_verified_release_holds_the_policy_it_was_verified_under(rel: Path, keypair: tuple[Path, Path],
+                                                                   other_key: tuple[Path, Path]) -> None:
     sign.sign_release(rel, keys.load_private_key(keypair[0]))
-    release = Release.open(rel)
-    opened = verified(release)  # no key: the signature is not checked
+    opened = verified(rel, SignatureNotChecked())  # no key: the signature is not checked
     assert opened.checked.signature.status == "not checked" and opened.policy == SignatureNotChecked()
     with pytest.raises(VerificationError, match="does not verify with key"):
-        verified(opened, verify_policy(key=other_key[1]))
-    with pytest.raises(VerificationError, match="does not verify with key"):
-        verified(release, verify_policy(key=other_key[1]))  # nor through the Release object it holds
-    checked = verified(opened, verify_policy(key=keypair[1]))
-    assert checked.release is release and checked.checked.signature.status == "verified"
-    assert checked.policy == SignedWithKeys((keypair[1],))
-    # And the other way round: a release verified with a key is reused when no policy is asked for.
-    assert verified(checked) is checked and checked.checked.signature.status == "verified"
+        verified(rel, verify_policy(key=other_key[1]))
+    checked = verified(rel, verify_policy(key=keypair[1]))
+    assert checked.checked.signature.status == "verified" and checked.policy == SignedWithKeys((keypair[1],))
+    assert opened.checked.signature.status == "not checked"  # each verification is its own, kept in its result
 
 
-def test_verified_with_require_signature_refuses_an_unsigned_release_verified_before(rel: Path) -> None:
+def test_verified_with_require_signature_refuses_an_unsigned_release(rel: Path) -> None:
     from kvgraft.errors import InputError
 
-    opened = verified(Release.open(rel))
+    opened = verified(rel, SignatureNotChecked())
     assert opened.warnings  # unsigned: a warning only
     with pytest.raises(InputError, match="--require-signature needs --key"):
-        verified(opened, verify_policy(require_signature=True))
+        verified(rel, verify_policy(require_signature=True))
+
+
+def test_a_ray_worker_verifies_the_release_under_the_drivers_policy(rel: Path, keypair: tuple[Path, Path],
+                                                                    other_key: tuple[Path, Path]) -> None:
+    """The policy crosses the process boundary, never an opened Release: the worker verifies under it itself."""
+    from kvgraft.errors import InputError
+    from kvgraft.execution.ray_worker import Worker
+
+    sign.sign_release(rel, keys.load_private_key(keypair[0]))
+    worker = Worker.__new__(Worker)  # opening a release needs no model
+    worker.index, worker.releases = 0, {}
+    handle = {"root": str(rel), "root_digest": json.loads((rel / MANIFEST).read_text())["root_digest"], "shipped": None}
+    with pytest.raises(InputError, match="no verification policy"):
+        worker.release(handle)
+    assert worker.release({**handle, "policy": SignatureNotChecked()}).checked.signature.status == "not checked"
+    with pytest.raises(VerificationError, match="does not verify with key"):  # not the one verified without a key
+        worker.release({**handle, "policy": SignedWithKeys((other_key[1],))})
+    got = worker.release({**handle, "policy": SignedWithKeys((keypair[1],))})
+    assert got.policy == SignedWithKeys((keypair[1],)) and got.checked.signature.status == "verified"
+    # Shipped (no folder shared with the driver): the files the policy names travel with it, written on the node.
+    there = Path("/the/driver/only/signer.pub.pem")
+    moved = worker._policy_files(SignedWithKeys((there,)), {str(there): keypair[1].read_bytes()})
+    assert moved.keys[0] != there and moved.keys[0].read_bytes() == keypair[1].read_bytes()
+    assert verified(rel, moved).checked.signature.status == "verified"
 
 
 # ------------------------------------------------------------------------------ tiny model: graft, recompute
@@ -223,11 +242,11 @@ def test_graft_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[st
     from kvgraft.inference import graft
 
     lm = tiny_lm("llama")
-    rel = verified(cap).release
-    assert graft.restore(rel, "a", lm).entry["id"] == "a"  # control: intact, it grafts
-    _flip_tensor_byte(cap, rel.entry("b"), "layer.1.values")
+    checked = verified(cap, SignatureNotChecked())
+    assert graft.restore(checked, "a", lm).entry["id"] == "a"  # control: intact, it grafts
+    _flip_tensor_byte(cap, checked.release.entry("b"), "layer.1.values")
     with pytest.raises(IntegrityError, match=r"entry 'b' tensor 'layer.1.values' bytes \[\d+, \d+\): sha256"):
-        graft.restore(rel, "b", lm)
+        graft.restore(checked, "b", lm)
 
 
 def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_lm: Callable[[str], Any],
@@ -237,8 +256,8 @@ def test_recompute_comparison_refuses_a_tensor_changed_after_verification(tiny_l
     from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
-    rel = verified(cap).release
-    entry = rel.entry("b")
+    rel = verified(cap, SignatureNotChecked())
+    entry = rel.release.entry("b")
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
     assert recompute.classify(recompute.compare_layers(rel, entry, lm, fresh)) == ("byte-exact", None)  # control
     _flip_tensor_byte(cap, entry, "layer.2.keys")
@@ -259,11 +278,11 @@ def test_release_verdict_is_its_worst_entry(tiny_lm: Callable[[str], Any], cap: 
     lm = tiny_lm("llama")
     rewrite.element(cap, 1, "layer.1.keys", 5, _next_ulp)
     rewrite.element(cap, 2, "layer.1.keys", 5, lambda x: 2.0 * x + 1.0)
-    two = recompute.audit(cap, lm, entries=["a", "b"], require="consistent")
+    two = recompute.audit(verified(cap, SignatureNotChecked()), lm, entries=["a", "b"], require="consistent")
     assert [e["verdict"] for e in two["entries"]] == ["byte-exact", "consistent"]
     assert two["verdict"] == "consistent" and two["passed"] and not two["all_byte_exact"]
-    assert not recompute.audit(cap, lm, entries=["b", "a"], require="exact")["passed"]
-    three = recompute.audit(cap, lm, require="consistent")
+    assert not recompute.audit(verified(cap, SignatureNotChecked()), lm, entries=["b", "a"], require="exact")["passed"]
+    three = recompute.audit(verified(cap, SignatureNotChecked()), lm, require="consistent")
     assert [e["verdict"] for e in three["entries"]] == ["byte-exact", "consistent", "inconsistent"]
     assert three["verdict"] == "inconsistent" and not three["passed"]
     assert "Verdict inconsistent" in three["statements"][-1]
@@ -273,7 +292,7 @@ def test_a_nan_stored_where_fresh_is_finite_is_outside_the_noise_bound(tiny_lm: 
     from kvgraft.recompute import audit as recompute
 
     rewrite.element(cap, 0, "layer.0.values", 3, lambda x: float("nan"))
-    e = recompute.audit(cap, tiny_lm("llama"), require="consistent")["entries"][0]
+    e = recompute.audit(verified(cap, SignatureNotChecked()), tiny_lm("llama"), require="consistent")["entries"][0]
     assert e["verdict"] == "inconsistent"
     assert e["layers"][0]["values"]["outside"] == 1
     assert e["outside"]["first"]["layer"] == 0 and e["outside"]["first"]["tensor"] == "values"
@@ -292,9 +311,9 @@ def test_a_tensor_stored_in_another_shape_is_inconsistent(tiny_lm: Callable[[str
     writer = ReleaseWriter(tmp_path / "rel")
     writer.add_entry(entry, tensors)
     writer.finish(capture.header(lm, Schedule()))
-    rel = verified(tmp_path / "rel").release
+    rel = verified(tmp_path / "rel", SignatureNotChecked())
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
-    rows = recompute.compare_layers(rel, rel.entry("s"), lm, fresh)
+    rows = recompute.compare_layers(rel, rel.release.entry("s"), lm, fresh)
     assert sum(not r[p]["equal"] for r in rows for p in ("keys", "values")) == 1
     verdict, outside = recompute.classify(rows)
     assert verdict == "inconsistent"
@@ -321,11 +340,11 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
     assert reapply.load_options(recorded) == ("cpu", "float32", "eager")
     assert reapply.load_options(recorded, attn="sdpa")[2] == "sdpa"
     for overrides in ({}, {"threads": 1}, {"deterministic_algorithms": False}):
-        r = recompute.audit(tmp_path / "rel", lm, overrides=overrides)
+        r = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, overrides=overrides)
         assert r["environment"]["current"]["attn_implementation"] == "eager", overrides
         assert "attn_implementation" in r["conditions"]["replayed"], overrides
         assert r["all_byte_exact"], overrides
-    control = recompute.audit(tmp_path / "rel", lm, overrides={"attn_implementation": "sdpa"})
+    control = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, overrides={"attn_implementation": "sdpa"})
     assert not control["all_byte_exact"] and "attn_implementation" in control["conditions"]["overridden"]
     assert lm.attn == "sdpa"
 
@@ -339,7 +358,7 @@ def test_recorded_prefill_schedule_is_replayed(tiny_lm: Callable[[str], Any], tm
     lm = tiny_lm("llama")
     capture.capture(lm, [("t", {"id": "k", "text": _text(60)})], tmp_path / "rel", schedule=Schedule(chunk_tokens=4),
                     probe_tokens=2)
-    r = recompute.audit(tmp_path / "rel", lm)
+    r = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)
     assert r["all_byte_exact"] and not r["schedule_overridden"] and r["schedule"]["chunk_tokens"] == 4
-    control = recompute.audit(tmp_path / "rel", lm, schedule=Schedule())
+    control = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, schedule=Schedule())
     assert control["schedule_overridden"] and not control["all_byte_exact"]

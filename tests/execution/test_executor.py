@@ -33,10 +33,13 @@ from kvgraft.inference import capture
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.determinism import threads
 from kvgraft.release.format import Release
+from kvgraft.signing.policy import OwnOutput, SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 from release_factory import flat_manifest
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
+NO_KEY = SignatureNotChecked()  # as `kvgraft audit recompute` without --key verifies
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'kvgraft[ray]'); the Ray "
                                                     "executor tests need a local Ray instance")
 runner = CliRunner()
@@ -96,7 +99,7 @@ def release_dir(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def local_result(tiny_lm: Callable[[str], Any], release_dir: Path) -> dict[str, Any]:
-    return recompute.audit(release_dir, tiny_lm("llama"), executor=LocalExecutor(threads=1))
+    return recompute.audit(verified(release_dir, NO_KEY), tiny_lm("llama"), executor=LocalExecutor(threads=1))
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +158,12 @@ def _cpus_back(ray: Any, want: float = 2.0) -> bool:
 def test_local_executor_keeps_results_and_adds_placement(local_result: dict[str, Any], tiny_lm: Callable[[str], Any],
                                                          release_dir: Path) -> None:
     lm = tiny_lm("llama")
-    rel = Release.open(release_dir)
+    rel = verified(release_dir, NO_KEY)
     assert [e["id"] for e in local_result["entries"]] == [f"e{i}" for i in range(ENTRIES)]
     assert local_result["all_byte_exact"]
     assert local_result["executor"] == {"kind": "local", "workers": 1, "threads": 1}
     with threads(1):
-        direct = recompute.audit_entry(rel, rel.entry("e3"), lm)
+        direct = recompute.audit_entry(rel, rel.release.entry("e3"), lm)
     got = local_result["entries"][3]
     assert strip_timing_and_placement(_json(direct)) == strip_timing_and_placement(_json(got))
     p = got["placement"]
@@ -221,7 +224,8 @@ def test_recompute_local_and_ray_give_identical_results(pool: RayExecutor, local
     for ship in (False, True):
         pool.ship = ship
         seen: list[tuple[int, int]] = []
-        result = recompute.audit(release_dir, lm, executor=pool, progress=lambda i, n, seen=seen: seen.append((i, n)))
+        result = recompute.audit(verified(release_dir, NO_KEY), lm, executor=pool,
+                                 progress=lambda i, n, seen=seen: seen.append((i, n)))
         assert_same_apart_from_timing_and_placement(local_result, result)
         assert result["all_byte_exact"] and len(result["entries"]) == ENTRIES
         assert [e["id"] for e in result["entries"]] == [f"e{i}" for i in range(ENTRIES)]  # entry order, not finish order
@@ -251,9 +255,10 @@ def test_a_release_read_where_it_is_published_is_read_there_by_each_worker(
 
     monkeypatch.setenv("KVGRAFT_CACHE", str(tmp_path / "driver-cache"))
     with folder_server(rel=release_dir) as server:
-        result = recompute.audit(server.url("rel"), tiny_lm("llama"), executor=pool, sample=2, nonce="ray-remote")
+        result = recompute.audit(verified(server.url("rel"), NO_KEY), tiny_lm("llama"), executor=pool, sample=2,
+                                 nonce="ray-remote")
         fetched = [p for p in server.paths() if p.startswith("/rel/entries/")]
-    local = recompute.audit(release_dir, tiny_lm("llama"), executor=LocalExecutor(threads=1), sample=2,
+    local = recompute.audit(verified(release_dir, NO_KEY), tiny_lm("llama"), executor=LocalExecutor(threads=1), sample=2,
                             nonce="ray-remote")
     drop = ("release",)  # its path: the URL's mirror folder vs the local folder
     assert_same_apart_from_timing_and_placement({k: v for k, v in local.items() if k not in drop},
@@ -278,7 +283,7 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
     with threads(1):
         library.build(lm, probs, tmp_path / "lib", library_fraction=0.5, salt="t", source=rec,
                       settings=library.BuildSettings(generate=False), schedule=Schedule(chunk_tokens=16))
-    rel = Release.open(tmp_path / "lib")
+    rel = verified(tmp_path / "lib", OwnOutput("a library this test built"))
     queries, prepared = gen.prepare(rel, synthetic_n=1)
     settings = gen.Settings(max_new_tokens=4, n_boot=200, track_memory=False)
     local = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=LocalExecutor(threads=1))
@@ -305,7 +310,7 @@ def test_a_failing_unit_is_not_retried_and_keeps_its_exit_code(pool: RayExecutor
     data[start] ^= 0xFF  # stored bytes no longer match their SHA-256 (the manifest is untouched)
     f.write_bytes(bytes(data))
     with pytest.raises(errors.IntegrityError, match="sha256") as exc:
-        recompute.audit(bad, tiny_lm("llama"), executor=pool)
+        recompute.audit(verified(bad, NO_KEY), tiny_lm("llama"), executor=pool)
     assert exc.value.exit_code == errors.EXIT_FAILED
     assert all(pool.alive) and pool.failures == []
 
@@ -322,7 +327,7 @@ def test_killed_worker_is_retried_elsewhere_with_identical_results(pool: RayExec
             killed.append(done)
             pool.kill_worker(0)
 
-    result = recompute.audit(release_dir, lm, executor=pool, progress=kill_first_worker)
+    result = recompute.audit(verified(release_dir, NO_KEY), lm, executor=pool, progress=kill_first_worker)
     assert killed and pool.alive == [False, True]
     assert_same_apart_from_timing_and_placement(local_result, result)
     ids = [e["id"] for e in result["entries"]]
@@ -343,7 +348,7 @@ def test_killed_worker_is_retried_elsewhere_with_identical_results(pool: RayExec
             pool.kill_worker(1)
 
     with pytest.raises(NotAuditedError) as exc:
-        recompute.audit(release_dir, lm, executor=pool, progress=kill_last_worker)
+        recompute.audit(verified(release_dir, NO_KEY), lm, executor=pool, progress=kill_last_worker)
     err = exc.value
     assert err.exit_code == errors.EXIT_INPUT
     assert err.missing and set(err.missing) < {f"e{i}" for i in range(ENTRIES)}

@@ -18,9 +18,13 @@ from kvgraft.cli import app
 from kvgraft.inference import capture
 from kvgraft.recompute import audit as recompute
 from kvgraft.release.format import Release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 runner = CliRunner()
 SAMPLE = 3
+
+NO_KEY = SignatureNotChecked()  # as `kvgraft audit recompute` without --key verifies
 
 
 class Interrupt(KeyboardInterrupt):
@@ -47,7 +51,7 @@ def _header_only(release: Path, lm: Any, journal: Path, nonce: str | None = None
     journal.unlink(missing_ok=True)
 
     with pytest.raises(Interrupt):
-        recompute.audit(release, lm, sample=SAMPLE, nonce=nonce, journal=journal, on_progress=stop)
+        recompute.audit(verified(release, NO_KEY), lm, sample=SAMPLE, nonce=nonce, journal=journal, on_progress=stop)
     (line,) = journal.read_text().splitlines()
     return dict(json.loads(line))
 
@@ -104,7 +108,8 @@ def test_a_result_line_that_is_no_entry_result_is_refused_naming_file_and_line(
 def test_a_forged_verdict_is_refused_and_an_honest_result_resumes(
         tiny_lm: Callable[[str], Any], tiny_dir: Callable[[str], Path], release: Path, tmp_path: Path) -> None:
     lm = tiny_lm("llama")
-    honest = json.loads(json.dumps(recompute.audit(release, lm, sample=SAMPLE, nonce="n1")["entries"][0], default=str))
+    audited = recompute.audit(verified(release, NO_KEY), lm, sample=SAMPLE, nonce="n1")
+    honest = json.loads(json.dumps(audited["entries"][0], default=str))
     assert honest["verdict"] == "byte-exact"
     out = tmp_path / "r.json"
     journal = Path(f"{out}.journal")
@@ -129,7 +134,7 @@ def test_a_forged_verdict_is_refused_and_an_honest_result_resumes(
 @pytest.fixture(scope="module")
 def judged(tiny_lm: Callable[[str], Any], release: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """One entry's record and its result as a journal line holds it."""
-    result = recompute.audit(release, tiny_lm("llama"), sample=1, nonce="n2")["entries"][0]
+    result = recompute.audit(verified(release, NO_KEY), tiny_lm("llama"), sample=1, nonce="n2")["entries"][0]
     return Release.open(release).entry(result["id"]), json.loads(json.dumps(result, default=str))
 
 

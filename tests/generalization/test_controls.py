@@ -13,8 +13,9 @@ from kvgraft.errors import InputError
 from kvgraft.generalization import controls
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.library import reference_trace
-from kvgraft.release.format import Release
 from kvgraft.schema import validate
+from kvgraft.signing.policy import OwnOutput
+from kvgraft.signing.verify import verified
 
 
 def test_generated_facts_are_deterministic_and_planted_where_expected() -> None:
@@ -46,7 +47,8 @@ def test_status_is_incomplete_when_a_control_misses() -> None:
 def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     controls.build(lm, tmp_path / "rel", n=6, seed=0)
-    r = registry.seal("controls", controls.run(lm, Release.open(tmp_path / "rel"), n=6, seed=0, max_new_tokens=3))
+    built = verified(tmp_path / "rel", OwnOutput("the controls test"))  # read back where it was written
+    r = registry.seal("controls", controls.run(lm, built, n=6, seed=0, max_new_tokens=3))
     validate(r, controls.SCHEMA, "controls")
     assert [c["name"] for c in r["controls"]] == ["replay", "related", "null"]
     assert all(c["n"] == 6 for c in r["controls"])
@@ -67,7 +69,8 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
 @pytest.mark.slow
 def test_controls_show_their_planted_effects_on_the_default_model(smollm2: Any, tmp_path: Path) -> None:
     controls.build(smollm2, tmp_path / "rel", n=20, seed=0)
-    r = registry.seal("controls", controls.run(smollm2, Release.open(tmp_path / "rel"), n=20, seed=0))
+    built = verified(tmp_path / "rel", OwnOutput("the controls test"))  # read back where it was written
+    r = registry.seal("controls", controls.run(smollm2, built, n=20, seed=0))
     replay, related, null = r["controls"]
     assert replay["shows"] and replay["significant"] and replay["graft"]["k"] > replay["baseline"]["k"]
     assert related["shows"] and related["significant"] and related["graft"]["k"] > related["baseline"]["k"]

@@ -19,10 +19,13 @@ from kvgraft.generalization import library
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
 from kvgraft.inference.runtime import Schedule
-from kvgraft.release.format import Release
 from kvgraft.schema import schema_dir, validate
+from kvgraft.signing.policy import OwnOutput
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 from sample_problems import PROBLEMS
+
+BUILT = OwnOutput("a library this test built")  # read back in the process that wrote it
 
 
 def _jsonl(path: Path, problems: list[Problem]) -> Path:
@@ -32,7 +35,7 @@ def _jsonl(path: Path, problems: list[Problem]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_library(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Release, Path]:
+def tiny_library(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, VerifiedRelease, Path]:
     """A tiny Llama and a library of the reference traces of half the problems (chunked capture schedule)."""
     lm = tiny_lm("llama")
     root = tmp_path_factory.mktemp("gen")
@@ -40,11 +43,11 @@ def tiny_library(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPat
     probs, rec = library.load_problems(str(problems_file))
     library.build(lm, probs, root / "lib", library_fraction=0.5, salt="t", source=rec,
                   settings=library.BuildSettings(generate=False), schedule=Schedule(chunk_tokens=16))
-    return lm, Release.open(root / "lib"), problems_file
+    return lm, verified(root / "lib", BUILT), problems_file
 
 
 @pytest.fixture(scope="module")
-def tiny_result(tiny_library: tuple[Any, Release, Path]) -> dict[str, Any]:
+def tiny_result(tiny_library: tuple[Any, VerifiedRelease, Path]) -> dict[str, Any]:
     lm, rel, _ = tiny_library
     queries, prepared = gen.prepare(rel, synthetic_n=2)
     return gen.audit(lm, rel, queries, gen.Settings(max_new_tokens=6, n_boot=500), prepared=prepared)
@@ -57,10 +60,10 @@ def _runs(result: dict[str, Any], cond: str) -> dict[str, dict[str, Any]]:
 # ---------------------------------------------------------------- condition (d) == (b) / (c)
 
 
-def test_plan_covers_every_condition(tiny_result: dict[str, Any], tiny_library: tuple[Any, Release, Path]) -> None:
+def test_plan_covers_every_condition(tiny_result: dict[str, Any], tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
     assert tiny_result["plan"]["queries"] == {"library": 4, "held_out": 4, "synthetic": 2}
-    lib_ids = {e["meta"]["problem_id"] for e in rel.entries}
+    lib_ids = {e["meta"]["problem_id"] for e in rel.release.entries}
     assert set(_runs(tiny_result, "none")) == {q["id"] for q in tiny_result["queries"]}
     assert set(_runs(tiny_result, "own")) == set(_runs(tiny_result, "own_text")) == lib_ids
     assert set(_runs(tiny_result, "other")) == set(_runs(tiny_result, "other_text")) == {q["id"] for q in tiny_result["queries"]}
@@ -87,7 +90,7 @@ def test_text_condition_equals_graft_with_sampling(family: str, tiny_lm: Callabl
     lm = tiny_lm(family)
     library.build(lm, PROBLEMS[:4], tmp_path / "lib", library_fraction=1.0, settings=library.BuildSettings(generate=False),
                   schedule=Schedule(chunk_tokens=7))
-    rel = Release.open(tmp_path / "lib")
+    rel = verified(tmp_path / "lib", BUILT)
     lib = gen.Library(rel)
     settings = gen.Settings(max_new_tokens=5, samples=3, temperature=1.0, seed=11)
     q = gen.Query(PROBLEMS[1], "library")
@@ -106,7 +109,7 @@ def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) ->
     short = [Problem("s-pens", "A box holds 8 pens. How many pens are in 7 boxes?", "56", "7 * 8 = 56 pens.", "test"),
              Problem("s-apples", "Mia has 12 apples and gives away 5. How many are left?", "7", "12 - 5 = 7 apples.", "test")]
     library.build(smollm2, short, tmp_path / "lib", library_fraction=1.0, settings=library.BuildSettings(generate=False))
-    rel = Release.open(tmp_path / "lib")
+    rel = verified(tmp_path / "lib", BUILT)
     queries = [gen.Query(p, "library") for p in short]
     result = gen.audit(smollm2, rel, queries[:1], gen.Settings(max_new_tokens=8, n_boot=200))
     for graft in ("own", "other"):
@@ -123,9 +126,9 @@ def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) ->
 
 
 def test_own_entry_is_never_used_for_the_other_condition(tiny_result: dict[str, Any],
-                                                         tiny_library: tuple[Any, Release, Path]) -> None:
+                                                         tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
-    meta = {e["id"]: e["meta"] for e in rel.entries}
+    meta = {e["id"]: e["meta"] for e in rel.release.entries}
     hashes = {q["id"]: q["problem_hash"] for q in tiny_result["queries"]}
     for cond in ("other", "other_text"):
         runs = _runs(tiny_result, cond)
@@ -137,10 +140,10 @@ def test_own_entry_is_never_used_for_the_other_condition(tiny_result: dict[str, 
             assert qid in run["selection"]["excluded"] or qid not in meta
 
 
-def test_exclusion_by_problem_hash_as_well_as_id(tiny_library: tuple[Any, Release, Path]) -> None:
+def test_exclusion_by_problem_hash_as_well_as_id(tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
     lib = gen.Library(rel)
-    entry = rel.entries[0]
+    entry = rel.release.entries[0]
     original = entry["meta"]["problem"]
     # the same problem under another id, differing only in case and spacing: same problem hash
     copy = Problem("renamed-copy", "  " + original.upper().replace(" ", "   "), "0", None, "elsewhere")
@@ -163,7 +166,7 @@ def test_exclusion_by_problem_hash_as_well_as_id(tiny_library: tuple[Any, Releas
     assert {t.condition for t in tasks if t.entry_id == entry["id"]} == {"own", "own_text"}
 
 
-def test_policy_controls_the_conditions(tiny_library: tuple[Any, Release, Path]) -> None:
+def test_policy_controls_the_conditions(tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
     lib = gen.Library(rel)
     q = [gen.Query(PROBLEMS[0], "held_out")]
@@ -196,7 +199,7 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
     build = library.build(lm, probs, tmp_path / "lib", library_fraction=0.5, salt="m", source=rec,
                           settings=library.BuildSettings(generate=False), check=check)
     assert [u["problem_id"] for u in build["unsolved"]] == [rejected]
-    rel = Release.open(tmp_path / "lib")
+    rel = verified(tmp_path / "lib", BUILT)
     queries, prepared = gen.prepare(rel)
     assert prepared["split"]["library_ids"] == split_rec["library_ids"]  # the recorded split, reproduced
     assert prepared["library_missing"] == [rejected]
@@ -210,10 +213,11 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
 # ---------------------------------------------------------------- leakage split
 
 
-def test_leakage_split_matches_the_per_query_audit(tiny_result: dict[str, Any], tiny_library: tuple[Any, Release, Path]) -> None:
+def test_leakage_split_matches_the_per_query_audit(tiny_result: dict[str, Any],
+                                                   tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
     by_id = {p.id: p for p in PROBLEMS}
-    texts = {e["id"]: e["source"]["text"] for e in rel.entries}
+    texts = {e["id"]: e["source"]["text"] for e in rel.release.entries}
     baseline = _runs(tiny_result, "none")
     for cond in ("own", "other"):
         runs = _runs(tiny_result, cond)
@@ -234,7 +238,7 @@ def test_leakage_split_matches_the_per_query_audit(tiny_result: dict[str, Any], 
     own = tiny_result["leakage"]["by_condition"]["own"]
     assert own["clean"]["n"] == 0 and own["contaminated"]["n"] == 4 and own["flags"]["problem_in_entry"] == 4
     # answers 36 are shared by three problems: an entry of one leaks the answer of the others
-    p36 = [e for e in rel.entries if e["answer"] == "36"]
+    p36 = [e for e in rel.release.entries if e["answer"] == "36"]
     if p36:
         q = next(p for p in PROBLEMS if p.answer == "36" and p.id != p36[0]["meta"]["problem_id"])
         assert leakage_for(p36[0]["source"]["text"], q).answer_in_entry
@@ -257,7 +261,7 @@ def _fake_run(qid: str, group: str, cond: str, correct: bool, contaminated: bool
             "memory": {"peak_rss_bytes": None, "rss_before_bytes": None, "note": "not tracked"}, "leakage": leak}
 
 
-def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[Any, Release, Path]) -> None:
+def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
     _, rel, _ = tiny_library
     queries = [gen.Query(Problem(f"q{i}", f"problem {i}", "1"), "held_out") for i in range(6)]
     # a: right on q0 only; c: right on q0..q3 (q1..q3 contaminated), wrong on q4, q5 (clean)
@@ -284,7 +288,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     assert led["decode_vs_budget"] == pytest.approx(24 / 60)
     assert led["with_upstream_attributed"] == pytest.approx((24 + 600) / 60)
     lib_up = result["ledger"]["library"]["upstream_tokens"]
-    assert lib_up == sum(e["meta"]["upstream"]["tokens"] for e in rel.entries)
+    assert lib_up == sum(e["meta"]["upstream"]["tokens"] for e in rel.release.entries)
     assert result["ledger"]["library"]["queries_served"] == 6
     assert led["with_upstream_amortized"] == pytest.approx((24 + lib_up) / 60)
     assert result["ledger"]["per_condition"]["none"]["decode_vs_budget"] == pytest.approx(1.0)

@@ -48,13 +48,14 @@ def test_new_cache_fills_like_transformers(tiny_lm: Callable[[str], Any]) -> Non
 def test_grafted_layers_have_prefilled_state(family: str, tiny_lm: Callable[[str], Any], tmp_path: Any) -> None:
     """build_cache sets layer state by hand; every attribute must equal what a prefill leaves."""
     from kvgraft.inference import capture, graft
-    from kvgraft.release.format import Release
+    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.verify import verified
 
     lm = tiny_lm(family)
     capture.capture(lm, [("t", {"id": "e", "text": "one two three four five six seven eight nine ten eleven twelve"})],
                     tmp_path / "rel", probe_tokens=0)
-    rel = Release.open(tmp_path / "rel")
-    entry = rel.entry("e")
+    rel = verified(tmp_path / "rel", SignatureNotChecked())
+    entry = rel.release.entry("e")
     grafted = graft.restore(rel, "e", lm).cache
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
     assert len(grafted.layers) == len(fresh.layers)

@@ -11,6 +11,8 @@ import torch
 from kvgraft.errors import IntegrityError
 from kvgraft.inference import capture, graft, runtime
 from kvgraft.inference.runtime import Schedule
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 import tiny
 
@@ -36,7 +38,7 @@ def test_graft_matches_fresh_prefill(family: str, chunk: int | None, tiny_lm: An
     entry = manifest["entries"][0]
     assert entry["num_tokens"] > 2 * tiny.SLIDING_WINDOW  # the prefix is longer than the sliding window
 
-    grafted = _logits_after(lm, graft.load_cache(tmp_path / "rel", "long", lm))
+    grafted = _logits_after(lm, graft.load_cache(verified(tmp_path / "rel", SignatureNotChecked()), "long", lm))
     fresh_cache, _ = runtime.prefill(lm, entry["token_ids"], schedule)
     fresh = _logits_after(lm, fresh_cache)
     assert torch.equal(grafted, fresh)
@@ -46,12 +48,12 @@ def test_graft_run_stops_at_any_of_several_eos_ids(tiny_lm: Any, tmp_path: Path,
     """One EOS rule (runtime.eos_ids): `kvgraft run` stops at any EOS id of a tokenizer that names several."""
     lm = tiny_lm("llama")
     capture.capture(lm, _long_record(lm), tmp_path / "rel", probe_tokens=0)
-    free = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    free = graft.run(verified(tmp_path / "rel", SignatureNotChecked()), "long", lm, SUFFIX, max_new_tokens=6).token_ids
     stop = free[2]
     # the class attribute shadows the tokenizer's own lookup of its special-token ids for this test only
     monkeypatch.setattr(type(lm.tokenizer), "eos_token_id", property(lambda self: [10**6, stop]), raising=False)
     assert runtime.eos_ids(lm) == [10**6, stop]
-    stopped = graft.run(tmp_path / "rel", "long", lm, SUFFIX, max_new_tokens=6).token_ids
+    stopped = graft.run(verified(tmp_path / "rel", SignatureNotChecked()), "long", lm, SUFFIX, max_new_tokens=6).token_ids
     assert stopped == free[:free.index(stop) + 1]
 
 
@@ -77,8 +79,8 @@ def test_forgetting_cumulative_length_is_caught(tiny_lm: Any, tmp_path: Path, mo
     lm = tiny_lm("gemma3")
     manifest = capture.capture(lm, _long_record(lm), tmp_path / "rel", probe_tokens=0)
     entry = manifest["entries"][0]
-    rel = graft.Release.open(tmp_path / "rel")
-    tensors, _ = graft.read_entry_tensors(rel, rel.entry("long"))
+    rel = verified(tmp_path / "rel", SignatureNotChecked())
+    tensors, _ = graft.read_entry_tensors(rel, rel.release.entry("long"))
     broken = {**entry, "layers": [{**m, "cumulative_length": 0} if m["kind"] == "sliding" else m
                                   for m in entry["layers"]]}
     fresh_cache, _ = runtime.prefill(lm, entry["token_ids"], Schedule())
@@ -97,7 +99,7 @@ def test_smollm2_graft_is_bit_identical(smollm2: Any, records: list[tuple[str, d
     lm = smollm2
     manifest = capture.capture(lm, records, tmp_path / "rel", probe_tokens=4)
     for entry in manifest["entries"]:
-        grafted = _logits_after(lm, graft.load_cache(tmp_path / "rel", entry["id"], lm))
+        grafted = _logits_after(lm, graft.load_cache(verified(tmp_path / "rel", SignatureNotChecked()), entry["id"], lm))
         fresh_cache, fresh_next = runtime.prefill(lm, entry["token_ids"], Schedule())
         assert torch.equal(grafted, _logits_after(lm, fresh_cache)), entry["id"]
         assert entry["next_token"]["argmax"] == int(torch.argmax(fresh_next))

@@ -18,17 +18,17 @@ import torch
 from kvgraft.errors import IntegrityError
 from kvgraft.inference import buffers, capture, graft
 from kvgraft.inference.tensors import from_buffer, split_views
-from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import VerifiedRelease, verified, verify_release
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen"
 
 
 @pytest.fixture()
-def rel(tiny_lm: Callable[[str], Any], tmp_path: Path) -> Release:
+def rel(tiny_lm: Callable[[str], Any], tmp_path: Path) -> VerifiedRelease:
     capture.capture(tiny_lm("llama"), [("t", {"id": "e", "text": TEXT})], tmp_path / "rel", probe_tokens=0)
-    return Release.open(tmp_path / "rel")
+    return verified(tmp_path / "rel", SignatureNotChecked())
 
 
 def _header(path: Path) -> tuple[int, bytes]:
@@ -45,31 +45,31 @@ def _rewrite_header(path: Path, new: bytes) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_header_changed_after_a_restore_is_caught(rel: Release, tiny_lm: Callable[[str], Any]) -> None:
+def test_header_changed_after_a_restore_is_caught(rel: VerifiedRelease, tiny_lm: Callable[[str], Any]) -> None:
     lm = tiny_lm("llama")
-    entry = rel.entry("e")
+    entry = rel.release.entry("e")
     graft.restore(rel, "e", lm)  # the header is now known-good to this Release object
-    path = rel.entry_file(entry)
+    path = rel.release.entry_file(entry)
     _, raw = _header(path)
     _rewrite_header(path, raw.replace(b'"layer.0.keys"', b'"layer.0.kezs"'))
     with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256 [0-9a-f]{64}, the manifest says"):
         graft.restore(rel, "e", lm)
 
 
-def test_header_in_another_key_order_is_refused(rel: Release, tiny_lm: Callable[[str], Any]) -> None:
+def test_header_in_another_key_order_is_refused(rel: VerifiedRelease, tiny_lm: Callable[[str], Any]) -> None:
     """A rewritten header (same tensors, other key order) is not the header the signed record binds
     (header_sha256), so the graft is refused, by a fresh Release and by the one that grafted before
     the rewrite; `kvgraft verify` finds the file's sha256 changed."""
     lm = tiny_lm("llama")
     graft.restore(rel, "e", lm)
-    path = rel.entry_file(rel.entry("e"))
+    path = rel.release.entry_file(rel.release.entry("e"))
     n, raw = _header(path)
     doc = json.loads(raw)
     reordered = {k: dict(reversed(list(v.items()))) for k, v in reversed(list(doc.items()))}
     new = json.dumps(reordered, separators=(",", ":")).encode()
     _rewrite_header(path, new + b" " * (n - len(new)))
     with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256"):
-        graft.restore(Release.open(rel.root), "e", lm)
+        graft.restore(verified(rel.root, SignatureNotChecked()), "e", lm)
     with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256"):
         graft.restore(rel, "e", lm)
     with pytest.raises(IntegrityError, match=r"000.safetensors: sha256 [0-9a-f]{64} does not match the manifest"):
@@ -99,7 +99,7 @@ def test_buffers_are_reused_only_when_free() -> None:
     assert buffers.held_bytes() == 0
 
 
-def test_restores_on_reused_memory_are_independent(rel: Release, tiny_lm: Callable[[str], Any]) -> None:
+def test_restores_on_reused_memory_are_independent(rel: VerifiedRelease, tiny_lm: Callable[[str], Any]) -> None:
     lm = tiny_lm("llama")
     first = graft.restore(rel, "e", lm).cache
     keys = [layer.keys.clone() for layer in first.layers]

@@ -12,18 +12,19 @@ from typer.testing import CliRunner
 
 from kvgraft.cli import app
 from kvgraft.release import index as release_index
-from kvgraft.release.format import Release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 runner = CliRunner()
 TEXT = " ".join(f"w{i}" for i in range(50))
 B = release_index.BLOCK_TOKENS
 
 
-def _release(tiny_lm: Any, tmp_path: Path) -> Release:
+def _release(tiny_lm: Any, tmp_path: Path) -> VerifiedRelease:
     from kvgraft.inference import capture
 
     capture.capture(tiny_lm("llama"), [("t", {"id": "long", "text": TEXT})], tmp_path / "rel", probe_tokens=0)
-    return Release.open(tmp_path / "rel")
+    return verified(tmp_path / "rel", SignatureNotChecked())
 
 
 def _run(tiny_dir: Any, rel: Path, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -44,7 +45,7 @@ def test_run_prefix_hit_grafts_the_longest_prefix(tiny_dir: Any, tiny_lm: Any, t
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     whole = encode(lm, prompt, add_special_tokens=True)
-    entry_ids = rel.entry("long")["token_ids"]
+    entry_ids = rel.release.entry("long")["token_ids"]
     common = next(i for i, (a, b) in enumerate(zip(whole, [*entry_ids, -1], strict=False)) if a != b)
     n = min(common, len(whole) - 1) // B * B
     p = doc["ledger"]["prefix"]
@@ -66,7 +67,7 @@ def test_run_prefix_partial_and_miss(tiny_dir: Any, tiny_lm: Any, tmp_path: Path
 
     rel = _release(tiny_lm, tmp_path)
     lm = tiny_lm("llama")
-    ids = rel.entry("long")["token_ids"]
+    ids = rel.release.entry("long")["token_ids"]
     # partial: the prompt leaves the entry inside its second block
     partial_text = str(lm.tokenizer.decode(ids[:B + 5])) + " zz qq"
     out = graft.run(rel, None, lm, partial_text, max_new_tokens=2, prefix=True)
@@ -93,7 +94,7 @@ def test_a_prefix_graft_s_ledger_says_the_bytes_verified_and_the_bytes_grafted_a
     from kvgraft.inspection import tensor_bytes
 
     rel = _release(tiny_lm, tmp_path)
-    entry = rel.entry("long")
+    entry = rel.release.entry("long")
     total = tensor_bytes(entry)
     prompt = str(tiny_lm("llama").tokenizer.decode(entry["token_ids"][:B + 5])) + " zz qq"
     res = _run(tiny_dir, tmp_path / "rel", "--prefix", "--prompt", prompt, "--json")

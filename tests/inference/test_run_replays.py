@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from kvgraft.cli import app
 from kvgraft.inference import graft, models
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 runner = CliRunner()
 
@@ -62,7 +64,8 @@ def test_cli_run_says_what_it_overrides(recorded: tuple[Path, Path]) -> None:
 
 
 def test_api_defaults_replay_the_record(recorded: tuple[Path, Path]) -> None:
-    rel, model = recorded
+    folder, model = recorded
+    rel = verified(folder, SignatureNotChecked())
     lm = graft.model_for(rel, str(model))
     assert (lm.dtype, lm.attn) == ("bfloat16", "eager")
     # A model loaded otherwise: graft.run still continues under the recorded kernel, and says the dtype differs.

@@ -21,6 +21,8 @@ from kvgraft.inference import capture, runtime
 from kvgraft.inference.environment import cpu_isa, cpu_name, differences
 from kvgraft.recompute import audit as recompute
 from kvgraft.schema import validate
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 import rewrite
 from release_factory import flat_manifest
@@ -116,7 +118,7 @@ def test_states_of_other_tokens_are_inconsistent_from_the_changed_position(tiny_
         man["entries"][0]["token_ids"] = ids[: len(man["entries"][0]["token_ids"])]
 
     rewrite.manifest(tmp_path / "rel", claim_ids)
-    result = recompute.audit(tmp_path / "rel", lm, require="consistent")
+    result = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, require="consistent")
     assert result["verdict"] == "inconsistent" and not result["passed"]
     first = result["entries"][0]["outside"]["first"]
     assert first["layer"] == 0 and first["position"] >= at

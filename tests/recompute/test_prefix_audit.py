@@ -21,6 +21,8 @@ from kvgraft.cli import app
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import prefix as prefix_audit
 from kvgraft.release.format import Release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 import rewrite
 
@@ -85,7 +87,7 @@ def test_a_one_ulp_row_is_consistent_and_a_large_one_is_not(tiny_lm: Any, tmp_pa
         return float(y)
 
     rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, one_ulp)  # head 0, position 0: inside the prefix
-    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
+    result = prefix_audit.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16, require="consistent")
     (g,) = result["prefix_grafts"]["entries"]
     assert g["verdict"] == "consistent" and not g["byte_exact"]
     under = g["under_recorded_schedule"]
@@ -93,7 +95,7 @@ def test_a_one_ulp_row_is_consistent_and_a_large_one_is_not(tiny_lm: Any, tmp_pa
     assert result["passed"] and not recompute.passes(g["verdict"], "exact")
 
     rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, lambda x: x + 0.5)
-    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16, require="consistent")
+    result = prefix_audit.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16, require="consistent")
     (g,) = result["prefix_grafts"]["entries"]
     assert g["verdict"] == "inconsistent" and g["under_recorded_schedule"]["first_outside_tensor"] == "layer.1.keys"
     assert result["verdict"] == "inconsistent" and not result["passed"]
@@ -107,9 +109,9 @@ def test_prefix_audit_of_sliding_layers(tiny_lm: Any, tmp_path: Path, family: st
     lm = tiny_lm(family)
     _capture(lm, tmp_path / "all", [("g", 40)], sliding="all")
     _capture(lm, tmp_path / "win", [("g", 40)])
-    (g,) = prefix_audit.audit(tmp_path / "all", lm, prefix=16)["prefix_grafts"]["entries"]
+    (g,) = prefix_audit.audit(verified(tmp_path / "all", SignatureNotChecked()), lm, prefix=16)["prefix_grafts"]["entries"]
     assert g["verdict"] == "byte-exact" and g["sliding_layers_every_position"]
-    grafts = prefix_audit.audit(tmp_path / "win", lm, prefix=16)["prefix_grafts"]
+    grafts = prefix_audit.audit(verified(tmp_path / "win", SignatureNotChecked()), lm, prefix=16)["prefix_grafts"]
     assert grafts["entries"] == [] and "needs every layer to hold every position" in grafts["skipped"][0]["reason"]
 
 
@@ -131,7 +133,7 @@ def test_prefix_against_the_prefix_alone_on_the_default_model(smollm2: Any, tmp_
         with torch.no_grad():
             _, alone = layer_map(smollm2, prefill(smollm2, ids[:n], Schedule())[0])
         same = all(torch.equal(whole[k][:, :, :n, :], t) for k, t in alone.items())
-        r = audit_prefix(tmp_path / "rel", "p", n, smollm2)
+        r = audit_prefix(verified(tmp_path / "rel", SignatureNotChecked()), "p", n, smollm2)
         assert r["verdict"] == "byte-exact"
         assert r["against_prefix_alone"]["verdict"] == ("byte-exact" if same else "consistent"), n
 
@@ -153,7 +155,7 @@ def test_outside_the_prefix_alone_noise_bound_fails_the_release(tiny_lm: Any, tm
         return {**r, "verdict": "inconsistent"} if len(calls) == 2 else r
 
     monkeypatch.setattr(prefix_audit, "_compare", second_outside)
-    result = prefix_audit.audit(tmp_path / "rel", lm, prefix=16)
+    result = prefix_audit.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16)
     (g,) = result["prefix_grafts"]["entries"]
     assert result["entries"][0]["verdict"] == "byte-exact" and g["byte_exact"]
     assert g["verdict"] == "inconsistent" and result["verdict"] == "inconsistent" and not result["passed"]
@@ -226,7 +228,7 @@ def test_an_interrupted_prefix_audit_resumes_and_judges_no_graft_twice(tiny_lm: 
     calls: list[str] = []
     _counted(monkeypatch, calls, stop_at=3)
     with pytest.raises(Interrupt):
-        prefix_audit.audit(grafted, lm, prefix=16, journal=journal)
+        prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16, journal=journal)
     assert calls == ["a", "b", "c"] and journal.exists()
     with journal.open("ab") as fh:
         fh.write(b'{"unit": ["prefix", 16, "c"], "result": {"entry": "c", "tok')  # killed mid-write
@@ -235,7 +237,7 @@ def test_an_interrupted_prefix_audit_resumes_and_judges_no_graft_twice(tiny_lm: 
     monkeypatch.setattr(recompute, "audit_entry", lambda rel, e, *a, **k: entries.append(e["id"]) or real_entry(rel, e, *a, **k))
     calls.clear()
     _counted(monkeypatch, calls)
-    result = prefix_audit.audit(grafted, lm, prefix=16, journal=journal)
+    result = prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16, journal=journal)
     assert entries == [] and calls == ["c"]  # each entry and each graft judged exactly once over the two runs
     assert result["cost"]["entries_resumed"] == 4 and result["cost"]["prefix_grafts_resumed"] == 2
     grafts = result["prefix_grafts"]["entries"]
@@ -248,14 +250,14 @@ def test_an_interrupted_prefix_audit_resumes_and_judges_no_graft_twice(tiny_lm: 
 
     registry.seal("recompute", result)  # schema-checked, resumed grafts included
     # Apart from timing, placement and the resumed sayings, the result is an uninterrupted run's.
-    fresh = registry.seal("recompute", prefix_audit.audit(grafted, lm, prefix=16))
+    fresh = registry.seal("recompute", prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16))
     for r in (result, fresh):
         r["statements"] = [s for s in r["statements"] if "resumed from" not in s]
         r["cost"] = {k: v for k, v in r["cost"].items() if k == "library_entries"}
     assert comparable(json.loads(json.dumps(result, default=str))) == comparable(json.loads(json.dumps(fresh, default=str)))
     # The journal binds the prefix length: one of another --prefix is refused, never mixed in.
     with pytest.raises(errors.InputError, match=r"journal of another run \(run\.prefix_tokens differs\)"):
-        prefix_audit.audit(grafted, lm, prefix=8, journal=journal)
+        prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=8, journal=journal)
 
 
 def test_a_forged_prefix_graft_in_the_journal_refuses_the_resume(tiny_lm: Any, grafted: Path, tmp_path: Path,
@@ -267,7 +269,7 @@ def test_a_forged_prefix_graft_in_the_journal_refuses_the_resume(tiny_lm: Any, g
     calls: list[str] = []
     _counted(monkeypatch, calls, stop_at=2)
     with pytest.raises(Interrupt):
-        prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+        prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16, entries=["a", "b"], journal=journal)
     honest = journal.read_bytes()
     lines = honest.splitlines(keepends=True)
     at = next(i for i, line in enumerate(lines) if json.loads(line).get("unit") == ["prefix", 16, "a"])
@@ -283,11 +285,11 @@ def test_a_forged_prefix_graft_in_the_journal_refuses_the_resume(tiny_lm: Any, g
         forge(forged["result"])
         journal.write_bytes(b"".join(lines[:at]) + json.dumps(forged).encode() + b"\n" + b"".join(lines[at + 1:]))
         with pytest.raises(errors.InputError, match=rf"j\.journal:{at + 1}: unit \('prefix', 16, 'a'\): {why}"):
-            prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+            prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16, entries=["a", "b"], journal=journal)
     journal.write_bytes(honest)
     calls.clear()
     _counted(monkeypatch, calls)
-    result = prefix_audit.audit(grafted, lm, prefix=16, entries=["a", "b"], journal=journal)
+    result = prefix_audit.audit(verified(grafted, SignatureNotChecked()), lm, prefix=16, entries=["a", "b"], journal=journal)
     assert calls == ["b"] and result["cost"]["prefix_grafts_resumed"] == 1
 
 

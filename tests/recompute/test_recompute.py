@@ -15,6 +15,8 @@ from kvgraft import errors
 from kvgraft.cli import app
 from kvgraft.inference import capture, runtime
 from kvgraft.recompute import audit as recompute
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 import rewrite
 
@@ -30,7 +32,7 @@ def _text(n: int) -> str:
 def test_matching_release_is_exact_with_zero_kl(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     lm = tiny_lm("gemma3")
     capture.capture(lm, [("t", {"id": "a", "text": _text(80)})], tmp_path / "rel", probe_tokens=4)
-    result = recompute.audit(tmp_path / "rel", lm)
+    result = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)
     e = result["entries"][0]
     assert result["all_byte_exact"] and e["byte_exact"]
     assert e["tensors_equal"] == e["tensors"] == 8
@@ -70,7 +72,7 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
     head, pos, dim = 1, 7, 3
     index = rewrite.flat_index(shape, head, pos, dim)
     rewrite.element(tmp_path / "rel", 0, "layer.1.values", index, lambda x: x * 2.0 if x else 1.0)
-    result = recompute.audit(tmp_path / "rel", lm)
+    result = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)
     e = result["entries"][0]
     assert not e["byte_exact"] and e["tensors_equal"] == e["tensors"] - 1
     assert e["first_difference"]["named"] == {"batch": 0, "head": head, "position": pos, "dim": dim}
@@ -90,10 +92,10 @@ def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[s
     capture.capture(lm, [("t", {"id": "a", "text": _text(40)})], tmp_path / "rel", probe_tokens=2)
     other = models.load(str(tiny.build("llama", tmp_path / "seed7", seed=7)), device="cpu")
     with pytest.raises(errors.ModelMismatchError) as info:
-        recompute.audit(tmp_path / "rel", other)
+        recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), other)
     msg = info.value.diagnostics()
     assert lm.identity.sha256[:16] in msg and other.identity.sha256[:16] in msg and "weights" in msg
-    result = recompute.audit(tmp_path / "rel", other, force=True)
+    result = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), other, force=True)
     assert result["model"]["forced"] and not result["all_byte_exact"]
     assert result["entries"][0]["matched"]["kl_max"] > 0.0
     assert any("forced" in s for s in result["statements"])
@@ -131,7 +133,7 @@ def test_recompute_cli_json_is_schema_valid_and_exit_zero(tiny_dir: Callable[[st
 def test_recompute_holds_torch_equal_logits(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     lm = tiny_lm("gemma4")
     capture.capture(lm, [("t", {"id": "a", "text": _text(50)})], tmp_path / "rel", probe_tokens=3)
-    e = recompute.audit(tmp_path / "rel", lm)["entries"][0]
+    e = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)["entries"][0]
     assert e["byte_exact"] and e["matched"]["max_abs_logit_diff"] == 0.0
     assert [r["kind"] for r in e["layers"]][-2:] == ["shared", "shared"]
     assert torch.tensor(e["matched"]["kl_per_position"]).abs().max().item() == 0.0

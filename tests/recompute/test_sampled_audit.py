@@ -22,8 +22,12 @@ from kvgraft.inference import capture
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.determinism import threads
 from kvgraft.release.format import Release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified
 
 import rewrite
+
+NO_KEY = SignatureNotChecked()  # as `kvgraft audit recompute` without --key verifies
 
 runner = CliRunner()
 ENTRIES = 8
@@ -56,7 +60,8 @@ def _root(rel: Path) -> str:
 def test_a_sampled_audit_audits_the_drawn_entries_and_bounds_the_release(tiny_lm: Callable[[str], Any],
                                                                           release_dir: Path) -> None:
     lm = tiny_lm("llama")
-    result = registry.seal("recompute", recompute.audit(release_dir, lm, sample=3, nonce="auditor-1"))  # schema-checked
+    # schema-checked
+    result = registry.seal("recompute", recompute.audit(verified(release_dir, NO_KEY), lm, sample=3, nonce="auditor-1"))
     rel = Release.open(release_dir)
     positions = sampling.draw(_root(release_dir), "auditor-1", ENTRIES, 3)
     assert [e["id"] for e in result["entries"]] == [rel.entries[i]["id"] for i in positions]
@@ -71,12 +76,12 @@ def test_a_sampled_audit_audits_the_drawn_entries_and_bounds_the_release(tiny_lm
     assert cost["entries_recomputed"] == 3 and cost["tokens_recomputed"] == sum(e["num_tokens"] for e in result["entries"])
     assert cost["library_tokens"] == sum(e["num_tokens"] for e in rel.entries) and cost["projected_library_seconds"] > 0
     # No nonce: a fresh one is drawn and recorded.
-    drawn = recompute.audit(release_dir, lm, sample=2)
+    drawn = recompute.audit(verified(release_dir, NO_KEY), lm, sample=2)
     assert drawn["sample"]["nonce_source"] == "drawn" and len(drawn["sample"]["nonce"]) == 32
     # A chosen subset bounds nothing; the whole release is its own count.
-    assert "bound" not in recompute.audit(release_dir, lm, entries=["s0"])
+    assert "bound" not in recompute.audit(verified(release_dir, NO_KEY), lm, entries=["s0"])
     with pytest.raises(errors.InputError, match="exclude each other"):
-        recompute.audit(release_dir, lm, entries=["s0"], sample=2)
+        recompute.audit(verified(release_dir, NO_KEY), lm, entries=["s0"], sample=2)
 
 
 def test_a_failing_sampled_entry_is_counted_in_the_bound(tiny_lm: Callable[[str], Any], release_dir: Path,
@@ -91,10 +96,10 @@ def test_a_failing_sampled_entry_is_counted_in_the_bound(tiny_lm: Callable[[str]
     after = sampling.draw(_root(bad), "auditor-1", ENTRIES, 4)
     assert after != before
     # Sample everything so the changed entry is in it: 1 failing of 8, the bound is exact.
-    result = recompute.audit(bad, tiny_lm("llama"), sample=ENTRIES, nonce="auditor-1")
+    result = recompute.audit(verified(bad, NO_KEY), tiny_lm("llama"), sample=ENTRIES, nonce="auditor-1")
     failing = [e["id"] for e in result["entries"] if e["verdict"] != "byte-exact"]
     assert failing == [f"s{victim}"] and result["bound"]["failing"] == 1 and result["bound"]["max_failing_entries"] == 1
-    part = recompute.audit(bad, tiny_lm("llama"), sample=4, nonce="auditor-1", require="consistent")
+    part = recompute.audit(verified(bad, NO_KEY), tiny_lm("llama"), sample=4, nonce="auditor-1", require="consistent")
     sampled = f"s{victim}" in part["sample"]["entries"]
     assert part["bound"]["failing"] == int(sampled) and part["bound"]["fail_means"] == "inconsistent"
     assert part["bound"]["max_failing_entries"] == sampling.upper_bound(int(sampled), 4, ENTRIES)
@@ -190,14 +195,14 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
         return tick
 
     with pytest.raises(Interrupt):  # Ctrl-C after 2 entries are judged; no nonce given: one is drawn and journaled
-        recompute.audit(release_dir, lm, sample=6, journal=journal, on_progress=stop_after(2))
+        recompute.audit(verified(release_dir, NO_KEY), lm, sample=6, journal=journal, on_progress=stop_after(2))
     assert len(calls) == 2 and journal.exists()
     with journal.open("ab") as fh:
         fh.write(b'{"unit": "s1", "result": {"torn')  # killed mid-write: this line is not a judged entry
     with pytest.raises(Interrupt):  # interrupted again after 1 more
-        recompute.audit(release_dir, lm, sample=6, journal=journal, on_progress=stop_after(1))
+        recompute.audit(verified(release_dir, NO_KEY), lm, sample=6, journal=journal, on_progress=stop_after(1))
     assert len(calls) == 3 and len(set(calls)) == 3
-    result = recompute.audit(release_dir, lm, sample=6, journal=journal)  # resumes with the journal's nonce
+    result = recompute.audit(verified(release_dir, NO_KEY), lm, sample=6, journal=journal)  # resumes with the journal's nonce
     assert sorted(calls) == sorted(result["sample"]["entries"]) and len(calls) == 6  # each judged exactly once
     assert result["cost"]["entries_resumed"] == 3 and result["cost"]["entries_recomputed"] == 3
     assert sum(e["placement"].get("resumed", False) for e in result["entries"]) == 3
@@ -205,7 +210,7 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
     assert (result["sample"]["nonce_source"], result["cost"]["resumed_from"]) == ("journal", str(journal))
     assert f"3 results resumed from {journal}" in result["statements"][-2]
     # The resumed result equals an uninterrupted one apart from timing, placement and those two sayings.
-    again = recompute.audit(release_dir, lm, sample=6, nonce=result["sample"]["nonce"])
+    again = recompute.audit(verified(release_dir, NO_KEY), lm, sample=6, nonce=result["sample"]["nonce"])
     again["sample"]["nonce_source"] = "journal"  # given now
     again["statements"] = [st.replace("(given)", f"(from the journal {journal})") for st in again["statements"]]
     again["statements"].insert(-1, result["statements"][-2])
@@ -214,7 +219,7 @@ def test_an_interrupted_audit_resumes_and_judges_no_entry_twice(tiny_lm: Callabl
     from kvgraft.inference.runtime import Schedule
 
     with pytest.raises(errors.InputError, match=r"journal of another run \(run.schedule"):
-        recompute.audit(release_dir, lm, sample=6, journal=journal, schedule=Schedule(chunk_tokens=4))
+        recompute.audit(verified(release_dir, NO_KEY), lm, sample=6, journal=journal, schedule=Schedule(chunk_tokens=4))
 
 
 def test_cli_interrupted_audit_writes_no_result_and_resumes(tiny_lm: Callable[[str], Any], model_dir: Path,

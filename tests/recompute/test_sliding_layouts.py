@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kvgraft.release.format import Release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import VerifiedRelease, verified
 
 import rewrite
 
@@ -22,11 +23,11 @@ LAYOUTS = ("window", "all")
 TEXT = " ".join(f"w{i}" for i in range(40))
 
 
-def _capture(lm: Any, out: Path, layout: str) -> Release:
+def _capture(lm: Any, out: Path, layout: str) -> VerifiedRelease:
     from kvgraft.inference import capture
 
     capture.capture(lm, [("t", {"id": "g", "text": TEXT})], out, probe_tokens=2, sliding=layout)
-    return Release.open(out)
+    return verified(out, SignatureNotChecked())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -40,7 +41,7 @@ def test_capture_graft_and_recompute_each_layout(tiny_lm: Any, tmp_path: Path, f
 
     lm = tiny_lm(family)
     rel = _capture(lm, tmp_path / "rel", layout)
-    entry = rel.entry("g")
+    entry = rel.release.entry("g")
     n = entry["num_tokens"]
     sliding = [m for m in entry["layers"] if m["kind"] == "sliding"]
     assert n > 2 * sliding[0]["sliding_window"] and len(sliding) >= 2
@@ -77,12 +78,12 @@ def test_planted_difference_in_a_sliding_tail_is_found(tiny_lm: Any, tmp_path: P
 
     lm = tiny_lm(family)
     rel = _capture(lm, tmp_path / "rel", layout)
-    entry = rel.entry("g")
+    entry = rel.release.entry("g")
     meta = next(m for m in entry["layers"] if m["kind"] == "sliding" and m["index"] > 0)
     shape = entry["tensors"][meta["values"]]["shape"]
     rewrite.element(tmp_path / "rel", 0, meta["values"], rewrite.flat_index(shape, 1, shape[2] - 1, 3),
                     lambda x: x + 0.5)
-    result = recompute.audit(tmp_path / "rel", lm)
+    result = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)
     (e,) = result["entries"]
     assert result["verdict"] == "inconsistent" and not e["byte_exact"]
     first = e["first_difference"]
@@ -102,13 +103,13 @@ def test_a_stored_position_before_the_window_is_audited(tiny_lm: Any, tmp_path: 
     lm = tiny_lm(family)
     rel = _capture(lm, tmp_path / "rel", "all")
     before = graft.restore(rel, "g", lm).cache
-    entry = rel.entry("g")
+    entry = rel.release.entry("g")
     meta = next(m for m in entry["layers"] if m["kind"] == "sliding")
     shape = entry["tensors"][meta["keys"]]["shape"]
     rewrite.element(tmp_path / "rel", 0, meta["keys"], rewrite.flat_index(shape, 0, 0, 0), lambda x: x + 0.5)
-    after = graft.restore(tmp_path / "rel", "g", lm).cache
+    after = graft.restore(verified(tmp_path / "rel", SignatureNotChecked()), "g", lm).cache
     assert torch.equal(after.layers[meta["index"]].keys, before.layers[meta["index"]].keys)  # not grafted
-    (e,) = recompute.audit(tmp_path / "rel", lm)["entries"]
+    (e,) = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm)["entries"]
     assert not e["byte_exact"] and e["first_difference"]["layer"] == meta["index"]
     assert e["first_difference"]["named"]["position"] == 0
 
@@ -136,10 +137,10 @@ def test_chunked_capture_of_every_position(tiny_lm: Any, tmp_path: Path, family:
     for layout in LAYOUTS:
         capture.capture(lm, [("t", {"id": "g", "text": TEXT})], tmp_path / layout, probe_tokens=0, sliding=layout,
                         schedule=Schedule(chunk_tokens=5))
-        rels[layout] = Release.open(tmp_path / layout)
-    every, _ = read_entry_tensors(rels["all"], rels["all"].entry("g"))
-    window, _ = read_entry_tensors(rels["window"], rels["window"].entry("g"))
-    for m in rels["window"].entry("g")["layers"]:
+        rels[layout] = verified(tmp_path / layout, SignatureNotChecked())
+    every, _ = read_entry_tensors(rels["all"], rels["all"].release.entry("g"))
+    window, _ = read_entry_tensors(rels["window"], rels["window"].release.entry("g"))
+    for m in rels["window"].release.entry("g")["layers"]:
         if m["kind"] == "sliding":
             keep = window[m["keys"]].shape[-2]
             assert every[m["keys"]][:, :, -keep:, :].contiguous().numpy().tobytes() == window[m["keys"]].numpy().tobytes()

@@ -25,8 +25,8 @@ from kvgraft.inference import capture, graft
 from kvgraft.release import hashing
 from kvgraft.release.format import entry_digest, root_digest
 from kvgraft.signing import attest, keys, sign
-from kvgraft.signing.policy import SignedWithKeys, verify_policy
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
+from kvgraft.signing.verify import verified, verify_release
 
 from release_factory import as_format_1, make_release, unsign
 
@@ -320,9 +320,9 @@ def test_graft_refuses_what_verify_refuses_zeroed_tensor_with_stale_bundle(captu
     root, public, lm = captured
     _zero_first_tensor(root)
     assert cli("verify", str(root)).exit_code == 1  # the stale bundle's statement no longer matches
-    for call in (lambda: graft.load_cache(root, "e", lm, force=True),
-                 lambda: graft.run(root, "e", lm, "x", max_new_tokens=1, force=True),
-                 lambda: graft.load_cache(root, "e", lm, policy=SignedWithKeys((public,)))):
+    for call in (lambda: graft.load_cache(verified(root, SignatureNotChecked()), "e", lm, force=True),
+                 lambda: graft.run(verified(root, SignatureNotChecked()), "e", lm, "x", max_new_tokens=1, force=True),
+                 lambda: graft.load_cache(verified(root, SignedWithKeys((public,))), "e", lm)):
         with pytest.raises((IntegrityError, VerificationError)):
             call()
 
@@ -336,7 +336,7 @@ def test_graft_refuses_a_changed_safetensors_metadata_with_stale_bundle(captured
     redigest(root, name)
     assert cli("verify", str(root)).exit_code == 1
     with pytest.raises((IntegrityError, VerificationError)):
-        graft.load_cache(root, "e", lm)
+        graft.load_cache(verified(root, SignatureNotChecked()), "e", lm)
 
 
 def test_kvgraft_run_refuses_before_loading_a_model(captured: tuple[Path, Path, Any]) -> None:
@@ -351,13 +351,14 @@ def test_kvgraft_run_refuses_before_loading_a_model(captured: tuple[Path, Path, 
 
 def test_require_signature(captured: tuple[Path, Path, Any]) -> None:
     root, public, lm = captured
-    assert graft.load_cache(root, "e", lm, policy=verify_policy(key=public, require_signature=True)) is not None
+    assert graft.load_cache(verified(root, verify_policy(key=public, require_signature=True)), "e", lm) is not None
     with pytest.raises(InputError, match="--require-signature needs --key"):
-        graft.load_cache(root, "e", lm, policy=verify_policy(require_signature=True))
+        graft.load_cache(verified(root, verify_policy(require_signature=True)), "e", lm)
     unsign(root)
     with pytest.raises(VerificationError, match="unsigned"):
-        graft.load_cache(root, "e", lm, policy=verify_policy(key=public, require_signature=True))
-    restored = graft.restore(root, "e", lm)  # no policy: an unsigned release grafts, with a recorded warning
+        graft.load_cache(verified(root, verify_policy(key=public, require_signature=True)), "e", lm)
+    # Without a key: an unsigned release grafts, with a recorded warning.
+    restored = graft.restore(verified(root, SignatureNotChecked()), "e", lm)
     assert any("unsigned" in w for w in restored.warnings)
     r = cli("verify", str(root), "--require-signature", "--key", str(public), "--json")
     assert r.exit_code == 1 and json.loads(r.stdout)["exit_code"] == 1
@@ -369,7 +370,7 @@ def test_recompute_audit_verifies_the_release(captured: tuple[Path, Path, Any]) 
     root, _, lm = captured
     _zero_first_tensor(root)
     with pytest.raises((IntegrityError, VerificationError)):
-        recompute.audit(root, lm)
+        recompute.audit(verified(root, SignatureNotChecked()), lm)
 
 
 # ------------------------------------------------------------------------------- 7. strict bundles

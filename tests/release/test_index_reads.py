@@ -27,7 +27,8 @@ from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import format as release_format
 from kvgraft.release import index as release_index
 from kvgraft.release.format import MANIFEST, Release, root_digest
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import SignatureNotChecked
+from kvgraft.signing.verify import verified, verify_release
 
 from release_factory import make_release
 
@@ -302,13 +303,13 @@ def test_recompute_reads_only_the_judged_entries_shards(tiny_lm: Callable[[str],
     from kvgraft.recompute import audit as recompute
 
     lm = tiny_lm("llama")
-    one = recompute.audit(captured, lm, entries=["s4"])
+    one = recompute.audit(verified(captured, SignatureNotChecked()), lm, entries=["s4"])
     assert [e["id"] for e in one["entries"]] == ["s4"] and shards_read(opened) == {owner(captured, "s4")} == {1}
     opened.clear()
     # Each judged shard is read once, though one parsed shard is kept: the records it hands out are kept (a
     # few), so grafting and reading an entry later does not parse its shard again.
     monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
-    drawn = recompute.audit(captured, lm, sample=3, nonce="judged-only")
+    drawn = recompute.audit(verified(captured, SignatureNotChecked()), lm, sample=3, nonce="judged-only")
     picked = drawn["sample"]["entries"]
     assert len({owner(captured, e) for e in picked}) > 1  # else one cached shard would hide a second read
     assert sorted(k for idx in opened for k in idx.shards_read) == sorted({owner(captured, e) for e in picked})

@@ -192,6 +192,8 @@ def test_a_recompute_result_with_an_infinite_difference_is_written_as_infinity_a
     from kvgraft.inference import capture
     from kvgraft.recompute import audit as recompute
     from kvgraft.schema import validate
+    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.verify import verified
     from tests import rewrite
 
     lm = tiny_lm("llama")
@@ -201,7 +203,7 @@ def test_a_recompute_result_with_an_infinite_difference_is_written_as_infinity_a
     rewrite._single(rel)
     name = sorted(json.loads((rel / "manifest.json").read_text())["entries"][0]["tensors"])[0]
     rewrite.element(rel, 0, name, 0, lambda _old: float("inf"))
-    result = seal("recompute", recompute.audit(rel, lm))
+    result = seal("recompute", recompute.audit(verified(rel, SignatureNotChecked()), lm))
     path = tmp_path / "r.json"
     jsonio.write_json(path, result)
     text = path.read_text()

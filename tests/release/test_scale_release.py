@@ -23,7 +23,7 @@ from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
 from kvgraft.release.format import MANIFEST, Release, entry_digest, root_digest, token_ids_digest
 from kvgraft.signing import keys, sign
-from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import verified, verify_release
 
 from release_factory import make_many, make_release
@@ -89,13 +89,14 @@ def signed_v2(tmp_path: Path, keypair: tuple[Path, Path]) -> Path:
 
 
 def test_startup_reads_no_entry_bytes(signed_v2: Path, keypair: tuple[Path, Path], counter: ReadCounter) -> None:
-    rel = verified(signed_v2, verify_policy(key=keypair[1], require_signature=True)).release
+    checked = verified(signed_v2, verify_policy(key=keypair[1], require_signature=True))
+    rel = checked.release
     assert counter.under(signed_v2 / "entries") == 0
     assert counter.under(signed_v2 / "index") == 0  # not even a shard: opening reads manifest.json
     assert counter.bytes[os.path.realpath(signed_v2 / MANIFEST)] == (signed_v2 / MANIFEST).stat().st_size
     # Positive control: using one entry reads that entry's file (and its shard), no other.
     entry = rel.entry("rec-005")
-    read_entry_tensors(rel, entry)
+    read_entry_tensors(checked, entry)
     used = os.path.realpath(signed_v2 / entry["file"])
     assert counter.bytes[used] >= sum(t["byte_range"][1] - t["byte_range"][0] for t in entry["tensors"].values())
     assert counter.under(signed_v2 / "entries") == counter.bytes[used]
@@ -104,9 +105,10 @@ def test_startup_reads_no_entry_bytes(signed_v2: Path, keypair: tuple[Path, Path
 
 def test_v1_release_opens_without_entry_bytes(tmp_path: Path, counter: ReadCounter) -> None:
     make_release(tmp_path / "v1", entries=4, format_version=1)
-    rel = verified(tmp_path / "v1").release
+    checked = verified(tmp_path / "v1", SignatureNotChecked())
+    rel = checked.release
     assert rel.format_version == 1 and counter.under(tmp_path / "v1" / "entries") == 0
-    read_entry_tensors(rel, rel.entry("rec-002"))
+    read_entry_tensors(checked, rel.entry("rec-002"))
     assert counter.under(tmp_path / "v1" / "entries") > 0
 
 
@@ -118,14 +120,15 @@ def _flip(path: Path, offset: int) -> None:
 
 def test_tampered_entry_refused_when_used(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
     policy = verify_policy(key=keypair[1])
-    rel = verified(signed_v2, policy).release
+    checked = verified(signed_v2, policy)
+    rel = checked.release
     victim = rel.entry("rec-003")
     name = sorted(victim["tensors"])[1]
     start = victim["tensors"][name]["byte_range"][0]
     _flip(signed_v2 / victim["file"], start + 3)
-    read_entry_tensors(rel, rel.entry("rec-000"))  # another entry is still served
+    read_entry_tensors(checked, rel.entry("rec-000"))  # another entry is still served
     with pytest.raises(IntegrityError, match=rf"entry 'rec-003' tensor '{name}' bytes \[{start}, "):
-        read_entry_tensors(rel, rel.entry("rec-003"))
+        read_entry_tensors(checked, rel.entry("rec-003"))
     with pytest.raises(IntegrityError, match=rf"entry 'rec-003' tensor '{name}'"):
         verify_release(signed_v2, policy=policy)  # everything: still refused
     with pytest.raises(IntegrityError, match="rec-003"):
@@ -135,7 +138,8 @@ def test_tampered_entry_refused_when_used(signed_v2: Path, keypair: tuple[Path, 
 
 
 def test_swapped_entry_files_refused(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
-    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
+    checked = verified(signed_v2, verify_policy(key=keypair[1]))
+    rel = checked.release
     a, b = rel.entry("rec-001"), rel.entry("rec-002")
     pa, pb = signed_v2 / a["file"], signed_v2 / b["file"]
     tmp = pa.with_suffix(".tmp")
@@ -145,28 +149,29 @@ def test_swapped_entry_files_refused(signed_v2: Path, keypair: tuple[Path, Path]
     for entry in (a, b):
         # its header names the other entry (safetensors metadata): refused before any tensor is read
         with pytest.raises(IntegrityError, match=rf"entry '{entry['id']}': safetensors header bytes \[0, "):
-            read_entry_tensors(rel, entry)
+            read_entry_tensors(checked, entry)
     with pytest.raises(IntegrityError, match="swapped"):
         verify_release(signed_v2, key=keypair[1])
 
 
 def test_truncated_and_rewritten_after_open(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
-    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
+    checked = verified(signed_v2, verify_policy(key=keypair[1]))
+    rel = checked.release
     entry = rel.entry("rec-004")
-    read_entry_tensors(rel, entry)  # read once: its header is now known
+    read_entry_tensors(checked, entry)  # read once: its header is now known
     path = signed_v2 / entry["file"]
     original = path.read_bytes()
     # rewritten in place, same size, after it was last read: refused at the next read
     name = sorted(entry["tensors"])[0]
     _flip(path, entry["tensors"][name]["byte_range"][1] - 1)
     with pytest.raises(IntegrityError, match=rf"entry 'rec-004' tensor '{name}'"):
-        read_entry_tensors(rel, entry)
+        read_entry_tensors(checked, entry)
     path.write_bytes(original)
-    read_entry_tensors(rel, entry)  # restored: served again (the refusal was about those bytes)
+    read_entry_tensors(checked, entry)  # restored: served again (the refusal was about those bytes)
     with path.open("r+b") as fh:
         fh.truncate(len(original) - 10)
     with pytest.raises(IntegrityError, match=r"rec-004.*bytes, manifest says"):
-        read_entry_tensors(rel, entry)
+        read_entry_tensors(checked, entry)
 
 
 def test_signed_root_binds_every_record(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
@@ -181,7 +186,8 @@ def test_signed_root_binds_every_record(signed_v2: Path, keypair: tuple[Path, Pa
     data = canonical(doc)
     assert len(data) == (signed_v2 / release_index.shard_name(0)).stat().st_size
     shard_path.write_bytes(data)
-    rel = verified(signed_v2, verify_policy(key=keypair[1])).release
+    checked = verified(signed_v2, verify_policy(key=keypair[1]))
+    rel = checked.release
     rel.entry("rec-004")  # another shard: served
     with pytest.raises(IntegrityError, match=r"index shard 0: sha256 .* does not match the manifest"):
         rel.entry("rec-001")
@@ -194,7 +200,8 @@ def test_signed_root_binds_every_record(signed_v2: Path, keypair: tuple[Path, Pa
     # Unsigned, the consistent rewrite opens: only a signature (or a recompute) can tell.
     (signed_v2 / "release.sigstore.json").unlink()
     (signed_v2 / "model.sig").unlink(missing_ok=True)
-    assert verified(signed_v2).release.entry("rec-001")["token_ids"][0] == doc["entries"][1]["token_ids"][0]
+    unsigned = verified(signed_v2, SignatureNotChecked())
+    assert unsigned.release.entry("rec-001")["token_ids"][0] == doc["entries"][1]["token_ids"][0]
 
 
 def test_oms_only_release_per_entry(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
@@ -280,14 +287,15 @@ def test_prefix_graft_hit_miss_partial(tiny_lm: Any, tmp_path: Path) -> None:
     lm = tiny_lm("llama")
     text = " ".join(f"w{i}" for i in range(60))
     capture.capture(lm, [("t", {"id": "long", "text": text})], tmp_path / "rel", probe_tokens=0)
-    rel = Release.open(tmp_path / "rel")
+    checked = verified(tmp_path / "rel", SignatureNotChecked())
+    rel = checked.release
     entry = rel.entry("long")
     ids = list(entry["token_ids"])
     b = release_index.BLOCK_TOKENS
     assert len(ids) >= 3 * b + 1
-    stored, _ = read_entry_tensors(rel, entry)
+    stored, _ = read_entry_tensors(checked, entry)
 
-    hit = graft.restore_prefix(rel, [*ids[:3 * b + 2], *encode(lm, " and more")], lm)
+    hit = graft.restore_prefix(checked, [*ids[:3 * b + 2], *encode(lm, " and more")], lm)
     assert hit is not None and hit.prefix is not None
     assert hit.prefix["tokens"] == 3 * b and hit.prefix["of"] == len(ids) and hit.entry["num_tokens"] == 3 * b
     assert hit.prefix["schedule"] == rel.manifest["schedule"] and "one-shot prefill of all" in hit.prefix["rows"]
@@ -295,11 +303,11 @@ def test_prefix_graft_hit_miss_partial(tiny_lm: Any, tmp_path: Path) -> None:
     assert layer.keys.shape[-2] == 3 * b
     assert torch.equal(layer.keys, stored["layer.0.keys"][:, :, :3 * b, :])  # the verified rows, as stored
 
-    partial = graft.restore_prefix(rel, [*ids[:2 * b], ids[2 * b] + 1, *ids[2 * b + 1:]], lm)
+    partial = graft.restore_prefix(checked, [*ids[:2 * b], ids[2 * b] + 1, *ids[2 * b + 1:]], lm)
     assert partial is not None and partial.prefix is not None and partial.prefix["tokens"] == 2 * b
 
-    assert graft.restore_prefix(rel, [ids[0] + 1, *ids[1:]], lm) is None  # the first block differs: a miss
-    whole = graft.restore_prefix(rel, ids, lm)  # the whole prompt: one token is left to prefill
+    assert graft.restore_prefix(checked, [ids[0] + 1, *ids[1:]], lm) is None  # the first block differs: a miss
+    whole = graft.restore_prefix(checked, ids, lm)  # the whole prompt: one token is left to prefill
     assert whole is not None and whole.prefix is not None and whole.prefix["tokens"] == (len(ids) - 1) // b * b
 
 
@@ -317,8 +325,8 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
     lm = tiny_lm("gemma3")
     text = " ".join(f"w{i}" for i in range(40))
     capture.capture(lm, [("t", {"id": "g", "text": text})], tmp_path / "win", probe_tokens=0)
-    win = Release.open(tmp_path / "win")
-    entry = win.entry("g")
+    win = verified(tmp_path / "win", SignatureNotChecked())
+    entry = win.release.entry("g")
     sliding = [m for m in entry["layers"] if m["kind"] == "sliding"]
     assert sliding and all(m["stores"] == "window" and m["positions"][1] - m["positions"][0] == m["sliding_window"] - 1
                            for m in sliding)
@@ -339,7 +347,7 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
     writer = ReleaseWriter(tmp_path / "all")
     writer.add_entry({**record, "layers": layers}, every)
     writer.finish({k: win.manifest[k] for k in ("model", "schedule", "environment")})
-    alls = Release.open(tmp_path / "all")
+    alls = verified(tmp_path / "all", OwnOutput("the release this test wrote"))
 
     a = graft.restore(win, "g", lm).cache
     b = graft.restore(alls, "g", lm).cache
@@ -363,8 +371,8 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
     def claim_window(m: dict[str, Any]) -> dict[str, Any]:
         return {**m, "stores": "window"} if m["kind"] == "sliding" else m
 
-    liar = {**alls.entry("g"), "layers": [claim_window(m) for m in layers]}
-    tensors, _ = read_entry_tensors(alls, alls.entry("g"))
+    liar = {**alls.release.entry("g"), "layers": [claim_window(m) for m in layers]}
+    tensors, _ = read_entry_tensors(alls, alls.release.entry("g"))
     with pytest.raises(IntegrityError, match="stores its window of 7 positions but holds"):
         graft.build_cache(lm, liar, tensors, "test")
 
@@ -386,7 +394,8 @@ def test_prefix_index_naming_another_entry_never_grafts_it(tmp_path: Path) -> No
     manifest["index"]["prefix"]["sha256"] = sha256_hex(bytes(data))
     manifest["root_digest"] = root_digest(manifest)
     (root / MANIFEST).write_text(json.dumps(manifest))
-    rel = verified(root).release
+    checked = verified(root, SignatureNotChecked())
+    rel = checked.release
     with pytest.raises(IntegrityError, match="does not start with the prompt's first 32 tokens"):
         rel.longest_prefix(rel.entry("rec-000")["token_ids"])
 

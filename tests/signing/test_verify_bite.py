@@ -18,10 +18,9 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import MANIFEST, Release
 from kvgraft.signing import attest, keys, oms, sign
-from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release
 
-import rewrite
 from release_factory import listed_digests, release_fixtures
 
 
@@ -124,28 +123,27 @@ def test_predicate_mismatch_names_the_member_and_both_values(rel: Path, ecdsa: t
     assert message.endswith(f"does not match the manifest ({cut})")
 
 
-def test_verified_on_a_path_and_on_a_release(rel: Path) -> None:
-    opened = verified(str(rel))
+def test_verified_on_a_path_carries_its_policy_and_its_check(rel: Path) -> None:
+    opened = verified(str(rel), SignatureNotChecked())
     assert isinstance(opened, VerifiedRelease) and isinstance(opened.release, Release)
-    assert opened.checked.scope == "open" and opened.root == rel
-    fresh = Release.open(rel)
-    again = verified(fresh)
-    assert again.release is fresh and again.checked is not opened.checked
-    assert verified(fresh).checked is again.checked  # the same object, verified once
+    assert opened.checked.scope == "open" and opened.root == rel and opened.policy == SignatureNotChecked()
+    assert opened.manifest is opened.release.manifest
+    again = verified(rel, SignatureNotChecked())  # nothing is remembered beside the verifier: checked again
+    assert again.release is not opened.release and again.checked is not opened.checked
     # The headers verified are handed to the Release: reading an entry's layout works and reuses them.
-    entry = fresh.entries[0]
-    assert set(fresh.tensor_layout(entry)) == set(entry["tensors"])
+    entry = opened.release.entries[0]
+    assert set(opened.release.tensor_layout(entry)) == set(entry["tensors"])
 
 
-def test_verified_refuses_a_release_changed_after_it_was_opened(rel: Path) -> None:
-    early = Release.open(rel)
-    before = early.manifest["root_digest"]
-    rewrite.manifest(rel, lambda m: m["entries"][0]["source"].update(text="edited"))
-    now = json.loads((rel / MANIFEST).read_text())["root_digest"]
-    with pytest.raises(IntegrityError) as info:
-        verified(early)
-    assert str(info.value) == (f"{rel / MANIFEST}: the release changed after it was opened (root digest {before}, "
-                               f"now {now})")
+def test_a_release_kvgraft_wrote_is_verified_as_its_own_output(rel: Path) -> None:
+    own = verified(rel, OwnOutput("a test"))
+    assert own.policy == OwnOutput("a test") and own.policy != SignatureNotChecked()
+    assert not own.policy.checks_signature and own.checked.signature.status == "not checked"
+    m = json.loads((rel / MANIFEST).read_text())
+    m["entries"][0]["source"]["text"] = "edited"
+    (rel / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match="digest"):  # its digests are checked all the same
+        verified(rel, OwnOutput("a test"))
 
 
 def test_policies_name_one_kind_each_and_refuse_what_means_nothing(tmp_path: Path) -> None:
@@ -291,7 +289,7 @@ def test_an_oms_signature_by_another_signer_beside_the_bundle(rel: Path, ecdsa: 
 
 
 def test_verified_opens_and_the_document_names_its_scope(rel: Path) -> None:
-    opened = verified(rel)
+    opened = verified(rel, SignatureNotChecked())
     assert opened.checked.scope == "open"
     d = verify_release(rel).as_dict()
     assert (d["scope"], d["checked_entries"], d["statement"], d["deep"]) == ("all", [], False, False)
@@ -492,22 +490,6 @@ def test_opening_checks_the_statements_predicate_and_a_signed_manifests_bound(
     monkeypatch.setattr(integrity, "UNSIGNED_MANIFEST_FLOOR", 64)  # this manifest is now over the unsigned bound
     assert verify_release(rel, key=ecdsa[1], scope="open").signature.status == "verified"
     assert "limit for an unsigned manifest" in _message(lambda: verify_release(rel, scope="open"))
-
-
-def test_verified_hands_back_the_release_it_was_given_and_forgets_it_when_dropped(rel: Path) -> None:
-    import gc
-
-    from kvgraft.signing import verify as verify_module
-
-    opened = Release.open(rel)
-    first = verified(opened)
-    again = verified(opened)  # recalled, not verified again
-    assert first.release is opened and again.release is opened and again.checked is first.checked
-    key = id(opened)
-    assert key in verify_module._CHECKED
-    del opened, first, again
-    gc.collect()
-    assert key not in verify_module._CHECKED  # a library of many releases opened in turn keeps no record of each
 
 
 # --------------------------------------------------------------------------- verify sample C survivors (docs/mutation.md)

@@ -18,12 +18,15 @@ from kvgraft.render.views import CONTROLS_HEAD, controls_rows
 
 def run(ctx: Context, kc: dict[str, Any]) -> Ran:
     from kvgraft.generalization import controls
-    from kvgraft.release.format import Release
+    from kvgraft.signing.policy import OwnOutput
+    from kvgraft.signing.verify import verified
 
     n, seed = kc.get("n", 20), kc.get("seed", 0)
     ctx.say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
     controls.build(ctx.lm, ctx.out / "controls-release", n=n, seed=seed, overwrite=True)
-    k = controls.run(ctx.lm, Release.open(ctx.out / "controls-release"), n=n, seed=seed,
+    # Written here, read back here: verified as this run's own output (manifest, digests), not as a signed release.
+    library = verified(ctx.out / "controls-release", OwnOutput("the controls check of kvgraft audit run"))
+    k = controls.run(ctx.lm, library, n=n, seed=seed,
                      max_new_tokens=kc.get("max_new_tokens", 32), executor=ctx.ex)
     shown = sum(c["shows"] for c in k["controls"])
     ledger = {"controls": f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "

@@ -107,7 +107,7 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     if rc.get("target_fraction") is not None:
         if sample is not None:
             raise InputError("checks.recompute: sample and target_fraction exclude each other")
-        sample = sampling.sample_size(float(rc["target_fraction"]), ctx.release.num_entries)
+        sample = sampling.sample_size(float(rc["target_fraction"]), ctx.release.release.num_entries)
     ctx.say(f"recomputing fresh KV states and comparing ({f'a sample of {sample}' if sample else 'every entry'})")
     own_journal = "journal" not in rc
     if own_journal:  # each judged entry is journaled as it lands: rerunning an interrupted plan resumes

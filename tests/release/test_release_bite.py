@@ -1588,3 +1588,148 @@ class _RecordingSource:
 
     def fetch_all(self) -> None:
         raise AssertionError("not expected")
+
+
+# ------------------------------------------------------------------ sample H's survivors without a test (#35 item 6)
+
+
+def test_an_entry_file_removed_before_it_is_asked_for_is_named_missing(rel: Path) -> None:
+    r = Release.open(rel)
+    e = _m(rel)["entries"][1]
+    assert r.entry_file(e) == rel / E1  # the control
+    (rel / E1).unlink()
+    assert _err(lambda: r.entry_file(e), IntegrityError) == f"{rel / E1}: entry {e['id']!r}: file is missing"
+
+
+def test_a_format_1_entry_naming_a_file_the_manifest_does_not_list_is_refused_by_name(rel: Path) -> None:
+    assert Release.open(rel).num_entries == 3  # the control
+    eid = _m(rel)["entries"][1]["id"]
+    rewrite.manifest(rel, lambda m: m["entries"][1].update(file="entries/unlisted.safetensors"))
+    assert _err(lambda: Release.open(rel), InputError) == (
+        f"{rel / MANIFEST}: entry {eid!r}: file 'entries/unlisted.safetensors' is not listed in files")
+
+
+def _rewrite_shard(root: Path, k: int, change: Any) -> Path:
+    """Edit index shard `k` of a format-2 release, then what the manifest says of it and the root digest (what
+    an unsigned release's author can publish)."""
+    from kvgraft._internal import jsonio
+    from kvgraft.release import index as release_index
+
+    path = root / release_index.shard_name(k)
+    doc = json.loads(path.read_bytes())
+    change(doc)
+    data = jsonio.canonical(doc)
+    path.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["shards"][k].update(sha256=sha256_hex(data), size=len(data)))
+    return path
+
+
+def test_a_shard_listing_a_file_no_entry_uses_is_refused_naming_the_file(indexed: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    _rewrite_shard(root, 1, lambda doc: None)
+    assert Release.open(root).entry("rec-001")["id"] == "rec-001"  # the control: the shard rewritten as it was
+    unused = {"sha256": "0" * 64, "size": 1}
+    path = _rewrite_shard(root, 1, lambda doc: doc["files"].update({"entries/unused.safetensors": unused}))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == (
+        f"{path}: index shard 1 lists files its entries do not use: ['entries/unused.safetensors']")
+
+
+def test_an_unsupported_format_version_names_the_versions_this_kvgraft_reads(rel: Path) -> None:
+    from kvgraft import __version__
+    from kvgraft.errors import FormatVersionError
+    from kvgraft.release.format import FORMAT_VERSIONS
+
+    m = _m(rel)
+    m["format_version"] = 99
+    (rel / MANIFEST).write_text(json.dumps(m))
+    assert _err(lambda: Release.open(rel), FormatVersionError) == (
+        f"{rel / MANIFEST}: format version 99 is not supported; this kvgraft {__version__} reads versions "
+        f"{', '.join(map(str, FORMAT_VERSIONS))}")
+    assert FORMAT_VERSIONS == (1, 2)
+
+
+def test_a_safetensors_header_of_exactly_the_length_limit_is_read_and_one_byte_more_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is inclusive. Shown with the limit lowered to the length of a real header (the real one is
+    100 MiB); a header length above the real limit is refused before anything is read."""
+    import struct
+
+    from kvgraft.release import safetensors_header as stfile
+
+    raw = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4 + b"\0")  # one byte more: room for a longer header
+    monkeypatch.setattr(stfile, "MAX_HEADER_BYTES", len(raw))
+    assert stfile.read_raw_header(path) == (len(raw) + 13, len(raw), raw)
+    path.write_bytes(struct.pack("<Q", len(raw) + 1) + raw + b" " + b"\0" * 4)
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == (
+        f"{path}: safetensors header length {len(raw) + 1} is out of bounds (file is {len(raw) + 13} bytes)")
+    monkeypatch.undo()
+    assert stfile.read_raw_header(path)[1] == len(raw) + 1  # the control: under the real limit it is read
+    path.write_bytes(struct.pack("<Q", stfile.MAX_HEADER_BYTES + 1) + raw)
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == (
+        f"{path}: safetensors header length {stfile.MAX_HEADER_BYTES + 1} is out of bounds "
+        f"(file is {len(raw) + 8} bytes)")
+
+
+def test_a_prefix_index_that_cannot_be_read_is_named_with_the_cause(indexed: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error reading the prefix index, when it is first hashed and when a page is read again, names the
+    file and the errno (IOFailure, exit 7); the control: the same lookups without it."""
+    import errno
+
+    from kvgraft.errors import IOFailure
+    from kvgraft.release import index as release_index
+
+    ids = Release.open(indexed).entry("rec-002")["token_ids"]
+    path = indexed / release_index.PREFIX_FILE
+
+    def eio(_self: Any, _fd: int, _p: int) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    r = Release.open(indexed)
+    hit = r.longest_prefix(ids)
+    assert hit is not None and hit[0]["id"] == "rec-002"  # the control
+    assert r.index is not None
+    pages = r.index.prefix_pages()
+    assert pages is not None
+    read = release_index.PrefixPages._read
+    monkeypatch.setattr(release_index.PrefixPages, "_read", eio)
+    assert _err(lambda: Release.open(indexed).longest_prefix(ids), IOFailure) == \
+        f"{path}: cannot read: Input/output error (EIO)"
+    pages._cache.clear()  # the page a lookup needs is read again
+    assert _err(lambda: r.longest_prefix(ids), IOFailure) == f"{path}: cannot read: Input/output error (EIO)"
+    monkeypatch.setattr(release_index.PrefixPages, "_read", read)
+    hit = r.longest_prefix(ids)
+    assert hit is not None and hit[0]["id"] == "rec-002"
+
+
+def test_an_overwrite_whose_second_rename_fails_puts_the_old_release_back(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the file system cannot swap in one step, the old release is moved aside and the new one renamed
+    into place; if that second rename fails the old release is put back and the write is refused by name."""
+    import errno
+
+    from kvgraft._internal import jsonio
+    from kvgraft.errors import IOFailure
+
+    def cannot(_a: Path, _b: Path) -> None:
+        raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+
+    out = tmp_path / "rel"
+    make_release(out, entries=2, seed=38)
+    first = listed_digests(out)
+    replace = os.replace
+
+    def second_fails(src: Any, dst: Any) -> None:
+        if Path(dst) == out and Path(src).suffix == ".partial":  # the new release into place, not the old one back
+            raise OSError(errno.EIO, "Input/output error", str(dst))
+        replace(src, dst)
+
+    monkeypatch.setattr(jsonio, "exchange", cannot)
+    monkeypatch.setattr(os, "replace", second_fails)
+    assert _err(lambda: make_release(out, entries=3, seed=39, overwrite=True), IOFailure) == \
+        f"{out}: cannot write: Input/output error (EIO)"
+    monkeypatch.undo()
+    assert listed_digests(out) == first and check_release(out).files == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel"]

@@ -1634,6 +1634,14 @@ def test_a_shard_listing_a_file_no_entry_uses_is_refused_naming_the_file(indexed
         f"{path}: index shard 1 lists files its entries do not use: ['entries/unused.safetensors']")
 
 
+def test_a_shard_not_listing_a_file_its_entry_uses_is_refused_naming_the_file(indexed: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    name = Release.open(root).entry("rec-001")["file"]
+    path = _rewrite_shard(root, 1, lambda doc: doc["files"].clear())
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == (
+        f"{path}: index shard 1 does not list files its entries use: [{name!r}]")
+
+
 def test_an_unsupported_format_version_names_the_versions_this_kvgraft_reads(rel: Path) -> None:
     from kvgraft import __version__
     from kvgraft.errors import FormatVersionError

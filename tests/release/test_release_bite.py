@@ -1741,3 +1741,41 @@ def test_an_overwrite_whose_second_rename_fails_puts_the_old_release_back(tmp_pa
     monkeypatch.undo()
     assert listed_digests(out) == first and check_release(out).files == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
+
+
+def test_ranges_read_by_the_helper_threads_are_hashed_with_the_rest(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above PARALLEL_MIN_BYTES a helper thread reads ranges beside the calling one: here it reads every range
+    while the caller runs `meanwhile` (which waits for it), and the digests it found are returned in order."""
+    import hashlib
+    import time
+
+    from kvgraft.release import hashing
+
+    data = os.urandom(hashing.PARALLEL_MIN_BYTES + 4096)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    step = len(data) // 8
+    ranges = [(i * step, (i + 1) * step) for i in range(8)]
+    dest = bytearray(8 * step)
+    monkeypatch.setattr(hashing, "cores", lambda: 2)
+
+    def wait_for_the_helper() -> None:
+        deadline = time.monotonic() + 10
+        while dest != data[:8 * step] and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    digests = hashing.read_and_hash(path, ranges, memoryview(dest), meanwhile=wait_for_the_helper)
+    assert bytes(dest) == data[:8 * step]
+    assert digests == [hashlib.sha256(data[a:b]).hexdigest() for a, b in ranges]
+
+
+def test_aborting_a_writer_whose_partial_folder_is_gone_raises_nothing_and_frees_the_release(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+
+    out = tmp_path / "rel"
+    w = ReleaseWriter(out)
+    shutil.rmtree(w.tmp)
+    w.abort()
+    make_release(out, entries=1, seed=40)  # the control: the next writer is not locked out
+    assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]

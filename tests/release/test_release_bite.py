@@ -1779,3 +1779,119 @@ def test_aborting_a_writer_whose_partial_folder_is_gone_raises_nothing_and_frees
     w.abort()
     make_release(out, entries=1, seed=40)  # the control: the next writer is not locked out
     assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
+
+
+# ------------------------------------------------------------------ integrity, sample I (seed 8): survivors
+
+
+def test_check_index_checks_the_prefix_records_of_an_indexed_release(indexed: Path, tmp_path: Path) -> None:
+    """`verify --sample`'s pass over the index weighs each prefix record against the blocks its entry holds; the
+    control: the release as written, whose 4 entries of 40 tokens hold 2 blocks each."""
+    import struct
+
+    from kvgraft.release import index as release_index
+    from kvgraft.release.integrity import check_index
+
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    opened = open_release(root).release
+    assert opened.index is not None and opened.index.prefix_meta is not None
+    assert opened.index.prefix_meta["records"] == 8
+    assert check_index(opened) == sum((root / n).stat().st_size for n in opened.index.index_files())
+    prefix = root / release_index.PREFIX_FILE
+    rows = [list(r) for r in release_index.RECORD.iter_unpack(prefix.read_bytes())]
+    rows[0][2] = 3  # three blocks, of an entry that holds two
+    data = b"".join(release_index.RECORD.pack(*r) for r in rows)
+    prefix.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["prefix"].update(sha256=sha256_hex(data)))
+    opened = open_release(root).release
+    assert opened.index is not None
+    eid = opened.index.id_at(rows[0][1])
+    assert _err(lambda: check_index(opened), IntegrityError) == (
+        f"{prefix}: prefix index record 0 (bytes [0, {release_index.RECORD.size})): 3 blocks, entry {eid!r} holds "
+        f"2 blocks of 16 tokens")
+    assert struct.calcsize(release_index.RECORD.format) == release_index.RECORD.size
+
+
+def test_a_changed_entry_file_whose_header_lists_no_tensor_is_named_header_to_its_end(rel: Path) -> None:
+    """A file replaced, at its size, by a safetensors file of no tensors (its header fills it): the region named
+    is the whole file."""
+    import struct
+
+    size = (rel / E1).stat().st_size
+    raw = b"{}" + b" " * (size - 10)
+    (rel / E1).write_bytes(struct.pack("<Q", len(raw)) + raw)
+    sha = sha256_hex((rel / E1).read_bytes())
+    m = _m(rel)
+    want, eid = m["files"][E1]["sha256"], m["entries"][1]["id"]
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E1}: sha256 {sha} does not match the manifest ({want}): entry {eid!r}: the safetensors header "
+        f"region [0, {size}) differs (its tensor table no longer matches the manifest)")
+
+
+def test_a_file_that_cannot_be_read_while_it_is_verified_is_named_with_the_cause(rel: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
+    """An I/O error hashing a file (format 1: prefetched; format 2: hashed in the release's pass) names it and the
+    errno; the control: the same releases verify."""
+    import errno
+
+    from kvgraft.errors import IOFailure
+    from kvgraft.release import hashing
+    from kvgraft.release import integrity as release_integrity
+
+    v2 = tmp_path / "v2"
+    make_release(v2, entries=2, seed=62, format_version=2)
+    e1 = Release.open(v2).entry("rec-001")["file"]
+    assert check_release(rel).root == rel and check_release(v2).root == v2  # the control
+    bad = {rel / E1, v2 / e1}
+
+    def eio(path: Path, *args: Any) -> tuple[str, int]:
+        if path in bad:
+            raise OSError(errno.EIO, "Input/output error")
+        return hashing.hash_file(path, *args)
+
+    monkeypatch.setattr(release_integrity, "hash_file", eio)
+    for root, name in ((rel, E1), (v2, e1)):
+        assert _err(lambda r=root: check_release(r), IOFailure) == \
+            f"{root / name}: cannot read: Input/output error (EIO)"
+
+
+def test_a_file_that_grows_after_the_folder_was_listed_is_refused_by_its_size(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Format 2 (no prefetch): each file is hashed with the size the release lists, so one that changed size
+    since the folder was checked is refused by its size, not read (and not reported as other bytes)."""
+    from kvgraft.release import integrity as release_integrity
+
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=63, format_version=2)
+    name = Release.open(root).entry("rec-001")["file"]
+    size = (root / name).stat().st_size
+    listing = release_integrity._list
+
+    def then_grow(*args: Any) -> Any:
+        listed = listing(*args)
+        with (root / name).open("ab") as f:
+            f.write(b"\0")
+        return listed
+
+    monkeypatch.setattr(release_integrity, "_list", then_grow)
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / name}: {size + 1} bytes, the manifest says {size} (grown)"
+    monkeypatch.undo()
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / name}: entry 'rec-001': {size + 1} bytes, the manifest says {size} (grown)"  # found by the listing
+
+
+def test_names_whose_digests_collide_are_compared_exactly_and_counted(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder's count is compared with the distinct names listed, counted by 64-bit digests; names whose
+    digests collide (here every name: the digest made constant) make the counts differ, and the exact comparison
+    of names then decides, and counts."""
+    from kvgraft.release import integrity as release_integrity
+
+    files = len(_m(rel)["files"])
+    assert check_release(rel).count == 1 + files  # the control
+    monkeypatch.setattr(release_integrity, "_name_key", lambda name: 7)
+    assert check_release(rel).count == 1 + files
+    (rel / "notes.txt").write_text("x")
+    assert _err(lambda: check_release(rel), IntegrityError) == \
+        f"{rel}: files differ from the manifest: not part of the release: notes.txt"

@@ -1895,3 +1895,35 @@ def test_names_whose_digests_collide_are_compared_exactly_and_counted(rel: Path,
     (rel / "notes.txt").write_text("x")
     assert _err(lambda: check_release(rel), IntegrityError) == \
         f"{rel}: files differ from the manifest: not part of the release: notes.txt"
+
+
+# ------------------------------------------------------------------ release, sample I (seed 8): survivors
+
+
+def test_a_destination_buffer_smaller_than_the_ranges_is_refused_before_any_read(tmp_path: Path) -> None:
+    from kvgraft.release.hashing import read_and_hash
+
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 20)
+    dest = bytearray(15)
+    assert _err(lambda: read_and_hash(path, [(0, 10), (10, 20)], memoryview(dest)), ValueError) == \
+        "destination buffer too small"
+    assert dest == bytearray(15)  # nothing read: the ranges are weighed first
+    assert read_and_hash(path, [(0, 10), (10, 15)], memoryview(dest)) == [sha256_hex(b"x" * 10), sha256_hex(b"x" * 5)]
+
+
+def test_an_unknown_entry_id_is_named_with_the_first_ten_ids(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=12, tokens=2, layers=1, seed=64)
+    ids = Release.open(root).entry_ids()
+    assert len(ids) == 12
+    assert _err(lambda: Release.open(root).entry("nope"), InputError) == \
+        f"{root}: no entry 'nope' (entries: {', '.join(ids[:10])})"
+
+
+def test_records_asked_out_of_order_read_each_shard_once_in_release_order(indexed: Path) -> None:
+    r = Release.open(indexed)
+    assert r.index is not None
+    got = r.records(["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"])
+    assert [e["id"] for e in got] == ["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"]
+    assert r.index.shards_read == [0, 1, 2, 3]

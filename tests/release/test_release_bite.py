@@ -1927,3 +1927,40 @@ def test_records_asked_out_of_order_read_each_shard_once_in_release_order(indexe
     got = r.records(["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"])
     assert [e["id"] for e in got] == ["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"]
     assert r.index.shards_read == [0, 1, 2, 3]
+
+
+def test_a_grown_prefix_index_is_refused_by_verify_naming_its_size(indexed: Path, tmp_path: Path) -> None:
+    """A file of the release that no entry uses (format 2: the prefix index) of another size is named by its size
+    alone, with no entry; the control: the release intact."""
+    from kvgraft.release import index as release_index
+
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    assert check_release(root).root == root  # the control
+    prefix = root / release_index.PREFIX_FILE
+    size = prefix.stat().st_size
+    with prefix.open("ab") as f:
+        f.write(b"\0")
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{prefix}: {size + 1} bytes, the manifest says {size} (grown)"
+
+
+def test_a_release_reached_through_a_link_is_read_again_when_the_folder_behind_it_is_replaced(
+        rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What tells one folder from the next is the folder a link leads to, not the link (which stays as it was)."""
+    from kvgraft.release import integrity
+    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
+    link = tmp_path / "current"
+    link.symlink_to(rel, target_is_directory=True)
+    real = integrity._check_release
+    calls: list[int] = []
+
+    def replaced_while_read(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the folder behind the link is replaced during the first read
+            shutil.move(rel, tmp_path / "old")
+            shutil.move(intact, rel)
+            raise IntegrityError(f"{root}: read across a replace")
+        return real(root, **options)
+
+    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    assert check_release(link).root == link and len(calls) == 2

@@ -1634,12 +1634,13 @@ def test_a_shard_listing_a_file_no_entry_uses_is_refused_naming_the_file(indexed
         f"{path}: index shard 1 lists files its entries do not use: ['entries/unused.safetensors']")
 
 
-def test_a_shard_not_listing_a_file_its_entry_uses_is_refused_naming_the_file(indexed: Path, tmp_path: Path) -> None:
-    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
-    name = Release.open(root).entry("rec-001")["file"]
-    path = _rewrite_shard(root, 1, lambda doc: doc["files"].clear())
+def test_a_shard_not_listing_files_its_entries_use_is_refused_naming_three(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=5, tokens=2, layers=1, seed=65, format_version=2)
+    names = sorted(e["file"] for e in Release.open(root).iter_entries())
+    path = _rewrite_shard(root, 0, lambda doc: doc["files"].clear())
     assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == (
-        f"{path}: index shard 1 does not list files its entries use: [{name!r}]")
+        f"{path}: index shard 0 does not list files its entries use: {names[:3]}")
 
 
 def test_an_unsupported_format_version_names_the_versions_this_kvgraft_reads(rel: Path) -> None:
@@ -1964,3 +1965,68 @@ def test_a_release_reached_through_a_link_is_read_again_when_the_folder_behind_i
 
     monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
     assert check_release(link).root == link and len(calls) == 2
+
+
+def test_an_index_shard_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
+    from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
+
+    r = Release.open(indexed)
+    assert r.index is not None
+    meta = r.index.shards[1]
+    sources.register(indexed, _RecordingSource(asked))
+    try:
+        assert r.entry("rec-001")["id"] == "rec-001"
+    finally:
+        sources.unregister(indexed)
+    assert asked == [(meta["file"], meta["sha256"], meta["size"], "index shard 1", None)]
+
+
+def test_an_index_shard_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    shutil.copy(shard, tmp_path / "elsewhere.json")
+    shard.unlink()
+    shard.symlink_to(tmp_path / "elsewhere.json")
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == \
+        f"{shard}: index shard 1 is a symlink; releases may not contain links"
+
+
+def test_an_index_shard_that_is_not_json_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    data = b"{not json"
+    shard.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["shards"][1].update(sha256=sha256_hex(data), size=len(data)))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError).startswith(f"{shard}: invalid JSON")
+
+
+def test_a_record_handed_out_again_by_its_shard_is_not_checked_again(indexed: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft.release import index as release_index
+    checks: list[str] = []
+    real = release_index.check_entry_record
+
+    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
+        checks.append(entry["id"])
+        real(where, entry, files)
+
+    monkeypatch.setattr(release_index, "check_entry_record", counted)
+    r = Release.open(indexed)
+    assert r.index is not None
+    shard = r.index.shard(2)
+    assert shard.record("rec-002") is shard.record("rec-002") and checks == ["rec-002"]
+
+
+def test_a_list_of_every_file_naming_one_the_release_lacks_is_refused_by_its_first_name(tmp_path: Path) -> None:
+    """A list that names every file (an OMS list, `every_file`), not taken as naming files beside the release: a
+    name beyond the release's files is refused, the first of them named; the control: the list as it is."""
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=66, format_version=2)
+    every = listed_digests(root)
+    assert check_release(root, subjects=every, source="L", every_file=True).root == root  # the control
+    more = {**every, "zz.bin": "2" * 64, "extra/a.bin": "3" * 64}
+    assert _err(lambda: check_release(root, subjects=more, source="L", every_file=True), VerificationError) == \
+        f"{root / 'extra/a.bin'}: the L lists sha256 {'3' * 64} and the manifest None"

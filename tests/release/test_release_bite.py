@@ -2030,3 +2030,9 @@ def test_a_list_of_every_file_naming_one_the_release_lacks_is_refused_by_its_fir
     more = {**every, "zz.bin": "2" * 64, "extra/a.bin": "3" * 64}
     assert _err(lambda: check_release(root, subjects=more, source="L", every_file=True), VerificationError) == \
         f"{root / 'extra/a.bin'}: the L lists sha256 {'3' * 64} and the manifest None"
+
+
+def test_an_index_shard_of_another_format_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    path = _rewrite_shard(root, 1, lambda doc: doc.update(format="something-else"))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == f"{path}: not a kvgraft index shard"

@@ -2036,3 +2036,16 @@ def test_an_index_shard_of_another_format_is_refused_by_name(indexed: Path, tmp_
     root = Path(shutil.copytree(indexed, tmp_path / "rel"))
     path = _rewrite_shard(root, 1, lambda doc: doc.update(format="something-else"))
     assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == f"{path}: not a kvgraft index shard"
+
+
+def test_a_signed_manifest_above_the_limit_is_refused_as_a_manifest(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest whose signature was checked is bounded by MAX_MANIFEST_BYTES alone (lowered here), and named as a
+    manifest (not as an unsigned one, with its ratio); the control: the bound it fits."""
+    from kvgraft.release import format as release_format
+
+    size, subjects = (rel / MANIFEST).stat().st_size, listed_digests(rel)
+    monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size)
+    assert check_release(rel, subjects=subjects, signed=True).manifest_size == size  # the control
+    monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size - 1)
+    assert _err(lambda: check_release(rel, subjects=subjects, signed=True), InputError) == \
+        f"{rel / MANIFEST}: {size} bytes exceeds the {size - 1}-byte limit for a manifest"

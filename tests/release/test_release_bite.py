@@ -2049,3 +2049,23 @@ def test_a_signed_manifest_above_the_limit_is_refused_as_a_manifest(rel: Path, m
     monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size - 1)
     assert _err(lambda: check_release(rel, subjects=subjects, signed=True), InputError) == \
         f"{rel / MANIFEST}: {size} bytes exceeds the {size - 1}-byte limit for a manifest"
+
+
+def test_a_layer_naming_a_keys_tensor_its_entry_lacks_is_refused(rel: Path) -> None:
+    e = _m(rel)["entries"][2]
+    assert Release.open(rel).entry(e["id"])["layers"][0]["keys"] == "layer.0.keys"  # the control
+    rewrite.manifest(rel, lambda m: m["entries"][2]["layers"][0].update(keys="layer.0.keyz"))
+    assert _err(lambda: Release.open(rel), InputError) == \
+        f"{rel / MANIFEST}: entry {e['id']!r} layer 0: tensor 'layer.0.keyz' is not listed"
+
+
+def test_a_safetensors_header_entry_of_other_fields_is_refused_naming_its_tensor(tmp_path: Path) -> None:
+    """Each tensor's header entry has exactly dtype, shape and data_offsets: one more field, one fewer, or not an
+    object is refused by the tensor's name; the control: the same tensor as written."""
+    from kvgraft.release import safetensors_header as stfile
+
+    t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    assert list(stfile.read_header(_header_file(tmp_path / "good", {"a": t}, 8))[0]) == ["a"]
+    for i, entry in enumerate(({**t, "extra": 1}, {k: v for k, v in t.items() if k != "shape"}, [0, 8])):
+        path = _header_file(tmp_path / f"bad{i}", {"a": t, "b": entry}, 16)
+        assert _err(lambda p=path: stfile.read_header(p), InputError) == f"{path}: tensor 'b': malformed header entry"

@@ -2069,3 +2069,22 @@ def test_a_safetensors_header_entry_of_other_fields_is_refused_naming_its_tensor
     for i, entry in enumerate(({**t, "extra": 1}, {k: v for k, v in t.items() if k != "shape"}, [0, 8])):
         path = _header_file(tmp_path / f"bad{i}", {"a": t, "b": entry}, 16)
         assert _err(lambda p=path: stfile.read_header(p), InputError) == f"{path}: tensor 'b': malformed header entry"
+
+
+def test_an_index_shard_that_grows_while_it_is_read_is_refused_naming_both_sizes(indexed: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard's size is checked when it is opened and again on what was read (one byte more is asked for):
+    a shard that grew in between (here the read made to return one byte more) is refused with both sizes."""
+    from kvgraft._internal import jsonio
+    from kvgraft.release import index as release_index
+
+    path = indexed / release_index.shard_name(1)
+    size = path.stat().st_size
+    real = jsonio.read_fd_bounded
+
+    def grown(fd: int, limit: int) -> bytes:
+        return real(fd, limit) + b" "
+
+    monkeypatch.setattr(jsonio, "read_fd_bounded", grown)
+    assert _err(lambda: Release.open(indexed).entry("rec-001"), IntegrityError) == \
+        f"{path}: index shard 1: {size + 1} bytes, the manifest says {size} (grown) (changed while it was read)"

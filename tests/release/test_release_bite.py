@@ -2088,3 +2088,28 @@ def test_an_index_shard_that_grows_while_it_is_read_is_refused_naming_both_sizes
     monkeypatch.setattr(jsonio, "read_fd_bounded", grown)
     assert _err(lambda: Release.open(indexed).entry("rec-001"), IntegrityError) == \
         f"{path}: index shard 1: {size + 1} bytes, the manifest says {size} (grown) (changed while it was read)"
+
+
+def test_hashing_works_where_the_file_system_refuses_the_read_ahead_advice(rel: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from kvgraft.release.hashing import hash_file
+
+    def refused(*_args: Any) -> None:
+        raise OSError(errno.ESPIPE, "Illegal seek")
+
+    path = rel / E0
+    data = path.read_bytes()
+    monkeypatch.setattr(os, "posix_fadvise", refused)
+    assert hash_file(path) == (sha256_hex(data), len(data))
+
+
+def test_a_truncated_index_shard_is_named_truncated(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    size = shard.stat().st_size
+    os.truncate(shard, size - 1)
+    assert _err(lambda: Release.open(root).entry("rec-001"), IntegrityError) == \
+        f"{shard}: index shard 1: {size - 1} bytes, the manifest says {size} (truncated)"

@@ -2113,3 +2113,15 @@ def test_a_truncated_index_shard_is_named_truncated(indexed: Path, tmp_path: Pat
     os.truncate(shard, size - 1)
     assert _err(lambda: Release.open(root).entry("rec-001"), IntegrityError) == \
         f"{shard}: index shard 1: {size - 1} bytes, the manifest says {size} (truncated)"
+
+
+def test_a_format_2_release_without_a_prefix_index_finds_prefixes_from_its_records(indexed: Path,
+                                                                                   tmp_path: Path) -> None:
+    """The prefix index is optional in a format-2 manifest: without it, lookups use the entries' token ids."""
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    _v2_manifest(root, lambda m: m["index"].pop("prefix"))
+    r = Release.open(root)
+    assert r.index is not None and r.index.prefix_meta is None
+    ids = r.entry("rec-002")["token_ids"]
+    hit = r.longest_prefix(ids)
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 32)

@@ -2125,3 +2125,17 @@ def test_a_format_2_release_without_a_prefix_index_finds_prefixes_from_its_recor
     ids = r.entry("rec-002")["token_ids"]
     hit = r.longest_prefix(ids)
     assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 32)
+
+
+def test_a_range_longer_than_one_read_block_is_read_and_hashed_whole(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range is read a block at a time (the block lowered here to 1 KiB): every block from where the last ended."""
+    from kvgraft.release import hashing
+
+    data = os.urandom(5000)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    monkeypatch.setattr(hashing, "BLOCK", 1024)
+    dest = bytearray(4900)
+    assert hashing.read_and_hash(path, [(100, 5000)], memoryview(dest)) == [sha256_hex(data[100:])]
+    assert bytes(dest) == data[100:]

@@ -2139,3 +2139,11 @@ def test_a_range_longer_than_one_read_block_is_read_and_hashed_whole(tmp_path: P
     dest = bytearray(4900)
     assert hashing.read_and_hash(path, [(100, 5000)], memoryview(dest)) == [sha256_hex(data[100:])]
     assert bytes(dest) == data[100:]
+
+
+def test_a_file_shorter_than_a_safetensors_length_field_is_refused_by_name(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(b"\x01\x00\x00")
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == \
+        f"{path}: not a safetensors file (shorter than 8 bytes)"

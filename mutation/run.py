@@ -66,6 +66,12 @@ PREFIX_TESTS = ["tests/release/test_hostile_round_three_index.py::" + t for t in
     "test_verify_weighs_the_prefix_records_against_the_entries_blocks_before_reading",
     "test_prefix_lookups_hold_pages_of_the_prefix_index_not_the_file", "test_verify_checks_every_prefix_record",
     "test_a_bad_record_met_by_a_lookup_is_an_integrity_error", "test_records_of_the_writer_pass_the_record_checks")]
+# test_index_reads.py's torch-free tests of the index itself (about 1 s of its 20 s here: not its CLI, model or
+# window tests): the shard's token counts against the manifest's, the shard byte bound (sample H).
+INDEX_TESTS = ["tests/release/test_index_reads.py::" + t for t in (
+    "test_a_tampered_token_count_is_caught_when_its_shard_is_read",
+    "test_a_shard_closes_at_its_byte_bound_as_well_as_its_record_count",
+    "test_the_manifest_lists_each_shards_token_counts", "test_a_manifest_without_token_counts_is_read_from_its_shards")]
 GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     "stats": (["kvgraft/generalization/stats.py"], [],
               ["tests/generalization/test_stats.py", "tests/generalization/test_stats_bite.py"], []),
@@ -77,7 +83,7 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     "release": (["kvgraft/release/format.py", "kvgraft/release/index.py", "kvgraft/release/records.py",
                  "kvgraft/release/hashing.py", "kvgraft/release/safetensors_header.py"], [],
                 [*CORE_TESTS, "tests/release/test_hostile_release.py", "tests/release/test_hashing.py",
-                 "tests/release/test_verify_streams.py", *PREFIX_TESTS],
+                 "tests/release/test_verify_streams.py", *PREFIX_TESTS, *INDEX_TESTS],
                 ["-k", NO_TORCH_K]),
     "attest": (["kvgraft/signing/attest.py"], [], [*CORE_TESTS, "tests/signing/test_sigstore_fixtures.py"],
                ["-k", NO_TORCH_K]),

@@ -259,6 +259,8 @@ class Index:
         # record is first asked for (Shard.record): the shard's digest already binds its bytes, and
         # finding one entry then costs one record's checks, not 64.
         used = {entry["file"] for entry in doc["entries"]}
+        if unlisted := sorted(used - set(doc["files"])):
+            raise InputError(f"{path}: {what} does not list files its entries use: {unlisted[:3]}")
         if set(doc["files"]) != used:
             raise InputError(f"{path}: {what} lists files its entries do not use: {sorted(set(doc['files']) - used)[:3]}")
         shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path)

@@ -1593,3 +1593,562 @@ class _RecordingSource:
 
     def fetch_all(self) -> None:
         raise AssertionError("not expected")
+
+
+# ------------------------------------------------------------------ sample H's survivors without a test (#35 item 6)
+
+
+def test_an_entry_file_removed_before_it_is_asked_for_is_named_missing(rel: Path) -> None:
+    r = Release.open(rel)
+    e = _m(rel)["entries"][1]
+    assert r.entry_file(e) == rel / E1  # the control
+    (rel / E1).unlink()
+    assert _err(lambda: r.entry_file(e), IntegrityError) == f"{rel / E1}: entry {e['id']!r}: file is missing"
+
+
+def test_a_format_1_entry_naming_a_file_the_manifest_does_not_list_is_refused_by_name(rel: Path) -> None:
+    assert Release.open(rel).num_entries == 3  # the control
+    eid = _m(rel)["entries"][1]["id"]
+    rewrite.manifest(rel, lambda m: m["entries"][1].update(file="entries/unlisted.safetensors"))
+    assert _err(lambda: Release.open(rel), InputError) == (
+        f"{rel / MANIFEST}: entry {eid!r}: file 'entries/unlisted.safetensors' is not listed in files")
+
+
+def _rewrite_shard(root: Path, k: int, change: Any) -> Path:
+    """Edit index shard `k` of a format-2 release, then what the manifest says of it and the root digest (what
+    an unsigned release's author can publish)."""
+    from kvgraft._internal import jsonio
+    from kvgraft.release import index as release_index
+
+    path = root / release_index.shard_name(k)
+    doc = json.loads(path.read_bytes())
+    change(doc)
+    data = jsonio.canonical(doc)
+    path.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["shards"][k].update(sha256=sha256_hex(data), size=len(data)))
+    return path
+
+
+def test_a_shard_listing_a_file_no_entry_uses_is_refused_naming_the_file(indexed: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    _rewrite_shard(root, 1, lambda doc: None)
+    assert Release.open(root).entry("rec-001")["id"] == "rec-001"  # the control: the shard rewritten as it was
+    unused = {"sha256": "0" * 64, "size": 1}
+    path = _rewrite_shard(root, 1, lambda doc: doc["files"].update({"entries/unused.safetensors": unused}))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == (
+        f"{path}: index shard 1 lists files its entries do not use: ['entries/unused.safetensors']")
+
+
+def test_a_shard_not_listing_files_its_entries_use_is_refused_naming_three(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=5, tokens=2, layers=1, seed=65, format_version=2)
+    names = sorted(e["file"] for e in Release.open(root).iter_entries())
+    path = _rewrite_shard(root, 0, lambda doc: doc["files"].clear())
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == (
+        f"{path}: index shard 0 does not list files its entries use: {names[:3]}")
+
+
+def test_an_unsupported_format_version_names_the_versions_this_kvgraft_reads(rel: Path) -> None:
+    from kvgraft import __version__
+    from kvgraft.errors import FormatVersionError
+    from kvgraft.release.format import FORMAT_VERSIONS
+
+    m = _m(rel)
+    m["format_version"] = 99
+    (rel / MANIFEST).write_text(json.dumps(m))
+    assert _err(lambda: Release.open(rel), FormatVersionError) == (
+        f"{rel / MANIFEST}: format version 99 is not supported; this kvgraft {__version__} reads versions "
+        f"{', '.join(map(str, FORMAT_VERSIONS))}")
+    assert FORMAT_VERSIONS == (1, 2)
+
+
+def test_a_safetensors_header_of_exactly_the_length_limit_is_read_and_one_byte_more_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is inclusive. Shown with the limit lowered to the length of a real header (the real one is
+    100 MiB); a header length above the real limit is refused before anything is read."""
+    import struct
+
+    from kvgraft.release import safetensors_header as stfile
+
+    raw = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4 + b"\0")  # one byte more: room for a longer header
+    monkeypatch.setattr(stfile, "MAX_HEADER_BYTES", len(raw))
+    assert stfile.read_raw_header(path) == (len(raw) + 13, len(raw), raw)
+    path.write_bytes(struct.pack("<Q", len(raw) + 1) + raw + b" " + b"\0" * 4)
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == (
+        f"{path}: safetensors header length {len(raw) + 1} is out of bounds (file is {len(raw) + 13} bytes)")
+    monkeypatch.undo()
+    assert stfile.read_raw_header(path)[1] == len(raw) + 1  # the control: under the real limit it is read
+    path.write_bytes(struct.pack("<Q", stfile.MAX_HEADER_BYTES + 1) + raw)
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == (
+        f"{path}: safetensors header length {stfile.MAX_HEADER_BYTES + 1} is out of bounds "
+        f"(file is {len(raw) + 8} bytes)")
+
+
+def test_a_prefix_index_that_cannot_be_read_is_named_with_the_cause(indexed: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error reading the prefix index, when it is first hashed and when a page is read again, names the
+    file and the errno (IOFailure, exit 7); the control: the same lookups without it."""
+    import errno
+
+    from kvgraft.errors import IOFailure
+    from kvgraft.release import index as release_index
+
+    ids = Release.open(indexed).entry("rec-002")["token_ids"]
+    path = indexed / release_index.PREFIX_FILE
+
+    def eio(_self: Any, _fd: int, _p: int) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    r = Release.open(indexed)
+    hit = r.longest_prefix(ids)
+    assert hit is not None and hit[0]["id"] == "rec-002"  # the control
+    assert r.index is not None
+    pages = r.index.prefix_pages()
+    assert pages is not None
+    read = release_index.PrefixPages._read
+    monkeypatch.setattr(release_index.PrefixPages, "_read", eio)
+    assert _err(lambda: Release.open(indexed).longest_prefix(ids), IOFailure) == \
+        f"{path}: cannot read: Input/output error (EIO)"
+    pages._cache.clear()  # the page a lookup needs is read again
+    assert _err(lambda: r.longest_prefix(ids), IOFailure) == f"{path}: cannot read: Input/output error (EIO)"
+    monkeypatch.setattr(release_index.PrefixPages, "_read", read)
+    hit = r.longest_prefix(ids)
+    assert hit is not None and hit[0]["id"] == "rec-002"
+
+
+def test_an_overwrite_whose_second_rename_fails_puts_the_old_release_back(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the file system cannot swap in one step, the old release is moved aside and the new one renamed
+    into place; if that second rename fails the old release is put back and the write is refused by name."""
+    import errno
+
+    from kvgraft._internal import jsonio
+    from kvgraft.errors import IOFailure
+
+    def cannot(_a: Path, _b: Path) -> None:
+        raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+
+    out = tmp_path / "rel"
+    make_release(out, entries=2, seed=38)
+    first = listed_digests(out)
+    replace = os.replace
+
+    def second_fails(src: Any, dst: Any) -> None:
+        if Path(dst) == out and Path(src).suffix == ".partial":  # the new release into place, not the old one back
+            raise OSError(errno.EIO, "Input/output error", str(dst))
+        replace(src, dst)
+
+    monkeypatch.setattr(jsonio, "exchange", cannot)
+    monkeypatch.setattr(os, "replace", second_fails)
+    assert _err(lambda: make_release(out, entries=3, seed=39, overwrite=True), IOFailure) == \
+        f"{out}: cannot write: Input/output error (EIO)"
+    monkeypatch.undo()
+    assert listed_digests(out) == first and check_release(out).files == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
+
+
+def test_ranges_read_by_the_helper_threads_are_hashed_with_the_rest(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above PARALLEL_MIN_BYTES a helper thread reads ranges beside the calling one: here it reads every range
+    while the caller runs `meanwhile` (which waits for it), and the digests it found are returned in order."""
+    import hashlib
+    import time
+
+    from kvgraft.release import hashing
+
+    data = os.urandom(hashing.PARALLEL_MIN_BYTES + 4096)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    step = len(data) // 8
+    ranges = [(i * step, (i + 1) * step) for i in range(8)]
+    dest = bytearray(8 * step)
+    monkeypatch.setattr(hashing, "cores", lambda: 2)
+
+    def wait_for_the_helper() -> None:
+        deadline = time.monotonic() + 10
+        while dest != data[:8 * step] and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    digests = hashing.read_and_hash(path, ranges, memoryview(dest), meanwhile=wait_for_the_helper)
+    assert bytes(dest) == data[:8 * step]
+    assert digests == [hashlib.sha256(data[a:b]).hexdigest() for a, b in ranges]
+
+
+def test_aborting_a_writer_whose_partial_folder_is_gone_raises_nothing_and_frees_the_release(tmp_path: Path) -> None:
+    from kvgraft.release.format import ReleaseWriter
+
+    out = tmp_path / "rel"
+    w = ReleaseWriter(out)
+    shutil.rmtree(w.tmp)
+    w.abort()
+    make_release(out, entries=1, seed=40)  # the control: the next writer is not locked out
+    assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
+
+
+# ------------------------------------------------------------------ integrity, sample I (seed 8): survivors
+
+
+def test_check_index_checks_the_prefix_records_of_an_indexed_release(indexed: Path, tmp_path: Path) -> None:
+    """`verify --sample`'s pass over the index weighs each prefix record against the blocks its entry holds; the
+    control: the release as written, whose 4 entries of 40 tokens hold 2 blocks each."""
+    import struct
+
+    from kvgraft.release import index as release_index
+    from kvgraft.release.integrity import check_index
+
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    opened = open_release(root).release
+    assert opened.index is not None and opened.index.prefix_meta is not None
+    assert opened.index.prefix_meta["records"] == 8
+    assert check_index(opened) == sum((root / n).stat().st_size for n in opened.index.index_files())
+    prefix = root / release_index.PREFIX_FILE
+    rows = [list(r) for r in release_index.RECORD.iter_unpack(prefix.read_bytes())]
+    rows[0][2] = 3  # three blocks, of an entry that holds two
+    data = b"".join(release_index.RECORD.pack(*r) for r in rows)
+    prefix.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["prefix"].update(sha256=sha256_hex(data)))
+    opened = open_release(root).release
+    assert opened.index is not None
+    eid = opened.index.id_at(rows[0][1])
+    assert _err(lambda: check_index(opened), IntegrityError) == (
+        f"{prefix}: prefix index record 0 (bytes [0, {release_index.RECORD.size})): 3 blocks, entry {eid!r} holds "
+        f"2 blocks of 16 tokens")
+    assert struct.calcsize(release_index.RECORD.format) == release_index.RECORD.size
+
+
+def test_a_changed_entry_file_whose_header_lists_no_tensor_is_named_header_to_its_end(rel: Path) -> None:
+    """A file replaced, at its size, by a safetensors file of no tensors (its header fills it): the region named
+    is the whole file."""
+    import struct
+
+    size = (rel / E1).stat().st_size
+    raw = b"{}" + b" " * (size - 10)
+    (rel / E1).write_bytes(struct.pack("<Q", len(raw)) + raw)
+    sha = sha256_hex((rel / E1).read_bytes())
+    m = _m(rel)
+    want, eid = m["files"][E1]["sha256"], m["entries"][1]["id"]
+    assert _err(lambda: check_release(rel), IntegrityError) == (
+        f"{rel / E1}: sha256 {sha} does not match the manifest ({want}): entry {eid!r}: the safetensors header "
+        f"region [0, {size}) differs (its tensor table no longer matches the manifest)")
+
+
+def test_a_file_that_cannot_be_read_while_it_is_verified_is_named_with_the_cause(rel: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
+    """An I/O error hashing a file (format 1: prefetched; format 2: hashed in the release's pass) names it and the
+    errno; the control: the same releases verify."""
+    import errno
+
+    from kvgraft.errors import IOFailure
+    from kvgraft.release import hashing
+    from kvgraft.release import integrity as release_integrity
+
+    v2 = tmp_path / "v2"
+    make_release(v2, entries=2, seed=62, format_version=2)
+    e1 = Release.open(v2).entry("rec-001")["file"]
+    assert check_release(rel).root == rel and check_release(v2).root == v2  # the control
+    bad = {rel / E1, v2 / e1}
+
+    def eio(path: Path, *args: Any) -> tuple[str, int]:
+        if path in bad:
+            raise OSError(errno.EIO, "Input/output error")
+        return hashing.hash_file(path, *args)
+
+    monkeypatch.setattr(release_integrity, "hash_file", eio)
+    for root, name in ((rel, E1), (v2, e1)):
+        assert _err(lambda r=root: check_release(r), IOFailure) == \
+            f"{root / name}: cannot read: Input/output error (EIO)"
+
+
+def test_a_file_that_grows_after_the_folder_was_listed_is_refused_by_its_size(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Format 2 (no prefetch): each file is hashed with the size the release lists, so one that changed size
+    since the folder was checked is refused by its size, not read (and not reported as other bytes)."""
+    from kvgraft.release import integrity as release_integrity
+
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=63, format_version=2)
+    name = Release.open(root).entry("rec-001")["file"]
+    size = (root / name).stat().st_size
+    listing = release_integrity._list
+
+    def then_grow(*args: Any) -> Any:
+        listed = listing(*args)
+        with (root / name).open("ab") as f:
+            f.write(b"\0")
+        return listed
+
+    monkeypatch.setattr(release_integrity, "_list", then_grow)
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / name}: {size + 1} bytes, the manifest says {size} (grown)"
+    monkeypatch.undo()
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{root / name}: entry 'rec-001': {size + 1} bytes, the manifest says {size} (grown)"  # found by the listing
+
+
+def test_names_whose_digests_collide_are_compared_exactly_and_counted(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder's count is compared with the distinct names listed, counted by 64-bit digests; names whose
+    digests collide (here every name: the digest made constant) make the counts differ, and the exact comparison
+    of names then decides, and counts."""
+    from kvgraft.release import integrity as release_integrity
+
+    files = len(_m(rel)["files"])
+    assert check_release(rel).count == 1 + files  # the control
+    monkeypatch.setattr(release_integrity, "_name_key", lambda name: 7)
+    assert check_release(rel).count == 1 + files
+    (rel / "notes.txt").write_text("x")
+    assert _err(lambda: check_release(rel), IntegrityError) == \
+        f"{rel}: files differ from the manifest: not part of the release: notes.txt"
+
+
+# ------------------------------------------------------------------ release, sample I (seed 8): survivors
+
+
+def test_a_destination_buffer_smaller_than_the_ranges_is_refused_before_any_read(tmp_path: Path) -> None:
+    from kvgraft.release.hashing import read_and_hash
+
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 20)
+    dest = bytearray(15)
+    assert _err(lambda: read_and_hash(path, [(0, 10), (10, 20)], memoryview(dest)), ValueError) == \
+        "destination buffer too small"
+    assert dest == bytearray(15)  # nothing read: the ranges are weighed first
+    assert read_and_hash(path, [(0, 10), (10, 15)], memoryview(dest)) == [sha256_hex(b"x" * 10), sha256_hex(b"x" * 5)]
+
+
+def test_an_unknown_entry_id_is_named_with_the_first_ten_ids(tmp_path: Path) -> None:
+    root = tmp_path / "rel"
+    make_release(root, entries=12, tokens=2, layers=1, seed=64)
+    ids = Release.open(root).entry_ids()
+    assert len(ids) == 12
+    assert _err(lambda: Release.open(root).entry("nope"), InputError) == \
+        f"{root}: no entry 'nope' (entries: {', '.join(ids[:10])})"
+
+
+def test_records_asked_out_of_order_read_each_shard_once_in_release_order(indexed: Path) -> None:
+    r = Release.open(indexed)
+    assert r.index is not None
+    got = r.records(["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"])
+    assert [e["id"] for e in got] == ["rec-003", "rec-001", "rec-002", "rec-000", "rec-003"]
+    assert r.index.shards_read == [0, 1, 2, 3]
+
+
+def test_a_grown_prefix_index_is_refused_by_verify_naming_its_size(indexed: Path, tmp_path: Path) -> None:
+    """A file of the release that no entry uses (format 2: the prefix index) of another size is named by its size
+    alone, with no entry; the control: the release intact."""
+    from kvgraft.release import index as release_index
+
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    assert check_release(root).root == root  # the control
+    prefix = root / release_index.PREFIX_FILE
+    size = prefix.stat().st_size
+    with prefix.open("ab") as f:
+        f.write(b"\0")
+    assert _err(lambda: check_release(root), IntegrityError) == \
+        f"{prefix}: {size + 1} bytes, the manifest says {size} (grown)"
+
+
+def test_a_release_reached_through_a_link_is_read_again_when_the_folder_behind_it_is_replaced(
+        rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What tells one folder from the next is the folder a link leads to, not the link (which stays as it was)."""
+    from kvgraft.release import integrity
+    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
+    link = tmp_path / "current"
+    link.symlink_to(rel, target_is_directory=True)
+    real = integrity._check_release
+    calls: list[int] = []
+
+    def replaced_while_read(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the folder behind the link is replaced during the first read
+            shutil.move(rel, tmp_path / "old")
+            shutil.move(intact, rel)
+            raise IntegrityError(f"{root}: read across a replace")
+        return real(root, **options)
+
+    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    assert check_release(link).root == link and len(calls) == 2
+
+
+def test_an_index_shard_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
+    from kvgraft.release import sources
+    asked: list[tuple[Any, ...]] = []
+
+    r = Release.open(indexed)
+    assert r.index is not None
+    meta = r.index.shards[1]
+    sources.register(indexed, _RecordingSource(asked))
+    try:
+        assert r.entry("rec-001")["id"] == "rec-001"
+    finally:
+        sources.unregister(indexed)
+    assert asked == [(meta["file"], meta["sha256"], meta["size"], "index shard 1", None)]
+
+
+def test_an_index_shard_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    shutil.copy(shard, tmp_path / "elsewhere.json")
+    shard.unlink()
+    shard.symlink_to(tmp_path / "elsewhere.json")
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == \
+        f"{shard}: index shard 1 is a symlink; releases may not contain links"
+
+
+def test_an_index_shard_that_is_not_json_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    data = b"{not json"
+    shard.write_bytes(data)
+    _v2_manifest(root, lambda m: m["index"]["shards"][1].update(sha256=sha256_hex(data), size=len(data)))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError).startswith(f"{shard}: invalid JSON")
+
+
+def test_a_record_handed_out_again_by_its_shard_is_not_checked_again(indexed: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft.release import index as release_index
+    checks: list[str] = []
+    real = release_index.check_entry_record
+
+    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
+        checks.append(entry["id"])
+        real(where, entry, files)
+
+    monkeypatch.setattr(release_index, "check_entry_record", counted)
+    r = Release.open(indexed)
+    assert r.index is not None
+    shard = r.index.shard(2)
+    assert shard.record("rec-002") is shard.record("rec-002") and checks == ["rec-002"]
+
+
+def test_a_list_of_every_file_naming_one_the_release_lacks_is_refused_by_its_first_name(tmp_path: Path) -> None:
+    """A list that names every file (an OMS list, `every_file`), not taken as naming files beside the release: a
+    name beyond the release's files is refused, the first of them named; the control: the list as it is."""
+    root = tmp_path / "rel"
+    make_release(root, entries=2, seed=66, format_version=2)
+    every = listed_digests(root)
+    assert check_release(root, subjects=every, source="L", every_file=True).root == root  # the control
+    more = {**every, "zz.bin": "2" * 64, "extra/a.bin": "3" * 64}
+    assert _err(lambda: check_release(root, subjects=more, source="L", every_file=True), VerificationError) == \
+        f"{root / 'extra/a.bin'}: the L lists sha256 {'3' * 64} and the manifest None"
+
+
+def test_an_index_shard_of_another_format_is_refused_by_name(indexed: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    path = _rewrite_shard(root, 1, lambda doc: doc.update(format="something-else"))
+    assert _err(lambda: Release.open(root).entry("rec-001"), InputError) == f"{path}: not a kvgraft index shard"
+
+
+def test_a_signed_manifest_above_the_limit_is_refused_as_a_manifest(rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest whose signature was checked is bounded by MAX_MANIFEST_BYTES alone (lowered here), and named as a
+    manifest (not as an unsigned one, with its ratio); the control: the bound it fits."""
+    from kvgraft.release import format as release_format
+
+    size, subjects = (rel / MANIFEST).stat().st_size, listed_digests(rel)
+    monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size)
+    assert check_release(rel, subjects=subjects, signed=True).manifest_size == size  # the control
+    monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size - 1)
+    assert _err(lambda: check_release(rel, subjects=subjects, signed=True), InputError) == \
+        f"{rel / MANIFEST}: {size} bytes exceeds the {size - 1}-byte limit for a manifest"
+
+
+def test_a_layer_naming_a_keys_tensor_its_entry_lacks_is_refused(rel: Path) -> None:
+    e = _m(rel)["entries"][2]
+    assert Release.open(rel).entry(e["id"])["layers"][0]["keys"] == "layer.0.keys"  # the control
+    rewrite.manifest(rel, lambda m: m["entries"][2]["layers"][0].update(keys="layer.0.keyz"))
+    assert _err(lambda: Release.open(rel), InputError) == \
+        f"{rel / MANIFEST}: entry {e['id']!r} layer 0: tensor 'layer.0.keyz' is not listed"
+
+
+def test_a_safetensors_header_entry_of_other_fields_is_refused_naming_its_tensor(tmp_path: Path) -> None:
+    """Each tensor's header entry has exactly dtype, shape and data_offsets: one more field, one fewer, or not an
+    object is refused by the tensor's name; the control: the same tensor as written."""
+    from kvgraft.release import safetensors_header as stfile
+
+    t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    assert list(stfile.read_header(_header_file(tmp_path / "good", {"a": t}, 8))[0]) == ["a"]
+    for i, entry in enumerate(({**t, "extra": 1}, {k: v for k, v in t.items() if k != "shape"}, [0, 8])):
+        path = _header_file(tmp_path / f"bad{i}", {"a": t, "b": entry}, 16)
+        assert _err(lambda p=path: stfile.read_header(p), InputError) == f"{path}: tensor 'b': malformed header entry"
+
+
+def test_an_index_shard_that_grows_while_it_is_read_is_refused_naming_both_sizes(indexed: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard's size is checked when it is opened and again on what was read (one byte more is asked for):
+    a shard that grew in between (here the read made to return one byte more) is refused with both sizes."""
+    from kvgraft._internal import jsonio
+    from kvgraft.release import index as release_index
+
+    path = indexed / release_index.shard_name(1)
+    size = path.stat().st_size
+    real = jsonio.read_fd_bounded
+
+    def grown(fd: int, limit: int) -> bytes:
+        return real(fd, limit) + b" "
+
+    monkeypatch.setattr(jsonio, "read_fd_bounded", grown)
+    assert _err(lambda: Release.open(indexed).entry("rec-001"), IntegrityError) == \
+        f"{path}: index shard 1: {size + 1} bytes, the manifest says {size} (grown) (changed while it was read)"
+
+
+def test_hashing_works_where_the_file_system_refuses_the_read_ahead_advice(rel: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from kvgraft.release.hashing import hash_file
+
+    def refused(*_args: Any) -> None:
+        raise OSError(errno.ESPIPE, "Illegal seek")
+
+    path = rel / E0
+    data = path.read_bytes()
+    monkeypatch.setattr(os, "posix_fadvise", refused)
+    assert hash_file(path) == (sha256_hex(data), len(data))
+
+
+def test_a_truncated_index_shard_is_named_truncated(indexed: Path, tmp_path: Path) -> None:
+    from kvgraft.release import index as release_index
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    shard = root / release_index.shard_name(1)
+    size = shard.stat().st_size
+    os.truncate(shard, size - 1)
+    assert _err(lambda: Release.open(root).entry("rec-001"), IntegrityError) == \
+        f"{shard}: index shard 1: {size - 1} bytes, the manifest says {size} (truncated)"
+
+
+def test_a_format_2_release_without_a_prefix_index_finds_prefixes_from_its_records(indexed: Path,
+                                                                                   tmp_path: Path) -> None:
+    """The prefix index is optional in a format-2 manifest: without it, lookups use the entries' token ids."""
+    root = Path(shutil.copytree(indexed, tmp_path / "rel"))
+    _v2_manifest(root, lambda m: m["index"].pop("prefix"))
+    r = Release.open(root)
+    assert r.index is not None and r.index.prefix_meta is None
+    ids = r.entry("rec-002")["token_ids"]
+    hit = r.longest_prefix(ids)
+    assert hit is not None and (hit[0]["id"], hit[1]) == ("rec-002", 32)
+
+
+def test_a_range_longer_than_one_read_block_is_read_and_hashed_whole(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range is read a block at a time (the block lowered here to 1 KiB): every block from where the last ended."""
+    from kvgraft.release import hashing
+
+    data = os.urandom(5000)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    monkeypatch.setattr(hashing, "BLOCK", 1024)
+    dest = bytearray(4900)
+    assert hashing.read_and_hash(path, [(100, 5000)], memoryview(dest)) == [sha256_hex(data[100:])]
+    assert bytes(dest) == data[100:]
+
+
+def test_a_file_shorter_than_a_safetensors_length_field_is_refused_by_name(tmp_path: Path) -> None:
+    from kvgraft.release import safetensors_header as stfile
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(b"\x01\x00\x00")
+    assert _err(lambda: stfile.read_raw_header(path), InputError) == \
+        f"{path}: not a safetensors file (shorter than 8 bytes)"

@@ -201,7 +201,7 @@ def test_inject_campaign_counts_strace_lines_and_says_when_strace_is_missing(
 def test_inject_campaign_keygen_enospc_sweep() -> None:
     out = _ok(_run(["-m", "bench.inject_campaign", "--only", "keygen", "--errno", "ENOSPC"], 120))
     rows = _inject_rows("keygen --overwrite", out)
-    assert [(r[1], r[2]) for r in rows] == [(c, "ENOSPC") for c in ("write", "fsync", "rename", "open")], out
+    assert [(r[1], r[2]) for r in rows] == [(c, "ENOSPC") for c in ("write", "fsync", "rename", "open", "pyopen")], out
     for row in rows:
         runs, exit_io, exit_ok, previous, new, absent, violations = map(int, row[3:])
         assert runs >= 1 and violations == 0, row  # each class was called, and every injected call was survived

@@ -65,6 +65,13 @@ class Row:
     new: int = 0
     absent: int = 0  # no output at all, where the command removes the previous one on purpose (report)
     violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # runs in an admitted state (LEFT), counted as "new"
+
+
+# A capture whose replaced release could not be removed after the swap (the failure came after the new release
+# was in place): exit 0, a warning naming the hidden folder that holds it, which the next writer clears
+# (tests/release/test_nothing_lost.py). Admitted with the warning only; without it, a violation.
+LEFT = "new, the replaced release left beside it"
 
 
 @dataclass
@@ -80,6 +87,7 @@ class Scenario:
     paths: Callable[[], list[Path]] | None = None
     folder: Path | None = None
     codes: tuple[str, ...] = ERRNOS  # the errnos injected unless --errno says
+    skip: Path | None = None  # under `folder`, where pyopen does not count (what another scenario sweeps)
 
 
 def traced(args: list[str], syscalls: str, inject: str | None = None,
@@ -93,11 +101,12 @@ def traced(args: list[str], syscalls: str, inject: str | None = None,
     return subprocess.run([*cmd, *KVGRAFT, *args], env=_env(), capture_output=True, check=False)
 
 
-def hooked(args: list[str], folder: Path, n: int, code: str, log: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    """kvgraft with the Nth open under `folder` failed by bench/fail_open.py's audit hook (0: none)."""
-    own = [str(folder), str(n), code, *(["--log", str(log)] if log else [])]
-    return subprocess.run([sys.executable, "-m", "bench.fail_open", *own, "--", *args], env=_env(), capture_output=True,
-                          check=False)
+def hooked(world: Scenario, n: int, code: str, log: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    """kvgraft with the Nth open under the world's folder failed by bench/fail_open.py's audit hook (0: none)."""
+    own = [str(world.folder), str(n), code, *(["--log", str(log)] if log else []),
+           *(["--skip", str(world.skip)] if world.skip else [])]
+    return subprocess.run([sys.executable, "-m", "bench.fail_open", *own, "--", *world.args()], env=_env(),
+                          capture_output=True, check=False)
 
 
 def counts(world: Scenario) -> Counter[str]:
@@ -112,7 +121,7 @@ def counts(world: Scenario) -> Counter[str]:
     if world.folder:
         world.reset()
         with tempfile.TemporaryDirectory() as tmp:
-            done = hooked(world.args(), world.folder, 0, "EIO", Path(tmp) / "opens")
+            done = hooked(world, 0, "EIO", Path(tmp) / "opens")
             opens = (Path(tmp) / "opens").read_text().splitlines()
         if done.returncode:
             raise RuntimeError(f"{world.name}: the counting run failed: {done.stderr.decode()[-400:]}")
@@ -148,8 +157,7 @@ def sweep(worlds: list[Scenario], codes: tuple[str, ...], classes: tuple[str, ..
         try:
             world.reset()
             if cls == HOOKED:
-                assert world.folder
-                done = hooked(world.args(), world.folder, n, code)
+                done = hooked(world, n, code)
             else:
                 only = world.paths() if world.paths and cls in RESTRICTED else ()
                 done = traced(world.args(), CLASSES[cls], f"error={code}:when={n}", only)
@@ -166,10 +174,13 @@ def sweep(worlds: list[Scenario], codes: tuple[str, ...], classes: tuple[str, ..
             for n, future in enumerate(futures, 1):
                 returncode, err, now = future.result()
                 row.runs += 1
+                where = f"{cls} #{n} {code}: exit {returncode}"
+                if now == LEFT and returncode == 0 and any(line.startswith("kvgraft: warning:") for line in err):
+                    now = "new"  # admitted: the replaced release could not be removed, and the warning names it
+                    row.notes.append(f"{where}: {err[-1][:300]}")
                 row.previous += now == "previous"
                 row.new += now == "new"
                 row.absent += now == "absent"
-                where = f"{cls} #{n} {code}: exit {returncode}"
                 if now not in ("previous", "new", "absent"):
                     row.violations.append(f"{where}: {now}")
                 elif returncode == 0:
@@ -273,9 +284,12 @@ def capture(work: Path) -> Scenario:
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         leftovers = [n for n in out.iterdir() if n.name.startswith(".rel.")]
-        if leftovers:
-            return f"left beside it: {[n.name for n in leftovers]}"
-        return "previous" if jsonio.load_file(rel / "manifest.json")["root_digest"] == before else "new"
+        now = "previous" if jsonio.load_file(rel / "manifest.json")["root_digest"] == before else "new"
+        if leftovers and now == "new" and all(n.name.endswith(".partial") and (n / "manifest.json").is_file()
+                                              and jsonio.load_file(n / "manifest.json")["root_digest"] == before
+                                              for n in leftovers):
+            return LEFT
+        return f"left beside it: {[n.name for n in leftovers]}" if leftovers else now
 
     def paths() -> list[Path]:
         return [out, rel, out / ".rel.lock", *sorted(rel.iterdir())]
@@ -360,8 +374,9 @@ key = "{key}"
         inside = {*(p.name for p in rel.iterdir()), *(f".{n}.lock" for n in ("release.sigstore.json", "model.sig"))}
         return [out, *(out / n for n in sorted(names)), *(rel / n for n in sorted(inside))]
 
+    # pyopen: the report's own files; the release's opens inside (its re-signing) are sign's, swept there
     return Scenario("audit run (report)", lambda: ["audit", "run", str(new_plan), "-q"], state, reset, paths, out,
-                    ("EIO",))
+                    ("EIO",), out / "release")
 
 
 SCENARIOS = {"sign": sign, "keygen": keygen, "capture": capture, "report": report}
@@ -396,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for v in r.violations[:3]:
             print(f"{r.scenario}: {v}")
+        for note in r.notes:
+            print(f"{r.scenario}: admitted: {note}")
     return 1 if any(r.violations for r in rows) else 0
 
 

@@ -58,3 +58,13 @@ def test_fails_exactly_the_nth_open_under_the_folder(tmp_path: Path, nth: int) -
             assert step[1] in ("a.txt", "b.txt", "d.txt") or step[1].startswith(".c."), steps
     assert (folder / "a.txt").exists() == (nth != 1)  # the open never reached the kernel
     assert len([p for p in folder.iterdir() if p.name.startswith(".c.")]) == (nth != 3)  # the failed open made none
+
+
+def test_skip_leaves_a_subfolder_uncounted(tmp_path: Path) -> None:
+    child = ("import sys; from bench.fail_open import install; seen = []; install(sys.argv[1], 1, 28, seen, sys.argv[2])\n"
+             "open(sys.argv[2] + '/x', 'w').close(); print(len(seen))\n"
+             "try:\n    open(sys.argv[1] + '/y', 'w')\nexcept OSError as exc:\n    print(exc.errno, exc.filename)")
+    (tmp_path / "sub").mkdir()
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path), str(tmp_path / "sub")], env={
+        **os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split("\n")[:2] == ["0", f"28 {tmp_path / 'y'}"], done  # the first open counted is failed

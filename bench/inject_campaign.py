@@ -109,16 +109,17 @@ def hooked(world: Scenario, n: int, code: str, log: Path | None = None) -> subpr
                           capture_output=True, check=False)
 
 
-def counts(world: Scenario) -> Counter[str]:
-    """How many calls of each class a complete run makes (strace's lines on stderr); of the restricted
-    classes, those on the world's paths; of `pyopen`, the opens under its folder."""
-    free = ",".join(v for k, v in CLASSES.items() if k not in RESTRICTED and v)
-    found = count_calls(traced(world.args(), free).stderr.decode(errors="replace"))
-    if world.paths:
+def counts(world: Scenario, classes: list[str]) -> Counter[str]:
+    """How many calls of each of `classes` a complete run makes (strace's lines on stderr); of the restricted
+    classes, those on the world's paths; of `pyopen`, the opens under its folder. (A traced run per kind.)"""
+    found: Counter[str] = Counter()
+    if free := ",".join(CLASSES[k] for k in classes if k not in RESTRICTED and k != HOOKED):
+        found += count_calls(traced(world.args(), free).stderr.decode(errors="replace"))
+    if world.paths and RESTRICTED & set(classes):
         only = ",".join(CLASSES[k] for k in RESTRICTED)
         world.reset()
         found += count_calls(traced(world.args(), only, paths=world.paths()).stderr.decode(errors="replace"))
-    if world.folder:
+    if world.folder and HOOKED in classes:
         world.reset()
         with tempfile.TemporaryDirectory() as tmp:
             done = hooked(world, 0, "EIO", Path(tmp) / "opens")
@@ -147,10 +148,10 @@ def sweep(worlds: list[Scenario], codes: tuple[str, ...], classes: tuple[str, ..
     first, free = worlds[0], queue.Queue[Scenario]()
     for world in worlds:
         free.put(world)
-    first.reset()
-    total = counts(first)
     chosen = [c for c in CLASSES if c in classes and (c != HOOKED or first.folder)
               and (c not in RESTRICTED or first.paths)]
+    first.reset()
+    total = counts(first, chosen)
 
     def one(cls: str, code: str, n: int) -> tuple[int, list[str], str]:
         world = free.get()

@@ -9,12 +9,13 @@
 strace's syscall fault injection (`strace -f -e inject=write:error=ENOSPC:when=N`) fails the Nth call of
 one syscall class; the classes' counts come from one traced complete run. Opens are counted and failed only
 where they name the output's folder, final names or lock files (`strace -P PATH`, which restricts both the
-tracing and the injection to calls on PATH; sign, keygen and report). `pyopen` reaches the opens -P cannot
+tracing and the injection to calls on PATH; sign, keygen, capture and report). `pyopen` reaches the opens -P cannot
 name (mkstemp's random names, capture's hidden partial folder): a Python audit hook (bench/fail_open.py) fails
 the Nth open whose path lies under the output's folder, at the Python layer. Each injected run must end in
 one of two ways: exit 7 (EXIT_IO) with exactly one stderr line naming the cause's errno and no traceback,
 the previous artifact intact; or exit 0 with the new artifact complete (a failure after it was in place,
-such as its folder's flush, is a warning). Anything else is a violation. Exit 1 when there is one.
+such as its folder's flush, is a warning). Anything else is a violation (but for one admitted state, LEFT,
+listed below the table). Exit 1 when there is one.
 
 `report`: `audit run` of a plan that re-signs an existing release (a fixed key: another than the previous
 run's) and runs the verify check only, the cheapest plan that writes a signed report (it still loads the

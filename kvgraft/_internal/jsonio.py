@@ -400,7 +400,8 @@ def check_writable(path: Path) -> None:
     """Refuse an output that cannot be written (InputError, exit 2) before the work that would make it: a
     model load, a release's hashing. The folder it is created in (its nearest existing ancestor: writers
     create the rest) must take a new file; probed by making an unnamed temporary file there (O_TMPFILE,
-    else a named one removed at once), so a read-only filesystem or a missing permission says so now."""
+    else a named one removed at once), so a read-only filesystem or a missing permission says so now; a probe
+    the system fails (ENOSPC, EDQUOT, EIO) is IOFailure, exit 7, as the write would be."""
     path = Path(path)
     folder = path.parent
     while stat_or_none(folder, follow=True) is None and folder != folder.parent:
@@ -411,6 +412,8 @@ def check_writable(path: Path) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
+        if exc.errno in READ_ERRNOS:  # the system refused it (a full disk, a quota, the device): a refused write
+            raise io_failure(path, OSError(exc.errno, exc.strerror)) from None
         raise InputError(f"{path}: cannot write it: {exc.strerror or exc} ({folder})") from None
 
 

@@ -300,3 +300,24 @@ def test_a_keygen_whose_public_key_write_is_refused_keeps_the_previous_pair(
     monkeypatch.undo()
     assert (private.read_bytes(), public.read_bytes()) == old and _names(tmp_path) == ["k.key.pem", "k.pub.pem"]
     assert private.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EDQUOT])
+def test_a_writability_probe_the_system_fails_is_exit_7_not_unusable_input(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """check_writable's probe (an unnamed temp file, else a named one) refused by a full disk, a failing device or
+    a quota (no inode left: both opens fail) is a refused write, exit 7 naming the errno; a read-only folder or a
+    missing permission stays unusable input, exit 2 (test above). Was exit 2 for every errno (the inject campaign's
+    pyopen fails one open at a time, which TemporaryFile's fallback absorbs: found by reading)."""
+    from typer.testing import CliRunner
+
+    from kvgraft.cli import app
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(jsonio.tempfile, "TemporaryFile", refused)
+    r = CliRunner().invoke(app, ["keygen", "--out", str(tmp_path / "k")])
+    assert r.exit_code == EXIT_IO, r.output
+    assert r.stderr.strip() == f"kvgraft: error: {tmp_path / 'k'}: cannot write: {os.strerror(code)} ({errno.errorcode[code]})"
+    assert _names(tmp_path) == []

@@ -2031,9 +2031,9 @@ def test_a_list_of_every_file_naming_one_the_release_lacks_is_refused_by_its_fir
     root = tmp_path / "rel"
     make_release(root, entries=2, seed=66, format_version=2)
     every = listed_digests(root)
-    assert check_release(root, subjects=every, source="L", every_file=True).root == root  # the control
+    assert check_release(root, Listing(every, "L", every_file=True)).root == root  # the control
     more = {**every, "zz.bin": "2" * 64, "extra/a.bin": "3" * 64}
-    assert _err(lambda: check_release(root, subjects=more, source="L", every_file=True), VerificationError) == \
+    assert _err(lambda: check_release(root, Listing(more, "L", every_file=True)), VerificationError) == \
         f"{root / 'extra/a.bin'}: the L lists sha256 {'3' * 64} and the manifest None"
 
 
@@ -2050,9 +2050,9 @@ def test_a_signed_manifest_above_the_limit_is_refused_as_a_manifest(rel: Path, m
 
     size, subjects = (rel / MANIFEST).stat().st_size, listed_digests(rel)
     monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size)
-    assert check_release(rel, subjects=subjects, signed=True).manifest_size == size  # the control
+    assert check_release(rel, Listing(subjects, "statement", vouched=True)).manifest_size == size  # the control
     monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", size - 1)
-    assert _err(lambda: check_release(rel, subjects=subjects, signed=True), InputError) == \
+    assert _err(lambda: check_release(rel, Listing(subjects, "statement", vouched=True)), InputError) == \
         f"{rel / MANIFEST}: {size} bytes exceeds the {size - 1}-byte limit for a manifest"
 
 

@@ -72,6 +72,10 @@ def test_override_is_recorded_and_gives_consistent(eager_release: Path, tmp_path
     assert "overridden: attn_implementation 'eager' -> 'sdpa'" in result["statements"][-1]
 
 
+# Slow (over a minute: two audits, each measuring the noise bound): `make test-slow`. A consistent verdict that
+# passes --require consistent is test_override_is_recorded_and_gives_consistent's, and that it fails --require exact is
+# recompute.passes' (test_verdict_bite.py), both in `make test`.
+@pytest.mark.slow
 def test_relabelled_sdpa_is_consistent_only_when_required(eager_release: Path, tmp_path: Path) -> None:
     """Eager states with every commitment rewritten to claim sdpa: same computation, other kernel."""
     rel = tmp_path / "relabelled"

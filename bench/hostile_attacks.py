@@ -36,7 +36,7 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import digest_json, sha256_hex
 from kvgraft.release import index as release_index
-from kvgraft.release.format import MANIFEST, entry_digest, root_digest, token_ids_digest
+from kvgraft.release.records import MANIFEST, entry_digest, root_digest, token_ids_digest
 from kvgraft.signing import attest, keys, oms
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 

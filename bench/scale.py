@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvgraft.release.records import token_ids_digest
+
 if TYPE_CHECKING:
     from kvgraft.signing.policy import VerifyPolicy
 
@@ -91,7 +93,7 @@ def build(out: Path, entries: int, layers: int, shape: list[int], dtype: str, bl
     import random
 
     from kvgraft._internal.digest import digest_json
-    from kvgraft.release.format import ReleaseWriter, token_ids_digest
+    from kvgraft.release.format import ReleaseWriter
     from kvgraft.signing import keys, sign
 
     pool = [safetensors_blob(layers, shape, dtype, s) for s in range(blobs)]

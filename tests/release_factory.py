@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from kvgraft._internal.digest import digest_json, sha256_hex
-from kvgraft.release.format import MANIFEST, Release, ReleaseWriter, token_ids_digest
+from kvgraft.release.format import Release, ReleaseWriter
+from kvgraft.release.records import MANIFEST, root_digest, token_ids_digest
 
 
 def fake_header(*, num_layers: int = 2, dtype: str = "float32", spec: str = "synthetic/tiny-test-model") -> dict[str, Any]:
@@ -87,7 +88,7 @@ def as_format_1(root: Path) -> dict[str, Any]:
     import json
     import shutil
 
-    from kvgraft.release.format import MANIFEST, Release, root_digest
+    from kvgraft.release.format import Release
 
     flat = dict(Release.open(root).flat())
     flat.pop("root_digest")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.release.format import entry_digest, root_digest, token_ids_digest
 from kvgraft.release.hashing import hash_file
+from kvgraft.release.records import entry_digest, root_digest, token_ids_digest
 
 
 def _single(rel: Path) -> None:

@@ -19,11 +19,6 @@ from kvgraft import __version__
 from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
 from kvgraft.claims.kinds import KINDS, ClaimsFile, Finding, References, ValueType
-
-# Callers and tests have always found these here; the arithmetic now lives with the kinds that use it.
-from kvgraft.claims.kinds import fmt as fmt
-from kvgraft.claims.kinds import k_of_n as k_of_n
-from kvgraft.claims.kinds import stated_decimals as stated_decimals
 from kvgraft.errors import InputError
 from kvgraft.schema import validate
 

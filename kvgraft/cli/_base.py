@@ -18,8 +18,7 @@ from typer.core import TyperArgument
 from kvgraft import __version__
 from kvgraft._internal.jsonio import WRITE_ERRNOS, io_failure
 from kvgraft.errors import Error
-from kvgraft.render.text import json_text
-from kvgraft.render.text import plain as plain  # re-exported: the CLI prints through it
+from kvgraft.render.text import json_text, plain
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
 # written in a help string may be read as markup (tests/cli/test_help.py renders every one).

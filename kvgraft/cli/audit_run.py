@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import DeviceOpt, audit_app, echo_json, err, exit_with, handled, out, plain
+from kvgraft.cli._base import DeviceOpt, audit_app, echo_json, err, exit_with, handled, out
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
+from kvgraft.render.text import plain
 
 
 @audit_app.command("run")

@@ -16,8 +16,8 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out, plain
-from kvgraft.render.text import fitted, hanging, json_text, kv_lines, natural_width, num
+from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out
+from kvgraft.render.text import fitted, hanging, json_text, kv_lines, natural_width, num, plain
 
 # The narrowest "first words" column worth showing; narrower, the entries are listed as paragraphs.
 MIN_PREVIEW = 16

@@ -24,10 +24,10 @@ from kvgraft.cli._base import (
     handled,
     load_model,
     out,
-    plain,
     say,
 )
 from kvgraft.errors import InputError
+from kvgraft.render.text import plain
 
 
 @app.command()

@@ -43,7 +43,7 @@ from typing import Any, cast
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
 from kvgraft.release import sources
-from kvgraft.release.format import MANIFEST, safe_path
+from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 from kvgraft.signing.verify import VerifiedRelease
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release.format import MANIFEST, safe_path
+from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.policy import VerifyPolicy
 from kvgraft.signing.verify import VerifiedRelease, verified
 
@@ -197,6 +197,3 @@ class Worker:
         result["placement"] = {**self.where, "release_root": str(rel.root),
                                "environment_differences": {k: list(v) for k, v in diffs.items()}}
         return result
-
-    def ping(self) -> int:
-        return os.getpid()

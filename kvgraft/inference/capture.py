@@ -14,7 +14,8 @@ from kvgraft.inference.environment import record as environment
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, decode, layer_map, new_cache, prefill, tokenize
 from kvgraft.inference.tensors import dtype_name, tensor_sha256
-from kvgraft.release.format import ReleaseWriter, new_entry
+from kvgraft.release.format import ReleaseWriter
+from kvgraft.release.records import new_entry
 
 SLIDING_LAYOUTS = ("window", "all")
 

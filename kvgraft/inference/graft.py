@@ -17,8 +17,8 @@ from kvgraft.inference.environment import record as environment
 from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
 from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cache
 from kvgraft.inference.tensors import split_views
-from kvgraft.release.format import tensor_mismatch
 from kvgraft.release.hashing import read_and_hash
+from kvgraft.release.records import tensor_mismatch
 from kvgraft.signing.verify import VerifiedRelease
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvgraft._internal.digest import digest_json, sha256_hex
+from kvgraft._internal.digest import digest_json
 from kvgraft._internal.jsonio import io_failure, load_file
 from kvgraft.errors import InputError
 from kvgraft.release.hashing import pool
@@ -280,4 +280,4 @@ def describe_identity_diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     return ", ".join(parts) or "identity digest"
 
 
-__all__ = ["DEFAULT_MODEL", "Identity", "LoadedModel", "fingerprint", "home", "load", "sha256_hex", "wrap"]
+__all__ = ["DEFAULT_MODEL", "Identity", "LoadedModel", "fingerprint", "home", "load", "wrap"]

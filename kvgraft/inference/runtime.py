@@ -15,7 +15,7 @@ import torch
 from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
 from kvgraft.inference.models import LoadedModel
-from kvgraft.release.format import source_record
+from kvgraft.release.records import source_record
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from kvgraft.inference.runtime import Schedule, encode, every_position_layers, f
 from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
-from kvgraft.release.format import Release, tensor_mismatch
+from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
+from kvgraft.release.records import tensor_mismatch
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:

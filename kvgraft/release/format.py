@@ -28,16 +28,7 @@ from kvgraft.errors import FormatVersionError, InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
-from kvgraft.release.records import MANIFEST as MANIFEST
-from kvgraft.release.records import check_entry_record as check_entry_record
-from kvgraft.release.records import check_relpath as check_relpath
-from kvgraft.release.records import entry_digest as entry_digest
-from kvgraft.release.records import new_entry as new_entry
-from kvgraft.release.records import root_digest as root_digest
-from kvgraft.release.records import safe_path as safe_path
-from kvgraft.release.records import source_record as source_record
-from kvgraft.release.records import tensor_mismatch as tensor_mismatch
-from kvgraft.release.records import token_ids_digest as token_ids_digest
+from kvgraft.release.records import MANIFEST, check_entry_record, entry_digest, root_digest, safe_path
 from kvgraft.schema import CACHE_MANIFEST, CACHE_MANIFEST_V2, validate
 
 if TYPE_CHECKING:

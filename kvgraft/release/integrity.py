@@ -35,16 +35,9 @@ from kvgraft.release import format as release_format
 from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
-from kvgraft.release.format import (
-    MANIFEST,
-    SIDE_FILES,
-    Release,
-    check_commitments,
-    check_relpath,
-    safe_path,
-    tensor_mismatch,
-)
+from kvgraft.release.format import SIDE_FILES, Release, check_commitments
 from kvgraft.release.hashing import hash_file, hash_ranges, pool
+from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
 
 MAX_RELEASE_FILES = 1_000_000
 # What a listing says about a release beyond its file digests, checked against the parsed manifest

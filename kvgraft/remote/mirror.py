@@ -30,16 +30,8 @@ from typing import Any
 from kvgraft import errors
 from kvgraft.errors import InputError
 from kvgraft.release import sources
-from kvgraft.release.format import (
-    MANIFEST,
-    MAX_MANIFEST_BYTES,
-    REPOSITORY_METADATA,
-    SIDE_FILES,
-    Release,
-    check_commitments,
-    load_manifest,
-    safe_path,
-)
+from kvgraft.release.format import MAX_MANIFEST_BYTES, REPOSITORY_METADATA, SIDE_FILES, Release, check_commitments, load_manifest
+from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.remote import hub
 from kvgraft.remote.cache import Cache
 from kvgraft.remote.location import Location

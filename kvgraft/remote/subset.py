@@ -21,7 +21,8 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import integrity, sources
-from kvgraft.release.format import MANIFEST, SIDE_FILES, Release, now_utc, safe_path
+from kvgraft.release.format import SIDE_FILES, Release, now_utc
+from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.remote.transfer import place
 
 SUBSET_NAME = "kvgraft-subset.json"

@@ -15,12 +15,9 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.claims.checker import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
 from kvgraft.errors import InputError
-from kvgraft.generalization.stats import mcnemar_exact, wilson_interval
 from kvgraft.release.format import now_utc
 from kvgraft.schema import validate
 from kvgraft.verdict import CHECK_STATUSES
-
-__all__ = ["mcnemar_exact", "wilson_interval"]
 
 REPORT_SCHEMA = "audit-report.v1.json"
 GENERALIZATION_SCHEMA = "generalization-result.v1.json"

@@ -30,7 +30,8 @@ from typing import Any
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.format import FORMAT, MANIFEST, check_relpath
+from kvgraft.release.format import FORMAT
+from kvgraft.release.records import MANIFEST, check_relpath
 from kvgraft.schema import validate
 from kvgraft.signing.keys import PublicKey, der_fingerprint, key_id
 from kvgraft.signing.keys import verify as key_verify

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
-from kvgraft.release.format import check_relpath
+from kvgraft.release.records import check_relpath
 from kvgraft.signing import attest, keys
 
 OMS_NAME = attest.OMS_NAME

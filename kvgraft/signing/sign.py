@@ -16,10 +16,11 @@ from typing import Any
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError
-from kvgraft.release.format import ENTRIES_DIR, MANIFEST, REPOSITORY_METADATA, check_relpath, safe_path
+from kvgraft.release.format import ENTRIES_DIR, REPOSITORY_METADATA
 from kvgraft.release.hashing import hash_file
 from kvgraft.release.index import INDEX_DIR
 from kvgraft.release.integrity import Beside, check_release
+from kvgraft.release.records import MANIFEST, check_relpath, safe_path
 from kvgraft.signing import oms
 from kvgraft.signing.attest import (
     BUNDLE_NAME,

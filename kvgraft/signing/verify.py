@@ -46,7 +46,7 @@ from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import Error, InputError, VerificationError, shown
 from kvgraft.release import sources
-from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.format import Release
 from kvgraft.release.integrity import (
     Beside,
     CheckedEntry,
@@ -58,6 +58,7 @@ from kvgraft.release.integrity import (
     check_release,
     open_release,
 )
+from kvgraft.release.records import MANIFEST
 from kvgraft.remote import local_root, subset
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy

@@ -56,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
+from kvgraft.release.records import new_entry, source_record, token_ids_digest
 from kvgraft.remote import local_root
 from kvgraft.signing.policy import verify_policy
 from kvgraft.signing.verify import VerifiedRelease, verified
@@ -357,7 +358,7 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         from kvgraft._internal.digest import sha256_hex
         from kvgraft.inference.environment import record
         from kvgraft.inference.runtime import Schedule
-        from kvgraft.release.format import ReleaseWriter, new_entry, source_record, token_ids_digest
+        from kvgraft.release.format import ReleaseWriter
 
         assert self._capture is not None and self._identity is not None
         staged = self._capture / ".staging" / f"{_safe(request.request_id)}"

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgraft.claims import checker as claims
+from kvgraft.claims.kinds import k_of_n, stated_decimals
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.report.document import mcnemar_exact
+from kvgraft.generalization.stats import mcnemar_exact
 from kvgraft.schema import validate
 
 PREPRINT = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
@@ -37,17 +38,17 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_k_of_n_exact_and_not() -> None:
-    assert claims.k_of_n(80.0, 30, 1)["ks"] == [24]
-    assert claims.k_of_n(93.3, 30, 1)["ks"] == [28]
-    info = claims.k_of_n(89.2, 30, 1)
+    assert k_of_n(80.0, 30, 1)["ks"] == [24]
+    assert k_of_n(93.3, 30, 1)["ks"] == [28]
+    info = k_of_n(89.2, 30, 1)
     assert info["ks"] == [] and info["nearest_k"] == 27
     assert info["multi_run"] == {"runs": 4, "k": 107, "n": 120, "percent": pytest.approx(89.1667, abs=1e-4)}
-    anchor = claims.k_of_n(77.5, 30, 1)
+    anchor = k_of_n(77.5, 30, 1)
     assert anchor["ks"] == [] and anchor["nearest_k"] == 23 and anchor["multi_run"]["k"] == 93
     # 2/3 = 66.666..% rounds to 66.7 at one decimal but not to 66.67 at two... and is 66.67 at two decimals.
-    assert claims.k_of_n(66.7, 3, 1)["ks"] == [2]
-    assert claims.k_of_n(66.7, 3, 2)["ks"] == []
-    assert claims.stated_decimals(80.0) == 1 and claims.stated_decimals(6574) == 0 and claims.stated_decimals(0.125) == 3
+    assert k_of_n(66.7, 3, 1)["ks"] == [2]
+    assert k_of_n(66.7, 3, 2)["ks"] == []
+    assert stated_decimals(80.0) == 1 and stated_decimals(6574) == 0 and stated_decimals(0.125) == 3
 
 
 def test_mcnemar_exact_best_case_is_0_125() -> None:

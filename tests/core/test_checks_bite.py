@@ -22,7 +22,8 @@ import pytest
 
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import IntegrityError, VerificationError
-from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST
 from kvgraft.signing import attest, keys, oms, sign
 from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
 from kvgraft.signing.verify import verified, verify_release

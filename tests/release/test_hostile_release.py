@@ -23,7 +23,8 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.inference import capture, graft
 from kvgraft.release import hashing
-from kvgraft.release.format import entry_digest, root_digest
+from kvgraft.release.records import entry_digest, root_digest
+from kvgraft.render.text import plain
 from kvgraft.signing import attest, keys, sign
 from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
 from kvgraft.signing.verify import verified, verify_release
@@ -96,7 +97,7 @@ def test_attacker_names_are_printed_as_plain_text_on_one_line(signed: tuple[Path
 
 
 def test_plain_escapes_control_and_format_characters() -> None:
-    from kvgraft.cli._base import plain
+
 
     assert plain("a\nb\x1b[0m\u202ec d") == "a\\x0ab\\x1b[0m\\u202ec d"
 

@@ -23,7 +23,8 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import index as release_index
 from kvgraft.release import integrity
-from kvgraft.release.format import MANIFEST, Release, root_digest
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST, root_digest
 from kvgraft.signing import keys
 
 from release_factory import make_many, make_release, sign_as

@@ -18,6 +18,7 @@ from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import InputError
 from kvgraft.release import safetensors_header as stfile
+from kvgraft.release.records import root_digest
 from kvgraft.signing import keys, sign
 from kvgraft.signing.verify import verify_release
 
@@ -207,7 +208,7 @@ def test_a_manifest_listing_a_name_longer_than_path_max_under_the_root_is_exit_2
                                                                                  tmp_path: Path) -> None:
     """A release whose own path is just under PATH_MAX, and a name the schema allows that takes it over:
     the symlink check on the way to the file (safe_path) raised ENAMETOOLONG, exit 70."""
-    from kvgraft.release.format import root_digest
+
 
     src, _ = signed
     unsign(src)

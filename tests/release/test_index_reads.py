@@ -26,7 +26,8 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import format as release_format
 from kvgraft.release import index as release_index
-from kvgraft.release.format import MANIFEST, Release, root_digest
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST, root_digest
 from kvgraft.signing.policy import SignatureNotChecked
 from kvgraft.signing.verify import verified, verify_release
 

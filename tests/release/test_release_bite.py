@@ -20,8 +20,9 @@ import pytest
 
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.format import Release
 from kvgraft.release.integrity import Beside, Listing, check_entry, check_release, open_release, release_folder_files
+from kvgraft.release.records import MANIFEST, root_digest
 
 import rewrite
 from release_factory import listed_digests, make_release, release_fixtures
@@ -1390,7 +1391,7 @@ def test_the_record_cache_keeps_the_most_recent_records(indexed: Path, monkeypat
 
 
 def test_token_counts_of_a_manifest_that_lists_none_are_read_from_the_shards(indexed: Path, tmp_path: Path) -> None:
-    from kvgraft.release.format import root_digest
+
     root = Path(shutil.copytree(indexed, tmp_path / "rel"))
     m = _m(root)
     for s in m["index"]["shards"]:
@@ -1552,7 +1553,7 @@ def test_a_manifest_that_is_not_utf8_is_named(rel: Path) -> None:
 
 def test_two_shards_that_name_one_file_are_refused_by_name(indexed: Path, tmp_path: Path) -> None:
     from kvgraft.release import index as release_index
-    from kvgraft.release.format import root_digest
+
     root = Path(shutil.copytree(indexed, tmp_path / "rel"))
     m = _m(root)
     m["index"]["shards"][1]["file"] = name = m["index"]["shards"][0]["file"]

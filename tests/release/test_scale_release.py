@@ -21,7 +21,8 @@ from kvgraft._internal.jsonio import canonical
 from kvgraft.errors import IntegrityError, VerificationError
 from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
-from kvgraft.release.format import MANIFEST, Release, entry_digest, root_digest, token_ids_digest
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST, entry_digest, root_digest, token_ids_digest
 from kvgraft.signing import keys, sign
 from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import verified, verify_release

@@ -17,8 +17,9 @@ import pytest
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import IntegrityError
 from kvgraft.release import integrity
-from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.format import Release
 from kvgraft.release.integrity import Beside, check_release
+from kvgraft.release.records import MANIFEST
 
 from release_factory import make_release
 

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
-from kvgraft.release.format import root_digest
+from kvgraft.release.records import root_digest
 from kvgraft.render.text import plain
 from kvgraft.signing import keys, sign
 

@@ -25,6 +25,7 @@ from kvgraft.audit.render_html import to_html
 from kvgraft.audit.render_report import print_report
 from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
+from kvgraft.generalization.stats import wilson_interval
 from kvgraft.render.terminal import interval_bar
 from kvgraft.render.views import HEAT, heatmap_model
 from kvgraft.report import document as rp
@@ -114,11 +115,11 @@ def test_tampered_reports_are_refused(example: dict[str, Any], tmp_path: Path) -
 
 
 def test_wilson_interval() -> None:
-    lo, hi = rp.wilson_interval(24, 30)
+    lo, hi = wilson_interval(24, 30)
     assert lo == pytest.approx(0.6269, abs=1e-4) and hi == pytest.approx(0.9050, abs=1e-4)
-    assert rp.wilson_interval(0, 10)[0] == 0.0 and rp.wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     with pytest.raises(InputError):
-        rp.wilson_interval(3, 2)
+        wilson_interval(3, 2)
 
 
 def test_heatmap_model(example: dict[str, Any]) -> None:

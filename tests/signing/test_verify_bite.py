@@ -16,7 +16,8 @@ import pytest
 
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
-from kvgraft.release.format import MANIFEST, Release
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST
 from kvgraft.signing import attest, keys, oms, sign
 from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified, verify_release

@@ -22,7 +22,7 @@ from kvgraft._internal import jsonio
 from kvgraft.cli import app
 from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
-from kvgraft.release.format import entry_digest, root_digest
+from kvgraft.release.records import entry_digest, root_digest
 from kvgraft.signing import attest, keys, sign
 from kvgraft.signing.verify import verify_release
 

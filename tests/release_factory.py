@@ -185,3 +185,16 @@ def sign_as(root: Path, private: Path) -> None:
     sig = keys.sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     attest.write_bundle(Path(root), json.dumps(attest.key_bundle(payload, sig, keys.key_id(key))).encode())
     (Path(root) / attest.OMS_NAME).unlink(missing_ok=True)
+
+
+def records_plan(folder: Path, name: str, model: Path | str, texts: list[str], tables: str, probe_tokens: int = 2) -> Path:
+    """`folder`/records.jsonl of `texts` (ids r0, r1, …) and `folder`/plan.toml, an audit plan that captures them with
+    `model` into its release (under `folder`/out) and then runs `tables` (its [checks.*] and [signing] tables)."""
+    import json
+
+    records = folder / "records.jsonl"
+    records.write_text("".join(json.dumps({"id": f"r{i}", "text": text}) + "\n" for i, text in enumerate(texts)))
+    plan = folder / "plan.toml"
+    plan.write_text(f'format = "kvgraft-audit-plan"\nformat_version = 1\nname = "{name}"\nout = "{folder / "out"}"\n'
+                    f'[model]\nspec = "{model}"\n[release]\nrecords = "{records}"\nprobe_tokens = {probe_tokens}\n{tables}')
+    return plan

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from kvgraft import errors
 from kvgraft.cli import app
 
+from release_factory import records_plan
+
 runner = CliRunner()
 CLAIMS = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting-preprint.toml"
 
@@ -19,27 +21,9 @@ CLAIMS = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafting
 @pytest.fixture(scope="module")
 def signed_run(tiny_dir: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    records = out / "records.jsonl"
-    records.write_text("\n".join(json.dumps({"id": f"r{i}", "text": f"Problem {i}: Mia has {i + 3} apples. Answer: {i + 3}"})
-                                  for i in range(3)) + "\n")
-    plan = out / "plan.toml"
-    plan.write_text(f"""
-format = "kvgraft-audit-plan"
-format_version = 1
-name = "tiny"
-out = "{out / 'out'}"
-[model]
-spec = "{tiny_dir('gemma3')}"
-[release]
-records = "{records}"
-probe_tokens = 3
-[checks.verify]
-[checks.recompute]
-[checks.claims]
-file = "{CLAIMS}"
-[signing]
-key = "ephemeral"
-""")
+    texts = [f"Problem {i}: Mia has {i + 3} apples. Answer: {i + 3}" for i in range(3)]
+    tables = f'[checks.verify]\n[checks.recompute]\n[checks.claims]\nfile = "{CLAIMS}"\n[signing]\nkey = "ephemeral"\n'
+    plan = records_plan(out, "tiny", tiny_dir("gemma3"), texts, tables, probe_tokens=3)
     res = runner.invoke(app, ["audit", "run", str(plan), "--quiet"])
     # One reading (avg@4) fits every figure of the preprint and recompute is exact, so the verdict is PASSED.
     assert res.exit_code == errors.EXIT_OK, res.output

@@ -22,12 +22,14 @@ from kvgraft.cli import app
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.render.figures import Face
 
+from release_factory import records_plan
+
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(ctx: Context, settings: dict[str, Any]) -> Ran:
-    n = ctx.release.num_entries
+    n = ctx.release.release.num_entries  # a VerifiedRelease: the release, what was checked
     assert "recompute" not in ctx.results  # the plan names no other check: nothing ran before
     return Ran({"kind": "toy", "entries": n, "word": settings.get("word", "toy")}, f"the toy counted {n} entries",
                ledger={"toy": f"{n} entries counted"})
@@ -75,22 +77,7 @@ def _entry_point(site: Path, monkeypatch: pytest.MonkeyPatch, value: str, name: 
 
 
 def _plan(tmp_path: Path, tiny_dir: Callable[[str], Path], checks: str) -> Path:
-    records = tmp_path / "records.jsonl"
-    records.write_text("\n".join(json.dumps({"id": f"r{i}", "text": f"Problem {i}: {i} + 2 = {i + 2}"})
-                                  for i in range(2)) + "\n")
-    plan = tmp_path / "plan.toml"
-    plan.write_text(f"""
-format = "kvgraft-audit-plan"
-format_version = 1
-name = "toy"
-out = "{tmp_path / 'out'}"
-[model]
-spec = "{tiny_dir('gemma3')}"
-[release]
-records = "{records}"
-probe_tokens = 2
-{checks}
-""")
+    plan = records_plan(tmp_path, "toy", tiny_dir("gemma3"), [f"Problem {i}: {i} + 2 = {i + 2}" for i in range(2)], checks + "\n")
     return plan
 
 

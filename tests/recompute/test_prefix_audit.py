@@ -25,6 +25,7 @@ from kvgraft.signing.policy import SignatureNotChecked
 from kvgraft.signing.verify import verified
 
 import rewrite
+from release_factory import records_plan
 
 runner = CliRunner()
 
@@ -163,31 +164,14 @@ def test_outside_the_prefix_alone_noise_bound_fails_the_release(tiny_lm: Any, tm
 
 def test_audit_run_plan_judges_prefix_grafts(tiny_dir: Any, tmp_path: Path) -> None:
     """`checks.recompute.prefix` in a plan: the report's recompute check carries the prefix grafts."""
-    records = tmp_path / "records.jsonl"
-    records.write_text(json.dumps({"id": "p", "text": _text(50)}) + "\n")
-    plan = tmp_path / "plan.toml"
-    plan.write_text(f"""
-format = "kvgraft-audit-plan"
-format_version = 1
-name = "prefix"
-out = "{tmp_path / 'out'}"
-[model]
-spec = "{tiny_dir('llama')}"
-[release]
-records = "{records}"
-probe_tokens = 0
-[checks.verify]
-[checks.recompute]
-prefix = 16
-[signing]
-key = "ephemeral"
-""")
+    tables = '[checks.verify]\n[checks.recompute]\nprefix = 16\n[signing]\nkey = "ephemeral"\n'
+    plan = records_plan(tmp_path, "prefix", tiny_dir("llama"), [_text(50)], tables, probe_tokens=0)
     res = runner.invoke(app, ["audit", "run", str(plan), "--quiet"])
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     (check,) = [c for c in report["checks"] if c["kind"] == "recompute"]
     (g,) = check["data"]["prefix_grafts"]["entries"]
-    assert g["entry"] == "p" and g["tokens"] == 16 and g["verdict"] == "byte-exact"
+    assert g["entry"] == "r0" and g["tokens"] == 16 and g["verdict"] == "byte-exact"
     assert "Prefix grafts of 16 tokens" in check["summary"]
 
 

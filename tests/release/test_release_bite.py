@@ -1475,19 +1475,7 @@ def test_a_read_across_a_replace_is_read_again_and_any_other_failure_stands(rel:
     either release), at most READS_ACROSS_A_REPLACE times; a failure of a folder left in place is reported
     after one read."""
     from kvgraft.release import integrity
-    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
-    real = integrity._check_release
-    calls: list[int] = []
-
-    def replaced_while_read(root: Path, **options: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:  # the first read meets the old folder, which is then replaced
-            shutil.move(root, tmp_path / "old")
-            shutil.move(intact, root)
-            raise IntegrityError(f"{root}: read across a replace")
-        return real(root, **options)
-
-    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    calls = _replaced_during_the_first_read(rel, tmp_path, monkeypatch)
     assert check_release(rel).root == rel and len(calls) == 2
 
     def always_fails(root: Path, **options: Any) -> Any:
@@ -1954,22 +1942,9 @@ def test_a_grown_prefix_index_is_refused_by_verify_naming_its_size(indexed: Path
 def test_a_release_reached_through_a_link_is_read_again_when_the_folder_behind_it_is_replaced(
         rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What tells one folder from the next is the folder a link leads to, not the link (which stays as it was)."""
-    from kvgraft.release import integrity
-    intact = Path(shutil.copytree(rel, tmp_path / "intact"))
     link = tmp_path / "current"
     link.symlink_to(rel, target_is_directory=True)
-    real = integrity._check_release
-    calls: list[int] = []
-
-    def replaced_while_read(root: Path, **options: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:  # the folder behind the link is replaced during the first read
-            shutil.move(rel, tmp_path / "old")
-            shutil.move(intact, rel)
-            raise IntegrityError(f"{root}: read across a replace")
-        return real(root, **options)
-
-    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    calls = _replaced_during_the_first_read(rel, tmp_path, monkeypatch)  # the folder behind the link
     assert check_release(link).root == link and len(calls) == 2
 
 
@@ -2153,3 +2128,23 @@ def test_a_file_shorter_than_a_safetensors_length_field_is_refused_by_name(tmp_p
     path.write_bytes(b"\x01\x00\x00")
     assert _err(lambda: stfile.read_raw_header(path), InputError) == \
         f"{path}: not a safetensors file (shorter than 8 bytes)"
+
+
+def _replaced_during_the_first_read(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """`_check_release` patched so that its first read meets `folder` and then sees it replaced by an intact copy
+    (and fails, as a read across a replace does); later reads are real. Returns the list of calls made."""
+    from kvgraft.release import integrity
+    intact = Path(shutil.copytree(folder, tmp_path / "intact"))
+    real = integrity._check_release
+    calls: list[int] = []
+
+    def replaced_while_read(root: Path, **options: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            shutil.move(folder, tmp_path / "old")
+            shutil.move(intact, folder)
+            raise IntegrityError(f"{root}: read across a replace")
+        return real(root, **options)
+
+    monkeypatch.setattr(integrity, "_check_release", replaced_while_read)
+    return calls

@@ -409,6 +409,8 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     from kvgraft.inference import capture
     from kvgraft.inference.runtime import Schedule, layer_map, prefill
     from kvgraft.recompute.prefix import audit_prefix
+    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.verify import verified
 
     import rewrite
     from release_factory import as_format_1
@@ -417,7 +419,7 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
     text = " ".join(f"w{i}" for i in range(50))
     capture.capture(lm, [("t", {"id": "p", "text": text})], tmp_path / "rel", probe_tokens=0)
     n = 32
-    result = audit_prefix(tmp_path / "rel", "p", n, lm)
+    result = audit_prefix(verified(tmp_path / "rel", SignatureNotChecked()), "p", n, lm)
     assert result["verdict"] == "byte-exact" and result["under_recorded_schedule"]["byte_exact"]
     assert result["rows"].startswith(f"rows [0, {n}) of a one-shot prefill of all")
     assert result["schedule"] == Release.open(tmp_path / "rel").manifest["schedule"]
@@ -434,7 +436,7 @@ def test_prefix_audit_judges_under_the_recorded_schedule(tiny_lm: Any, tmp_path:
 
     as_format_1(tmp_path / "rel")
     rewrite.element(tmp_path / "rel", 0, "layer.1.values", 3, lambda x: x + 0.5)  # row 0, within the prefix
-    altered = audit_prefix(tmp_path / "rel", "p", n, lm)
+    altered = audit_prefix(verified(tmp_path / "rel", SignatureNotChecked()), "p", n, lm)
     assert altered["verdict"] == "inconsistent" and not altered["byte_exact"]
     assert altered["under_recorded_schedule"]["first_differing_tensor"] == "layer.1.values"
     assert altered["under_recorded_schedule"]["first_outside_tensor"] == "layer.1.values"

@@ -102,12 +102,11 @@ def test_every_ref_resolves_in_the_folder_and_the_old_private_keyword_would_not(
     assert unresolved(old) == ["cache-manifest.v2.json/properties/model: #/$defs/v1_model (PointerToNowhere)"]
 
 
-@pytest.fixture(scope="module")
-def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
     """A tiny format-2 (indexed) release, written by kvgraft: a manifest and its index shards."""
-    root = tmp_path_factory.mktemp("standard") / "rel"
-    make_release(root, entries=3, layers=2, tokens=4, format_version=2, shard_entries=2)
-    return root
+    make_release(tmp_path / "rel", entries=3, layers=2, tokens=4, format_version=2, shard_entries=2)
+    return tmp_path / "rel"
 
 
 def test_a_stock_validator_accepts_a_release_a_report_and_a_plan(release: Path) -> None:

@@ -14,7 +14,6 @@ import pytest
 from test_attest import schema_validator
 from test_verify_no_torch import CLI, FIXTURES
 from test_verify_no_torch import run as run_blocked
-from third_party import needs_sigstore_bundles
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
@@ -22,6 +21,7 @@ from kvgraft.signing import keys, sign
 
 import rewrite
 from release_factory import make_release, unsign
+from third_party import needs_sigstore_bundles
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 from pathlib import Path
+
+from third_party import SIGSTORE_BUNDLES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "schemas").glob("*.json")),
@@ -19,7 +22,14 @@ NOT_NAMES = re.compile(r"kvgraft\.dev\b|\.x_\w*|^kvgraft\.check_kinds$")
 CITED = re.compile(r"(?:`|\]\()((?:kvgraft|docs|bench|tests|schemas|audit|mutation|manifests)/[\w./-]*\w)")
 # Patterns and placeholders, not files: globs, a RELEASE/… layout, the wheel folder built by `make gpu-wheels`.
 NOT_FILES = re.compile(r"[*]|[A-Z]{3,}|bench/wheels/|tests/<|out/")
-OUTSIDE = re.compile(r"\.\./shared/(?!fixtures)\w+|/work/[\w/.-]*\w")  # ../shared/fixtures: the optional test data
+# A path outside the repository: up out of it, or an absolute path of a development machine. The one folder outside it
+# that documents may name is where the third-party test data lies (tests/third_party.py), never read from here.
+OUTSIDE = re.compile(r"\.\./[\w.-]+/[\w/.-]*\w|/work/[\w/.-]*\w")
+THIRD_PARTY = Path(os.path.relpath(SIGSTORE_BUNDLES.parent, ROOT)).as_posix()
+
+
+def outside(text: str) -> list[str]:
+    return [p for p in OUTSIDE.findall(text) if not p.startswith(THIRD_PARTY)]
 
 
 def resolves(name: str) -> bool:
@@ -65,7 +75,7 @@ def test_every_repository_path_a_document_cites_exists() -> None:
 
 
 def test_no_document_cites_a_file_outside_the_repository() -> None:
-    found = {d.relative_to(ROOT).as_posix(): OUTSIDE.findall(d.read_text()) for d in DOCUMENTS}
+    found = {d.relative_to(ROOT).as_posix(): outside(d.read_text()) for d in DOCUMENTS}
     assert {k: v for k, v in found.items() if v} == {}
 
 
@@ -74,7 +84,7 @@ def test_the_checks_find_what_is_planted() -> None:
         "kvgraft.prefix_audit", "kvgraft.report.compute_verdict"]
     assert dead_names("kvgraft.recompute.prefix, kvgraft.report.document.compute_verdict, kvgraft.dev/x") == []
     assert missing_paths("`docs/no-such-page.md` and [x](bench/RESULTS.md)") == ["docs/no-such-page.md"]
-    assert OUTSIDE.findall("../shared/DESIGN.md, /work/x, ../shared/fixtures/sigstore/") == ["../shared/DESIGN", "/work/x"]
+    assert outside(f"../elsewhere/DESIGN.md, /work/x, {THIRD_PARTY}/sigstore/") == ["../elsewhere/DESIGN.md", "/work/x"]
 
 
 def test_the_entry_point_group_the_documents_name_is_the_registrys() -> None:

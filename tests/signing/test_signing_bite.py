@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.signing import attest, keys
+
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 W = "B"  # the `where` every message starts with
 

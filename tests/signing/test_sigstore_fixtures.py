@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
@@ -22,6 +21,7 @@ from kvgraft.signing.sigstore import SigstoreTrust, sigstore_verifier, verify_si
 from kvgraft.signing.verify import verify_release
 
 from release_factory import make_release
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 FIXTURES = SIGSTORE_BUNDLES
 pytestmark = needs_sigstore_bundles

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 from kvgraft.signing import keys, sign
 
 from release_factory import make_release
+from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 FIXTURES = SIGSTORE_BUNDLES
 

@@ -1,6 +1,6 @@
 """Verified graft restore from disk vs fresh prefill, vs torch.save/torch.load, vs the hashing limit.
 
-Run: .venv/bin/python bench/graft_vs_recompute.py [--lengths 128 512 2048] [--rounds 11]
+Run: .venv/bin/python bench/graft_vs_recompute.py [--lengths 128 512 2048] [--rounds 11] [--model SPEC]
 
 All figures are measured side by side in this one run. This machine's speed drifts by up to 30%
 from second to second (a shared VM: single-core hashlib varies 0.8-1.4 GB/s between samples), so
@@ -61,10 +61,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--model", default=models.DEFAULT_MODEL)
     args = ap.parse_args()
-    lm = models.load(models.DEFAULT_MODEL, device="cpu")
+    lm = models.load(args.model, device="cpu")
     n_cores = cores()
-    print(f"model smollm2-135m fp32 sdpa on cpu, torch threads {torch.get_num_threads()}, cores {n_cores}, "
+    print(f"model {lm.spec} {lm.dtype} {lm.attn} on cpu, torch threads {torch.get_num_threads()}, cores {n_cores}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print(f"{args.rounds} rounds per length; each round times every column back to back; medians shown")
     print("disk reads come from a warm page cache (files written in this run)")

@@ -403,7 +403,7 @@ def large(args: argparse.Namespace) -> None:
             res[label] = best
         key = "startup_s" if name == "startup" else "seconds"  # startup: without the lookup's entry read
         a, b = float(res["large"][key]), float(res["small"][key])  # type: ignore[arg-type]
-        print(f"{name:10}{a:.3f} s on {big_bytes / GB:.1f} GB vs {b:.3f} s on {small_bytes / GB:.2f} GB: {a / b:.2f}x; "
+        print(f"{name:9} {a:.3f} s on {big_bytes / GB:.1f} GB vs {b:.3f} s on {small_bytes / GB:.2f} GB: {a / b:.2f}x; "
               f"peak RSS {res['large']['peak_rss_mb']:.0f} / {res['small']['peak_rss_mb']:.0f} MB")
 
 

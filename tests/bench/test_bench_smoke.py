@@ -3,8 +3,11 @@
 Each test runs a script as its own process with tiny arguments and checks what it printed against itself: the
 figures' internal consistency, never a timing or a figure measured on another machine (the inject campaign's
 strace-free part, the parsing of strace's output, is called in-process; its sweep needs strace and is skipped,
-naming it, where strace is missing). bench/vllm_ttft.py (needs vLLM) is left out; bench/remote.py,
-hostile_campaign.py and crash_campaign.py have their own tests. The full Ray scale-out and the behaviour
+naming it, where strace is missing). Left out here, run by tests of their own: bench/vllm_ttft.py (needs vLLM;
+tests/serving/test_vllm.py), remote.py (test_remote_bench.py), hostile_campaign.py and hostile_attacks.py
+(tests/release/test_hostile_campaign_smoke.py), crash_campaign.py (tests/release/test_crash_sample.py),
+fail_open.py (test_fail_open.py), gpu_check.py, gpu_emulate.py and gpu_plan.py (test_gpu_check.py,
+test_gpu_plan.py). machine.py is a helper the others import, with nothing to run. The full Ray scale-out and the behaviour
 snapshot's whole setup/run/compare cycle take a minute or more each: they are marked slow (`make test-slow`),
 beside a quick test of each in the default suite.
 
@@ -314,3 +317,169 @@ def test_scale_out_one_and_two_ray_workers_agree(tmp_path: Path) -> None:
     assert speed, out
     _finite_positive(float(speed[1]), float(speed[2]))
     assert float(speed[1]) == float(speed[2]), out  # one round: its best is its median
+
+
+def test_graft_vs_recompute_ratios_are_its_printed_times(tiny_dir: Callable[[str], Path]) -> None:
+    """One round per length: each median is of one round, so "x faster" and "restore/limit" are quotients of the
+    times printed beside them, and the second table repeats the first's."""
+    lengths = (16, 48)
+    out = _ok(_run([str(BENCH / "graft_vs_recompute.py"), "--model", str(tiny_dir("llama")), "--rounds", "1",
+                    "--lengths", *map(str, lengths)], 90))
+    assert re.search(rf"^model {re.escape(str(tiny_dir('llama')))} float32 sdpa on cpu, torch threads 1, cores \d+,",
+                     out, re.M), out
+    assert "1 rounds per length;" in out, out
+    rows = [tuple(map(float, m)) for m in re.findall(rf"^ +(\d+) +{NUMBER} +{NUMBER} +{NUMBER} +(\d+) +{NUMBER} "
+                                                     rf"+{NUMBER} +{NUMBER} +{NUMBER}$", out, re.M)]
+    floors = re.findall(rf"^ +(\d+) +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}$", out, re.M)
+    assert [int(r[0]) for r in rows] == list(lengths), out  # the entry of each length holds that many tokens
+    assert [int(f[0]) for f in floors] == list(lengths), out
+    for (_, kv_mb, prefill, restore, x, limit, ratio, first, load), floor in zip(rows, floors, strict=True):
+        _finite_positive(prefill, restore, first, load)
+        assert kv_mb >= 0 and limit >= 0, out
+        assert _quotient(x, prefill, restore, 0.1, 1), out  # prefill printed to 0.1 ms, restore to 0.01 ms
+        assert _quotient(ratio, restore, limit, 0.01, 0.01), out
+        # the second table: the same medians of the hashing limit and the restore, and the two floors between
+        assert float(floor[1]) == limit and float(floor[4]) == restore, (floor, out)
+        assert float(floor[2]) >= 0 and float(floor[3]) >= 0, out
+    assert out.rstrip().endswith("the graft restore checks SHA-256 of every byte it restores"), out
+
+
+def test_prefix_schedule_names_every_prefix_it_was_asked_for(tiny_dir: Callable[[str], Path]) -> None:
+    lengths = (24, 100)
+    model = tiny_dir("llama")
+    out = _ok(_run([str(BENCH / "prefix_schedule.py"), "--model", str(model), "--lengths", ",".join(map(str, lengths)),
+                    "--threads", "1"], 90))
+    assert out.startswith(f"model {model}, float32, sdpa, 1 threads, "), out
+    rows = re.findall(r"^ +(\d+) +(\d+)  (.*)$", out, re.M)
+    # each T, and each block-aligned n below it (16, 64, 256, 1024) with T - 16, once, in order
+    wanted = [(t, n) for t in lengths for n in sorted({n for n in (16, 64, 256, 1024, t - 16) if 0 < n < t})]
+    assert [(int(t), int(n)) for t, n, _ in rows] == wanted == [(24, 8), (24, 16), (100, 16), (100, 64), (100, 84)]
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    for t, n, verdict in rows:
+        if verdict != "byte-identical":
+            m = re.fullmatch(r"differ from layer\.(\d+)\.(keys|values), max \|diff\| (\S+)", verdict)
+            assert m and int(m[1]) < layers and float(m[3]) > 0, (t, n, verdict)
+
+
+def _counted(reads: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+) \((\d+) distinct\)", reads)
+    assert m, reads
+    return int(m[1]), int(m[2])
+
+
+def test_scale_many_finds_the_entry_it_probed(tmp_path: Path) -> None:
+    entries = 20
+    probe = f"e{entries * 7 // 10:06d}"
+    out = _ok(_run([str(BENCH / "scale.py"), "many", "--entries", str(entries), "--repeat", "1", "--dir",
+                    str(tmp_path)], 90))
+    assert re.search(rf"^release   {entries} entries \(2 layers x \[1, 2, 16, 8\] float32 .*, \d+ index files$", out,
+                     re.M), out
+    b = re.search(rf"^build     {NUMBER} s with ReleaseWriter \({NUMBER} ms per entry\), then signed$", out, re.M)
+    assert b, out
+    assert _quotient(float(b[2]), float(b[1]), entries, 0.1, 0.01, scale=1e3), out
+    base = re.search(r"^baseline  .*: peak RSS (\d+) MB$", out, re.M)
+    o = re.search(rf"^open +verified .* \+ find (\S+): {NUMBER} s \(find {NUMBER} ms\), peak RSS (\d+) MB$", out, re.M)
+    v = re.search(rf"^verify 1  verify --entry (\S+): {NUMBER} s, (\d+) bytes hashed, peak RSS (\d+) MB$", out, re.M)
+    s = re.search(rf"^startup   .*: {NUMBER} s, one lookup {NUMBER} ms -> \['(\S+)', (\d+)\], peak RSS (\d+) MB$", out,
+                  re.M)
+    assert base and o and v and s, out
+    assert o[1] == v[1] == s[3] == probe, out  # each step on the probe; the lookup of its tokens + 3 finds it whole
+    assert int(s[4]) == 16, out
+    assert float(o[3]) <= float(o[2]) * 1e3 + 0.5 + 0.05, out  # the find is part of the open's time
+    # one entry's tensors, 2 layers x keys and values of 1 x 2 x 16 x 8 float32, at least
+    assert int(v[3]) >= 2 * 2 * 2 * 16 * 8 * 4, out
+    _finite_positive(float(o[2]), float(v[2]), float(s[1]))
+    # every step's process imports what the baseline's did (RSS printed to 1 MB)
+    assert min(int(o[4]), int(v[4]), int(s[5])) >= int(base[1]) - 1, out
+
+
+def test_scale_large_ratios_are_its_printed_figures(tmp_path: Path) -> None:
+    """Two entries of 16 tokens (the least) of the 48-layer shape, 6 MiB each; the one-core hashing rate is
+    measured for a fixed 2 s."""
+    out = _ok(_run([str(BENCH / "scale.py"), "large", "--gib", "0.01", "--entry-mib", "1", "--repeat", "1", "--dir",
+                    str(tmp_path)], 120))
+    rel = re.search(rf"^releases  large: 2 entries x 16 tokens \(48 layers x \[1, 8, 16, 256\] bfloat16, random\), "
+                    rf"{NUMBER} GB; small: 2 entries, {NUMBER} GB$", out, re.M)
+    h = re.search(rf"^hashing   one core {NUMBER} GB/s in memory; limit (\d+) x = {NUMBER} GB/s$", out, re.M)
+    r = re.search(rf"^round 1   floor \(read \+ hash, (\d+) threads\) {NUMBER} GB/s; kvgraft verify {NUMBER} GB/s "
+                  rf"\({NUMBER} s\) = (\d+)% of the floor, (\d+)% of the limit$", out, re.M)
+    best = re.search(rf"^verify    best round: {NUMBER} GB/s = (\d+)% of the read \+ hash floor \({NUMBER} GB/s\), "
+                     rf"(\d+)% of the hashing limit$", out, re.M)
+    assert rel and h and r and best, out
+    one, cores, limit = float(h[1]), int(h[2]), float(h[3])
+    assert int(r[1]) == cores and abs(limit - cores * one) <= cores * 0.005 + 0.005, out
+    floor, rate = float(r[2]), float(r[3])
+    _finite_positive(one, floor, rate, float(r[4]))
+    assert _quotient(float(r[5]), rate, floor, 0.01, 1, scale=100), out
+    assert _quotient(float(r[6]), rate, limit, 0.01, 1, scale=100), out
+    # one round: the best is that round
+    assert (best[1], best[2], best[3], best[4]) == (r[3], r[5], r[2], r[6]), out
+    steps = re.findall(rf"^(\S+) +{NUMBER} s on {NUMBER} GB vs {NUMBER} s on {NUMBER} GB: {NUMBER}x; "
+                       r"peak RSS (\d+) / (\d+) MB$", out, re.M)
+    assert [s[0] for s in steps] == ["startup", "verify-one", "graft-one"], out
+    for _, a, big_gb, b, small_gb, x, _, _ in steps:
+        _finite_positive(float(a), float(b))
+        assert _quotient(float(x), float(a), float(b), 0.001, 0.01), out
+        # the sizes: the releases line's, to one fewer decimal
+        assert abs(float(big_gb) - float(rel[1])) <= 0.05 + 0.005 and abs(float(small_gb) - float(rel[2])) <= 0.0055, out
+
+
+def test_scale_index_reads_each_shard_it_needs(tmp_path: Path) -> None:
+    """300 entries: `verify --sample 300` draws 300, and a release of fewer refuses that size (exit 1)."""
+    entries, layers = 300, 2
+    probe = f"e{entries * 7 // 10:06d}"
+    out = _ok(_run([str(BENCH / "scale.py"), "index", "--entries", str(entries), "--layers", str(layers), "--dir",
+                    str(tmp_path)], 120))
+    rel = re.search(rf"^release   {entries} entries x {layers} layers .* in (\d+) shards, manifest\.json", out, re.M)
+    assert rel and int(rel[1]) >= 2, out  # several shards, so that which of them a step read tells something
+    shards = int(rel[1])
+    assert re.search(rf"^build     {NUMBER} s with ReleaseWriter, then signed$", out, re.M), out
+    base = [re.search(rf"^{name} +peak RSS (\d+) MB", out, re.M) for name in ("baseline", "baseline-torch")]
+    assert base[0] and base[1] and int(base[1][1]) > int(base[0][1]), out  # torch imported on top
+    labels = ["audit sample --size 20", "audit recompute --sample 20, to 1st", f"audit recompute --entry {probe}, to 1st",
+              "verify --sample 300", "inspect --limit 0 --json", "verify (everything)"]
+    steps = re.findall(rf"^(.+?) +{NUMBER} s, peak RSS +(\d+) MB, shard reads (\d+ \(\d+ distinct\))", out, re.M)
+    assert [s[0] for s in steps] == labels, out
+    reads = {label: _counted(r) for label, _, _, r in steps}
+    for label, (n, distinct) in reads.items():
+        assert distinct <= min(n, shards), (label, out)
+    # what each step must read: the shard of the one entry, or of the 20 drawn; every shard, for every entry
+    assert reads[f"audit recompute --entry {probe}, to 1st"][1] >= 1, out
+    assert reads["audit recompute --sample 20, to 1st"][1] >= 1, out
+    for label in ("verify --sample 300", "inspect --limit 0 --json", "verify (everything)"):
+        assert reads[label][1] == shards, (label, out)
+    assert re.search(r"^ +0 of 300 sampled entries damaged: at most 0% of 300 entries are damaged \(0\)", out, re.M), out
+
+
+def test_verify_throughput_figures_agree_with_each_other(tmp_path: Path) -> None:
+    entries = 2
+    out = _ok(_run([str(BENCH / "verify.py"), "--entries", str(entries), "--mib", "1", "--layers", "2", "--tokens",
+                    "16", "--repeat", "1", "--dir", str(tmp_path)], 90))
+    rel = re.search(rf"^release   {re.escape(str(tmp_path / 'rel'))}: {entries} entries x 1 MiB \(2 layers x 2 tensors, "
+                    rf"16 tokens each\), (\d+) files, {NUMBER} GiB, manifest {NUMBER} MiB$", out, re.M)
+    cores = re.search(r"^machine   (\d+) cores usable;", out, re.M)
+    one = re.search(rf"^hashlib   single core, in memory: {NUMBER} GiB/s \(best of 1: {NUMBER}\)$", out, re.M)
+    limit = re.search(rf"^limit     cores x single core = (\d+) x {NUMBER} = {NUMBER} GiB/s$", out, re.M)
+    v = re.search(rf"^verify    --key, page-cached: {NUMBER} GiB/s, {NUMBER} s for {NUMBER} GiB \(best of 1: {NUMBER}; "
+                  rf"median {NUMBER}\); other processes used {NUMBER} CPUs meanwhile$", out, re.M)
+    ratio = re.search(rf"^ratio     verify / limit = {NUMBER} % \(target >= 90 %\): (MET|NOT MET)$", out, re.M)
+    assert rel and cores and one and limit and v and ratio, out
+    assert int(rel[1]) >= entries + 1, out  # the entry files and the manifest at least
+    assert one[1] == one[2] and limit[2] == one[1] and int(limit[1]) == int(cores[1]), out
+    n, single, lim = int(limit[1]), float(one[1]), float(limit[3])
+    assert abs(lim - n * single) <= n * 0.0005 + 0.0005, out
+    rate, seconds, gib = float(v[1]), float(v[2]), float(v[3])
+    _finite_positive(single, rate)
+    assert v[1] == v[4] == v[5] and float(v[6]) >= 0, out  # one round: its rate is the best and the median
+    assert abs(gib - float(rel[2])) <= 0.001, out  # verify hashed every file (printed to 1 MiB or so)
+    assert _quotient(rate, gib, seconds, 0.001, 0.001), out
+    assert _quotient(float(ratio[1]), rate, lim, 0.001, 0.1, scale=100), out
+    assert float(ratio[1]) >= 90 if ratio[2] == "MET" else float(ratio[1]) <= 90, out  # met: at least 90 % unrounded
+    for what in ("hashlib on \\d+ threads at once, in memory", "kvgraft.release.hashing.hash_files alone, page-cached"):
+        d = re.search(rf"^  {what}: {NUMBER} GiB/s = {NUMBER} % of the limit \({NUMBER}\)$", out, re.M)
+        assert d and d[1] == d[3], (what, out)
+        assert _quotient(float(d[2]), float(d[1]), lim, 0.001, 0.1, scale=100), (what, out)
+    assert re.search(rf"^  manifest alone .*: {NUMBER} s \(best of 1\)$", out, re.M), out
+    assert re.search(rf"^  verify --deep \(every byte hashed twice\): {NUMBER} GiB/s of hashing, {NUMBER} s$", out,
+                     re.M), out
+

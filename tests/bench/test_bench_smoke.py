@@ -7,7 +7,8 @@ naming it, where strace is missing). Left out here, run by tests of their own: b
 tests/serving/test_vllm.py), remote.py (test_remote_bench.py), hostile_campaign.py and hostile_attacks.py
 (tests/release/test_hostile_campaign_smoke.py), crash_campaign.py (tests/release/test_crash_sample.py),
 fail_open.py (test_fail_open.py), gpu_check.py, gpu_emulate.py and gpu_plan.py (test_gpu_check.py,
-test_gpu_plan.py). machine.py is a helper the others import, with nothing to run. The full Ray scale-out and the behaviour
+test_gpu_plan.py). machine.py is a helper the others import, with nothing to run. The last test here fails
+naming any bench/*.py that no test's code names (machine.py excepted). The full Ray scale-out and the behaviour
 snapshot's whole setup/run/compare cycle take a minute or more each: they are marked slow (`make test-slow`),
 beside a quick test of each in the default suite.
 
@@ -483,3 +484,49 @@ def test_verify_throughput_figures_agree_with_each_other(tmp_path: Path) -> None
     assert re.search(rf"^  verify --deep \(every byte hashed twice\): {NUMBER} GiB/s of hashing, {NUMBER} s$", out,
                      re.M), out
 
+
+# bench/*.py that no test need run: machine.py, busy_seconds() for the verify and scale-out benchmarks, has nothing
+# of its own to run (a string here naming a script's file would count as a test of it)
+HELPERS = ("machine",)
+
+
+def _named_in_code(path: Path) -> set[str]:
+    """The bench scripts a test file names in its code (not in its docstrings or comments): a string holding the
+    file name ("NAME.py", "bench/NAME.py", "bench.NAME" for `-m`), or an import (`from bench import NAME`,
+    `import bench.NAME`, `import NAME` with bench/ on sys.path), in the test's code or in code it hands a child."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            # a path's last part, or one under bench/ anywhere; a module under bench (`-m`, or code run by a child)
+            names.update(re.findall(r"(?:^|(?<=bench/))(\w+)\.py\b", node.value))
+            names.update(re.findall(r"\bbench\.(\w+)", node.value))
+            for imported in re.findall(r"\bfrom bench import ([\w, ]+)", node.value):
+                names.update(n.strip() for n in imported.split(","))
+        elif isinstance(node, ast.ImportFrom) and node.module == "bench":
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench."):
+            names.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.removeprefix("bench.") for alias in node.names)
+    return names
+
+
+def test_every_bench_script_is_run_by_some_test() -> None:
+    """Every bench/*.py is named by a test's code (see _named_in_code), so that none rots unnoticed; machine.py,
+    a module of helpers the others import, is the one exception, and is checked to be only that."""
+    scripts = sorted(p.stem for p in BENCH.glob("*.py"))
+    named: set[str] = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        named |= _named_in_code(path)
+    missing = [f"bench/{s}.py" for s in scripts if s not in named and s not in HELPERS]
+    assert not missing, f"no test runs {', '.join(missing)}: add a smoke run at a tiny size (tests/bench/)"
+    for helper in HELPERS:
+        text = (BENCH / f"{helper}.py").read_text()
+        assert "__main__" not in text and "argparse" not in text, f"bench/{helper}.py runs on its own: test it"
+        assert any(re.search(rf"^from {helper} import ", (BENCH / f"{s}.py").read_text(), re.M) for s in scripts), helper

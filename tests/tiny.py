@@ -7,6 +7,9 @@ from typing import Any
 
 FAMILIES = ("llama", "qwen3", "gpt2", "gemma3", "gemma4")
 SLIDING_WINDOW = 8
+# The same families at sizes vLLM's CPU attention takes (head sizes 32 and up), for tests/vllm_gemma.py.
+VLLM_FAMILIES = ("gemma3-vllm", "gemma4-vllm")
+VLLM_SLIDING_WINDOW = 48
 _CORPUS = [
     "Problem: Mia has 12 apples. She gives 5 to Sam and buys 9 more. How many apples does she have now?",
     "Solution: After giving 5 away she has 12 - 5 = 7 apples. Buying 9 more gives 7 + 9 = 16 apples.",
@@ -49,6 +52,14 @@ def config(family: str, vocab: int) -> Any:
                                    layer_types=["sliding_attention", "full_attention"] * 2)
     if family == "gemma4":
         return tf.Gemma4TextConfig(**{**small, "num_hidden_layers": 6}, head_dim=8, sliding_window=SLIDING_WINDOW,
+                                   layer_types=["sliding_attention", "full_attention"] * 3, num_kv_shared_layers=2,
+                                   hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab)
+    vllm = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 32, "max_position_embeddings": 4096, "sliding_window": VLLM_SLIDING_WINDOW, **common}
+    if family == "gemma3-vllm":
+        return tf.Gemma3TextConfig(**vllm, num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    if family == "gemma4-vllm":
+        return tf.Gemma4TextConfig(**vllm, global_head_dim=32, num_hidden_layers=6,
                                    layer_types=["sliding_attention", "full_attention"] * 3, num_kv_shared_layers=2,
                                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab)
     raise ValueError(family)

@@ -51,6 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from kvgraft._internal.jsonio import load_file
@@ -84,6 +85,11 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120] or "request"
 
 
+def _groups(block_ids: Any) -> tuple[tuple[int, ...], ...]:
+    """A request's block ids per KV-cache group, as vLLM's scheduler output holds them."""
+    return tuple(tuple(int(b) for b in group) for group in block_ids)
+
+
 def _first_line(text: str) -> str:
     return " ".join(str(text).split())[:400]
 
@@ -96,9 +102,12 @@ class GraftLoad:
     release: int  # index into the configured releases
     entry_id: str
     start: int  # first token to write (tokens before it are in vLLM's own prefix cache)
-    end: int  # one past the last token to write (block-aligned)
-    block_ids: tuple[int, ...]
+    end: int  # one past the last token to write (block-aligned, or the whole entry)
+    block_ids: tuple[tuple[int, ...], ...]  # per KV-cache group (vLLM's hybrid KV cache manager)
     entry_digest: str = ""  # the record the scheduler matched: the worker grafts that record or nothing
+    # vLLM takes a failed load back per block only with one KV-cache group; with several (sliding-window
+    # models) the graft is an asynchronous load, whose failure is reported per request (failed_recving).
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,13 +116,52 @@ class CaptureSave:
 
     req_id: str
     token_ids: tuple[int, ...]
-    block_ids: tuple[int, ...]
+    block_ids: tuple[tuple[int, ...], ...]  # per KV-cache group
 
 
 @dataclass
 class KvgraftMetadata(KVConnectorMetadata):  # type: ignore[misc]
     loads: list[GraftLoad] = field(default_factory=list)
     saves: list[CaptureSave] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServedLayer:
+    """What vLLM keeps for one attention layer: its KV-cache group (whose block table it uses) and that
+    group's spec. `window`: the tokens a query attends to, itself included (None: full attention);
+    `window_blocks_only`: the group keeps only the window's blocks (vLLM's hybrid KV cache manager),
+    other blocks of the request are its null block."""
+
+    group: int
+    window: int | None
+    window_blocks_only: bool
+    kv_heads: int
+    head_size: int
+
+
+NULL_BLOCK = 0  # vLLM's BlockPool takes block 0 as the null block: never a request's data
+
+
+def served_layers(kv_cache_config: Any) -> dict[int, ServedLayer]:
+    """Layer index -> what vLLM keeps for it, from the engine's KV-cache groups. A layer that reads
+    another layer's cache (KV sharing) is in no group and so not here."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    out: dict[int, ServedLayer] = {}
+    for g, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        window = getattr(spec, "sliding_window", None)
+        for name in group.layer_names:
+            if (m := _LAYER_INDEX.search(name)) is not None:
+                out[int(m.group(1))] = ServedLayer(g, int(window) if window else None, isinstance(spec, SlidingWindowSpec),
+                                                   int(spec.num_kv_heads), int(spec.head_size))
+    return out
+
+
+def stored_rows(meta: dict[str, Any], total: int) -> tuple[int, int]:
+    """The token positions [a, b) a stored layer holds: every position, or a sliding layer's window."""
+    a, b = (int(x) for x in meta.get("positions", [0, total]))
+    return a, b
 
 
 @dataclass
@@ -135,7 +183,7 @@ def served_identity(folder: str, dtype: torch.dtype) -> dict[str, Any]:
         del lm
 
 
-class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
+class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     """See the module docstring."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
@@ -156,8 +204,16 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._num_layers = int(model_config.get_num_layers(vllm_config.parallel_config))
         self._kv_heads = int(model_config.get_num_kv_heads(vllm_config.parallel_config))
         self._head_dim = int(model_config.get_head_size())
-        self._sliding = getattr(hf, "sliding_window", None) is not None or any(
+        sliding = getattr(hf, "sliding_window", None) is not None or any(
             t != "full_attention" for t in (getattr(hf, "layer_types", None) or []))
+        if kv_cache_config is not None:
+            self._served = served_layers(kv_cache_config)
+        else:  # no groups given: one group, full attention, what the model config says
+            self._served = {i: ServedLayer(0, None, False, self._kv_heads, self._head_dim)
+                            for i in range(self._num_layers)}
+        # Without the engine's groups a sliding-window model's layers are not known: refused.
+        self._groups_unknown = kv_cache_config is None and sliding
+        self._prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
         capture = extra.get("capture")
         self._capture: Path | None = Path(capture) if isinstance(capture, str) and capture else None
@@ -167,6 +223,9 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._identity: dict[str, Any] | None = None
         self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
         self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
+        self._attn_layers: dict[str, Any] = {}  # worker: every attention layer by name (KV-shared ones included)
+        self._layer_names = ({n for g in kv_cache_config.kv_cache_groups for n in g.layer_names}
+                             if kv_cache_config is not None else None)
         self._roots = [str(r) for r in roots]
         self._releases: dict[int, VerifiedRelease] = {}  # each verified under self._policy, here at start-up
         self._refused: dict[int, _Refused] = {}
@@ -177,9 +236,16 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._refuse_release(i, str(exc))
         # Scheduler: which entries were found compatible; worker: what it grafted and what failed.
         self._compatible: dict[tuple[int, str], bool] = {}
+        self._said: set[tuple[int, str, int]] = set()  # (release, entry, n) refused for a window layer, logged once
         # req id -> (release, entry, start, end, the entry record's digest)
         self._pending: dict[str, tuple[int, str, int, int, str]] = {}
         self._need_load: dict[str, tuple[int, str, int, int, str]] = {}
+        self._async_loads: list[GraftLoad] = []  # scheduler: loads whose blocks are allocated, for the next meta
+        self._grafted_reqs: dict[str, tuple[int, str]] = {}  # scheduler: request -> (release, entry) grafted
+        self._failed_reqs: set[str] = set()  # scheduler: requests whose graft failed: prefilled from then on
+        self._async = kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1
+        self._recv_done: set[str] = set()  # worker: asynchronous loads finished, and those that failed
+        self._recv_failed: set[str] = set()
         self._load_errors: set[int] = set()
         self._maps: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._lock = threading.Lock()
@@ -238,8 +304,9 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                  have["sha256"][:16] if have else "?")
 
     def _match(self, prompt: list[int]) -> tuple[int, dict[str, Any], int] | None:
-        """(release, entry, n): the longest block-aligned prefix of the prompt some compatible entry
-        starts with; an incompatible entry is named in one log line (once) and not used."""
+        """(release, entry, n): the longest prefix of the prompt some compatible entry holds: block-aligned
+        (the prefix index), or the whole entry when the prompt starts with all of it. An entry that
+        cannot be grafted is named in one log line (once per entry and length) and not used."""
         found: list[tuple[int, int, dict[str, Any]]] = []
         for i, rel in self._releases.items():
             try:
@@ -248,7 +315,11 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 log.warning(refusal(self._roots[i], "-", "-", _first_line(str(exc))))
                 continue
             if hit is not None:
-                found.append((hit[1], i, hit[0]))
+                entry, n = hit
+                total = int(entry["num_tokens"])
+                if n < total <= len(prompt) and prompt[:total] == entry["token_ids"]:
+                    n = total  # the whole entry: every row it holds
+                found.append((n, i, entry))
         for n, i, entry in sorted(found, key=lambda f: (-f[0], f[1])):
             key = (i, entry["id"])
             if key not in self._compatible:
@@ -256,28 +327,76 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._compatible[key] = problem is None
                 if problem is not None:
                     log.warning(refusal(self._roots[i], entry["id"], problem[0], problem[1]))
-            if self._compatible[key]:
-                return i, entry, n
+            if not self._compatible[key]:
+                continue
+            short = self._window_short(entry, n)
+            if short is not None:
+                if (i, entry["id"], n) not in self._said:
+                    self._said.add((i, entry["id"], n))
+                    log.warning(refusal(self._roots[i], entry["id"], short[0], short[1]))
+                continue
+            return i, entry, n
         return None
 
     def _incompatible(self, entry: dict[str, Any]) -> tuple[str, str] | None:
         """(tensor, reason) when this entry cannot be grafted into the served model's cache."""
         if self._cache_dtype != "auto":
             return "-", f"vLLM's cache dtype is {self._cache_dtype}; only an unquantized cache is grafted"
-        if self._sliding:
-            return "-", "the served model has sliding-window layers; they are not grafted"
+        if self._groups_unknown:
+            return "-", "the served model has sliding-window layers and vLLM gave no KV-cache groups to place them"
         layers = entry["layers"]
         if len(layers) != self._num_layers:
             return "-", f"{len(layers)} layers stored, the served model has {self._num_layers}"
         want_dtype = str(self._dtype).removeprefix("torch.")
+        total = int(entry["num_tokens"])
         for meta in layers:
-            if meta["kind"] != "full":
-                return "-", f"layer {meta['index']} is stored as {meta['kind']}; only full-attention layers are grafted"
+            i, kind = int(meta["index"]), meta["kind"]
+            served = self._served.get(i)
+            if kind == "shared":
+                if served is not None:
+                    return "-", (f"layer {i} is stored as reading layer {meta.get('shared_with')}'s cache; vLLM keeps "
+                                 "a cache of its own for it")
+                continue
+            if served is None:
+                return meta["keys"], f"layer {i} is stored; vLLM keeps no cache of its own for it (it reads another layer's)"
+            what = "full attention" if served.window is None else f"a sliding window of {served.window}"
+            if (kind == "full" and served.window is not None) or (kind == "sliding" and served.window is None):
+                return meta["keys"], f"layer {i} is stored as {kind}; vLLM serves it with {what}"
+            a, b = stored_rows(meta, total)
+            if kind == "sliding":
+                if int(meta["sliding_window"]) != served.window:
+                    return meta["keys"], (f"layer {i} is stored with a sliding window of {meta['sliding_window']}; "
+                                          f"vLLM serves it with {what}")
+                if (a, b) != (0, total):
+                    if meta.get("stores") != "window" or b != total or b - a != min(total, served.window - 1):
+                        return meta["keys"], (f"layer {i}: positions [{a}, {b}) of {total} are neither every position "
+                                              "nor its window")
+                    if self._prefix_caching:
+                        return meta["keys"], (f"layer {i} stores only its window (positions [{a}, {b})); vLLM's prefix cache "
+                                              "would keep blocks with rows the release does not hold (capture with "
+                                              "--sliding-layers all, or serve with prefix caching off)")
+            elif (a, b) != (0, total):
+                return meta["keys"], f"layer {i}: full attention stored with positions [{a}, {b}) of {total}"
             for part in ("keys", "values"):
                 t = entry["tensors"][meta[part]]
-                shape = [1, self._kv_heads, entry["num_tokens"], self._head_dim]
+                shape = [1, served.kv_heads, b - a, served.head_size]
                 if t["dtype"] != want_dtype or t["shape"] != shape:
                     return meta[part], (f"stored {t['dtype']} {t['shape']}, vLLM's cache takes {want_dtype} {shape}")
+        return None
+
+    def _window_short(self, entry: dict[str, Any], n: int) -> tuple[str, str] | None:
+        """(tensor, reason) when a layer stored as its window lacks rows a graft of the first n tokens needs:
+        the window before token n, [n - window + 1, n), where the layer holds the window before the entry's end."""
+        total = int(entry["num_tokens"])
+        for meta in entry["layers"]:
+            if meta["kind"] != "sliding":
+                continue
+            a, _ = stored_rows(meta, total)
+            need = max(0, n - int(meta["sliding_window"]) + 1)
+            if need < a:
+                return meta["keys"], (f"layer {meta['index']} stores only its window (positions [{a}, {total})); a graft of "
+                                      f"the first {n} tokens needs positions [{need}, {n}) (a prefix graft needs "
+                                      "--sliding-layers all)")
         return None
 
     # ------------------------------------------------------------------------------------ scheduler
@@ -286,16 +405,17 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         params = getattr(request, "kv_transfer_params", None) or {}
         if params.get("kvgraft") == "off":
             return 0, False
+        if request.request_id in self._failed_reqs:  # its graft failed: vLLM computes it
+            return 0, False
         prompt = [int(t) for t in request.prompt_token_ids or []]
         # At least one prompt token is left for vLLM to compute (it yields the first logits).
         match = self._match(prompt[:-1])
         if match is not None:
-            i, entry, n = match
-            end = n // self._block_size * self._block_size
+            i, entry, end = match
             if end <= num_computed_tokens:
                 return 0, False
             self._pending[request.request_id] = (i, entry["id"], num_computed_tokens, end, entry["digest"])
-            return end - num_computed_tokens, False
+            return end - num_computed_tokens, self._async
         for i, refused in self._refused.items():  # a prompt a refused release would have served
             if refused.opened is None:
                 continue
@@ -310,7 +430,14 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         pending = self._pending.pop(request.request_id, None)
-        if pending is not None and num_external_tokens > 0:
+        if pending is None or num_external_tokens <= 0:
+            return
+        self._grafted_reqs[request.request_id] = (pending[0], pending[1])
+        if self._async:  # the request waits for this load: its blocks are allocated now, it is scheduled later
+            i, eid, start, end, digest = pending
+            self._async_loads.append(GraftLoad(request.request_id, i, eid, start, end,
+                                               _groups(blocks.get_block_ids()), digest, asynchronous=True))
+        else:
             self._need_load[request.request_id] = pending
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvgraftMetadata:
@@ -319,17 +446,18 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             load = self._need_load.pop(new.req_id, None)
             if load is not None:
                 i, eid, start, end, digest = load
-                meta.loads.append(GraftLoad(new.req_id, i, eid, start, end, tuple(int(b) for b in new.block_ids[0]),
-                                            digest))
+                meta.loads.append(GraftLoad(new.req_id, i, eid, start, end, _groups(new.block_ids), digest))
         # A graft for a request not scheduled as new (preempted before its first step) is dropped: vLLM
         # then computes those tokens itself.
         self._need_load.clear()
+        meta.loads.extend(self._async_loads)
+        self._async_loads = []
         if self._capture is not None:
             for new in scheduler_output.scheduled_new_reqs:
                 prompt = tuple(int(t) for t in (new.prompt_token_ids or []))
                 params = new.sampling_params
                 extra = (getattr(params, "extra_args", None) or {}).get("kv_transfer_params") or {}
-                if not prompt or extra.get("kvgraft") == "off" or any(x.req_id == new.req_id for x in meta.loads):
+                if not prompt or extra.get("kvgraft") == "off" or new.req_id in self._grafted_reqs:
                     continue
                 scheduled = int(scheduler_output.num_scheduled_tokens.get(new.req_id, 0))
                 if new.num_computed_tokens != 0 or scheduled < len(prompt):
@@ -337,12 +465,26 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                                 "(%d from a cache, %d in this step); only whole one-step prefills are captured",
                                 new.req_id, len(prompt), new.num_computed_tokens, scheduled)
                     continue
-                meta.saves.append(CaptureSave(new.req_id, prompt, tuple(int(b) for b in new.block_ids[0])))
+                meta.saves.append(CaptureSave(new.req_id, prompt, _groups(new.block_ids)))
                 self._saving[new.req_id] = prompt
         return meta
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        """A failed asynchronous graft: the request is prefilled, and the entry (changed since start-up) is not
+        grafted again."""
+        for req_id in getattr(connector_output, "failed_recving", None) or ():
+            self._failed_reqs.add(req_id)
+            if (used := self._grafted_reqs.get(req_id)) is not None:
+                self._compatible[used] = False
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, [])
+
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._pending.pop(request.request_id, None)
+        self._grafted_reqs.pop(request.request_id, None)
+        self._failed_reqs.discard(request.request_id)
         prompt = self._saving.pop(request.request_id, None)
         if prompt is not None and self._capture is not None:
             try:
@@ -427,8 +569,9 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(meta, KvgraftMetadata) or not (meta.loads or meta.saves):
             return
         layers: dict[int, Any] = {}
+        self._attn_layers = dict(forward_context.no_compile_layers)
         for name, layer in forward_context.no_compile_layers.items():
-            if getattr(layer, "kv_cache", None) is None:
+            if getattr(layer, "kv_cache", None) is None or (self._layer_names is not None and name not in self._layer_names):
                 continue
             m = _LAYER_INDEX.search(name)
             if m is None:
@@ -437,11 +580,17 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._layers = layers
         for load in meta.loads:
             self._graft(load, layers)
+            if load.asynchronous:
+                self._recv_done.add(load.req_id)
 
     def _fail(self, load: GraftLoad, tensor: str, reason: str) -> None:
         log.warning(refusal(self._roots[load.release], load.entry_id, tensor, _first_line(reason)))
+        if load.asynchronous:
+            self._recv_failed.add(load.req_id)
+            return
         first, last = load.start // self._block_size, (load.end - 1) // self._block_size
-        self._load_errors.update(load.block_ids[first:last + 1])
+        for group in load.block_ids:
+            self._load_errors.update(b for b in group[first:last + 1] if b != NULL_BLOCK)
 
     def _graft(self, load: GraftLoad, layers: dict[int, Any]) -> None:
         from kvgraft.inference.graft import read_entry_tensors
@@ -450,8 +599,9 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if rel is None:
             self._fail(load, "-", "the release was not verified by this worker")
             return
-        if sorted(layers) != list(range(self._num_layers)):
-            self._fail(load, "-", f"vLLM's attention layers {sorted(layers)[:4]}… do not map to layers 0..{self._num_layers - 1}")
+        missing = sorted(set(self._served) - set(layers))
+        if missing:
+            self._fail(load, "-", f"vLLM's attention layers {missing[:4]} have no cache here")
             return
         t0 = time.perf_counter()
         try:
@@ -466,7 +616,14 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._fail(load, m.group(1) if (m := _TENSOR_IN.search(str(exc))) else "-", str(exc))
             return
         t1 = time.perf_counter()
+        shared = self._check_shared(entry, load)
+        if shared is not None:
+            self._fail(load, "-", shared)
+            return
+        total = int(entry["num_tokens"])
         for meta in entry["layers"]:
+            if meta["kind"] == "shared":  # vLLM's layer reads its producer's cache, grafted there
+                continue
             layer = layers[meta["index"]]
             kv = layer.kv_cache
             try:
@@ -475,28 +632,54 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._fail(load, meta["keys"], f"cannot map the attention backend's KV layout: {exc}")
                 return
             n_block = int(pos_k.shape[0])
-            k_src = tensors[meta["keys"]][0, :, load.start:load.end, :].permute(1, 0, 2)  # [T, H, C]
-            v_src = tensors[meta["values"]][0, :, load.start:load.end, :].permute(1, 0, 2)
-            if load.start % n_block == 0 and load.end % n_block == 0:
+            a, _ = stored_rows(meta, total)
+            lo = max(load.start, a)  # a window layer: the rows it holds, all that attention reads from here on
+            blocks = load.block_ids[self._served[meta["index"]].group]
+            t = torch.arange(lo, load.end)
+            held = torch.tensor(blocks, dtype=torch.long)[t // n_block]
+            t, held = t[held != NULL_BLOCK], held[held != NULL_BLOCK]  # blocks outside the window are vLLM's null block
+            k_src = tensors[meta["keys"]][0, :, t - a, :].permute(1, 0, 2)  # [T, H, C]
+            v_src = tensors[meta["values"]][0, :, t - a, :].permute(1, 0, 2)
+            rows = t.numel()
+            if rows and int(t[0]) % n_block == 0 and rows % n_block == 0 and int(t[-1]) - int(t[0]) == rows - 1:
                 # Whole blocks: each block's content is one gather through the probed map, then one row copy.
-                first, nb = load.start // n_block, (load.end - load.start) // n_block
+                nb = rows // n_block
                 combined = torch.cat([k_src.reshape(nb, -1), v_src.reshape(nb, -1)], dim=1)
-                rows = torch.tensor(load.block_ids[first:first + nb], dtype=torch.long)
-                kv.view(kv.shape[0], -1).index_copy_(0, rows, combined.index_select(1, inv).to(kv.dtype))
+                kv.view(kv.shape[0], -1).index_copy_(0, held[::n_block].contiguous(),
+                                                     combined.index_select(1, inv).to(kv.dtype))
                 continue
-            t = torch.arange(load.start, load.end)
-            blocks = torch.tensor(load.block_ids, dtype=torch.long)[t // n_block]
-            base = (blocks * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
+            base = (held * (kv.numel() // kv.shape[0])).view(-1, 1, 1)
             flat = kv.view(-1)
             for src, pos in ((k_src, pos_k), (v_src, pos_v)):
                 flat[(base + pos[t % n_block]).reshape(-1)] = src.reshape(-1).to(kv.dtype)
+        first, last = load.start // self._block_size, (load.end - 1) // self._block_size
+        written = sum(b != NULL_BLOCK for group in load.block_ids for b in group[first:last + 1])
         with self._lock:
             self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
         t2 = time.perf_counter()
         log.info("kvgraft: grafted release=%s entry=%s tokens=[%d, %d) of %d (rows of the entry's recorded %s prefill "
-                 "of all %d tokens) into %d blocks (read and hashed %.1f ms, written %.1f ms)", self._roots[load.release],
+                 "of all %d tokens) into %d blocks of vLLM's cache (read and hashed %.1f ms, written %.1f ms)",
+                 self._roots[load.release],
                  load.entry_id, load.start, load.end, entry["num_tokens"], rel.manifest["schedule"]["mode"],
-                 entry["num_tokens"], len(load.block_ids), (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+                 entry["num_tokens"], written, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    def _attn_by_index(self) -> dict[int, Any]:
+        return {int(m.group(1)): layer for name, layer in self._attn_layers.items()
+                if (m := _LAYER_INDEX.search(name)) is not None}
+
+    def _check_shared(self, entry: dict[str, Any], load: GraftLoad) -> str | None:
+        """Why the entry's KV-shared layers do not read what vLLM's do, or None: each stored as reading layer j
+        must be one vLLM runs with layer j's cache (kv_sharing_target_layer_name)."""
+        by_index = self._attn_by_index()
+        for meta in entry["layers"]:
+            if meta["kind"] != "shared":
+                continue
+            target = getattr(by_index.get(int(meta["index"])), "kv_sharing_target_layer_name", None)
+            m = _LAYER_INDEX.search(str(target or ""))
+            if m is None or int(m.group(1)) != int(meta["shared_with"]):
+                return (f"layer {meta['index']} is stored as reading layer {meta['shared_with']}'s cache; vLLM's reads "
+                        f"{target or 'its own'}")
+        return None
 
     def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where the backend puts key and value element [token-in-block, head, dim] inside one block.
@@ -574,27 +757,41 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         from safetensors.torch import save_file
 
         assert self._capture is not None
-        if sorted(self._layers) != list(range(self._num_layers)):
-            raise ValueError(f"vLLM's attention layers {sorted(self._layers)[:4]}… do not map to layers "
-                             f"0..{self._num_layers - 1}")
+        missing = sorted(set(self._served) - set(self._layers))
+        if missing:
+            raise ValueError(f"vLLM's attention layers {missing[:4]} have no cache here")
         tensors: dict[str, torch.Tensor] = {}
         layers_meta: list[dict[str, Any]] = []
         n = len(save.token_ids)
         backend = layout = ""
         for i in range(self._num_layers):
+            served = self._served.get(i)
+            if served is None:  # reads another layer's cache (KV sharing): stored once, at its producer
+                target = getattr(self._attn_by_index().get(i), "kv_sharing_target_layer_name", None)
+                m = _LAYER_INDEX.search(str(target or ""))
+                if m is None:
+                    raise ValueError(f"layer {i} has no cache of its own and names no layer whose cache it reads")
+                layers_meta.append({"index": i, "kind": "shared", "shared_with": int(m.group(1))})
+                continue
             layer = self._layers[i]
             kv = layer.kv_cache
             pos_k, pos_v, _ = self._layout(layer, kv)
             n_block = int(pos_k.shape[0])
             nb = -(-n // n_block)
-            rows = kv.view(kv.shape[0], -1).index_select(0, torch.tensor(save.block_ids[:nb], dtype=torch.long))
+            blocks = save.block_ids[served.group][:nb]
+            if NULL_BLOCK in blocks:  # the whole prompt is computed in this step: every block is still held
+                raise ValueError(f"layer {i}: vLLM holds {sum(b != NULL_BLOCK for b in blocks)} of the prompt's {nb} blocks")
+            rows = kv.view(kv.shape[0], -1).index_select(0, torch.tensor(blocks, dtype=torch.long))
             count = pos_k.numel()
             combined = rows.index_select(1, torch.cat([pos_k.reshape(-1), pos_v.reshape(-1)]))  # [nb, keys | values]
             for part, half in (("keys", combined[:, :count]), ("values", combined[:, count:])):
-                got = half.reshape(nb * n_block, self._kv_heads, self._head_dim)[:n]
+                got = half.reshape(nb * n_block, served.kv_heads, served.head_size)[:n]
                 tensors[f"layer.{i}.{part}"] = got.permute(1, 0, 2).unsqueeze(0).contiguous()
-            layers_meta.append({"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
-                                "kind": "full", "positions": [0, n]})
+            meta: dict[str, Any] = {"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
+                                    "kind": "full", "positions": [0, n], "stores": "all"}
+            if served.window is not None:  # every position, as `kvgraft capture --sliding-layers all` records it
+                meta.update(kind="sliding", sliding_window=served.window, cumulative_length=n)
+            layers_meta.append(meta)
             get_name = getattr(getattr(layer, "attn_backend", None), "get_name", None)
             backend = str(get_name()) if callable(get_name) else type(layer.impl).__name__
             layout = (f"probed through {type(layer.impl).__name__}.do_kv_cache_update: cache {list(kv.shape)} "
@@ -604,6 +801,18 @@ class KvgraftConnector(KVConnectorBase_V1):  # type: ignore[misc]
         staged.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(staged.with_suffix(".safetensors")))
         staged.with_suffix(".json").write_text(json.dumps({"layers": layers_meta, "backend": backend, "layout": layout}))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done, self._recv_done = self._recv_done, set()
+        self._recv_failed -= done
+        return None, done or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        done, failed = self._recv_done, self._recv_failed
+        self._recv_done, self._recv_failed = set(), set()
+        return KVConnectorTransferResults(finished_recving=set(done), failed_recving=failed & done)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

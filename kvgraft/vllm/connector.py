@@ -12,19 +12,25 @@ s3://, read as `kvgraft.remote` reads them, each entry fetched and checked when 
 `kvgraft.signing.verify.verified` (the one verification
 every consumer uses: signature, statement, manifest; no entry byte is read), and the scheduler
 computes the served model's identity once (`kvgraft.inference.models.fingerprint` of the folder vLLM loads, in
-the dtype vLLM serves) and compares it with each release's. A request whose prompt token ids start
-with a block-aligned prefix of some entry's token ids gets that prefix's KV (the longest one any
-release offers, found by chained block hashes: `Release.longest_prefix`, one lookup per prompt block;
-at least one prompt token is left for vLLM to compute); vLLM computes the rest. An entry's record is
-checked for compatibility when it first matches; its bytes are read when grafted, and each tensor's
-SHA-256 is checked before any of its bytes are written into vLLM's cache. The grafted rows are rows
-[0, n) of the entry's recorded prefill of all its tokens (the log line says so): a prefix of a
-one-shot prefill, which need not be byte-identical to a prefill of the n tokens alone.
+the dtype vLLM serves) and compares it with each release's. A request whose prompt token ids start with a whole
+entry and go on gets all of that entry's rows; one that starts with a block-aligned prefix of some entry's token
+ids gets that prefix's KV (the longest one any release offers, found by chained block hashes:
+`Release.longest_prefix`, one lookup per prompt block; at least one prompt token is left for vLLM to compute);
+vLLM computes the rest. An entry's record is checked for compatibility when it first matches; its bytes are
+read when grafted, and each tensor's SHA-256 is checked before any of its bytes are written into vLLM's cache.
+The grafted rows are rows [0, n) of the entry's recorded prefill of all its tokens (the log line says so): a
+prefix of a one-shot prefill, which need not be byte-identical to a prefill of the n tokens alone.
 
-Anything that fails (signature, digest, model identity, layout, dtype, sliding-window or shared
-layers) leaves the request to a normal prefill, with one log line naming release, entry, tensor and
-reason. A failure found while grafting (a file changed after start-up) is reported to vLLM as a load
-error on those blocks: with `"kv_load_failure_policy": "recompute"` vLLM recomputes them.
+Sliding-window and KV-shared layers (docs/vllm.md): the connector supports vLLM's hybrid KV cache manager
+(`SupportsHMA`), places each layer through the engine's KV-cache groups, writes a sliding layer's rows only into
+the blocks vLLM holds for it, grafts a layer stored as its window only whole (and not with vLLM's prefix cache
+on), and leaves KV-shared layers to read their producer's grafted cache. With several groups a graft is an
+asynchronous load: vLLM takes failures back per request, not per block, then.
+
+Anything that fails (signature, digest, model identity, layout, dtype, a layer's kind, window or producer)
+leaves the request to a normal prefill, with one log line naming release, entry, tensor and reason. A failure
+found while grafting (a file changed after start-up) is reported to vLLM as a failed load: with
+`"kv_load_failure_policy": "recompute"` vLLM recomputes it.
 
 Layout: the paged cache's layout is the attention backend's. It is not assumed: on first use the
 connector has the backend write a probe (distinct numbers) through its own `do_kv_cache_update` into a

@@ -6,13 +6,14 @@ engines for the module (tests/vllm_gemma.py says what each engine serves); skips
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm import VENV_PY, _run, cpu_lacks
+from test_vllm import VENV_PY, _lines, _run, cpu_lacks
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "vllm_gemma.py"
 Served = tuple[dict[str, Any], str, Path]
@@ -180,3 +181,70 @@ def test_cross_engine_verdict_vllm_capture_against_transformers(gemma: Served) -
     assert result["verdict"] in ("byte-exact", "consistent"), result["verdict"]
     assert result["conditions"]["not_replayed"]["attn_implementation"] == ["vllm:CPU_ATTN", "sdpa"]
     print(f"cross-engine verdict (vLLM capture, transformers recompute, tiny Gemma 3): {result['verdict']}")
+
+
+def readme_command() -> list[str]:
+    """The README's one command that serves a Gemma-style release with vLLM's OpenAI-compatible server."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("## Serving grafts in vLLM"):]
+    block = section[section.index("```sh"):].split("```")[1]
+    line = next(x for x in block.replace("\\\n", " ").splitlines() if "vllm.entrypoints.openai.api_server" in x)
+    return shlex.split(line)
+
+
+def test_the_readme_command_serves_a_gemma_release_over_http(gemma: Served, tmp_path: Path) -> None:
+    """The README's command, as written (its placeholders filled, a port on 127.0.0.1 added), serves the tiny
+    Gemma 3 release: a completion request for a prompt that starts with entry "a" is answered, and the
+    server's log says the entry was grafted whole. The server starts and stops inside the test."""
+    import socket
+    import time
+    import urllib.request
+
+    _, _, run = gemma
+    p = plan(run)
+    args = [str(run / "g3-a") if a == "out/gemma" else p["models"]["gemma3-vllm"] if a == "GEMMA_DIR" else a
+            for a in readme_command()]
+    kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert args[0] == ".venv-vllm/bin/python" and kv["kv_connector_extra_config"]["release"] == str(run / "g3-a")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [str(VENV_PY), *args[1:], "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"]
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HF_HUB_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as fh:
+        server = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(240):  # at most two minutes for the engine to start
+            if server.poll() is not None:
+                raise AssertionError(f"the server exited {server.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"the server did not answer within two minutes:\n{log.read_text()[-3000:]}")
+        tokens = p["tokens"]["a"] + p["tokens"]["d"][:6]
+        body = json.dumps({"model": p["models"]["gemma3-vllm"], "prompt": tokens, "max_tokens": 4,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            answer = json.loads(r.read())
+        assert answer["choices"][0]["finish_reason"] in ("length", "stop"), answer
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+    total = len(p["tokens"]["a"])
+    text = log.read_text()
+    assert _lines(text, f"kvgraft: grafted release={run / 'g3-a'} entry=a tokens=[0, {total}) of {total} "), \
+        _lines(text, "kvgraft:")

@@ -40,12 +40,12 @@ def cpu_lacks() -> str | None:
     return None
 
 
-def _run(args: list[str], log: Path, timeout: int, engine_process: bool = False) -> None:
+def _run(args: list[str], log: Path, timeout: int) -> None:
     """Run a script; vLLM's engine core runs in the script's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the
     connector's scheduler and worker roles are still their own instances; it saves two interpreter starts per
-    engine, a minute of the suite), except with `engine_process`, as `vllm serve` runs it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_process else "0")
+    engine). The README's server, in tests/serving/test_vllm_gemma.py, runs it in its own processes, as
+    deployed."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     with log.open("a") as fh:
         proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=ROOT)
     if proc.returncode != 0:
@@ -202,11 +202,10 @@ def test_signed_release_path(served: tuple[dict[str, Any], str, Path]) -> None:
     """With a key in the connector's config, only releases signed with it are grafted: the same entry signed
     with another key, or unsigned, is refused at start-up with the one log line, and the prompt is still served.
     The signed copy is read over HTTP, where it is published: its entry's file is fetched (and checked) to
-    be grafted, and nothing else of it beyond the opening and the index. vLLM's engine core runs in its own
-    process here, as `vllm serve` runs it (the scheduler's connector and the worker's in two processes)."""
+    be grafted, and nothing else of it beyond the opening and the index."""
     _, _, run = served
     log = run.parent / "engine-signed.log"
-    _run([str(VENV_PY), str(SCENARIOS), "serve-signed", str(run)], log, 900, engine_process=True)
+    _run([str(VENV_PY), str(SCENARIOS), "serve-signed", str(run)], log, 900)
     results = json.loads((run / "results-signed.json").read_text())
     text = log.read_text()
     prompt = len(json.loads((run / "plan.json").read_text())["tokens"]["a"])

@@ -8,7 +8,7 @@ from typing import Any
 FAMILIES = ("llama", "qwen3", "gpt2", "gemma3", "gemma4")
 SLIDING_WINDOW = 8
 # The same families at sizes vLLM's CPU attention takes (head sizes 32 and up), for tests/vllm_gemma.py.
-VLLM_FAMILIES = ("gemma3-vllm", "gemma4-vllm")
+VLLM_FAMILIES = ("gemma3-vllm", "gemma4-vllm", "mistral-vllm")
 VLLM_SLIDING_WINDOW = 48
 _CORPUS = [
     "Problem: Mia has 12 apples. She gives 5 to Sam and buys 9 more. How many apples does she have now?",
@@ -62,6 +62,8 @@ def config(family: str, vocab: int) -> Any:
         return tf.Gemma4TextConfig(**vllm, global_head_dim=32, num_hidden_layers=6,
                                    layer_types=["sliding_attention", "full_attention"] * 3, num_kv_shared_layers=2,
                                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab)
+    if family == "mistral-vllm":  # one sliding window on every layer
+        return tf.MistralConfig(**vllm, num_hidden_layers=2)
     raise ValueError(family)
 
 

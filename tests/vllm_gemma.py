@@ -20,7 +20,8 @@ cached with rows it does not hold), and "e", flipped after start-up: each asked 
 second time served from vLLM's prefix cache. Engine "g4" (Gemma 4: 2 KV-shared layers) serves "s", a copy
 of entry "a" whose record names another producer for a shared layer (asked first: refused at the graft,
 the request prefilled, the entry not used again), then entry "a" itself (the shared layers read their
-producers' grafted cache).
+producers' grafted cache). Engine "mistral" (one sliding window on every layer: one KV-cache group, whose
+blocks outside the window are vLLM's null block) serves entry "a" whole and as a prefix hit.
 
 Writes OUT_DIR/results.json: per request the token ids, first-token logprob and vLLM's cached-token count.
 The engines' log (stderr) is where the test reads the connector's lines, between `kvgraft-scenario:` marks.
@@ -99,6 +100,9 @@ def build(out: Path) -> None:
 
     rewrite.manifest(out / "g4-s", other_producer)
     plan["shared"] = [meta for meta in Release.open(out / "g4-a").entry("a")["layers"] if meta["kind"] == "shared"]
+    mistral = models.load(plan["models"]["mistral-vllm"], device="cpu")
+    capture(mistral, [("a", {"id": "a", "text": text("a")})], out / "mistral-a", probe_tokens=0, sliding="all")
+    plan["mistral_tokens"] = Release.open(out / "mistral-a").entry("a")["token_ids"]
     (out / "plan.json").write_text(json.dumps(plan) + "\n")
 
 
@@ -183,6 +187,14 @@ def serve(out: Path) -> int:
     ask(llm, results, "g4/s/connector", plan["g4_tokens"] + tail)
     ask(llm, results, "g4/a/connector", plan["g4_tokens"] + tail)
     ask(llm, results, "g4/a/plain", plan["g4_tokens"] + tail, plain=True)
+    close(llm)
+
+    print("kvgraft-scenario: engine mistral", file=sys.stderr, flush=True)
+    llm = engine(plan["models"]["mistral-vllm"], [out / "mistral-a"], prefix_caching=False)
+    m = plan["mistral_tokens"]
+    for name, prompt in (("whole", m + tail), ("prefix", m[:PARTIAL] + tokens["d"])):
+        ask(llm, results, f"mistral/{name}/connector", prompt)
+        ask(llm, results, f"mistral/{name}/plain", prompt, plain=True)
     close(llm)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0

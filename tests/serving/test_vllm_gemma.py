@@ -250,3 +250,20 @@ def test_the_readme_command_serves_a_gemma_release_over_http(gemma: Served, tmp_
     text = log.read_text()
     assert _lines(text, f"kvgraft: grafted release={run / 'g3-a'} entry=a tokens=[0, {total}) of {total} "), \
         _lines(text, "kvgraft:")
+
+
+def test_a_uniform_sliding_window_model_is_grafted_whole_and_as_a_prefix(gemma: Served) -> None:
+    """Mistral-style: every layer has the window, so vLLM keeps one KV-cache group whose blocks outside the window
+    are its null block; the graft writes the blocks vLLM holds (a failure there is taken back block by block)."""
+    results, log, run = gemma
+    total = len(plan(run)["mistral_tokens"])
+    (line,) = [x for x in during(log, "mistral/whole/connector") if "kvgraft: grafted" in x]
+    assert f"release={run / 'mistral-a'} entry=a tokens=[0, {total}) of {total} " in line, line
+    (line,) = [x for x in during(log, "mistral/prefix/connector") if "kvgraft: grafted" in x]
+    assert f"entry=a tokens=[0, 32) of {total} " in line, line
+    assert results["mistral/whole/connector"]["num_cached_tokens"] == total
+    assert results["mistral/prefix/connector"]["num_cached_tokens"] == 32
+    for name in ("whole", "prefix"):
+        graft, plain = results[f"mistral/{name}/connector"], results[f"mistral/{name}/plain"]
+        assert graft["token_ids"] == plain["token_ids"] and plain["num_cached_tokens"] == 0, (name, graft, plain)
+        assert abs(graft["first_logprob"] - plain["first_logprob"]) < 1e-3

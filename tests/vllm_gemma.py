@@ -21,7 +21,8 @@ second time served from vLLM's prefix cache. Engine "g4" (Gemma 4: 2 KV-shared l
 of entry "a" whose record names another producer for a shared layer (asked first: refused at the graft,
 the request prefilled, the entry not used again), then entry "a" itself (the shared layers read their
 producers' grafted cache). Engine "mistral" (one sliding window on every layer: one KV-cache group, whose
-blocks outside the window are vLLM's null block) serves entry "a" whole and as a prefix hit.
+blocks outside the window are vLLM's null block) serves entry "a" whole and as a prefix hit. Last,
+bench/vllm_ttft.py's `run` on a release its `build` made of the tiny Gemma 3 (sizes 64 and 96, one round).
 
 Writes OUT_DIR/results.json: per request the token ids, first-token logprob and vLLM's cached-token count.
 The engines' log (stderr) is where the test reads the connector's lines, between `kvgraft-scenario:` marks.
@@ -43,6 +44,18 @@ WORDS = {"a": "Alpha.", "w": "Whiskey.", "b": "Bravo.", "o": "Oscar.", "p": "Pap
 PARTIAL = 32 + 20  # tokens of an entry a prefix prompt starts with: one 32-token block and 20 more
 NEW_TOKENS = 8
 BLOCK = 32
+
+
+def ttft() -> Any:
+    """bench/vllm_ttft.py, run here at tiny sizes (one vLLM import for all of this module's engines)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "vllm_ttft.py"
+    spec = importlib.util.spec_from_file_location("vllm_ttft", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def text(key: str) -> str:
@@ -100,6 +113,7 @@ def build(out: Path) -> None:
 
     rewrite.manifest(out / "g4-s", other_producer)
     plan["shared"] = [meta for meta in Release.open(out / "g4-a").entry("a")["layers"] if meta["kind"] == "shared"]
+    ttft().build(out / "ttft", (64, 96), 1, "gemma3-tiny")  # bench/vllm_ttft.py's smoke run, served below
     mistral = models.load(plan["models"]["mistral-vllm"], device="cpu")
     capture(mistral, [("a", {"id": "a", "text": text("a")})], out / "mistral-a", probe_tokens=0, sliding="all")
     plan["mistral_tokens"] = Release.open(out / "mistral-a").entry("a")["token_ids"]
@@ -196,6 +210,9 @@ def serve(out: Path) -> int:
         ask(llm, results, f"mistral/{name}/connector", prompt)
         ask(llm, results, f"mistral/{name}/plain", prompt, plain=True)
     close(llm)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print("kvgraft-scenario: bench/vllm_ttft.py", file=sys.stderr, flush=True)
+    ttft().run(out / "ttft")  # its table goes to stdout, into the same log
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

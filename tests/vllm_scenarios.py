@@ -18,7 +18,7 @@ Then starts vLLM once with the connector serving all three and writes OUT_DIR/re
 continuations (token ids, first-token logprob) with and without the connector for each prompt. The
 engine's log (stderr) is what the test reads the connector's log lines from.
 
-    .venv-vllm/bin/python tests/vllm_scenarios.py serve-signed OUT_DIR
+    .venv-vllm/bin/python tests/vllm_scenarios.py serve-signed OUT_DIR   # `serve` runs it too, after the first
 
 A second start with a public key in the connector's config (signatures required), serving three copies
 of release "a": signed with that key (must be grafted), signed with another key and unsigned (both must
@@ -155,6 +155,8 @@ def serve(out: Path) -> int:
     results["seconds"] = {"tokenizer": round(t1 - t0, 1), "vllm_start": round(t2 - t1, 1),
                           "requests": round(time.perf_counter() - t2, 1)}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    getattr(llm.llm_engine.engine_core, "shutdown", lambda: None)()
+    del llm
     return 0
 
 
@@ -171,6 +173,7 @@ def serve_signed(out: Path) -> int:
 
     from remote_servers import folder_server
 
+    print("kvgraft-scenario: engine signed", file=sys.stderr, flush=True)
     os.environ["KVGRAFT_CACHE"] = str(out / "remote-cache")  # the engine process inherits it
     with folder_server(signed=out / "release-signed") as server:
         releases = {r: server.url("signed") if r == "signed" else str(out / f"release-{r}") for r in SIGNED}
@@ -197,7 +200,9 @@ def main() -> int:
         out.mkdir(parents=True)
         build_releases(out)
         return 0
-    return serve_signed(out) if what == "serve-signed" else serve(out)
+    if what == "serve-signed":
+        return serve_signed(out)
+    return serve(out) or serve_signed(out)  # one interpreter for both engines: vLLM's import is a quarter minute
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required

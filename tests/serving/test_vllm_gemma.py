@@ -194,6 +194,7 @@ def readme_command() -> list[str]:
     return shlex.split(line)
 
 
+@pytest.mark.slow  # a minute: vLLM's server in its own three processes (`make test-slow`)
 def test_the_readme_command_serves_a_gemma_release_over_http(gemma: Served, tmp_path: Path) -> None:
     """The README's command, as written (its placeholders filled, a port on 127.0.0.1 added), serves the tiny
     Gemma 3 release: a completion request for a prompt that starts with entry "a" is answered, and the
@@ -267,3 +268,23 @@ def test_a_uniform_sliding_window_model_is_grafted_whole_and_as_a_prefix(gemma: 
         graft, plain = results[f"mistral/{name}/connector"], results[f"mistral/{name}/plain"]
         assert graft["token_ids"] == plain["token_ids"] and plain["num_cached_tokens"] == 0, (name, graft, plain)
         assert abs(graft["first_logprob"] - plain["first_logprob"]) < 1e-3
+
+
+def test_the_ttft_benchmark_runs_and_its_rows_are_its_runs(gemma: Served) -> None:
+    """bench/vllm_ttft.py at two small sizes and one timed request each, on the tiny sliding-window model (the
+    script's code is the same for every family; tests/vllm_gemma.py runs its build and run): every row grafted
+    all the entry's tokens, gave the plain prefill's first token, and its medians and speedup are those of the
+    runs it lists; the prefix-hit row's prompt is its entry and the 64 tokens after it (bench/RESULTS.md's
+    figures come from this script)."""
+    _, log, run = gemma
+    doc = json.loads((run / "ttft" / "ttft.json").read_text())
+    assert doc["family"] == "gemma3-tiny" and [r["kind"] for r in doc["rows"]] == ["whole", "whole", "prefix hit"]
+    assert doc["rows"][0]["entry_tokens"] < doc["rows"][1]["entry_tokens"] == doc["rows"][2]["entry_tokens"]
+    assert doc["rows"][2]["prompt_tokens"] == doc["rows"][2]["entry_tokens"] + 64
+    for r in doc["rows"]:
+        assert r["grafted_tokens"] == r["entry_tokens"] > 0 and r["same_first_token"] is True, r
+        assert len(r["graft_runs_ms"]) == len(r["plain_runs_ms"]) == 1
+        assert r["ttft_graft_ms"] == pytest.approx(r["graft_runs_ms"][0], abs=0.06)
+        assert r["speedup"] == pytest.approx(r["ttft_plain_ms"] / r["ttft_graft_ms"])
+    table = [line for line in log.splitlines() if line.startswith("| ") and line[2] in "wp"]
+    assert len(table) == 3 and doc["release_bytes"] > 0

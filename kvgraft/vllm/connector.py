@@ -229,7 +229,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._identity: dict[str, Any] | None = None
         self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
         self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
-        self._attn_layers: dict[str, Any] = {}  # worker: every attention layer by name (KV-shared ones included)
+        self._attn_by_index: dict[int, Any] = {}  # worker: every attention layer (KV-shared ones included)
         self._layer_names = ({n for g in kv_cache_config.kv_cache_groups for n in g.layer_names}
                              if kv_cache_config is not None else None)
         self._roots = [str(r) for r in roots]
@@ -575,7 +575,8 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if not isinstance(meta, KvgraftMetadata) or not (meta.loads or meta.saves):
             return
         layers: dict[int, Any] = {}
-        self._attn_layers = dict(forward_context.no_compile_layers)
+        self._attn_by_index = {int(m.group(1)): layer for name, layer in forward_context.no_compile_layers.items()
+                               if (m := _LAYER_INDEX.search(name)) is not None}
         for name, layer in forward_context.no_compile_layers.items():
             if getattr(layer, "kv_cache", None) is None or (self._layer_names is not None and name not in self._layer_names):
                 continue
@@ -594,9 +595,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if load.asynchronous:
             self._recv_failed.add(load.req_id)
             return
-        first, last = load.start // self._block_size, (load.end - 1) // self._block_size
-        for group in load.block_ids:
-            self._load_errors.update(b for b in group[first:last + 1] if b != NULL_BLOCK)
+        self._load_errors.update(self._touched(load))
 
     def _graft(self, load: GraftLoad, layers: dict[int, Any]) -> None:
         from kvgraft.inference.graft import read_entry_tensors
@@ -644,10 +643,13 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             t = torch.arange(lo, load.end)
             held = torch.tensor(blocks, dtype=torch.long)[t // n_block]
             t, held = t[held != NULL_BLOCK], held[held != NULL_BLOCK]  # blocks outside the window are vLLM's null block
-            k_src = tensors[meta["keys"]][0, :, t - a, :].permute(1, 0, 2)  # [T, H, C]
-            v_src = tensors[meta["values"]][0, :, t - a, :].permute(1, 0, 2)
             rows = t.numel()
-            if rows and int(t[0]) % n_block == 0 and rows % n_block == 0 and int(t[-1]) - int(t[0]) == rows - 1:
+            run = bool(rows) and int(t[-1]) - int(t[0]) == rows - 1
+            # One run of rows (the usual case: null blocks lead) is a view of the verified tensor, not a copy.
+            at: Any = slice(int(t[0]) - a, int(t[-1]) + 1 - a) if run else t - a
+            k_src = tensors[meta["keys"]][0, :, at, :].permute(1, 0, 2)  # [T, H, C]
+            v_src = tensors[meta["values"]][0, :, at, :].permute(1, 0, 2)
+            if run and int(t[0]) % n_block == 0 and rows % n_block == 0:
                 # Whole blocks: each block's content is one gather through the probed map, then one row copy.
                 nb = rows // n_block
                 combined = torch.cat([k_src.reshape(nb, -1), v_src.reshape(nb, -1)], dim=1)
@@ -658,8 +660,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             flat = kv.view(-1)
             for src, pos in ((k_src, pos_k), (v_src, pos_v)):
                 flat[(base + pos[t % n_block]).reshape(-1)] = src.reshape(-1).to(kv.dtype)
-        first, last = load.start // self._block_size, (load.end - 1) // self._block_size
-        written = sum(b != NULL_BLOCK for group in load.block_ids for b in group[first:last + 1])
+        written = len(self._touched(load))
         with self._lock:
             self.grafted.append((load.req_id, load.entry_id, load.end - load.start))
         t2 = time.perf_counter()
@@ -669,22 +670,25 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                  load.entry_id, load.start, load.end, entry["num_tokens"], rel.manifest["schedule"]["mode"],
                  entry["num_tokens"], written, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
-    def _attn_by_index(self) -> dict[int, Any]:
-        return {int(m.group(1)): layer for name, layer in self._attn_layers.items()
-                if (m := _LAYER_INDEX.search(name)) is not None}
+    def _touched(self, load: GraftLoad) -> list[int]:
+        """The blocks (of every KV-cache group, vLLM's null block left out) that hold tokens [start, end)."""
+        first, last = load.start // self._block_size, (load.end - 1) // self._block_size
+        return [b for group in load.block_ids for b in group[first:last + 1] if b != NULL_BLOCK]
+
+    def _producer(self, i: int) -> int | None:
+        """The layer whose cache vLLM runs layer i with (kv_sharing_target_layer_name), None for its own."""
+        target = getattr(self._attn_by_index.get(i), "kv_sharing_target_layer_name", None)
+        m = _LAYER_INDEX.search(str(target or ""))
+        return int(m.group(1)) if m is not None else None
 
     def _check_shared(self, entry: dict[str, Any], load: GraftLoad) -> str | None:
         """Why the entry's KV-shared layers do not read what vLLM's do, or None: each stored as reading layer j
-        must be one vLLM runs with layer j's cache (kv_sharing_target_layer_name)."""
-        by_index = self._attn_by_index()
+        must be one vLLM runs with layer j's cache."""
         for meta in entry["layers"]:
-            if meta["kind"] != "shared":
-                continue
-            target = getattr(by_index.get(int(meta["index"])), "kv_sharing_target_layer_name", None)
-            m = _LAYER_INDEX.search(str(target or ""))
-            if m is None or int(m.group(1)) != int(meta["shared_with"]):
+            if meta["kind"] == "shared" and self._producer(int(meta["index"])) != int(meta["shared_with"]):
+                producer = self._producer(int(meta["index"]))
                 return (f"layer {meta['index']} is stored as reading layer {meta['shared_with']}'s cache; vLLM's reads "
-                        f"{target or 'its own'}")
+                        f"{'layer ' + str(producer) if producer is not None else 'its own'}")
         return None
 
     def _layout(self, layer: Any, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -773,11 +777,10 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         for i in range(self._num_layers):
             served = self._served.get(i)
             if served is None:  # reads another layer's cache (KV sharing): stored once, at its producer
-                target = getattr(self._attn_by_index().get(i), "kv_sharing_target_layer_name", None)
-                m = _LAYER_INDEX.search(str(target or ""))
-                if m is None:
+                producer = self._producer(i)
+                if producer is None:
                     raise ValueError(f"layer {i} has no cache of its own and names no layer whose cache it reads")
-                layers_meta.append({"index": i, "kind": "shared", "shared_with": int(m.group(1))})
+                layers_meta.append({"index": i, "kind": "shared", "shared_with": producer})
                 continue
             layer = self._layers[i]
             kv = layer.kv_cache

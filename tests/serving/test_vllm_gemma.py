@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm import VENV_PY, _lines, _run, cpu_lacks
+from test_vllm import VENV_PY, _lines, build_and_serve
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "vllm_gemma.py"
 Served = tuple[dict[str, Any], str, Path]
@@ -21,16 +21,7 @@ Served = tuple[dict[str, Any], str, Path]
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> Served:
-    reason = cpu_lacks()
-    if reason:
-        pytest.skip(reason)
-    if not VENV_PY.exists():
-        pytest.skip(f"{VENV_PY.parent.parent} is not built: run `make vllm-venv` (`make test` does)")
-    out = tmp_path_factory.mktemp("vllm-gemma")
-    log = out / "engine.log"
-    _run([sys.executable, str(SCENARIOS), "build", str(out / "run")], log, 600)
-    _run([str(VENV_PY), str(SCENARIOS), "serve", str(out / "run")], log, 900)
-    return json.loads((out / "run" / "results.json").read_text()), log.read_text(), out / "run"
+    return build_and_serve(tmp_path_factory, SCENARIOS)
 
 
 def during(log: str, name: str) -> list[str]:

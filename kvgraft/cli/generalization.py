@@ -13,9 +13,11 @@ from kvgraft.cli._base import (
     DeviceOpt,
     DtypeOpt,
     JsonOpt,
+    KeysOpt,
     ModelOpt,
     OutOpt,
     QuietOpt,
+    RequireSignatureOpt,
     app,
     audit_app,
     echo_json,
@@ -143,6 +145,8 @@ def generalization_cmd(
     ray_address: RayAddressOpt = None,
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
+    key: KeysOpt = None,
+    require_signature: RequireSignatureOpt = False,
 ) -> None:
     """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
 
@@ -158,7 +162,7 @@ def generalization_cmd(
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, Lazy
     from kvgraft.render.generalization import renderables
-    from kvgraft.signing.policy import SignatureNotChecked
+    from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.verify import verified
 
     if json_out is not None:
@@ -170,8 +174,9 @@ def generalization_cmd(
         "synthetic": synthetic_n, "policy": policy, "max_new_tokens": max_new_tokens, "samples": samples,
         "temperature": temperature, "source": source, "limit": limit, "library_fraction": library_fraction,
         "salt": salt, "synthetic_seed": synthetic_seed, "seed": seed, "force": force, "budget": budget}
-    # As `kvgraft verify` opens it without a key (a stale statement fails; each entry's bytes are checked when read).
-    rel = verified(library_dir, SignatureNotChecked())
+    # Verified as `kvgraft verify` does with the same options, before any model loads (without --key: a stale
+    # statement fails, the signature is not checked; each entry's bytes are checked when read).
+    rel = verified(library_dir, keys_policy(key, require_signature=require_signature))
     with contextlib.ExitStack() as stack:
         # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
         ex = Lazy(lambda: stack.enter_context(make_executor(executor, model, device, dtype, attn, address=ray_address,

@@ -30,6 +30,7 @@ hidden temp file left in the folder is a violation.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import shutil
 import subprocess
@@ -211,15 +212,19 @@ def sign(work: Path) -> Scenario:
     rel = work / "rel"
     make_release(rel, entries=4, format_version=2)
     (old_key, old_pub), (new_key, new_pub) = keys.write_keypair(work / "a"), keys.write_keypair(work / "b")
-    signed = work / "signed"
+    signed = work / "out" / "signed"  # alone in its folder: sign's lock and temp files lie beside it
 
     def reset() -> None:
-        shutil.rmtree(signed, ignore_errors=True)
+        shutil.rmtree(signed.parent, ignore_errors=True)
+        signed.parent.mkdir()
         shutil.copytree(rel, signed)
         subprocess.run([*KVGRAFT, "sign", str(signed), "--key", str(old_key)], env=_env(), check=True,
                        capture_output=True)
 
     def state() -> str:
+        beside = sorted(set(os.listdir(signed.parent)) - {signed.name})
+        if beside:
+            return f"left beside the release: {beside}"
         for label, pub in (("previous", old_pub), ("new", new_pub)):
             try:
                 verify_release(signed, key=pub)
@@ -230,9 +235,9 @@ def sign(work: Path) -> Scenario:
 
     def paths() -> list[Path]:
         names = {*(p.name for p in signed.iterdir()), *(f".{n}.lock" for n in ("release.sigstore.json", "model.sig"))}
-        return [signed, *(signed / n for n in sorted(names))]
+        return [signed.parent, signed.parent / f".{signed.name}.lock", signed, *(signed / n for n in sorted(names))]
 
-    return Scenario("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, paths, signed)
+    return Scenario("sign", lambda: ["sign", str(signed), "--key", str(new_key)], state, reset, paths, signed.parent)
 
 
 def keygen(work: Path) -> Scenario:

@@ -218,13 +218,9 @@ def serve(out: Path) -> int:
 
 
 def main() -> int:
-    what, out = sys.argv[1], Path(sys.argv[2])
-    if what == "build":
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        build(out)
-        return 0
-    return serve(out)
+    from vllm_scenarios import scenario_main
+
+    return scenario_main(build, serve)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required

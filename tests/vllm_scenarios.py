@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TEXTS = {
@@ -193,16 +194,22 @@ def serve_signed(out: Path) -> int:
     return 0
 
 
-def main() -> int:
+def scenario_main(build: Callable[[Path], object], serve: Callable[[Path], int],
+                  more: dict[str, Callable[[Path], int]] | None = None) -> int:
+    """A scenario script's command line, `build OUT` or `serve OUT` (or one of `more`): the build starts from an
+    empty OUT."""
     what, out = sys.argv[1], Path(sys.argv[2])
     if what == "build":
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        build_releases(out)
+        build(out)
         return 0
-    if what == "serve-signed":
-        return serve_signed(out)
-    return serve(out) or serve_signed(out)  # one interpreter for both engines: vLLM's import is a quarter minute
+    return (more or {}).get(what, serve)(out)
+
+
+def main() -> int:
+    # one interpreter for both engines by default: vLLM's import is a quarter minute
+    return scenario_main(build_releases, lambda out: serve(out) or serve_signed(out), {"serve-signed": serve_signed})
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required

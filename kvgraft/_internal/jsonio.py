@@ -552,22 +552,33 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, owner: Path | None = None) -> None:
     """Write to a temp name in the same folder, fsync, rename: never a partial file.
 
     `mode` is set explicitly: mkstemp's 0600 would make published files unreadable to others,
     while private keys must keep 0600. Under the output's lock (a second writer gets BusyError); a
     refused write (disk full, I/O error, read-only) is IOFailure naming the path, the old file intact.
+    `owner`: the folder `path` lies in (a release), whose lock (OutputLock(owner)) the caller holds; the temp
+    file is made beside the folder, named as the folder's leftovers, so that a kill leaves nothing inside it
+    (inside only where the folder is another file system than its parent: a rename cannot cross it).
     """
-    with OutputLock(path), writing(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with contextlib.nullcontext() if owner else OutputLock(path), writing(path):
+        where = owner or path
+        fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
         try:
             os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                if owner is None or exc.errno != errno.EXDEV:
+                    raise
+                Path(tmp).unlink(missing_ok=True)
+                write_atomic(path, data, mode)  # its temp file inside, cleared by the next writer of that name
+                return
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

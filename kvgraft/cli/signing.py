@@ -97,6 +97,7 @@ def sign(
     if staging and not sigstore:
         raise InputError("--staging goes with --sigstore")
     check_writable(release / BUNDLE_NAME)  # before the release is hashed
+    check_writable(release)  # its lock and the signature files' temp files lie beside it
     if key is not None:
         passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
         try:

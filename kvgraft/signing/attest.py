@@ -255,12 +255,13 @@ def key_bundle(payload: bytes, signature: bytes, hint: str) -> dict[str, Any]:
     }
 
 
-def write_bundle(root: Path, data: bytes) -> Path:
-    """Write RELEASE/release.sigstore.json atomically."""
+def write_bundle(root: Path, data: bytes, *, locked: bool = False) -> Path:
+    """Write RELEASE/release.sigstore.json atomically (`locked`: the caller holds the release's lock; the temp
+    file lies beside the release)."""
     path = Path(root) / BUNDLE_NAME
     if path.is_symlink():
         raise InputError(f"{path}: is a symlink; releases may not contain links")
-    jsonio.write_atomic(path, data)  # 0644: published with the release
+    jsonio.write_atomic(path, data, owner=Path(root) if locked else None)  # 0644: published with the release
     return path
 
 

@@ -66,8 +66,9 @@ def can_sign(key: keys.PrivateKey) -> bool:
     return isinstance(key, ec.EllipticCurvePrivateKey)
 
 
-def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | None:
-    """Write RELEASE/model.sig for files with these digests; None (nothing written) for a non-ECDSA key."""
+def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str], *, locked: bool = False) -> Path | None:
+    """Write RELEASE/model.sig for files with these digests; None (nothing written) for a non-ECDSA key.
+    `locked`: the caller holds the release's lock (the temp file lies beside the release)."""
     if not can_sign(key):
         return None
     payload = (json.dumps(statement(root, digests), indent=2) + "\n").encode()
@@ -79,7 +80,7 @@ def sign(root: Path, key: keys.PrivateKey, digests: dict[str, str]) -> Path | No
                          "signatures": [{"sig": base64.b64encode(signature).decode()}]},
     }
     path = Path(root) / OMS_NAME
-    jsonio.write_atomic(path, (json.dumps(bundle, indent=2) + "\n").encode())
+    jsonio.write_atomic(path, (json.dumps(bundle, indent=2) + "\n").encode(), owner=Path(root) if locked else None)
     return path
 
 

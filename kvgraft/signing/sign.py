@@ -97,9 +97,17 @@ def _refuse_unsigned_beside(root: Path, beside: dict[str, str], why: str) -> Non
 
 def sign_release(root: Path, key: PrivateKey) -> Signed:
     """Sign a release offline with a private key; write RELEASE/release.sigstore.json."""
-    oms_path = Path(root) / OMS_NAME
+    root = Path(root)
+    # The release's own lock, as a capture of it holds: one writer of the release at a time, a second
+    # `sign` (or a capture) refused at once; the signature files' temp files lie beside the release, never in it.
+    with jsonio.OutputLock(root):
+        return _sign_locked(root, key)
+
+
+def _sign_locked(root: Path, key: PrivateKey) -> Signed:
+    oms_path = root / OMS_NAME
     for name in (BUNDLE_NAME, OMS_NAME):
-        jsonio.clear_leftovers(Path(root) / name)  # a killed sign's temp files would fail the check below
+        jsonio.clear_leftovers(root / name)  # temp files an older kvgraft's killed sign left in the folder
     stmt, files, beside = _checked_folder(root)
     if not oms.can_sign(key):
         _refuse_unsigned_beside(root, beside, f"an {algorithm_of(key)} key writes no OpenSSF model signing "
@@ -111,17 +119,17 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
     # model.sig names the bundle's digest: beside another bundle it verifies with no key. Removed before the
     # bundle is replaced, every state a kill leaves verifies with the old key or the new one; when a write
     # is refused, the previous bundle and model.sig are put back (best effort: the disk may still refuse).
-    bundle_path = Path(root) / BUNDLE_NAME
+    bundle_path = root / BUNDLE_NAME
     before = {path: jsonio.read_bounded(path, jsonio.MAX_JSON_BYTES, "a signature") if path.is_file() else None
               for path in (oms_path, bundle_path)}
     with jsonio.writing(oms_path):
         oms_path.unlink(missing_ok=True)
     try:
-        bundle = write_bundle(root, data)
+        bundle = write_bundle(root, data, locked=True)
         # The OMS signature covers release.sigstore.json too, so it is written last (none for a key OMS
         # cannot use). It lists every file of the folder (format 2: the entry files too, which the statement
         # binds through the index shards), and those beside the release, which only it signs.
-        written = oms.sign(root, key, {**beside, **files, BUNDLE_NAME: sha256_hex(data)})
+        written = oms.sign(root, key, {**beside, **files, BUNDLE_NAME: sha256_hex(data)}, locked=True)
     except BaseException:
         for path in (bundle_path, oms_path):
             with contextlib.suppress(OSError, Error):
@@ -129,7 +137,7 @@ def sign_release(root: Path, key: PrivateKey) -> Signed:
                 if old is None:
                     path.unlink(missing_ok=True)
                 else:
-                    jsonio.write_atomic(path, old)
+                    jsonio.write_atomic(path, old, owner=root)
         raise
     return Signed(bundle, stmt, kid, written, len(files), tuple(sorted(beside)))
 
@@ -146,6 +154,11 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
     --certificate-oidc-issuer URL` (see docs/ci-signing.md). `staging` uses Sigstore's staging
     instance (for tests; verify with --staging).
     """
+    with jsonio.OutputLock(Path(root)):  # as sign_release: the whole sign, the signer's flow included
+        return _sign_sigstore_locked(Path(root), staging, identity_token)
+
+
+def _sign_sigstore_locked(root: Path, staging: bool, identity_token: str | None) -> Signed:
     from sigstore.dsse import Statement
     from sigstore.errors import Error as SigstoreError
     from sigstore.models import ClientTrustConfig
@@ -168,6 +181,8 @@ def sign_release_sigstore(root: Path, *, staging: bool = False, identity_token: 
         raise InputError(f"{root}: Sigstore signing failed: {' '.join(exc.diagnostics().split())}") from None
     except Exception as exc:  # network and OIDC errors of the underlying clients
         raise InputError(f"{root}: Sigstore signing failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    written = write_bundle(root, bundle.to_json().encode())
-    (Path(root) / OMS_NAME).unlink(missing_ok=True)  # it would no longer match release.sigstore.json
+    oms_path = root / OMS_NAME
+    with jsonio.writing(oms_path):  # first: beside the new bundle it would verify with no key
+        oms_path.unlink(missing_ok=True)
+    written = write_bundle(root, bundle.to_json().encode(), locked=True)
     return Signed(written, stmt, str(token.identity), files=len(files))

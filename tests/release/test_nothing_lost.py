@@ -230,10 +230,10 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     previous = {name: (rel / name).read_bytes() for name in ("model.sig", "release.sigstore.json")}
     real = jsonio.write_atomic
 
-    def refuse(path: Path, data: bytes, mode: int = 0o644) -> None:  # the new signature's write, not the put-back
+    def refuse(path: Path, data: bytes, mode: int = 0o644, **kw: Any) -> None:  # the new signature's, not the put-back
         if path.name == failing and data != previous[failing]:
             raise IOFailure(f"{path}: cannot write: No space left on device (ENOSPC)")
-        real(path, data, mode)
+        real(path, data, mode, **kw)
 
     monkeypatch.setattr(jsonio, "write_atomic", refuse)
     with pytest.raises(IOFailure):
@@ -244,6 +244,109 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     assert sorted(p.name for p in rel.iterdir() if p.name.startswith(".")) == []
     sign_release(rel, keys.load_private_key(new_key))  # the control: unrefused, the new key signs
     verify_release(rel, key=new_pub)
+
+
+def test_a_sign_leaves_nothing_inside_the_release_at_any_moment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lock and the signature files' temp files lie beside the release: a kill at any point leaves the folder
+    as it was or signed, which verifies. Each fsync and rename (a temp file exists at each) looks inside."""
+    from kvgraft.signing import keys
+    from kvgraft.signing.sign import sign_release
+    from kvgraft.signing.verify import verify_release
+
+    rel = tmp_path / "rel"
+    make_release(rel, entries=2, format_version=2)
+    private, public = keys.write_keypair(tmp_path / "k")
+    inside: list[str] = []
+    beside: list[str] = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def look() -> None:
+        inside.extend(n for n in os.listdir(rel) if n.startswith("."))
+        beside.extend(n for n in os.listdir(tmp_path) if n.startswith(".rel."))
+
+    def replace(src: Any, dst: Any) -> None:
+        look()
+        real_replace(src, dst)
+
+    def fsync(fd: int) -> None:
+        look()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    sign_release(rel, keys.load_private_key(private))
+    monkeypatch.undo()
+    assert inside == []
+    assert any(n.endswith(".tmp") for n in beside) and ".rel.lock" in beside  # where they were: the control
+    verify_release(rel, key=public)
+    assert _names(tmp_path) == ["k.key.pem", "k.pub.pem", "rel"]
+
+
+_HOLD_LOCK = """
+import sys
+from pathlib import Path
+from kvgraft._internal.jsonio import OutputLock
+with OutputLock(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_sign_and_a_capture_of_one_release_exclude_each_other(tmp_path: Path) -> None:
+    """Two signs of one release at once could leave one's bundle beside the other's model.sig (which verifies
+    with neither key); a capture replacing it meanwhile, a signature of the release it replaced. Both take the
+    release's lock: a second writer is refused at once (exit 8), and a killed holder leaves none stuck."""
+    from kvgraft.signing import keys
+    from kvgraft.signing.sign import sign_release
+    from kvgraft.signing.verify import verify_release
+
+    rel = tmp_path / "rel"
+    make_release(rel, entries=1, format_version=2)
+    private, public = keys.write_keypair(tmp_path / "k")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(rel)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(BusyError, match="another process is writing it now") as info:
+            sign_release(rel, keys.load_private_key(private))
+        assert info.value.exit_code == EXIT_BUSY
+        assert not (rel / "release.sigstore.json").exists()
+        with pytest.raises(BusyError):
+            make_release(rel, entries=1, seed=3, format_version=2, overwrite=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    sign_release(rel, keys.load_private_key(private))  # the control: the lock gone with its holder
+    verify_release(rel, key=public)
+
+
+def test_a_release_on_another_file_system_than_its_parent_is_signed_from_inside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rename cannot cross file systems (EXDEV): a release folder that is a mount point gets its signature's
+    temp file inside, as before, and is signed whole."""
+    from kvgraft.signing import keys
+    from kvgraft.signing.sign import sign_release
+    from kvgraft.signing.verify import verify_release
+
+    rel = tmp_path / "rel"
+    make_release(rel, entries=1, format_version=2)
+    private, public = keys.write_keypair(tmp_path / "k")
+    real_replace = os.replace
+    crossed: list[str] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(src).parent != Path(dst).parent:
+            crossed.append(Path(dst).name)
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    sign_release(rel, keys.load_private_key(private))
+    monkeypatch.undo()
+    assert sorted(crossed) == ["model.sig", "release.sigstore.json"]
+    verify_release(rel, key=public)
+    assert _names(tmp_path) == ["k.key.pem", "k.pub.pem", "rel"]
 
 
 def _read_only(folder: Path, command: str) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ from release_factory import make_release
 
 SEED = 1313
 CASES = 700
-SECONDS = 30  # the bound: stop starting cases after this long (a loaded machine runs fewer)
+SECONDS = 20  # the bound: stop starting cases after this long (a loaded machine runs fewer)
 REPO = Path(__file__).resolve().parents[2]
 
 _DRIVER = r"""

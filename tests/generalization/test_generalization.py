@@ -3,6 +3,8 @@ the clean/contaminated split, the ledger, the JSON schema, the CLI."""
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import os
 import time
@@ -352,6 +354,58 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
     face = KINDS["generalization"].face({**report_check_data(tiny_result), "result": tiny_result})
     assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
+
+# ---------------------------------------------------------------- every schema-valid result renders
+
+def _members(obj: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    """Every member's path (dict keys; the first two items of a list)."""
+    found: list[tuple[str | int, ...]] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += [(*path, key), *_members(value, (*path, key))]
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj[:2]):
+            found += _members(value, (*path, i))
+    return found
+
+
+def _without(doc: Any, path: tuple[str | int, ...]) -> Any:
+    doc = copy.deepcopy(doc)
+    parent = doc
+    for step in path[:-1]:
+        parent = parent[step]
+    del parent[path[-1]]
+    return doc
+
+
+def test_a_result_the_schema_accepts_renders_whatever_member_it_lacks(tiny_result: dict[str, Any]) -> None:
+    """The generalization renderer reads what generalization-result.v1.json requires: a result lacking any one
+    member is refused by the schema or drawn whole (a renderer never meets a KeyError)."""
+    from rich.console import Console
+
+    from kvgraft.errors import InputError
+    from kvgraft.render.generalization import renderables
+    from kvgraft.schema import validate
+
+    result = json.loads(json.dumps(tiny_result))  # as written and read back
+    validate(result, "generalization-result.v1.json", "result")
+    drawn, refused, broke = 0, 0, []
+    for path in _members(result):
+        doc = _without(result, path)
+        try:
+            validate(doc, "generalization-result.v1.json", "member removed")
+        except InputError:
+            refused += 1
+            continue
+        console = Console(record=True, width=160, file=io.StringIO())
+        try:
+            for part in renderables(doc, console):
+                console.print(part)
+            drawn += 1
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            broke.append(f"{'.'.join(map(str, path))}: {type(exc).__name__}: {exc}")
+    assert refused > 100 and drawn > 10, (refused, drawn)  # the control: both outcomes are reached
+    assert not broke, f"{len(broke)} members the renderer reads but the schema does not require: {broke[:20]}"
 
 def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
     from kvgraft.cli import app

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib
 import os
 import shutil
 import socket
 import tempfile
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -62,6 +64,7 @@ class Worker:
         self.index = index
         self.model_spec = dict(model)
         self.releases: dict[str, VerifiedRelease] = {}
+        self._policy_dir: Path | None = None  # the keys and signatures of the driver's policy, written here
         self.error: BaseException | None = None
         self.lm: Any = None
         try:
@@ -145,13 +148,18 @@ class Worker:
         """The driver's policy with the files it names (keys, a detached OMS signature) written on this node."""
         if not files:
             return policy
-        base = Path(tempfile.mkdtemp(prefix="kvgraft-policy-"))
+        if self._policy_dir is None:  # one folder for the worker's life, removed when the worker goes
+            self._policy_dir = Path(tempfile.mkdtemp(prefix="kvgraft-policy-"))
+            weakref.finalize(self, shutil.rmtree, self._policy_dir, True)
+        base = self._policy_dir
 
         def here(p: Path) -> Path:
             if str(p) not in files:
                 raise InputError(f"worker {self.index}: the driver's policy names {p}, which was not shipped")
-            local = base / f"{len(list(base.iterdir()))}-{Path(p).name}"
-            local.write_bytes(files[str(p)])
+            data = files[str(p)]
+            local = base / f"{hashlib.sha256(data).hexdigest()[:16]}-{Path(p).name}"  # the same file once
+            if not local.is_file():
+                local.write_bytes(data)
             return local
 
         changes: dict[str, Any] = {}

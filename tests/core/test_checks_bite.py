@@ -189,7 +189,7 @@ def test_a_ray_worker_verifies_the_release_under_the_drivers_policy(rel: Path, k
 
     sign.sign_release(rel, keys.load_private_key(keypair[0]))
     worker = Worker.__new__(Worker)  # opening a release needs no model
-    worker.index, worker.releases = 0, {}
+    worker.index, worker.releases, worker._policy_dir = 0, {}, None
     handle = {"root": str(rel), "root_digest": json.loads((rel / MANIFEST).read_text())["root_digest"], "shipped": None}
     with pytest.raises(InputError, match="no verification policy"):
         worker.release(handle)
@@ -203,6 +203,15 @@ def test_a_ray_worker_verifies_the_release_under_the_drivers_policy(rel: Path, k
     moved = worker._policy_files(SignedWithKeys((there,)), {str(there): keypair[1].read_bytes()})
     assert moved.keys[0] != there and moved.keys[0].read_bytes() == keypair[1].read_bytes()
     assert verified(rel, moved).checked.signature.status == "verified"
+    # Written once per worker, in one folder that goes with the worker (each audit used to leave one behind).
+    again = worker._policy_files(SignedWithKeys((there,)), {str(there): keypair[1].read_bytes()})
+    folder = moved.keys[0].parent
+    assert again.keys == moved.keys and [p.name for p in folder.iterdir()] == [moved.keys[0].name]
+    del worker, got
+    import gc
+
+    gc.collect()
+    assert not folder.exists()
 
 
 # ------------------------------------------------------------------------------ tiny model: graft, recompute

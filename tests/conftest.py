@@ -18,13 +18,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 EXAMPLE = Path(__file__).resolve().parents[1] / "kvgraft" / "data" / "example.jsonl"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The vLLM tests (tests/serving) first, the rest in their order. Their two engine processes took about 80 and
-    60 s run alone or first, and 135 and 124 s at the end of the whole suite on the same 2-core machine (a fresh
-    clone, 2026-12-02): what a quarter hour of tests leaves behind (page cache, memory) slows vLLM's start the most."""
-    items.sort(key=lambda item: 0 if item.path.parent.name == "serving" else 1)
-
-
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Folder of a tiny random model of a family (built once per session, fixed seed)."""

@@ -162,7 +162,11 @@ def close(llm: Any) -> None:
 
 
 def serve(out: Path) -> int:
+    from vllm_scenarios import inspect_models_here
+
     from kvgraft.release.format import Release
+
+    inspect_models_here()
 
     plan = json.loads((out / "plan.json").read_text())
     tokens: dict[str, list[int]] = plan["tokens"]

@@ -58,6 +58,17 @@ PARTIAL = 32 + 20  # tokens of entry "a" prompt "f" starts with: one 32-token bl
 NEW_TOKENS = 16
 
 
+def inspect_models_here() -> None:
+    """vLLM inspects each model architecture in a new interpreter that imports vLLM again (about 20 s here, once per
+    architecture and environment: 4 architectures in these scenarios), so as not to initialize CUDA in the engine's
+    process. These scenarios run on the CPU, where that cannot happen: they inspect in their own process. vLLM's
+    cache of what it found (VLLM_CACHE_ROOT/modelinfos) and the engines are as they were; the README's server
+    test (make test-slow) runs vLLM untouched."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
+
+
 def flip_one_byte(release: Path, entry_id: str) -> str:
     """Flip one byte inside the first key tensor of an entry; return the tensor's name."""
     from kvgraft.release.format import Release
@@ -122,6 +133,7 @@ def serve(out: Path) -> int:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    inspect_models_here()
     tok = AutoTokenizer.from_pretrained(str(info["model"]))
     suffix = tok(SUFFIX, add_special_tokens=False)["input_ids"]
     t1 = time.perf_counter()

@@ -686,6 +686,6 @@ def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], setti
 
 
 __all__ = [
-    "CONDITIONS", "LABELS", "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
+    "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
     "prepare", "query_text", "run_query",
 ]

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from kvgraft.errors import SchemaError
 from kvgraft.generalization import audit as gen
 from kvgraft.generalization import library
+from kvgraft.generalization.conditions import CONDITIONS, LABELS
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
 from kvgraft.inference.runtime import Schedule
@@ -340,7 +341,7 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
     for r in renderables(tiny_result, console):
         console.print(r)
     text = console.export_text()
-    for label in gen.LABELS.values():
+    for label in LABELS.values():
         assert label in " ".join(text.split()), label
     for needle in ("Wilson", "McNemar", "mid-p", "not significant", "clean", "contaminated", "ledger", "upstream",
                    "context accounting", "ESTIMATE", "decode / budget"):
@@ -358,24 +359,26 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
 # ---------------------------------------------------------------- every schema-valid result renders
 
 def _members(obj: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
-    """Every member's path (dict keys; the first two items of a list)."""
+    """One path per kind of member: dict keys; of a list, its first item; of a map keyed by condition, its first
+    condition (the others have the same shape)."""
     found: list[tuple[str | int, ...]] = []
     if isinstance(obj, dict):
-        for key, value in obj.items():
+        keyed_by_condition = bool(obj) and set(obj) <= set(CONDITIONS)
+        for key, value in list(obj.items())[:1] if keyed_by_condition else obj.items():
             found += [(*path, key), *_members(value, (*path, key))]
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj[:2]):
-            found += _members(value, (*path, i))
+    elif isinstance(obj, list) and obj:
+        found += _members(obj[0], (*path, 0))
     return found
 
 
 def _without(doc: Any, path: tuple[str | int, ...]) -> Any:
-    doc = copy.deepcopy(doc)
-    parent = doc
-    for step in path[:-1]:
-        parent = parent[step]
-    del parent[path[-1]]
-    return doc
+    """`doc` less the member at `path`: the containers on the path copied, the rest shared."""
+    copied = copy.copy(doc)
+    if len(path) == 1:
+        del copied[path[0]]
+    else:
+        copied[path[0]] = _without(doc[path[0]], path[1:])
+    return copied
 
 
 def test_a_result_the_schema_accepts_renders_whatever_member_it_lacks(tiny_result: dict[str, Any]) -> None:
@@ -383,18 +386,16 @@ def test_a_result_the_schema_accepts_renders_whatever_member_it_lacks(tiny_resul
     member is refused by the schema or drawn whole (a renderer never meets a KeyError)."""
     from rich.console import Console
 
-    from kvgraft.errors import InputError
+    from kvgraft import schema
     from kvgraft.render.generalization import renderables
-    from kvgraft.schema import validate
 
     result = json.loads(json.dumps(tiny_result))  # as written and read back
     validate(result, "generalization-result.v1.json", "result")
+    accepts = schema._fast("generalization-result.v1.json").is_valid
     drawn, refused, broke = 0, 0, []
     for path in _members(result):
         doc = _without(result, path)
-        try:
-            validate(doc, "generalization-result.v1.json", "member removed")
-        except InputError:
+        if not accepts(doc):  # what `validate` refuses (it then asks the reference validator for its message)
             refused += 1
             continue
         console = Console(record=True, width=160, file=io.StringIO())
@@ -404,8 +405,9 @@ def test_a_result_the_schema_accepts_renders_whatever_member_it_lacks(tiny_resul
             drawn += 1
         except (KeyError, TypeError, IndexError, AttributeError) as exc:
             broke.append(f"{'.'.join(map(str, path))}: {type(exc).__name__}: {exc}")
-    assert refused > 100 and drawn > 10, (refused, drawn)  # the control: both outcomes are reached
+    assert refused > 50 and drawn > 10, (refused, drawn)  # the control: both outcomes are reached
     assert not broke, f"{len(broke)} members the renderer reads but the schema does not require: {broke[:20]}"
+
 
 def test_cli_build_and_audit(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
     from kvgraft.cli import app
@@ -481,7 +483,7 @@ def test_acceptance_plan_on_smollm2_within_ten_minutes(tmp_path: Path) -> None:
     validate(doc, gen.SCHEMA, "acceptance result")
     assert doc["plan"]["queries"] == {"library": 12, "held_out": 12, "synthetic": 12}
     assert all(eq["equal"] == eq["n"] for eq in doc["equality"].values())
-    for label in gen.LABELS.values():
+    for label in LABELS.values():
         assert label in run.stdout
     for needle in ("McNemar", "clean", "contaminated", "ledger", "context accounting"):
         assert needle in run.stdout

@@ -685,8 +685,10 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Why the entry's KV-shared layers do not read what vLLM's do, or None: each stored as reading layer j
         must be one vLLM runs with layer j's cache."""
         for meta in entry["layers"]:
-            if meta["kind"] == "shared" and self._producer(int(meta["index"])) != int(meta["shared_with"]):
-                producer = self._producer(int(meta["index"]))
+            if meta["kind"] != "shared":
+                continue
+            producer = self._producer(int(meta["index"]))
+            if producer != int(meta["shared_with"]):
                 return (f"layer {meta['index']} is stored as reading layer {meta['shared_with']}'s cache; vLLM's reads "
                         f"{'layer ' + str(producer) if producer is not None else 'its own'}")
         return None

@@ -59,9 +59,9 @@ RECOMPUTE_VERDICT = ["kvgraft.recompute.audit.x_" + f + "__mutmut_*" for f in (
 CHECK_KINDS = ["kvgraft/audit/checks/" + f + ".py" for f in (
     "__init__", "claims", "controls", "determinism", "generalization", "recompute", "verify")]
 STATUS_RULES = ["kvgraft.audit.checks.*x_" + f + "__mutmut_*" for f in ("status", "seal", "kind")]
-# test_hostile_round_three_index.py's prefix-index tests (about 7 s of its 24 to 41 s: not its control, shard or inspect
+# test_hostile_index.py's prefix-index tests (about 7 s of its 24 to 41 s: not its control, shard or inspect
 # tests): they kill the prefix records' checks and messages in index.py and format.py (sample G).
-PREFIX_TESTS = ["tests/release/test_hostile_round_three_index.py::" + t for t in (
+PREFIX_TESTS = ["tests/release/test_hostile_index.py::" + t for t in (
     "test_a_prefix_index_larger_than_the_limit_is_refused_at_opening",
     "test_verify_weighs_the_prefix_records_against_the_entries_blocks_before_reading",
     "test_prefix_lookups_hold_pages_of_the_prefix_index_not_the_file", "test_verify_checks_every_prefix_record",

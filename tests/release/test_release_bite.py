@@ -1463,7 +1463,7 @@ def test_opening_counts_its_files_and_names_the_manifest_as_the_default_source(i
 
 def test_check_release_checks_the_prefix_records_of_an_indexed_release(indexed: Path) -> None:
     """A format-2 release with prefix records (40 tokens an entry, blocks of 16) verifies: its records are
-    weighed against the entries' blocks (control for the prefix checks of test_hostile_round_three_index)."""
+    weighed against the entries' blocks (control for the prefix checks of test_hostile_index)."""
     c = check_release(indexed)
     assert c.release.index is not None and c.release.index.prefix_meta is not None
     assert c.count == len(listed_digests(indexed))

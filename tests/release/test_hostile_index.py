@@ -1,4 +1,4 @@
-"""Hostile releases, round three: the indexed format (format 2). The manifest's numbers are the attacker's (an
+"""Hostile releases: the indexed format (format 2). The manifest's numbers are the attacker's (an
 unsigned release, or one re-signed with the attacker's key k3 and verified with `--key k3`): an index file's size
 is bounded by kvgraft, not by what the manifest says, before anything is read; the prefix index is never held
 whole; every prefix record is checked by `verify`, and a bad one met by a lookup is an IntegrityError."""
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_hostile_round_two import _one_line
+from test_hostile_sizes import _one_line
 from typer.testing import CliRunner
 
 from kvgraft._internal import jsonio
@@ -35,7 +35,7 @@ ENTRIES, TOKENS = 5, 40  # two blocks of 16 an entry: ten prefix records
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    folder = tmp_path_factory.mktemp("round3")
+    folder = tmp_path_factory.mktemp("hostile-index")
     private, public = keys.write_keypair(folder / "k3")
     make_release(folder / "rel", entries=ENTRIES, tokens=TOKENS, seed=31, format_version=2, shard_entries=2)
     sign_as(folder / "rel", private)

@@ -1,10 +1,10 @@
-"""Hostile releases, round three (the indexed format): the command-line items.
+"""Hostile releases (the indexed format): what the command line does with them.
 
-6: an output on a read-only filesystem is refused (exit 2, one line) before any model loads or release is hashed.
-7: every --json escapes control, bidi and separator characters as JSON \\u sequences, as text mode escapes them.
-8: `run --key A --key B` follows verify's rule: each key must verify one of the signatures.
-10: `audit sample --check` compares values as JSON (`true` is not 1) and cuts what it quotes.
-12: a reader that closed the pipe ends the command quietly (status 141, as a Unix tool killed by SIGPIPE).
+- an output on a read-only filesystem is refused (exit 2, one line) before any model loads or release is hashed.
+- every --json escapes control, bidi and separator characters as JSON \\u sequences, as text mode escapes them.
+- `run --key A --key B` follows verify's rule: each key must verify one of the signatures.
+- `audit sample --check` compares values as JSON (`true` is not 1) and cuts what it quotes.
+- a reader that closed the pipe ends the command quietly (status 141, as a Unix tool killed by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ RAW = ("\u202e", "\u2028", "\u009b")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("round-three-cli") / "rel"
+    root = tmp_path_factory.mktemp("hostile-cli") / "rel"
     make_release(root, entries=3, seed=11)
     return root
 

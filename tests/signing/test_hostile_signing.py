@@ -1,10 +1,10 @@
-"""Hostile releases, round three (the indexed format): the signing items.
+"""Hostile releases (the indexed format): their signatures.
 
-4: a certificate whose SubjectAlternativeName does not parse is a row's problem in `inspect`, not exit 70.
-9: files a verified OpenSSF model signing signature says it ignores (`model_signing sign --ignore-paths`)
-   are not refused as extra, as `model_signing verify` accepts them; nothing else is.
-11: one key id (the SHA-256 of the public key PEM) in keygen, sign, inspect and verify, for both signature
-   files, whoever made model.sig.
+- a certificate whose SubjectAlternativeName does not parse is a row's problem in `inspect`, not exit 70.
+- files a verified OpenSSF model signing signature says it ignores (`model_signing sign --ignore-paths`)
+  are not refused as extra, as `model_signing verify` accepts them; nothing else is.
+- one key id (the SHA-256 of the public key PEM) in keygen, sign, inspect and verify, for both signature
+  files, whoever made model.sig.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("round-three") / "rel"
+    root = tmp_path_factory.mktemp("hostile-signing") / "rel"
     make_release(root, entries=2, seed=3, format_version=2)
     return root
 

@@ -1,6 +1,6 @@
-"""Hostile releases, round two: sizes bounded before arithmetic, UTF-8-only JSON, numbers in
-messages capped, every filesystem call on a release path guarded. Each test reproduces one finding of
-the second campaign (exit 70, or work proportional to a hostile header, before the fix)."""
+"""Hostile releases: sizes bounded before arithmetic, UTF-8-only JSON, numbers in
+messages capped, every filesystem call on a release path guarded. Each test reproduces a hostile input that
+was exit 70, or work proportional to a hostile header, before its bound."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    folder = tmp_path_factory.mktemp("round2")
+    folder = tmp_path_factory.mktemp("hostile-sizes")
     private, public = keys.write_keypair(folder / "k")
     make_release(folder / "rel", entries=2, heads=4, tokens=64, seed=23)
     sign.sign_release(folder / "rel", keys.load_private_key(private))

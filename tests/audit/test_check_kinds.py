@@ -22,7 +22,7 @@ EXAMPLE = ROOT / "tests" / "fixtures" / "report-example.json"
 PARTS = [f.name for f in dataclasses.fields(CheckKind)]
 
 
-def test_the_protocol_has_every_part_the_issue_names() -> None:
+def test_the_protocol_has_every_part_of_a_check_kind() -> None:
     assert PARTS == ["name", "schema", "status", "stamps_status", "run", "face", "details", "html", "known_data"]
 
 

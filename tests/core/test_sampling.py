@@ -103,7 +103,7 @@ def test_the_bound_equals_scipys_at_random_points() -> None:
         assert sampling.upper_bound(k, n, population, conf) == scipy_bound(k, n, population, conf), (k, n, population)
 
 
-def test_the_issues_example_and_a_full_audit() -> None:
+def test_0_of_200_sampled_of_100000_and_a_full_audit() -> None:
     # "0 of 200 sampled: at most 1.5% of 100,000 entries fail, 95%"
     d = sampling.upper_bound(0, 200, 100_000)
     assert sampling.pct(d / 100_000) == "1.5%"

@@ -396,7 +396,7 @@ def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, mod
 def test_two_audits_on_ray_at_once_on_one_machine_both_finish(release_dir: Path, model_dir: Path,
                                                                local_result: dict[str, Any], tmp_path: Path) -> None:
     """Two `audit recompute --executor ray` processes started together, each with its own local Ray instance
-    (issue: one ended in exit 70 while two other Ray jobs shared the machine): both finish, each with the
+    (one ended in exit 70 while two other Ray jobs shared the machine, before): both finish, each with the
     verdict and results a local run gives."""
     import os
     import subprocess

@@ -1584,7 +1584,7 @@ class _RecordingSource:
         raise AssertionError("not expected")
 
 
-# ------------------------------------------------------------------ sample H's survivors without a test (#35 item 6)
+# ------------------------------------------------------------------ sample H's survivors without a test
 
 
 def test_an_entry_file_removed_before_it_is_asked_for_is_named_missing(rel: Path) -> None:

@@ -300,7 +300,7 @@ def test_a_digest_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
     assert fine is not None and oms.read(fine, [keys.load_public_key(public)], "")[0] == {"a.bin": "a" * 64}
 
 
-# ------------------------------------------------------------------ the sampled mutmut survivors (h42)
+# ------------------------------------------------------------------ the sampled mutmut survivors
 # attest and signing groups of `mutation/run.py --sample 100` (docs/mutation.md): each test names the
 # mutants it kills.
 

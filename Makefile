@@ -95,8 +95,8 @@ bench: $(STAMP)
 # Sigstore bundle (tests/bench/test_gpu_check.py checks both). transformers travels too: the GPU machine's
 # 5.17.0 lacks the cache internals kvgraft builds caches from (DummyLayer, the per-layer plan of
 # get_layer_types_and_kwargs); 5.24.0, the version kvgraft is tested with, takes that machine's
-# huggingface-hub 1.33, tokenizers 0.23.2 and safetensors 0.8.0. At most 30 MiB; the device tool
-# carries 64 MiB per call in all, working tree included.
+# huggingface-hub 1.33, tokenizers 0.23.2 and safetensors 0.8.0. At most 30 MiB: the wheels travel to the GPU
+# machine with the working tree, 64 MiB in all.
 GPU_PY ?= 3.12
 GPU_WHEELS ?= bench/wheels/py$(GPU_PY)
 GPU_WHEEL_PINS := rfc8785==0.1.4 jsonschema-rs==0.61.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
@@ -121,10 +121,10 @@ gpu-check:
 # build with the CUDA libraries it loads: 2.6 GB downloaded once into out/gpu-dry/machine-wheels, 4.4 GB in
 # the venv; transformers 5.17.0, huggingface-hub 1.33.0; bench/gpu_emulate.py): what tests/bench/test_gpu_check.py
 # runs; the last line fails unless the run's gpu_check.json says torch 2.11.0 ran it. First the GPU machine's
-# own wheel set ($(GPU_WHEELS)) is installed into a CPython $(GPU_PY) here, where there is one (pyenv's, on this
-# project's machines; Debian 12 and PyPI have none), and kvgraft's signing, digests and schema validation run
-# on it (its cffi and rpds-py are built per Python version). The budget is this loaded
-# 2-core machine's, not the GPU's: the step estimates are checked against it as on the GPU.
+# own wheel set ($(GPU_WHEELS)) is installed into a CPython $(GPU_PY) here, where there is one (e.g. pyenv's;
+# Debian 12 and PyPI have none), and kvgraft's signing, digests and schema validation run
+# on it (its cffi and rpds-py are built per Python version). The budget is that of a loaded
+# 2-core machine, not the GPU's: the step estimates are checked against it as on the GPU.
 GPU_DRY_VENV ?= out/gpu-dry/venv
 gpu-check-dry: $(STAMP)
 	$(MAKE) --no-print-directory gpu-wheels

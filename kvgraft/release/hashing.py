@@ -143,7 +143,7 @@ def read_and_hash(source: Path | int, ranges: Sequence[tuple[int, int]], dest: m
 
     One pass over the bytes: each block is hashed right after it is read, while still in cache.
     One thread per core, the calling thread among them, pulls the next range in file order:
-    measured on this project's VM, the two vCPUs often run at different speeds, and a fixed half
+    measured on a 2-vCPU Intel Xeon VM, the two vCPUs often run at different speeds, and a fixed half
     each left the faster one waiting. `meanwhile`, if given, runs on the calling thread after the
     other threads have started and before it joins them; it must not read `dest`.
     """

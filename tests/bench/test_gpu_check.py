@@ -250,8 +250,8 @@ def test_the_gpu_machines_wheel_set_takes_cpython_312(tmp_path: Path) -> None:
     """The GPU machine's Python is 3.12 (bench/gpu_machine_packages.txt): every wheel of its set admits
     CPython 3.12 on manylinux x86-64 by its tags and Requires-Python, transformers' requirements admit that
     machine's torch 2.11 and pinned packages; and where this machine has a CPython 3.12 the set installs
-    there with --no-index and kvgraft's signing, digests and schema validation run on it. This project's
-    machines have pyenv's CPython 3.12.1 (part of the machine, not installed by the project); their package
+    there with --no-index and kvgraft's signing, digests and schema validation run on it. A machine may
+    have pyenv's CPython 3.12.1 (part of the machine, not installed by kvgraft); the usual package
     sources have none to install where it is missing: Debian 12 has no python3.12 package, and PyPI has no
     CPython build (portable-python, the nearest, compiles one from sources it downloads from outside). Where
     there is none, the tags and metadata checked here are what stands for that install."""

@@ -20,7 +20,7 @@ weights decide neither the verdict machinery nor the throughput; accuracy figure
   (d) graft restore (read + SHA-256 + copy to the device) GB/s against this machine's SHA-256 limit;
   (e) one sampled audit of a library of the 12B-class model: >= --library-tokens (200,000) tokens in
       entries of --library-entry-tokens (4,096; fewer when the room or the time measured says so)
-      captured on the device by the project's writer (into /dev/shm when it holds them all, else
+      captured on the device by kvgraft's writer (into /dev/shm when it holds them all, else
       --work), then `recompute.audit(sample=n)` with a fresh nonce (kvgraft.sampling's draw and exact
       hypergeometric bound, as `kvgraft audit recompute --sample`), recomputing only the n sampled
       entries; the sample re-derived from the root and the nonce; a positive control (one element of
@@ -443,7 +443,7 @@ def library_sample(args: argparse.Namespace, state: dict[str, Any], left: float)
 
 def library_capture(args: argparse.Namespace, device: str, state: dict[str, Any], left: float) -> None:
     """(e)'s library: >= --library-tokens in entries of --library-entry-tokens (as many as the storage and
-    the time allow), captured on the device by the project's writer into the folder the probe chose."""
+    the time allow), captured on the device by kvgraft's writer into the folder the probe chose."""
     lm, lib = state["big"]["lm"], state["library"]
     records, _ = library_records(lm, args.library_tokens, args.library_entry_tokens)
     n, why = library_entries(args, state, left)
@@ -651,7 +651,7 @@ def library_markdown(res: dict[str, Any]) -> list[str]:
     lines += [f"A library of {lib['entries']:,} entries of about {lib['entry_tokens']:,} tokens (at least "
               f"{lib['target_tokens']:,} tokens asked; {lib['size_reason']}; about {lib['estimated_bytes'] / 1e9:.1f} GB of "
               "KV) captured on "
-              "the device by `capture.capture` (the project's writer, format 2) from the random-weight model above; then "
+              "the device by `capture.capture` (kvgraft's writer, format 2) from the random-weight model above; then "
               "one `recompute.audit(sample=n)` with a fresh nonce (kvgraft.sampling: sha256-rank-v1 draw from the root "
               "digest and the nonce, uniform over entries; exact hypergeometric bound, 95% one-sided), recomputing only "
               "the sampled entries (`--require exact`: failing = not byte-exact).", ""]

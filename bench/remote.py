@@ -3,7 +3,7 @@
     .venv/bin/python bench/remote.py [--entries 2000] [--entry-kib 1024] [--sample 20] [--dir DIR] [--keep] [--json F]
 
 A release of ENTRIES entries of about ENTRY-KIB KiB each (2 layers x [1, 2, T, 64] bfloat16 keys and values,
-T = ENTRY-KIB tokens, random bytes, every entry file distinct) is written by the project's writer
+T = ENTRY-KIB tokens, random bytes, every entry file distinct) is written by kvgraft's writer
 (bench/scale.py's build: ReleaseWriter format 2, signed with a fresh key), uploaded to moto's S3 server on
 127.0.0.1 (the server tests/remote_servers.py starts, here behind a WSGI layer that counts the body bytes of
 every GET it answers: the bytes transferred are counted by the server, not by kvgraft) and read back as

@@ -4,7 +4,7 @@
     .venv/bin/python bench/scale.py large [--gib 20] [--entry-mib 96] [--dir DIR] [--repeat 2]
     .venv/bin/python bench/scale.py index [--entries 100000] [--layers 48] [--dir DIR]
 
-Releases are written by the project's own writer (kvgraft.release.format.ReleaseWriter, format 2) and
+Releases are written by kvgraft's own writer (kvgraft.release.format.ReleaseWriter, format 2) and
 signed with a fresh key; tensor contents are random bytes (I/O figures do not depend on them).
 
 many: ENTRIES small entries (2 layers, 16 tokens, float32): build time; then, each step in a fresh

@@ -16,7 +16,7 @@ tokenizer) and a release of ENTRIES entries of TOKENS tokens captured with 1 tor
 Speed-up = A's time / B's time (best of the rounds, median also printed; target >= 1.6x). The results of
 A, B and local must be identical apart from timing and placement (kvgraft.execution.executor.comparable). Printed
 too: actor start-up time, the CPU seconds the workers used, and the CPU seconds every other process used
-meanwhile (Ray's daemons, other sessions): this benchmark wants a quiet machine, so before each round it
+meanwhile (Ray's daemons, other work): this benchmark wants a quiet machine, so before each round it
 waits up to QUIET_WAIT seconds for the machine to be idle (under 0.25 busy CPUs over 2 s).
 """
 
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/kvgraft-bench-scale-out"))
     ap.add_argument("--quiet-wait", type=float, default=120.0, help="Before each round, wait up to S seconds for the "
-                                                                       "machine to be idle (other sessions share it).")
+                                                                       "machine to be idle (other processes may share it).")
     ap.add_argument("--local-only", action="store_true", help="Stop after step 1 (no Ray): the release and the "
                                                                   "in-process reference audit only.")
     args = ap.parse_args()

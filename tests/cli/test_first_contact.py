@@ -204,7 +204,7 @@ def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
         raise Stop  # the conversion itself is not what is tested
 
     real = reader.tqdm
-    hf_logging.enable_progress_bar()  # as a fresh process has it (models.load elsewhere in this session turns it off)
+    hf_logging.enable_progress_bar()  # as a fresh process has it (models.load elsewhere in this test run turns it off)
     with pytest.raises(Stop):
         converting()  # the positive control: the bars, as transformers draws them
     err = capfd.readouterr().err

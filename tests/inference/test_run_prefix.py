@@ -88,7 +88,7 @@ def test_run_prefix_partial_and_miss(tiny_dir: Any, tiny_lm: Any, tmp_path: Path
 
 def test_a_prefix_graft_s_ledger_says_the_bytes_verified_and_the_bytes_grafted_apart(
         tiny_dir: Any, tiny_lm: Any, tmp_path: Path) -> None:
-    """Issue: "KV bytes restored (verified)" showed the whole entry's bytes (1,612,800 for 16 of 35 tokens). The whole
+    """Before the fix: "KV bytes restored (verified)" showed the whole entry's bytes (1,612,800 for 16 of 35 tokens). The whole
     entry is read and verified; rows [0, n) of each layer are grafted: n / T of its bytes (every layer of this model
     holds every position). The control: a graft of the whole entry grafts every byte it verified."""
     from kvgraft.inspection import tensor_bytes

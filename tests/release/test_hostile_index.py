@@ -111,7 +111,7 @@ def test_the_control_reads_and_verifies_under_k3(built: tuple[Path, Path, Path],
 
 def test_a_shard_larger_than_the_limit_is_refused_unread(built: tuple[Path, Path, Path], rel: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue: a sparse index/00000.json of 1.5 GiB with its size and digest in the manifest made verify and inspect
+    """Before the fix: a sparse index/00000.json of 1.5 GiB with its size and digest in the manifest made verify and inspect
     peak at 3.1 GB (3 GiB: exit 70); the read used max(limit, size). The manifest's size is now refused at opening,
     before any index file is read (exit 2)."""
     shard = rel / release_index.shard_name(0)
@@ -143,7 +143,7 @@ def test_a_prefix_index_larger_than_the_limit_is_refused_at_opening(rel: Path, m
 
 def test_verify_weighs_the_prefix_records_against_the_entries_blocks_before_reading(
         built: tuple[Path, Path, Path], rel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue: a sparse 1.5 GiB prefix.bin made `run --prefix` (which verifies first) use 3.5 GB. A record is one
+    """Before the fix: a sparse 1.5 GiB prefix.bin made `run --prefix` (which verifies first) use 3.5 GB. A record is one
     entry's block: more records than the entries hold blocks is refused before the file is hashed or read."""
     prefix = rel / release_index.PREFIX_FILE
     records = ENTRIES * (TOKENS // release_index.BLOCK_TOKENS) + 1
@@ -232,7 +232,7 @@ def _twice(rows: list[list[Any]]) -> None:
 ], ids=["ordinal", "no-blocks", "more-blocks", "unsorted", "duplicate"])
 def test_verify_checks_every_prefix_record(built: tuple[Path, Path, Path], rel: Path,
                                            change: Callable[[list[list[Any]]], None], record: int, what: str) -> None:
-    """Issue: every record naming entry ordinal 5 of a 5-entry release passed `verify --key k3` (exit 0), then
+    """Before the fix: every record naming entry ordinal 5 of a 5-entry release passed `verify --key k3` (exit 0), then
     `run --prefix --key k3` ended in IndexError (exit 70). verify now checks each record's ordinal, block count and
     order, naming the record and its bytes."""
     _records(rel, change)
@@ -319,7 +319,7 @@ def _json(*args: Any) -> tuple[dict[str, Any], int]:
 
 def test_inspect_shows_a_bounded_part_of_an_entry_with_countless_layers_and_tensors(
         tmp_path: Path, console_rows: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue: an entry of 10,000 layers took 20 s to inspect, 300,000 layers or 200,000 tensors no answer in 120 s:
+    """Before the fix: an entry of 10,000 layers took 20 s to inspect, 300,000 layers or 200,000 tensors no answer in 120 s:
     every row went through rich. The page shows SHOWN_ROWS of each and says how many more; --json lists DETAIL_ROWS
     and the totals (both set small here, so that the release stays small). The control: an ordinary entry beside it
     is shown whole."""
@@ -361,7 +361,7 @@ def test_inspect_shows_a_bounded_part_of_an_entry_with_countless_layers_and_tens
 
 
 def test_inspect_cuts_every_long_string_of_a_release(tmp_path: Path, console_rows: list[int]) -> None:
-    """Issue: a 20 MB `answer` gave no answer in 120 s (printed whole, where `text` is cut at 2,000 characters), 2 MB
+    """Before the fix: a 20 MB `answer` gave no answer in 120 s (printed whole, where `text` is cut at 2,000 characters), 2 MB
     of newlines took 70 s, and the summary page 1-17 s. Every string of the release is cut before it is shown or
     written as JSON: text and answer at DETAIL_TEXT_CHARS (flagged), the others at FIELD_CHARS, free-form members at
     FIELD_VALUES values. What is made printable and what is printed stay bounded, not proportional to the release."""

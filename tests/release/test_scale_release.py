@@ -217,7 +217,7 @@ def test_oms_only_release_per_entry(signed_v2: Path, keypair: tuple[Path, Path])
 def test_ten_thousand_entries_open_bounded_by_index(tmp_path: Path, counter: ReadCounter) -> None:
     root = tmp_path / "big"
     n = 10_000
-    make_many(root, entries=n)  # ~15 s on the project's 2-core VM: the writer's per-record digests
+    make_many(root, entries=n)  # ~15 s on a 2-core VM: the writer's per-record digests
     counter.reset()
     rel = Release.open(root)
     manifest_size = (root / MANIFEST).stat().st_size

@@ -48,7 +48,7 @@ deadline = time.monotonic() + seconds
 
 def mutate(root):
     kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "swap", "delete", "flip-many",
-                       # round two: sizes, encodings, paths, markup; and ignored repository metadata (exit 0)
+                       # sizes, encodings, paths, markup; and ignored repository metadata (exit 0)
                        "header-rank", "header-elements", "reencode", "deep-path", "hostile-name", "git-metadata"])
     name = rng.choice(files)
     path = root / name

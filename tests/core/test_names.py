@@ -1,5 +1,6 @@
 """Names in the documents and schemas point at something real: every `kvgraft.X` name imports, every repository
-path cited exists, and no document cites a file outside the repository."""
+path cited exists, and no document cites a file outside the repository. And the documents, benches, code and tests
+speak of kvgraft, not of how it is being developed: no work rounds, issue numbers, sessions or lent machines."""
 
 from __future__ import annotations
 
@@ -26,6 +27,23 @@ NOT_FILES = re.compile(r"[*]|[A-Z]{3,}|bench/wheels/|tests/<|out/")
 # that documents may name is where the third-party test data lies (tests/third_party.py), never read from here.
 OUTSIDE = re.compile(r"\.\./[\w.-]+/[\w/.-]*\w|/work/[\w/.-]*\w")
 THIRD_PARTY = Path(os.path.relpath(SIGSTORE_BUNDLES.parent, ROOT)).as_posix()
+
+
+# How kvgraft is being developed, not what it is: a reader learns nothing from these. A machine is described by what
+# it is (CPU model, cores, load), a change by its commit. Only this file holds the list.
+DEVELOPMENT = re.compile("|".join(re.escape(p) for p in (
+    "this session", "other sessions", "sessions'", "session machine", "this project's vm", "this project's machine",
+    "this project's ci", "project's machines", "round one", "round two", "round three", "round-three", "round_three",
+    "round_two", "helpers' ", "helper's clean", "issue #", "this issue", "the issue's", "lent to this", "been lent",
+    "the lent ", "this worktree", "this branch", "on branch h", "workplace", "device time")), re.IGNORECASE)
+WRITTEN = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "docs").rglob("*.md"), *(ROOT / "bench").glob("*.md"),
+           *(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("*.sh"), *(ROOT / "bench").glob("*.txt"),
+           *(ROOT / "kvgraft").rglob("*.py"), *(ROOT / "mutation").glob("*.py"),
+           *(p for p in (ROOT / "tests").rglob("*") if p.suffix in (".py", ".md") and p != Path(__file__).resolve())]
+
+
+def development_wording(text: str) -> list[str]:
+    return sorted({m.group(0).lower() for m in DEVELOPMENT.finditer(text)})
 
 
 def outside(text: str) -> list[str]:
@@ -79,12 +97,20 @@ def test_no_document_cites_a_file_outside_the_repository() -> None:
     assert {k: v for k, v in found.items() if v} == {}
 
 
+def test_no_document_code_or_test_speaks_of_how_kvgraft_is_developed() -> None:
+    found = {d.relative_to(ROOT).as_posix(): development_wording(d.read_text()) for d in WRITTEN}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
 def test_the_checks_find_what_is_planted() -> None:
     assert dead_names("see kvgraft.prefix_audit and kvgraft.report.compute_verdict") == [
         "kvgraft.prefix_audit", "kvgraft.report.compute_verdict"]
     assert dead_names("kvgraft.recompute.prefix, kvgraft.report.document.compute_verdict, kvgraft.dev/x") == []
     assert missing_paths("`docs/no-such-page.md` and [x](bench/RESULTS.md)") == ["docs/no-such-page.md"]
     assert outside(f"../elsewhere/DESIGN.md, /work/x, {THIRD_PARTY}/sigstore/") == ["../elsewhere/DESIGN.md", "/work/x"]
+    assert development_wording("Round three: measured on this project's VM, shared with other sessions") == [
+        "other sessions", "round three", "this project's vm"]
+    assert development_wording("a 2-core Intel Xeon under other load; a round of tests; helper threads") == []
 
 
 def test_the_entry_point_group_the_documents_name_is_the_registrys() -> None:

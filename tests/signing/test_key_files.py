@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvgraft.errors import EXIT_INPUT
+
 from release_factory import make_release
 
 KVGRAFT = [sys.executable, "-c", "from kvgraft.cli import entrypoint; entrypoint()"]

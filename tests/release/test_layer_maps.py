@@ -84,3 +84,15 @@ def test_the_layer_maps_a_capture_writes_pass(built: tuple[Path, Path, Path]) ->
     base, _, _ = built
     assert runner.invoke(app, ["verify", str(base)]).exit_code == 0
     assert [layer["index"] for layer in Release.open(base).entry("rec-001")["layers"]] == [0, 1]
+
+
+@pytest.mark.parametrize("format_version", [1, 2])
+def test_default_verification_reads_each_byte_once(tmp_path: Path, format_version: int) -> None:
+    """Every tensor's digest is checked from its file's one pass: bytes hashed are the files' bytes, none again."""
+    from kvgraft.release.integrity import check_release
+
+    root = tmp_path / "rel"
+    make_release(root, entries=3, seed=9, format_version=format_version)
+    checked = check_release(root)
+    files = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    assert checked.tensors == 12 and checked.tensors_rehashed == 0 and checked.bytes_hashed == files

@@ -191,6 +191,10 @@ def verify(
     else:
         say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
             f"{' (every tensor re-hashed)' if deep else ''}")
+    ignored = result.signature.oms_ignored
+    if ignored:  # accepted unhashed: what no signature covers is named where the result is read
+        say(f"  ignored      {len(ignored):,} files the OMS signature says it ignores, not hashed, covered by no "
+            f"signature: {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''}")
     say(f"  hashed       {_bytes(result.bytes_hashed)} in {result.seconds:.2f} s ({_bytes(result.throughput)}/s)")
     say(f"  root digest  {result.root_digest}")
     for warning in result.warnings:

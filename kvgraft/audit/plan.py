@@ -81,7 +81,7 @@ def _check_values(doc: dict[str, Any], path: Path) -> None:
     stack: list[tuple[Any, str, int]] = [(doc, "", 1)]
     while stack:
         value, key, depth = stack.pop()
-        where = f"{path}: {key or 'the plan'}"
+        where = f"{path}: {short_repr(key, 80)[1:-1] if key else 'the plan'}"
         if isinstance(value, dict | list):
             if depth > MAX_DEPTH:
                 raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels")

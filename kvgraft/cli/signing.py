@@ -134,7 +134,8 @@ def verify(
         "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")] = None,
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
-    deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also read and hash every tensor again (the default pass checks "
+                                                      "each tensor's sha256 as it reads its file).")] = False,
     entry: Annotated[list[str] | None, typer.Option(
         "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
     sample: Annotated[int | None, typer.Option(

@@ -99,7 +99,9 @@ def _deep(n: int) -> bytes:
 
 
 def _hostile_paths(folder: Path, real_private: Path, real_public: Path) -> dict[str, Path]:
-    """Paths a person (or an attacker writing a plan) may hand kvgraft as a file to read."""
+    """Paths a person (or an attacker writing a plan) may hand kvgraft as a file to read ("the other half of a
+    key pair": the private key where a public one is read; `_other_half` turns it round for the readers of
+    private keys)."""
     folder.mkdir(parents=True, exist_ok=True)
     fifo = folder / "fifo"
     os.mkfifo(fifo)
@@ -122,7 +124,7 @@ def _hostile_paths(folder: Path, real_private: Path, real_public: Path) -> dict[
         "empty": folder / "empty.pem", "random bytes": folder / "junk.pem", "not UTF-8": folder / "not-utf8.pem",
         "nested 30,000 deep": folder / "deep.pem", "over the size bound": folder / "big.pem",
         "missing": folder / "missing.pem", "through a file": folder / "file" / "key.pem",
-        "name over NAME_MAX": folder / ("k" * 300), "private as public": real_private,
+        "name over NAME_MAX": folder / ("k" * 300), "the other half of a key pair": real_private,
     }
 
 
@@ -160,7 +162,12 @@ def _plan_text(body: str, head: str = "") -> str:
             f'[release]\npath = "rel"\n{body}\n')
 
 
-def _plans(folder: Path, hostile_keys: dict[str, Path]) -> dict[str, Path]:
+def _other_half(key: Path, private: Path, public: Path) -> Path:
+    """For a reader of private keys, the public key where the hostile paths hold the private one."""
+    return public if key == private else key
+
+
+def _plans(folder: Path, hostile_keys: dict[str, Path], pair: tuple[Path, Path]) -> dict[str, Path]:
     """Plan files, each refused before any model loads."""
     n = itertools.count()
     out: dict[str, Path] = {}
@@ -179,6 +186,8 @@ def _plans(folder: Path, hostile_keys: dict[str, Path]) -> dict[str, Path]:
                        ("seed", "checks.controls"), ("chunk", "release"), ("threads", "executor"),
                        ("max_new_tokens", "checks.generalization"), ("limit", "release.library")):
         for value in ("1000000000000000000", "-9223372036854775808", "9007199254740992", "1000000000000"):
+            if key == "seed" and value == "1000000000000":
+                continue  # within a seed's bound: no refusal to check
             body = f"[{table}]\n{key} = {value}" if table != "release" else f"[checks.verify]\n[release]\n{key} = {value}"
             if table == "release.library":
                 body = f'[checks.verify]\n[release.library]\nsource = "x"\n{key} = {value}'
@@ -197,6 +206,7 @@ def _plans(folder: Path, hostile_keys: dict[str, Path]) -> dict[str, Path]:
                           ("out a user's file", "notes.txt"), ("out under a user's file", "notes.txt/x")):
         plan(name, _plan_text("[checks.verify]", head=f"out = {json.dumps(out_dir)}"))
     for name, key in hostile_keys.items():
+        key = _other_half(key, *pair)
         plan(f"key: {name}", _plan_text(f"[checks.verify]\n[signing]\nkey = {json.dumps(str(key))}"))
     plan("not UTF-8", b'format = "kvgraft-audit-plan"\nname = "\xff\xfe"\n')
     out["plan is /dev/zero"] = Path("/dev/zero")
@@ -291,8 +301,9 @@ def build_cases(work: Path, wanted: set[str] | frozenset[str] = frozenset(SURFAC
         surfaces["key"].append(Case("key", f"verify --key {name}", ["verify", str(base), "--key", str(key)], refused,
                                     protect=[key], watch=[base]))
         copy = work / "sign" / f"{len(surfaces['key'])}"
-        surfaces["key"].append(Case("key", f"sign --key {name}", ["sign", str(copy), "--key", str(key)], refused,
-                                    protect=[key], watch=[copy]))
+        private = _other_half(key, k1_private, k1)
+        surfaces["key"].append(Case("key", f"sign --key {name}", ["sign", str(copy), "--key", str(private)], refused,
+                                    protect=[private], watch=[copy]))
         shutil.copytree(base, copy)
         surfaces["key"].append(Case("key", f"verify --oms-signature {name}",
                                     ["verify", str(base), "--key", str(k1), "--oms-signature", str(key)], refused,
@@ -322,7 +333,7 @@ def build_cases(work: Path, wanted: set[str] | frozenset[str] = frozenset(SURFAC
     plans_dir = work / "plans"
     plans_dir.mkdir()
     shutil.copytree(base, plans_dir / "rel")
-    for name, path in _plans(plans_dir, hostile).items() if "plan" in wanted else ():
+    for name, path in _plans(plans_dir, hostile, (k1_private, k1)).items() if "plan" in wanted else ():
         surfaces["plan"].append(Case("plan", name, ["audit", "run", str(path), "--quiet"], cwd=plans_dir,
                                      protect=[plans_dir / "notes.txt"], watch=[plans_dir]))
 

@@ -148,13 +148,13 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     for stale in ("report.json", "report.sigstore.json", "report.html"):
         (out / stale).unlink(missing_ok=True)  # a failed run must not leave an older report looking current
     m = plan.doc["model"]
     say(f"loading {m['spec']}")
     lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
                      attn=m.get("attn", "sdpa"))
+    out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
     release, release_info = _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)
     attestation_digest = None

@@ -89,21 +89,30 @@ def _header_bytes(run: dict[str, Any]) -> bytes:
 
 
 def _first_line(fd: int, path: Path) -> bytes:
-    """The first line of the file open at `fd`, newline included, refused beyond MAX_LINE bytes."""
+    """The first line of the file open at `fd`, newline included; a file with no newline in its first MAX_LINE
+    bytes is refused, and one with none at all gives at most its first kilobyte (no complete line): what is
+    held in memory is the line, never what a file without one claims."""
     try:
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            fh.seek(0)
-            return fh.readline(MAX_LINE + 1)
+        at = 0
+        while at <= MAX_LINE:
+            chunk = os.pread(fd, min(1 << 20, MAX_LINE + 1 - at), at)
+            end = chunk.find(b"\n")
+            if end >= 0:
+                return os.pread(fd, at + end + 1, 0)
+            if not chunk:
+                return os.pread(fd, 1024, 0)
+            at += len(chunk)
     except OSError as exc:
         raise unreadable(path, exc) from None
+    raise InputError(f"{path}: not a kvgraft journal (a first line over {MAX_LINE} bytes); kvgraft writes, truncates "
+                     "or removes only a journal it wrote: choose another --journal, or remove the file")
 
 
 def _parse_header(first: bytes, path: Path) -> dict[str, Any]:
     """The run a journal's first line records; anything else is not a journal kvgraft wrote."""
     if not first.endswith(b"\n"):
-        what = f"a first line over {MAX_LINE} bytes" if len(first) > MAX_LINE else "no complete first line"
-        raise InputError(f"{path}: not a kvgraft journal ({what}); kvgraft writes, truncates or removes only a "
-                         "journal it wrote: choose another --journal, or remove the file")
+        raise InputError(f"{path}: not a kvgraft journal (no complete first line); kvgraft writes, truncates or "
+                         "removes only a journal it wrote: choose another --journal, or remove the file")
     if len(first) > MAX_HEADER_PARSED:
         raise InputError(f"{path}:1: a journal of another run (a header of {len(first)} bytes, not this run's)")
     try:

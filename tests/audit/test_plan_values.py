@@ -101,3 +101,10 @@ def test_a_plan_within_the_bounds_loads(folder: Path) -> None:
                 "[executor]\nthreads = 9007199254740992", "[limits]\nmax_minutes = 10000001"):
         with pytest.raises(InputError):
             plan.load(_plan(folder, bad))
+
+
+def test_a_plan_whose_model_does_not_load_leaves_no_output_folder(folder: Path) -> None:
+    path = _plan(folder, "[checks.verify]", head='out = "fresh-out"')
+    r = _run(path, cwd=folder)
+    assert "models.load was called" in r.stderr  # every value passed: the model was the first thing to fail
+    assert not (folder / "fresh-out").exists()

@@ -104,3 +104,24 @@ def test_a_user_file_given_as_journal_survives_the_command(tmp_path: Path) -> No
     assert r.returncode == errors.EXIT_INPUT, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(notes) in lines[0] and "not a kvgraft journal" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(("size", "message"), [(8 * 2**30, "a first line over"), (100 * 2**20, "a first line over"),
+                                               (40 * 2**20, "no complete first line")])
+def test_a_file_without_a_first_line_costs_no_memory(tmp_path: Path, size: int, message: str) -> None:
+    """A file with no newline (sparse: its size is claimed, not stored) is refused holding at most a chunk of it."""
+    import tracemalloc
+
+    path = tmp_path / "huge.journal"
+    with open(path, "wb") as fh:
+        fh.write(b'{"kind": "kvgraft-journal"')
+        fh.truncate(size)
+    tracemalloc.start()
+    try:
+        with pytest.raises(errors.InputError, match=message):
+            Journal.open(path, RUN, UNITS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak
+    assert path.stat().st_size == size

@@ -94,6 +94,14 @@ def _sparse(path: Path, size: int, head: bytes = b"") -> Path:
     return path
 
 
+def _copy_sparse(src: Path, dst: Path) -> None:
+    """A copy of one of these files, sparse as it is: each holds data in its first MiB at most, then a hole (a
+    plain copy would write the hole's gigabytes of zeros)."""
+    with open(src, "rb") as fh:
+        head = fh.read(2**20)
+    _sparse(dst, src.stat().st_size, head)
+
+
 def _deep(n: int) -> bytes:
     return b"[" * n + b"]" * n
 
@@ -324,7 +332,7 @@ def build_cases(work: Path, wanted: set[str] | frozenset[str] = frozenset(SURFAC
                                         watch=[path.parent]))
         if path.parent == work / "journals" and path.is_file():  # the default journal beside --out
             beside = out_json / f"{path.name}.json"
-            shutil.copyfile(path, Path(f"{beside}.journal"))
+            _copy_sparse(path, Path(f"{beside}.journal"))
             surfaces["journal"].append(Case("journal", f"--out, its journal {name}",
                                             ["audit", "recompute", str(base), "--model", "/nonexistent", "--quiet",
                                              "--out", str(beside)], protect=[Path(f"{beside}.journal")],

@@ -308,6 +308,13 @@ def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tup
     return doc, (entry_row(lst, e) for e in lst.iter_page(offset, limit))
 
 
+def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
+    """The `inspect --json` document of a release that could not be inspected: the one line printed on stderr,
+    and the exit status."""
+    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "release": str(release), "ok": False, "exit_code": exit_code, "error": error}
+
+
 def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:
     """One entry in detail, with the release it belongs to named (nothing verified)."""
     listing = Listing.open(root)

@@ -5,6 +5,7 @@ What an author who altered a release would publish: only a recompute can tell.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Callable
@@ -80,3 +81,62 @@ def element(rel: Path, entry_index: int, tensor: str, index: int,
 def flat_index(shape: list[int], head: int, position: int, dim: int) -> int:
     """Index of (batch 0, head, position, dim) in a [batch, heads, positions, dim] tensor."""
     return (head * shape[2] + position) * shape[3] + dim
+
+
+def _sha_of_zeros(n: int) -> str:
+    h, block = hashlib.sha256(), bytes(2**20)
+    while n:
+        k = min(n, len(block))
+        h.update(block[:k])
+        n -= k
+    return h.hexdigest()
+
+
+def claim_shape(rel: Path, entry_index: int, name: str, shape: list[int]) -> None:
+    """Entry `entry_index`'s tensor `name` re-shaped to `shape`: a new safetensors file (the other tensors' bytes as they
+    were, that one sparse zeros), and every digest of the record, the files table and the root rewritten."""
+    _single(rel)
+    m = json.loads((rel / "manifest.json").read_text())
+    e = m["entries"][entry_index]
+    path = rel / e["file"]
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    head = json.loads(data[8:8 + n])
+    order = sorted((k for k in head if k != "__metadata__"), key=lambda k: head[k]["data_offsets"][0])
+    sizes = {k: head[k]["data_offsets"][1] - head[k]["data_offsets"][0] for k in order}
+    sizes[name] = 4 * shape[0] * shape[1] * shape[2] * shape[3]  # float32
+    at = 0
+    for k in order:
+        head[k]["data_offsets"] = [at, at + sizes[k]]
+        at += sizes[k]
+    head[name]["shape"] = shape
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    start = 8 + len(raw)
+    old = {k: e["tensors"][k]["byte_range"] for k in order}
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for k in order:
+            if k == name:
+                fh.seek(sizes[k], 1)  # a hole
+            else:
+                fh.write(data[old[k][0]:old[k][1]])
+        fh.truncate(start + at)
+    file_sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(2**20):
+            file_sha.update(chunk)
+
+    def change(m: dict[str, Any]) -> None:
+        entry = m["entries"][entry_index]
+        for k in order:
+            a, b = head[k]["data_offsets"]
+            t = entry["tensors"][k]
+            t["byte_range"] = [start + a, start + b]
+            if k == name:
+                t["shape"], t["sha256"] = shape, _sha_of_zeros(sizes[k])
+        if "header_sha256" in entry:
+            entry["header_sha256"] = hashlib.sha256(struct.pack("<Q", len(raw)) + raw).hexdigest()
+        m["files"][entry["file"]] = {"sha256": file_sha.hexdigest(), "size": start + at}
+
+    manifest(rel, change)

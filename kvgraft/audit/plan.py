@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvgraft._internal.digest import digest_json
-from kvgraft._internal.jsonio import MAX_JSON_BYTES, read_bounded
-from kvgraft.errors import InputError
+from kvgraft._internal.jsonio import MAX_DEPTH, MAX_INT, MAX_JSON_BYTES, read_bounded
+from kvgraft.errors import InputError, short_int, short_repr
 from kvgraft.schema import validate
 
 PLAN_SCHEMA = "audit-plan.v1.json"
@@ -55,13 +57,80 @@ def single(kind: str, settings: dict[str, Any], *, model: str | None = None) -> 
 
 
 def load(path: Path | str) -> Plan:
+    """A plan read, parsed and every value checked (types and bounds: _check_values, then the schema), before
+    anything it names is read or loaded."""
     path = Path(path)
     raw = read_bounded(path, MAX_JSON_BYTES, "an audit plan")
     try:
         doc = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise InputError(f"{path}: invalid TOML: nested deeper than {MAX_DEPTH} levels") from None
+    _check_values(doc, path)
     if doc.get("format") != "kvgraft-audit-plan":
-        raise InputError(f"{path}: not a kvgraft audit plan (format {doc.get('format')!r})")
+        raise InputError(f"{path}: not a kvgraft audit plan (format {short_repr(doc.get('format'))})")
     validate(doc, PLAN_SCHEMA, str(path))
     return Plan(path, doc)
+
+
+def _check_values(doc: dict[str, Any], path: Path) -> None:
+    """What a plan may hold anywhere, its free-form tables (`executor`, a plugin's check) included: nesting at
+    most MAX_DEPTH deep, integers JSON can carry exactly (a plan is digested as canonical JSON), finite
+    numbers (TOML's nan and inf compare false with every schema bound), no TOML dates or times."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 1)]
+    while stack:
+        value, key, depth = stack.pop()
+        where = f"{path}: {short_repr(key, 80)[1:-1] if key else 'the plan'}"
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            if isinstance(value, dict):
+                stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
+            else:
+                stack.extend((v, f"{key}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, bool | str):
+            continue
+        elif isinstance(value, int):
+            if abs(value) > MAX_INT:
+                raise InputError(f"{where}: {short_int(value)} is beyond the integers a plan may hold (+-(2^53-1))")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InputError(f"{where}: {value} is not a finite number")
+        else:
+            raise InputError(f"{where}: a TOML {type(value).__name__} value; a plan holds strings, numbers, booleans, "
+                             "arrays and tables")
+
+
+# Folders of the kernel's pseudo file systems: a report written there is a write to the kernel, never a file.
+_PSEUDO = ("/proc", "/sys", "/dev")
+
+
+def check_paths(plan: Plan, out: Path) -> None:
+    """What the plan names on disk, before any model loads: the output folder can take the report, is no pseudo
+    file system and does not lie in the audited release (whose signature lists its files); the release, records,
+    claims and key files it names are there."""
+    from kvgraft._internal.jsonio import check_writable, require_folder, stat_or_none
+
+    resolved = out.resolve()
+    for pseudo in map(Path, _PSEUDO):
+        if resolved == pseudo or pseudo in resolved.parents:
+            raise InputError(f"{out}: the output folder is under {pseudo}, a pseudo file system; choose a folder "
+                             "for the report")
+    check_writable(out / "report.json")
+    spec = plan.doc["release"]
+    if "path" in spec and "://" not in spec["path"]:
+        release = plan.resolve(spec["path"])
+        require_folder(release, " (the plan's release)")
+        if resolved == release.resolve() or release.resolve() in resolved.parents:
+            raise InputError(f"{out}: the output folder is the audited release {release} or lies in it; a report "
+                             "written there would change the signed release")
+    named = {"release.records": spec.get("records"), "checks.claims.file": plan.doc["checks"].get("claims", {}).get("file"),
+             "signing.key": plan.doc.get("signing", {}).get("key")}
+    for key, name in named.items():
+        if not name or name in ("example", "ephemeral"):
+            continue
+        st = stat_or_none(plan.resolve(name), follow=True)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{plan.resolve(name)}: {key} names {'nothing' if st is None else 'no regular file'} "
+                             f"there")

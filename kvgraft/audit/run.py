@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft.audit.checks import kinds, make_check, run_check, status
 from kvgraft.audit.context import Context, Progress
-from kvgraft.audit.plan import Plan
+from kvgraft.audit.plan import Plan, check_paths
 from kvgraft.errors import InputError
 from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
@@ -113,6 +113,12 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     from kvgraft.execution.executor import ModelSpec, from_options, plan_options
 
     check_kinds(plan)
+    check_paths(plan, plan.out_dir(out_dir))
+    signing = plan.doc.get("signing", {}).get("key")
+    if signing and signing != "ephemeral":
+        from kvgraft.signing import keys
+
+        keys.load_private_key(plan.resolve(signing))  # a bounded regular file, a key: before any model loads
     o = plan_options(plan.doc.get("executor"), executor)
     m = plan.doc["model"]
     spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
@@ -142,13 +148,13 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     for stale in ("report.json", "report.sigstore.json", "report.html"):
         (out / stale).unlink(missing_ok=True)  # a failed run must not leave an older report looking current
     m = plan.doc["model"]
     say(f"loading {m['spec']}")
     lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
                      attn=m.get("attn", "sdpa"))
+    out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
     release, release_info = _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)
     attestation_digest = None

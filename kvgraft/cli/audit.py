@@ -131,6 +131,10 @@ def recompute_cmd(
     for output in (json_out, journal):  # before the model loads (the default journal is beside --out)
         if output is not None:
             check_writable(output)
+    if journal is not None or json_out is not None:
+        from kvgraft.execution.journal import header
+
+        header(journal or Path(f"{json_out}.journal"))  # absent, or a journal: never a file kvgraft did not write
     if prefix is not None:
         from kvgraft.recompute.prefix import check_tokens
 

@@ -16,7 +16,8 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.cli._base import RELEASE_HELP, app, echo_json, handled, out
+from kvgraft.cli._base import EXIT_INTERNAL, RELEASE_HELP, app, echo_json, handled, out
+from kvgraft.errors import Error
 from kvgraft.render.text import fitted, hanging, json_text, kv_lines, natural_width, num, plain
 
 # The narrowest "first words" column worth showing; narrower, the entries are listed as paragraphs.
@@ -40,6 +41,19 @@ def inspect_cmd(
 ) -> None:
     """Show what a release holds without verifying it: model, identity, schedule, environment, signature files
     and whom they name, and its entries; reads the manifest only, no tensor bytes. `kvgraft verify` checks it."""
+    from kvgraft import inspection
+
+    try:
+        _inspect(release, entry, limit, offset, as_json)
+    except Exception as exc:
+        if as_json:  # as `verify --json`: the document and the exit status come from the same value
+            code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
+                          else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
+            echo_json(inspection.failure_dict(release, text, code))
+        raise
+
+
+def _inspect(release: str, entry: str | None, limit: int, offset: int, as_json: bool) -> None:
     from kvgraft import inspection
 
     if entry is not None:

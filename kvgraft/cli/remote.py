@@ -87,6 +87,8 @@ def cache_ls_cmd(
     """List the cache of verified pieces: where it is, its size limit, each piece (SHA-256, size, last use)."""
     from kvgraft.remote.cache import Cache, age
 
+    if limit < 0:  # as inspect's: a count, never a slice from the end
+        raise InputError(f"--limit {limit}: expected a number of at least 0 (0: all)")
     cache = Cache()
     pieces = sorted(cache.pieces(), key=lambda p: -p.used)
     total = sum(p.size for p in pieces)

@@ -134,7 +134,8 @@ def verify(
         "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")] = None,
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
-    deep: Annotated[bool, typer.Option("--deep", help="Also re-hash every tensor against its manifest sha256.")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also read and hash every tensor again (the default pass checks "
+                                                      "each tensor's sha256 as it reads its file).")] = False,
     entry: Annotated[list[str] | None, typer.Option(
         "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
     sample: Annotated[int | None, typer.Option(
@@ -191,6 +192,10 @@ def verify(
     else:
         say(f"  files        {result.files} files, {result.entries} entries, {result.tensors} tensors"
             f"{' (every tensor re-hashed)' if deep else ''}")
+    ignored = result.signature.oms_ignored
+    if ignored:  # accepted unhashed: what no signature covers is named where the result is read
+        say(f"  ignored      {len(ignored):,} files the OMS signature says it ignores, not hashed, covered by no "
+            f"signature: {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''}")
     say(f"  hashed       {_bytes(result.bytes_hashed)} in {result.seconds:.2f} s ({_bytes(result.throughput)}/s)")
     say(f"  root digest  {result.root_digest}")
     for warning in result.warnings:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kvgraft.errors import InputError, IntegrityError, ModelMismatchError
+from kvgraft.errors import InputError, IntegrityError, ModelMismatchError, short_int
 from kvgraft.inference import buffers
 from kvgraft.inference.environment import differences
 from kvgraft.inference.environment import record as environment
@@ -53,6 +54,47 @@ def check_model(release: VerifiedRelease, lm: LoadedModel, *, force: bool = Fals
     raise ModelMismatchError(
         f"{release.root}: model identity differs ({describe_identity_diff(want, have)}): release "
         f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
+
+
+# Each loaded model's per-layer K/V shape (heads, head_dim) and dtype, from a one-token prefill: what its cache
+# holds, whatever its config calls these (Gemma's layers differ in head size); None for a layer that stores none.
+_LAYER_SHAPES: weakref.WeakKeyDictionary[Any, list[tuple[int, int, torch.dtype] | None]] = weakref.WeakKeyDictionary()
+
+
+def layer_shapes(lm: LoadedModel) -> list[tuple[int, int, torch.dtype] | None]:
+    shapes = _LAYER_SHAPES.get(lm.model)
+    if shapes is None:
+        cache = new_cache(lm)
+        with torch.inference_mode():
+            forward(lm, cache, [0])
+        shapes = [None if getattr(layer, "keys", None) is None or layer.keys.dim() != 4
+                  else (int(layer.keys.shape[1]), int(layer.keys.shape[3]), layer.keys.dtype) for layer in cache.layers]
+        _LAYER_SHAPES[lm.model] = shapes
+    return shapes
+
+
+def check_layout(lm: LoadedModel, entry: dict[str, Any], where: str) -> None:
+    """Refuse, before a byte of it is read, an entry the model cannot hold: another number of layers, or a
+    stored tensor whose shape is not [1, the layer's K/V heads, at most the entry's tokens, its head size].
+    A re-signed record may claim any shape its (sparse) file can back; what is read then follows the
+    model, not the claim."""
+    shapes = layer_shapes(lm)
+    layers = entry["layers"]
+    if len(layers) != len(shapes):
+        raise IntegrityError(f"{where}: entry {entry['id']!r} has {len(layers)} layers, the model's cache has "
+                             f"{len(shapes)}")
+    tokens = int(entry["num_tokens"])
+    for meta, shape in zip(layers, shapes, strict=True):
+        if meta["kind"] == "shared" or shape is None:
+            continue
+        heads, head_dim, _ = shape
+        for part in ("keys", "values"):
+            t = entry["tensors"][meta[part]]
+            have = t["shape"]
+            if len(have) != 4 or have[0] != 1 or have[1] != heads or have[3] != head_dim or not 0 <= have[2] <= tokens:
+                raise IntegrityError(f"{where}: entry {entry['id']!r} layer {meta['index']} {part} "
+                                     f"{meta[part]!r}: shape {[short_int(x) for x in have]}, the model holds "
+                                     f"[1, {heads}, at most {tokens} tokens, {head_dim}]")
 
 
 def read_entry_tensors(verified: VerifiedRelease, entry: dict[str, Any],
@@ -172,6 +214,7 @@ def restore(checked: VerifiedRelease, entry_id: str, lm: LoadedModel, *, force: 
     # read and hashed, and returned only once every digest has matched. On another device building
     # it copies the bytes, which must wait until they are verified.
     on_cpu = lm.torch_device.type == "cpu"
+    check_layout(lm, entry, str(rel.root))
     tensors, nbytes = read_entry_tensors(checked, entry, build if on_cpu else None)
     if not on_cpu:
         build(tensors)
@@ -243,6 +286,7 @@ def restore_prefix(checked: VerifiedRelease, token_ids: list[int], lm: LoadedMod
     entry, n = hit
     forced = check_model(checked, lm, force=force)
     t0 = time.perf_counter()
+    check_layout(lm, entry, str(rel.root))
     tensors, nbytes = read_entry_tensors(checked, entry)
     cut, views = prefix_entry(entry, tensors, n, str(rel.root))
     cache = build_cache(lm, cut, views, str(rel.root))

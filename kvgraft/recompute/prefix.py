@@ -28,7 +28,14 @@ import torch
 
 from kvgraft.errors import InputError
 from kvgraft.inference import reapply
-from kvgraft.inference.graft import check_model, prefix_entry, prefix_refusal, prefix_rows, read_entry_tensors
+from kvgraft.inference.graft import (
+    check_layout,
+    check_model,
+    prefix_entry,
+    prefix_refusal,
+    prefix_rows,
+    read_entry_tensors,
+)
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, every_position_layers, layer_map, new_cache, prefill
 from kvgraft.recompute import audit as recompute
@@ -83,6 +90,7 @@ def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: Lo
     `schedule`: the prefill schedule to recompute with (default: the recorded one).
     """
     rel = checked.release
+    check_layout(lm, entry, str(rel.root))
     stored, _ = read_entry_tensors(checked, entry)
     _, rows = prefix_entry(entry, stored, n, str(rel.root))
     recorded_schedule = rel.manifest["schedule"]

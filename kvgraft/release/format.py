@@ -87,7 +87,7 @@ def check_commitments(root: Path, manifest: dict[str, Any]) -> None:
             if eid in seen:
                 raise InputError(f"{where}: entry id {eid!r} appears twice")
             seen.add(eid)
-            check_entry_record(where, entry, manifest["files"])
+            check_entry_record(where, entry, manifest["files"], manifest["model"]["num_hidden_layers"])
     actual = root_digest(manifest)
     if actual != manifest["root_digest"]:
         raise IntegrityError(f"{where}: root_digest {manifest['root_digest']} does not match the manifest ({actual})")

@@ -47,21 +47,29 @@ class Stopped(Exception):
     """Hashing was stopped by its caller (who no longer needs the digest)."""
 
 
-def _hash_fd(fd: int, path: Path, start: int, end: int, stop: threading.Event | None = None) -> str:
-    """SHA-256 of bytes [start, end) of an open file, read with pread into a reused buffer.
+def _hash_fd(fd: int, path: Path, start: int, end: int, stop: threading.Event | None = None,
+             ranges: Sequence[tuple[int, int]] = ()) -> tuple[str, list[str]]:
+    """SHA-256 of bytes [start, end) of an open file, read with pread into a reused buffer; and of each of
+    `ranges` (inside [start, end)) from the same reads, so that a file's tensors cost no read of their own.
 
     Not through a memory mapping: a file truncated while mapped turns the next access into SIGBUS,
     which kills the process; a short read here is an EOFError the caller reports against the file.
     """
     h = hashlib.sha256()
+    parts = [hashlib.sha256() for _ in ranges]
     if end <= start:
-        return h.hexdigest()
+        return h.hexdigest(), [p.hexdigest() for p in parts]
     size = os.fstat(fd).st_size
     if end > size:
         raise EOFError(f"{path}: file ends at byte {size}, expected data up to {end}")
     with contextlib.suppress(OSError, AttributeError):  # advice only
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
     buf = _read_buffer()
+    # The ranges by start; `active` holds those the current block may overlap (tensors do not overlap, but a
+    # hostile table may: each range is fed its own bytes whatever the others are).
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    nxt = 0
+    active: list[int] = []
     pos = start
     while pos < end:
         if stop is not None and stop.is_set():
@@ -69,16 +77,27 @@ def _hash_fd(fd: int, path: Path, start: int, end: int, stop: threading.Event | 
         n = os.preadv(fd, [buf[: min(READ_BLOCK, end - pos)]], pos)
         if n == 0:
             raise EOFError(f"{path}: file ends at byte {pos}, expected data up to {end}")
-        h.update(buf[:n])
+        block = buf[:n]
+        h.update(block)
+        if ranges:
+            while nxt < len(order) and ranges[order[nxt]][0] < pos + n:
+                active.append(order[nxt])
+                nxt += 1
+            for i in active:
+                a, b = ranges[i]
+                lo, hi = max(a, pos), min(b, pos + n)
+                if lo < hi:
+                    parts[i].update(block[lo - pos: hi - pos])
+            active = [i for i in active if ranges[i][1] > pos + n]
         pos += n
-    return h.hexdigest()
+    return h.hexdigest(), [p.hexdigest() for p in parts]
 
 
 def _hash_range(path: Path, start: int, end: int) -> str:
     """SHA-256 of bytes [start, end) of a regular file."""
     fd = open_regular(path)
     try:
-        return _hash_fd(fd, path, start, end)
+        return _hash_fd(fd, path, start, end)[0]
     finally:
         os.close(fd)
 
@@ -87,13 +106,22 @@ def hash_file(path: Path, expected_size: int | None = None, stop: threading.Even
     """(sha256 hex, size) of a whole file, streamed. With `expected_size`, a file of another size is
     not read at all (an IntegrityError names both sizes): a grown file costs nothing to refuse.
     Setting `stop` ends it early (Stopped): a verification that already failed does not wait for it."""
+    sha, size, _ = hash_file_ranges(path, expected_size, (), stop)
+    return sha, size
+
+
+def hash_file_ranges(path: Path, expected_size: int | None, ranges: Sequence[tuple[int, int]],
+                     stop: threading.Event | None = None) -> tuple[str, int, list[str]]:
+    """hash_file, and the SHA-256 of each [start, end) of `ranges` from the same pass (a range reaching past
+    the end of the file hashes the bytes there are)."""
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
         if expected_size is not None and size != expected_size:
             how = "truncated" if size < expected_size else "grown"
             raise IntegrityError(f"{path}: {size} bytes, the manifest says {expected_size} ({how})")
-        return _hash_fd(fd, path, 0, size, stop), size
+        sha, parts = _hash_fd(fd, path, 0, size, stop, ranges)
+        return sha, size, parts
     finally:
         os.close(fd)
 

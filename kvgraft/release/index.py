@@ -118,13 +118,14 @@ class Shard:
     by_id: dict[str, dict[str, Any]]
     files: dict[str, dict[str, Any]]
     path: Path
+    num_layers: int  # the manifest's model's: each record's layer map is checked against it
     checked: set[str] = field(default_factory=set)
 
     def record(self, entry_id: str) -> dict[str, Any]:
         """An entry record, its own commitments checked (once)."""
         entry = self.by_id[entry_id]
         if entry_id not in self.checked:
-            check_entry_record(self.path, entry, self.files)
+            check_entry_record(self.path, entry, self.files, self.num_layers)
             self.checked.add(entry_id)
         return entry
 
@@ -145,6 +146,7 @@ class Index:
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root = root
         self.where = root / MANIFEST
+        self.num_layers = int(manifest["model"]["num_hidden_layers"])
         idx = manifest["index"]
         self.shards: list[dict[str, Any]] = idx["shards"]
         self.owner: dict[str, int] = {}
@@ -263,7 +265,7 @@ class Index:
             raise InputError(f"{path}: {what} does not list files its entries use: {unlisted[:3]}")
         if set(doc["files"]) != used:
             raise InputError(f"{path}: {what} lists files its entries do not use: {sorted(set(doc['files']) - used)[:3]}")
-        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path)
+        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path, self.num_layers)
         self._cache[k] = shard
         while len(self._cache) > self.CACHED_SHARDS:
             self._cache.popitem(last=False)

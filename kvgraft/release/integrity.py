@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -36,7 +36,7 @@ from kvgraft.release import index as release_index
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release import sources
 from kvgraft.release.format import SIDE_FILES, Release, check_commitments
-from kvgraft.release.hashing import hash_file, hash_ranges, pool
+from kvgraft.release.hashing import hash_file, hash_file_ranges, hash_ranges, pool
 from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
 
 MAX_RELEASE_FILES = 1_000_000
@@ -278,7 +278,7 @@ class _Run:
     doc: Any = None  # step 2: manifest.json parsed, its sha256 and size
     msha: str = ""
     msize: int = 0
-    prefetch: dict[str, Future[tuple[str, int]]] = field(default_factory=dict)
+    prefetch: dict[str, tuple[list[tuple[int, int]], Future[_Digests]]] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -303,13 +303,13 @@ def _check_release(root: Path, *, listing: Listing | None = None, beside: Beside
     # files found inside the folder whose size already equals the one the manifest states are read, so
     # a grown (or sparse-extended) file costs nothing before it is refused. Results are used only after
     # every check passed.
-    run.prefetch = {name: pool().submit(hash_file, root / name, size, run.stop)
-                    for name, size in _files_to_prefetch(root, run.doc)}
+    run.prefetch = {name: (ranges, pool().submit(hash_file_ranges, root / name, size, ranges, run.stop))
+                    for name, size, ranges in _files_to_prefetch(root, run.doc)}
     try:
         return _check(run)
     finally:
         run.stop.set()  # after a failure, hashing that is under way ends at its next block instead of running on
-        for future in run.prefetch.values():
+        for _, future in run.prefetch.values():
             future.cancel()
 
 
@@ -410,13 +410,16 @@ class CheckedEntry:
 
 
 def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEntry:
-    """One entry's file: its size, SHA-256 (the one its record states, which the root digest binds),
-    its safetensors header against the record's tensor table and, with `deep`, every tensor's digest."""
+    """One entry's file: its size, SHA-256 (the one its record states, which the root digest binds) and,
+    in the same pass, every tensor's; its safetensors header against the record's tensor table; with
+    `deep`, every tensor's digest read again."""
     entry = rel.entry(entry_id)
     meta = rel.file_meta(entry)
     path = rel.entry_file(entry)
+    table = entry["tensors"]
+    names = sorted(table, key=lambda n: table[n]["byte_range"][0])
     try:
-        sha, size = hash_file(path, meta["size"])
+        sha, size, parts = hash_file_ranges(path, meta["size"], [tuple(table[n]["byte_range"]) for n in names])
     except EOFError:
         raise IntegrityError(f"{path}: entry {entry_id!r}: the file shrank while it was being verified") from None
     except IntegrityError as exc:
@@ -424,6 +427,10 @@ def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEn
     if sha != meta["sha256"]:
         raise IntegrityError(_locate(rel, entry["file"], sha, meta["sha256"], "manifest", {}))
     rel.tensor_layout(entry)
+    for n, digest in zip(names, parts, strict=True):
+        if digest != table[n]["sha256"]:
+            a, b = table[n]["byte_range"]
+            raise IntegrityError(tensor_mismatch(f"{path}: entry {entry_id!r}", n, a, b, digest, table[n]["sha256"]))
     hashed = size
     if deep:
         table = entry["tensors"]
@@ -456,7 +463,9 @@ def check_index(rel: Release, each: Callable[[dict[str, Any]], None] | None = No
     return rel.index.bytes_read - before
 
 
-def _files_to_prefetch(root: Path, doc: Any) -> list[tuple[str, int]]:
+def _files_to_prefetch(root: Path, doc: Any) -> list[tuple[str, int, list[tuple[int, int]]]]:
+    """The files to hash while the manifest is checked, each with the byte ranges the manifest's records
+    (format 1) give its tensors, hashed in the same pass; unchecked yet, so only what is well-formed."""
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, dict):
         return []  # check_manifest says why
@@ -474,10 +483,25 @@ def _files_to_prefetch(root: Path, doc: Any) -> list[tuple[str, int]]:
             continue  # check_manifest says why
         except OSError:
             continue  # gone already: reported as missing by the checks
-    return sorted(sizes.items(), key=lambda item: -item[1])
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    entries = doc.get("entries")
+    for entry in entries if isinstance(entries, list) else ():
+        table = entry.get("tensors") if isinstance(entry, dict) else None
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(table, dict) or name not in sizes:
+            continue
+        for t in table.values():
+            span = t.get("byte_range") if isinstance(t, dict) else None
+            if isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span):
+                ranges.setdefault(name, []).append((span[0], span[1]))
+    return sorted(((n, size, ranges.get(n, [])) for n, size in sizes.items()), key=lambda item: -item[1])
 
 
-def _result(future: Future[tuple[str, int]], path: Path) -> tuple[str, int]:
+_T = TypeVar("_T")
+_Digests = tuple[str, int, list[str]]  # a file's sha256 and size, and its tensors' sha256 (hash_file_ranges)
+
+
+def _result(future: Future[_T], path: Path) -> _T:
     try:
         return future.result()
     except EOFError:
@@ -617,19 +641,24 @@ class _Hashed:
     digests: dict[str, str] = field(default_factory=dict)  # name -> sha256 of the files kept (CheckedRelease.files)
 
 
+# A tensor whose digest is checked in its file's pass: the entry, the tensor, its byte range, its sha256.
+_Tensor = tuple[str, str, int, int, str]
+
+
 def _hash_all(run: _Run, rel: Release) -> _Hashed:
-    """Step 5, every file's bytes once across cores, at most HASH_WINDOW in flight beyond the prefetch; step 6,
-    each entry's safetensors header against its record; step 7 with `deep`, every tensor's digest. A shard at
-    a time: memory does not grow with the entries. Kept (_Hashed.digests): every file's digest with
-    `keep_files` or format 1, else those manifest.json binds directly (format 2: the index files)."""
+    """Step 5, every file's bytes once across cores, at most HASH_WINDOW in flight beyond the prefetch, and in
+    the same pass every tensor's byte range against its digest; step 6, each entry's safetensors header
+    against its record; step 7 with `deep`, every tensor's digest read again. A shard at a time: memory does
+    not grow with the entries. Kept (_Hashed.digests): every file's digest with `keep_files` or format 1,
+    else those manifest.json binds directly (format 2: the index files)."""
     root, prefetch, stop, deep = run.root, run.prefetch, run.stop, run.deep
     kept = None if run.keep_files or rel.index is None else set(rel.subject_files())
     out = _Hashed()
-    window: collections.deque[tuple[str, str, Future[tuple[str, int]]]] = collections.deque()
+    window: collections.deque[tuple[str, str, Future[_Digests], list[_Tensor], list[int]]] = collections.deque()
 
     def settle() -> None:
-        name, want, future = window.popleft()
-        sha, size = _result(future, root / name)
+        name, want, future, tensors, at = window.popleft()
+        sha, size, parts = _result(future, root / name)
         out.bytes += size
         if kept is None or name in kept:
             out.digests[name] = sha
@@ -637,14 +666,32 @@ def _hash_all(run: _Run, rel: Release) -> _Hashed:
             out.bad_count += 1
             if len(out.bad) < 4:
                 out.bad.append((name, sha, want))
+        elif out.tensor is None:
+            for (eid, n, a, b, stated), i in zip(tensors, at, strict=True):
+                if parts[i] != stated:
+                    out.tensor = tensor_mismatch(f"{root / name}: entry {eid!r}", n, a, b, parts[i], stated)
+                    break
 
     for files, records in _groups(rel):
+        entries = list(records())  # the shard is held: its records cost no read
+        tensors: dict[str, list[_Tensor]] = {}
+        for entry in entries:
+            for n, t in entry["tensors"].items():
+                a, b = t["byte_range"]
+                tensors.setdefault(entry["file"], []).append((str(entry["id"]), n, a, b, t["sha256"]))
         for name, meta in files:
-            future = prefetch.get(name) or pool().submit(hash_file, root / name, meta["size"], stop)
-            window.append((name, meta["sha256"], future))
+            spans = [(a, b) for _, _, a, b, _ in tensors.get(name, ())]
+            ahead = prefetch.get(name)
+            if ahead is not None and set(spans) <= set(ahead[0]):
+                place = {span: i for i, span in enumerate(ahead[0])}
+                future, at = ahead[1], [place[span] for span in spans]
+            else:
+                future = pool().submit(hash_file_ranges, root / name, meta["size"], spans, stop)
+                at = list(range(len(spans)))
+            window.append((name, meta["sha256"], future, tensors.get(name, []), at))
             if len(window) >= HASH_WINDOW:
                 settle()
-        for entry in records():
+        for entry in entries:
             try:
                 rel.tensor_layout(entry)
             except Error as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import digest_json
-from kvgraft.errors import InputError, IntegrityError
+from kvgraft.errors import InputError, IntegrityError, short_int
 
 MANIFEST = "manifest.json"
 
@@ -69,8 +69,29 @@ def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, ex
     return f"{where} tensor {name!r} bytes [{start}, {end}): sha256 {actual}, the manifest says {expected}"
 
 
-def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
-    """One entry record's own commitments: its digest, token ids, file listed, layers' tensors listed."""
+def check_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
+    """An entry's layer map against the model the manifest records: layer i at position i, every one of its
+    `num_layers` layers once; a layer that stores states names both tensors, one that shares reads another."""
+    eid, layers = entry["id"], entry["layers"]
+    if len(layers) != num_layers:
+        raise InputError(f"{where}: entry {eid!r}: {len(layers)} layers, the manifest's model has {num_layers}")
+    for position, layer in enumerate(layers):
+        at = f"{where}: entry {eid!r} layer {short_int(layer['index'])}"
+        if layer["index"] != position:
+            raise InputError(f"{at}: at position {position} of the layer map (layers are listed 0 to "
+                             f"{num_layers - 1}, in order)")
+        if layer["kind"] == "shared":
+            source = layer.get("shared_with")
+            if source is None or source >= num_layers or source == position or layers[source]["kind"] == "shared":
+                raise InputError(f"{at}: shared with {short_int(source) if isinstance(source, int) else source}, "
+                                 f"which is no layer of the model that stores states")
+        elif "keys" not in layer or "values" not in layer:
+            raise InputError(f"{at}: a {layer['kind']} layer names no keys or no values tensor")
+
+
+def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int) -> None:
+    """One entry record's own commitments: its digest, token ids, file listed, layer map (check_layers),
+    layers' tensors listed."""
     eid = entry["id"]
     if entry_digest(entry) != entry["digest"]:
         raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
@@ -82,6 +103,7 @@ def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any]
                          f"{len(entry['token_ids'])} token ids")
     if token_ids_digest(entry["token_ids"]) != entry["token_ids_sha256"]:
         raise IntegrityError(f"{where}: entry {eid!r}: token_ids_sha256 does not match the token ids")
+    check_layers(where, entry, num_layers)
     for layer in entry["layers"]:
         for key in ("keys", "values"):
             if key in layer and layer[key] not in entry["tensors"]:

@@ -123,14 +123,9 @@ def _write_secret(path: Path, data: bytes) -> None:
 
 
 def _read_pem(path: Path, what: str) -> bytes:
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_KEY_BYTES:
-            raise InputError(f"{path}: {size} bytes is too large for a {what}")
-        return path.read_bytes()
-    except OSError as exc:
-        raise jsonio.unreadable(path, exc, f"read the {what}") from None
+    """A key file's bytes: a regular file of at most MAX_KEY_BYTES, checked before it is read (a device such
+    as /dev/zero reports size 0 and never ends; a FIFO blocks its reader until a writer comes)."""
+    return jsonio.read_bounded(Path(path), MAX_KEY_BYTES, f"a {what}")
 
 
 def is_encrypted(path: Path) -> bool:

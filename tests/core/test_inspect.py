@@ -231,8 +231,9 @@ def test_format_2_pages_read_only_their_shards(tmp_path: Path) -> None:
 
 
 def test_inspect_json_refused_midway_prints_no_half_document(tmp_path: Path) -> None:
-    """The rows are read shard by shard; a shard refused after others were read must leave stdout empty
-    (a consumer parsing it sees no document), the refusal on stderr; the control lists every row."""
+    """The rows are read shard by shard; a shard refused after others were read must leave no half document:
+    stdout holds the refusal's document alone (ok false, its exit code and line), the line on stderr; the control
+    lists every row."""
     rel = tmp_path / "rel"
     make_release(rel, entries=5, format_version=2, shard_entries=2)
     good = runner.invoke(app, ["inspect", str(rel), "--limit", "0", "--json"])
@@ -242,5 +243,7 @@ def test_inspect_json_refused_midway_prints_no_half_document(tmp_path: Path) -> 
     last.write_bytes(last.read_bytes().replace(b"rec-004", b"rec-00X"))  # same size, another digest
     r = runner.invoke(app, ["inspect", str(rel), "--limit", "0", "--json"])
     assert r.exit_code == 1, r.output
-    assert r.stdout == ""
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"format", "format_version", "kvgraft_version", "release", "ok", "exit_code", "error"}
+    assert doc["ok"] is False and doc["exit_code"] == 1 and r.stderr.strip() == f"kvgraft: error: {doc['error']}"
     assert "index shard 2" in r.stderr and "does not match the manifest" in r.stderr

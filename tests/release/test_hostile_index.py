@@ -332,18 +332,21 @@ def test_inspect_shows_a_bounded_part_of_an_entry_with_countless_layers_and_tens
     monkeypatch.setattr(cli_inspection, "SHOWN_ROWS", shown, raising=False)
     monkeypatch.setattr(inspection, "DETAIL_ROWS", listed, raising=False)
     many = listed + 3 * shown
-    root = tmp_path / "rel"
+    root, control = tmp_path / "rel", tmp_path / "ctl"
     make_release(root, entries=2, seed=32)
+    make_release(control, entries=2, seed=32)
 
     def crowd(m: dict[str, Any]) -> None:
+        m["model"]["num_hidden_layers"] = many  # a layer map names each of the model's layers
+        for e in m["entries"]:
+            e["layers"] = [{"index": i, "kind": "full", "keys": "layer.0.keys", "values": "layer.0.values"}
+                           for i in range(many)]
         e = m["entries"][0]
         t = e["tensors"]["layer.0.keys"]
-        e["layers"] = [{"index": i, "kind": "full", "keys": "layer.0.keys", "values": "layer.0.values"}
-                       for i in range(many)]
         e["tensors"].update({f"extra.{i:05d}": dict(t) for i in range(many)})
 
     rewrite.manifest(root, crowd)
-    small = _inspect(root, "rec-001")
+    small = _inspect(control, "rec-001")
     assert console_rows[0] == 2 + 4 and "more layers" not in small.stdout  # two layers, four tensors: all shown
     console_rows[0] = 0
     page = _inspect(root, "rec-000")

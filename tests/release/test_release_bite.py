@@ -226,7 +226,8 @@ def test_a_changed_safetensors_header_is_located(rel: Path) -> None:
 
 
 def test_deep_finds_a_tensor_digest_the_file_digest_agrees_with(rel: Path) -> None:
-    """A manifest (digests recomputed) whose tensor sha256 is wrong while the file's is right: only `deep` reads it."""
+    """A manifest (digests recomputed) whose tensor sha256 is wrong while the file's is right: the default pass
+    hashes each tensor's range as it reads the file (nothing re-read), `deep` reads each tensor again."""
     def wrong(m: dict[str, Any]) -> None:
         m["entries"][2]["tensors"]["layer.0.keys"]["sha256"] = "3" * 64
     rewrite.manifest(rel, wrong)
@@ -234,12 +235,12 @@ def test_deep_finds_a_tensor_digest_the_file_digest_agrees_with(rel: Path) -> No
     e = m["entries"][2]
     a, b = e["tensors"]["layer.0.keys"]["byte_range"]
     real = sha256_hex((rel / e["file"]).read_bytes()[a:b])
-    assert check_release(rel).tensors_rehashed == 0
     want = (f"{rel / e['file']}: entry {e['id']!r} tensor 'layer.0.keys' bytes [{a}, {b}): sha256 {real}, the "
             f"manifest says {'3' * 64}")
+    assert _err(lambda: check_release(rel), IntegrityError) == want
     assert _err(lambda: check_release(rel, deep=True), IntegrityError) == want
     opened = open_release(rel)
-    check_entry(opened.release, e["id"])
+    assert _err(lambda: check_entry(opened.release, e["id"]), IntegrityError) == want
     assert _err(lambda: check_entry(opened.release, e["id"], deep=True), IntegrityError) == want
 
 
@@ -1840,12 +1841,12 @@ def test_a_file_that_cannot_be_read_while_it_is_verified_is_named_with_the_cause
     assert check_release(rel).root == rel and check_release(v2).root == v2  # the control
     bad = {rel / E1, v2 / e1}
 
-    def eio(path: Path, *args: Any) -> tuple[str, int]:
+    def eio(path: Path, *args: Any) -> tuple[str, int, list[str]]:
         if path in bad:
             raise OSError(errno.EIO, "Input/output error")
-        return hashing.hash_file(path, *args)
+        return hashing.hash_file_ranges(path, *args)
 
-    monkeypatch.setattr(release_integrity, "hash_file", eio)
+    monkeypatch.setattr(release_integrity, "hash_file_ranges", eio)
     for root, name in ((rel, E1), (v2, e1)):
         assert _err(lambda r=root: check_release(r), IOFailure) == \
             f"{root / name}: cannot read: Input/output error (EIO)"
@@ -1990,9 +1991,9 @@ def test_a_record_handed_out_again_by_its_shard_is_not_checked_again(indexed: Pa
     checks: list[str] = []
     real = release_index.check_entry_record
 
-    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any]) -> None:
+    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int) -> None:
         checks.append(entry["id"])
-        real(where, entry, files)
+        real(where, entry, files, num_layers)
 
     monkeypatch.setattr(release_index, "check_entry_record", counted)
     r = Release.open(indexed)

@@ -130,6 +130,9 @@ def test_files_a_verified_oms_signature_ignores_are_not_refused(release: Path, t
     assert doc["signature"]["oms_verified"] is True
     assert doc["signature"]["oms_ignored"] == ["README.md", "docs/notes.txt"]
     assert any("README.md" in w and "no signature covers" in w for w in doc["warnings"])
+    r = runner.invoke(app, ["verify", str(release), "--key", str(public)])
+    assert r.exit_code == 0 and ("  ignored      2 files the OMS signature says it ignores, not hashed, covered by no "
+                                 "signature: README.md, docs/notes.txt") in r.stdout, r.output  # the text output names them
     # What it does not ignore is still refused, as model_signing refuses it.
     (release / "NOTES.md").write_text("x\n")
     assert _ms_verify(release, public, sig).returncode != 0

@@ -352,10 +352,10 @@ def test_private_key_refusals_are_exact(tmp_path: Path, monkeypatch: pytest.Monk
         f"{enc}: cannot decrypt the private key (wrong passphrase?)"
     missing = tmp_path / "missing.key.pem"
     assert _msg(lambda: keys.load_private_key(missing)) == \
-        f"{missing}: cannot read the private key: No such file or directory"
+        f"{missing}: cannot read: No such file or directory"
     monkeypatch.setattr(keys, "MAX_KEY_BYTES", 10)
     size = plain.stat().st_size
-    assert _msg(lambda: keys.load_private_key(plain)) == f"{plain}: {size} bytes is too large for a private key"
+    assert _msg(lambda: keys.load_private_key(plain)) == f"{plain}: {size} bytes exceeds the 10-byte limit for a private key"
 
 
 def _oms_file(tmp_path: Path, stmt: Any, payload_type: str = attest.PAYLOAD_TYPE) -> Path:
@@ -627,9 +627,9 @@ def test_key_file_refusals_are_exact(tmp_path: Path) -> None:
     again = keys.write_keypair(tmp_path / "k", overwrite=True)  # replaced, not refused
     assert again == (private, public) and keys.load_public_key(public) is not None
     missing = tmp_path / "missing.pem"
-    assert _msg(lambda: keys.is_encrypted(missing)) == f"{missing}: cannot read the private key: No such file or directory"
+    assert _msg(lambda: keys.is_encrypted(missing)) == f"{missing}: cannot read: No such file or directory"
     assert keys.is_encrypted(private) is False  # control
-    assert _msg(lambda: keys.load_public_key(missing)) == f"{missing}: cannot read the public key: No such file or directory"
+    assert _msg(lambda: keys.load_public_key(missing)) == f"{missing}: cannot read: No such file or directory"
     junk = tmp_path / "junk.pub.pem"
     junk.write_bytes(b"not a key\n")
     with pytest.raises(ValueError) as raised:
@@ -736,4 +736,5 @@ def test_a_key_of_an_unknown_algorithm_and_the_size_bound(tmp_path: Path, monkey
     monkeypatch.setattr(keys, "MAX_KEY_BYTES", size)
     assert keys.algorithm_of(keys.load_private_key(private)) == "ecdsa-p256"  # exactly at the bound: read
     monkeypatch.setattr(keys, "MAX_KEY_BYTES", size - 1)
-    assert _msg(lambda: keys.load_private_key(private)) == f"{private}: {size} bytes is too large for a private key"
+    assert _msg(lambda: keys.load_private_key(private)) == \
+        f"{private}: {size} bytes exceeds the {size - 1}-byte limit for a private key"

@@ -26,7 +26,7 @@ from kvgraft.release.records import entry_digest, root_digest
 from kvgraft.signing import attest, keys, sign
 from kvgraft.signing.verify import verify_release
 
-from release_factory import make_release, unsign
+from release_factory import make_release, sign_as, unsign
 
 runner = CliRunner()
 
@@ -245,8 +245,12 @@ def test_wrong_identity_for_a_key_signed_release(rel: Path) -> None:
           identity="someone@example.com", issuer="https://github.com/login/oauth")
 
 
-def test_deep_catches_a_signed_manifest_whose_tensor_digest_is_wrong(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
-    """A manifest signed with a wrong tensor sha256: file digests agree, `--deep` finds the tensor."""
+@pytest.mark.parametrize("deep", [False, True])
+def test_a_signed_manifest_whose_tensor_digest_is_wrong_is_refused(tmp_path: Path, keypair: tuple[Path, Path],
+                                                                   deep: bool) -> None:
+    """A manifest re-signed (by whoever holds the key, with their own tools) with a wrong tensor sha256: file and
+    header digests agree; the default pass hashes each tensor's range as it reads the file, `--deep` reads it again;
+    `--entry` checks that entry's the same way."""
     root = tmp_path / "rel"
     make_release(root, entries=2, seed=3)
     manifest = manifest_of(root)
@@ -255,13 +259,14 @@ def test_deep_catches_a_signed_manifest_whose_tensor_digest_is_wrong(tmp_path: P
     entry["digest"] = entry_digest(entry)
     manifest["root_digest"] = root_digest(manifest)
     jsonio.write_json(root / "manifest.json", manifest)
-    sign.sign_release(root, keys.load_private_key(keypair[0]))
-    assert verify_release(root, key=keypair[1]).signature.status == "verified"
+    sign_as(root, keypair[0])
     a, b = entry["tensors"]["layer.0.values"]["byte_range"]
     fails(root, IntegrityError, "entries/00001.safetensors", "'rec-001'", "'layer.0.values'", f"bytes [{a}, {b})",
-          "the manifest says " + "0" * 64, key=keypair[1], deep=True)
-    result = runner.invoke(app, ["verify", str(root), "--key", str(keypair[1]), "--deep"])
-    assert result.exit_code == 1
+          "the manifest says " + "0" * 64, key=keypair[1], deep=deep)
+    for extra in (["--deep"] if deep else [], ["--entry", "rec-001"]):
+        result = runner.invoke(app, ["verify", str(root), "--key", str(keypair[1]), *extra])
+        assert result.exit_code == 1 and "'layer.0.values'" in result.stderr, result.output
+    assert runner.invoke(app, ["verify", str(root), "--key", str(keypair[1]), "--entry", "rec-000"]).exit_code == 0
 
 
 # ------------------------------------------------------------------------------------------- hostile

@@ -112,8 +112,10 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     own_journal = "journal" not in rc
     if own_journal:  # each judged entry is journaled as it lands: rerunning an interrupted plan resumes
         journal = ctx.out / f"recompute-{str(ctx.release.manifest['root_digest'])[:16]}.journal"
+        from kvgraft.execution.journal import is_journal
+
         for stale in ctx.out.glob("recompute-*.journal"):
-            if stale != journal:
+            if stale != journal and is_journal(stale):
                 stale.unlink()  # of another release (a rebuilt library): nothing of it can be resumed here
     else:
         journal = rc["journal"]

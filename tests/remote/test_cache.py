@@ -37,7 +37,9 @@ def put(cache: Cache, data: bytes, used: float) -> str:
 def test_eviction_removes_the_least_recently_used_pieces_no_reader_links(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "c", limit=250)
     old, linked, new = (put(cache, bytes([i]) * 100, used) for i, used in ((1, 1000.0), (2, 2000.0), (3, 3000.0)))
-    os.link(cache.piece(linked), tmp_path / "a-mirror-holds-it")
+    (cache.root / "mirrors" / "rel-x").mkdir(parents=True)
+    os.link(cache.piece(linked), cache.root / "mirrors" / "rel-x" / "a-mirror-holds-it")
+    os.link(cache.piece(old), tmp_path / "a-link-elsewhere")  # keeps nothing from eviction
     assert [p.sha256 for p in cache.evict()] == [old]  # 300 bytes > 250: the oldest goes
     assert [p.sha256 for p in cache.evict(0)] == [new]  # the linked one stays, however old
     assert {p.sha256 for p in cache.pieces()} == {linked}

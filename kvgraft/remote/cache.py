@@ -135,10 +135,11 @@ class Cache:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return False
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            return False
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-                return False
             h = hashlib.sha256()
             while block := f.read(8 * 2**20):
                 h.update(block)

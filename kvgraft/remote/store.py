@@ -229,11 +229,12 @@ class HttpStore(Store):
                 upto = max(end, whole or 0)
                 return await _counted(_drain(r.content.read, upto - start, count, skip=start), counted, ended,
                                       None if r.content_length is None else r.content_length - start, complete)
-            m = re.match(r"bytes (\d+)-(\d+)/", r.headers.get("Content-Range", ""))
+            m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", r.headers.get("Content-Range", ""))
             if m is None or int(m.group(1)) != start:
                 raise Transient(f"asked for bytes from {start}, answered with "
                                 f"{r.headers.get('Content-Range', 'no Content-Range')!r}")
-            declared = int(m.group(2)) + 1 - start
+            # what a whole answer holds: up to the end asked for, or of the file where the server says it ends
+            declared = (min(end, int(m.group(3))) if m.group(3) != "*" else int(m.group(2)) + 1) - start
             return await _counted(_drain(r.content.read, end - start, count), counted, ended, declared, complete)
 
         async def go() -> int:

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -143,7 +144,14 @@ def _fill(store: Store, name: str, part: Path, start: int, end: int, what: str, 
     where = f"{store.shown(name)}: {what}: bytes [{start}, {end})"
 
     def once() -> None:
-        have = part.stat().st_size if part.exists() else 0
+        try:
+            st = part.lstat()
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):  # not what a fetch leaves: a folder, a link
+            shutil.rmtree(part) if stat.S_ISDIR(st.st_mode) else part.unlink()
+            st = None
+        have = st.st_size if st is not None else 0
         if have > max(end, whole or 0) - start:  # a partial file longer than its range: not ours to trust
             part.unlink()
             have = 0
@@ -275,7 +283,7 @@ def _receive(store: Store, work: Path, name: str, size: int, what: str, meter: M
         if not store.ranges:
             ranges = [(0, size)]
     fill = [(work / f"{a:016d}", a, b) for a, b in ranges]
-    resumed = sum(p.stat().st_size for p, _, _ in fill if p.exists())  # received by an earlier try
+    resumed = sum(p.lstat().st_size for p, _, _ in fill if p.is_file() and not p.is_symlink())  # an earlier try's
     meter.add(resumed)
     parallel = min(int(getattr(settings, "parallel", 4)), len(fill))
     if parallel <= 1:

@@ -38,7 +38,8 @@ class Fault:
     (a range answered `by` bytes short, its Content-Range and Content-Length saying so), "shift" (a range
     answered from `by` bytes further on, its Content-Range saying so), "elsewhere" (302 to the same path on
     the host `to`, e.g. localhost for 127.0.0.1: another origin), "loop" (302 to the same path with a new
-    query, without end), "drip" (a byte every `seconds`).
+    query, without end), "drip" (a byte every `seconds`, `after` bytes if given, then close), "whole" (a
+    range request answered with the whole file, 200).
     """
 
     match: str
@@ -148,7 +149,7 @@ class FolderServer:
                     return
                 data = target.read_bytes()
                 start, end, status = 0, len(data), 200
-                if rng is not None and server.ranges:
+                if rng is not None and server.ranges and not (fault is not None and fault.kind == "whole"):
                     m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
                     if m is None or int(m.group(1)) >= len(data):
                         entry.status = 416
@@ -179,7 +180,7 @@ class FolderServer:
                     self.send_header(k, v)
                 self.end_headers()
                 if fault is not None and fault.kind == "drip":
-                    for i in range(len(body)):
+                    for i in range(min(len(body), fault.after or len(body))):
                         if server.stopping.wait(fault.seconds):
                             break
                         self.wfile.write(bytes(body[i:i + 1]))

@@ -276,14 +276,17 @@ def _receive(store: Store, work: Path, name: str, size: int, what: str, meter: M
     settings = getattr(store, "settings", None)
     chunk = int(getattr(settings, "chunk", 16 * 2**20)) if store.ranges else max(size, 1)
     ranges = _ranges(size, chunk)
+    first = work / f"{0:016d}"
+    held = first.lstat().st_size if first.is_file() and not first.is_symlink() else 0
     if len(ranges) > 1 and store.ranges:
         # The first range alone: a server that answers it with the whole file (no ranges) is read to the end,
         # once, rather than once per range.
-        _fill(store, name, work / f"{0:016d}", 0, ranges[0][1], what, meter, deadline, whole=size)
+        _fill(store, name, first, 0, ranges[0][1], what, meter, deadline, whole=size)
         if not store.ranges:
             ranges = [(0, size)]
     fill = [(work / f"{a:016d}", a, b) for a, b in ranges]
-    resumed = sum(p.lstat().st_size for p, _, _ in fill if p.is_file() and not p.is_symlink())  # an earlier try's
+    # what an earlier process left (the first range's as it was before the probe above)
+    resumed = held + sum(p.lstat().st_size for p, _, _ in fill[1:] if p.is_file() and not p.is_symlink())
     meter.add(resumed)
     parallel = min(int(getattr(settings, "parallel", 4)), len(fill))
     if parallel <= 1:

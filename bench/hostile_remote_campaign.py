@@ -115,7 +115,7 @@ def draw(cls: str, rng: random.Random, files: dict[str, str]) -> Case:
         port = rng.choice(["99999", "0", "x", "-1"])
         url = rng.choice(["file:///tmp/rel", "ftp://127.0.0.1/rel", "http://[::1/x", f"http://127.0.0.1:{port}/rel",
                           "https:///rel", "http://user:pw-secret@127.0.0.1:1/rel", "hf://", "s3://", "gopher://x/y",
-                          "http://\x00host/rel", "http://" + "a" * 300 + "/rel", "REFUSED"])
+                          "http://%00host/rel", "http://ho st/rel", "http://" + "a" * 300 + "/rel", "REFUSED"])
         return Case(cls, command, url=url)
     if cls == "damaged-cache":
         return Case(cls, rng.choice(["verify-entry", "pull"]), ok=True, lines=2,

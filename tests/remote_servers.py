@@ -35,7 +35,7 @@ class Fault:
     the body, then close), "status" (answer `status`), "stall" (send `after` bytes, then wait `seconds`),
     "redirect" (302 to the same path with `to` in place of `match`), "missing" (404), "slow" (wait `seconds`,
     then answer), "extra" (`by` bytes more than the range asked for, Content-Length saying so), "short-range"
-    (a range answered `by` bytes short, its Content-Range and Content-Length saying so), "shift" (a range
+    (a range from `at` on answered `by` bytes short, its Content-Range and Content-Length saying so), "shift" (a range
     answered from `by` bytes further on, its Content-Range saying so), "elsewhere" (302 to the same path on
     the host `to`, e.g. localhost for 127.0.0.1: another origin), "loop" (302 to the same path with a new
     query, without end), "drip" (a byte every `seconds`, `after` bytes if given, then close), "whole" (a
@@ -158,7 +158,7 @@ class FolderServer:
                     start = int(m.group(1))
                     end = min(len(data), int(m.group(2)) + 1) if m.group(2) else len(data)
                     status = 206
-                if status == 206 and fault is not None and fault.kind == "short-range":
+                if status == 206 and fault is not None and fault.kind == "short-range" and start >= fault.at:
                     end = max(start + 1, end - fault.by)
                 if status == 206 and fault is not None and fault.kind == "shift":
                     start = min(start + fault.by, end - 1)

@@ -174,7 +174,7 @@ def test_pulled_files_are_copies_and_prune_bounds_every_piece(http: FolderServer
     pulled.chmod(0o644)
     pulled.write_bytes(b"edited by its owner")
     assert hashlib.sha256(piece.read_bytes()).hexdigest() == piece.name  # the cache's bytes are untouched
-    os.link(pulled, tmp_path / "a-link-elsewhere")
+    os.link(piece, tmp_path / "a-link-elsewhere")  # a link outside the cache's mirrors keeps nothing
     res = runner.invoke(app, ["cache", "prune", "--all"])
     assert res.exit_code == 0 and verified_pieces(private_cache) == [], res.stdout
 

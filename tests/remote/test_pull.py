@@ -131,7 +131,14 @@ def test_verify_sample_checks_every_drawn_entry(rel: Path, pub: Path, tmp_path: 
     doc = json.loads(runner.invoke(app, ["verify", str(rel), "--sample", "3", "--nonce", "n-3", "--json",
                                          "--key", str(pub)]).stdout)
     drawn = doc["checked_entries"]
-    assert len(drawn) == 3 and doc["tensors"] == sum(len(Release.open(rel).entry(e)["tensors"]) for e in drawn)
+    r = Release.open(rel)
+    assert r.index is not None
+    assert len(drawn) == 3 and doc["tensors"] == sum(len(r.entry(e)["tensors"]) for e in drawn)
+    # every drawn file hashed whole, every tensor of it hashed again, every index file, the manifest
+    files = sum(int(r.file_meta(r.entry(e))["size"]) for e in drawn)
+    tensors = sum(b - a for e in drawn for a, b in (t["byte_range"] for t in r.entry(e)["tensors"].values()))
+    index = sum(int(m["size"]) for m in r.index.index_files().values())
+    assert doc["bytes_hashed"] == files + tensors + index + (rel / "manifest.json").stat().st_size
     for eid in drawn:
         copy = Path(shutil.copytree(rel, tmp_path / f"copy-{eid}"))
         path = copy / Release.open(copy).entry(eid)["file"]

@@ -53,7 +53,8 @@ def _split(text: str) -> SplitResult:
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018  (raises on a port that is no number or out of range)
-    except ValueError as exc:
+        (parts.hostname or "").encode("idna")  # raises on a name no DNS can hold (a label over 63 characters)
+    except ValueError as exc:  # UnicodeError is one
         raise InputError(f"{redact(text)}: not a valid URL ({exc})") from None
     return parts
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import os
 import re
 import threading
@@ -75,8 +76,8 @@ class Settings:
                 value = kind(raw)
             except ValueError:
                 raise InputError(f"{var}={raw!r}: expected a number") from None
-            if value <= 0:
-                raise InputError(f"{var}={raw!r}: expected a number above 0")
+            if not value > 0 or not math.isfinite(value):  # nan and inf are floats too
+                raise InputError(f"{var}={raw!r}: expected a finite number above 0")
             return value
 
         return cls(number("KVGRAFT_REMOTE_TIMEOUT", cls.timeout, float), number("KVGRAFT_REMOTE_TRIES", cls.tries, int),

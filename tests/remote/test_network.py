@@ -174,7 +174,7 @@ def test_a_password_in_the_url_is_never_echoed(http: FolderServer, pub: Path) ->
 
 
 @pytest.mark.parametrize("url", ["file:///tmp/rel", "ftp://example.org/rel", "http://[::1/x",
-                                 "http://127.0.0.1:99999/rel", "https:///rel"])
+                                 "http://127.0.0.1:99999/rel", "https:///rel", "http://" + "a" * 300 + "/rel"])
 def test_a_location_kvgraft_does_not_read_is_one_line_exit_2(url: str) -> None:
     res = runner.invoke(app, ["verify", url])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("kvgraft: error: "), res.output
@@ -214,3 +214,12 @@ def hub_token(rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # ty
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         monkeypatch.setenv("HF_TOKEN", "hf_kvgraft_test_token")
         yield server
+
+
+@pytest.mark.parametrize(("var", "value"), [("KVGRAFT_REMOTE_TIMEOUT", "inf"), ("KVGRAFT_FETCH_DEADLINE", "1e400"),
+                                            ("KVGRAFT_FETCH_DEADLINE", "nan"), ("KVGRAFT_REMOTE_TRIES", "0")])
+def test_a_bad_setting_is_one_line_exit_2(var: str, value: str, http: FolderServer, pub: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(var, value)
+    code, line = verify(http.url("rel"), pub)
+    assert code == 2 and "\n" not in line and f"{var}={value!r}: expected a finite number above 0" in line, line

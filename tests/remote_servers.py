@@ -73,12 +73,13 @@ class FolderServer:
     ranges: bool = True  # False: a server that ignores Range and sends the whole file (200)
     sent: dict[str, int] = field(default_factory=dict)  # URL path -> body bytes written to the socket
     stopping: threading.Event = field(default_factory=threading.Event)
+    tls: tuple[str, str] | None = None
     _httpd: ThreadingHTTPServer | None = None
 
     def url(self, prefix: str) -> str:
         assert self._httpd is not None
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/{prefix.strip('/')}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}/{prefix.strip('/')}"
 
     def address(self) -> tuple[str, int]:
         assert self._httpd is not None
@@ -204,6 +205,12 @@ class FolderServer:
                 pass  # a client that hung up mid-answer (the faults make many): nothing to print
 
         self._httpd = Quiet(("127.0.0.1", 0), Handler)
+        if self.tls is not None:  # (certificate, key) PEM files: an HTTPS server
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self

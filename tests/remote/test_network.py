@@ -223,3 +223,46 @@ def test_a_bad_setting_is_one_line_exit_2(var: str, value: str, http: FolderServ
     monkeypatch.setenv(var, value)
     code, line = verify(http.url("rel"), pub)
     assert code == 2 and "\n" not in line and f"{var}={value!r}: expected a finite number above 0" in line, line
+
+
+def self_signed(folder: Path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1, signed by its own key: (certificate, key) PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return str(folder / "cert.pem"), str(folder / "key.pem")
+
+
+def test_a_certificate_that_does_not_verify_is_not_retried_and_ssl_cert_file_trusts_it(rel: Path, pub: Path,
+                                                                                       tmp_path: Path) -> None:
+    tls = self_signed(tmp_path)
+    server = FolderServer({"rel": rel}, tls=tls).start()
+    cli = [sys.executable, "-c", "from kvgraft.cli import entrypoint; entrypoint()"]
+    argv = [*cli, "verify", server.url("rel"), "--entry", "rec-002", "--key", str(pub)]
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    try:
+        refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "certificate" in refused.stderr.lower() and "not retried" in refused.stderr
+        trusted = subprocess.run(argv, env={**env, "SSL_CERT_FILE": tls[0]}, capture_output=True, text=True,
+                                 timeout=60)
+        assert trusted.returncode == 0, trusted.stderr
+    finally:
+        server.stop()

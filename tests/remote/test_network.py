@@ -266,3 +266,12 @@ def test_a_certificate_that_does_not_verify_is_not_retried_and_ssl_cert_file_tru
         assert trusted.returncode == 0, trusted.stderr
     finally:
         server.stop()
+
+
+def test_a_pulled_subset_records_its_origin_without_the_password(http: FolderServer, pub: Path, tmp_path: Path) -> None:
+    host, port = http.address()
+    out = tmp_path / "subset"
+    res = runner.invoke(app, ["pull", f"http://user:s3cret-pw@{host}:{port}/rel", "--entry", "rec-002", "--out", str(out),
+                              "--key", str(pub)])
+    assert res.exit_code == 0, res.output
+    assert "s3cret-pw" not in res.output and "s3cret-pw" not in (out / "kvgraft-subset.json").read_text()

@@ -34,7 +34,12 @@ class Fault:
     "short-length" (a Content-Length `by` bytes short of the body), "long-length" (`by` bytes more than
     the body, then close), "status" (answer `status`), "stall" (send `after` bytes, then wait `seconds`),
     "redirect" (302 to the same path with `to` in place of `match`), "missing" (404), "slow" (wait `seconds`,
-    then answer), "extra" (`by` bytes more than the range asked for, Content-Length saying so).
+    then answer), "extra" (`by` bytes more than the range asked for, Content-Length saying so), "short-range"
+    (a range from `at` on answered `by` bytes short, its Content-Range and Content-Length saying so), "shift" (a range
+    answered from `by` bytes further on, its Content-Range saying so), "elsewhere" (302 to the same path on
+    the host `to`, e.g. localhost for 127.0.0.1: another origin), "loop" (302 to the same path with a new
+    query, without end), "drip" (a byte every `seconds`, `after` bytes if given, then close), "whole" (a
+    range request answered with the whole file, 200).
     """
 
     match: str
@@ -56,6 +61,7 @@ class Logged:
     range: str | None
     status: int
     authorization: str | None = None
+    host: str | None = None  # the Host header: which name of this server the client asked
 
 
 @dataclass
@@ -65,13 +71,20 @@ class FolderServer:
     faults: list[Fault] = field(default_factory=list)
     log: list[Logged] = field(default_factory=list)
     ranges: bool = True  # False: a server that ignores Range and sends the whole file (200)
+    sent: dict[str, int] = field(default_factory=dict)  # URL path -> body bytes written to the socket
     stopping: threading.Event = field(default_factory=threading.Event)
+    tls: tuple[str, str] | None = None
     _httpd: ThreadingHTTPServer | None = None
 
     def url(self, prefix: str) -> str:
         assert self._httpd is not None
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/{prefix.strip('/')}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}/{prefix.strip('/')}"
+
+    def address(self) -> tuple[str, int]:
+        assert self._httpd is not None
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
 
     def paths(self, method: str = "GET") -> list[str]:
         return [r.path for r in self.log if r.method == method]
@@ -114,7 +127,7 @@ class FolderServer:
             def do_GET(self) -> None:
                 path = unquote(urlsplit(self.path).path)
                 rng = self.headers.get("Range")
-                entry = Logged(self.command, path, rng, 0, self.headers.get("Authorization"))
+                entry = Logged(self.command, path, rng, 0, self.headers.get("Authorization"), self.headers.get("Host"))
                 server.log.append(entry)
                 fault = server.fault(path)
                 if fault is not None and fault.kind == "slow":
@@ -123,10 +136,12 @@ class FolderServer:
                     entry.status = 200
                     self._answer(200, json.dumps(server.documents[path]).encode(), {"Content-Type": "application/json"})
                     return
-                if fault is not None and fault.kind in ("status", "missing", "redirect"):
-                    entry.status = {"status": fault.status, "missing": 404, "redirect": 302}[fault.kind]
-                    location = {"Location": path.replace(fault.match, fault.to)} if fault.kind == "redirect" else {}
-                    self._answer(entry.status, b"", location)
+                if fault is not None and fault.kind in ("status", "missing", "redirect", "elsewhere", "loop"):
+                    entry.status = {"status": fault.status, "missing": 404}.get(fault.kind, 302)
+                    port = server.address()[1]
+                    location = {"redirect": path.replace(fault.match, fault.to), "loop": f"{path}?hop={fault.used}",
+                                "elsewhere": f"http://{fault.to}:{port}{path}"}.get(fault.kind)
+                    self._answer(entry.status, b"", {"Location": location} if location else {})
                     return
                 target = server.file(path)
                 if target is None:
@@ -135,7 +150,7 @@ class FolderServer:
                     return
                 data = target.read_bytes()
                 start, end, status = 0, len(data), 200
-                if rng is not None and server.ranges:
+                if rng is not None and server.ranges and not (fault is not None and fault.kind == "whole"):
                     m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
                     if m is None or int(m.group(1)) >= len(data):
                         entry.status = 416
@@ -144,6 +159,10 @@ class FolderServer:
                     start = int(m.group(1))
                     end = min(len(data), int(m.group(2)) + 1) if m.group(2) else len(data)
                     status = 206
+                if status == 206 and fault is not None and fault.kind == "short-range" and start >= fault.at:
+                    end = max(start + 1, end - fault.by)
+                if status == 206 and fault is not None and fault.kind == "shift":
+                    start = min(start + fault.by, end - 1)
                 body = bytearray(data[start:end])
                 headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"} if status == 206 else {}
                 entry.status = status
@@ -161,6 +180,14 @@ class FolderServer:
                 for k, v in headers.items():
                     self.send_header(k, v)
                 self.end_headers()
+                if fault is not None and fault.kind == "drip":
+                    for i in range(min(len(body), fault.after or len(body))):
+                        if server.stopping.wait(fault.seconds):
+                            break
+                        self.wfile.write(bytes(body[i:i + 1]))
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
                 if fault is not None and fault.kind in ("drop", "stall"):
                     self.wfile.write(bytes(body[:fault.after]))
                     self.wfile.flush()
@@ -169,10 +196,21 @@ class FolderServer:
                     self.close_connection = True
                     return
                 self.wfile.write(bytes(body))
+                server.sent[path] = server.sent.get(path, 0) + len(body)
                 if fault is not None and fault.kind == "long-length":
                     self.close_connection = True
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Quiet(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that hung up mid-answer (the faults make many): nothing to print
+
+        self._httpd = Quiet(("127.0.0.1", 0), Handler)
+        if self.tls is not None:  # (certificate, key) PEM files: an HTTPS server
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self

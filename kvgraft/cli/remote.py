@@ -50,6 +50,7 @@ def pull_cmd(
     """
     from kvgraft import sampling
     from kvgraft.remote import subset
+    from kvgraft.remote.location import redact
     from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import verified, verify_release
@@ -69,11 +70,11 @@ def pull_cmd(
         ids = [everyone[i] for i in sampling.draw(str(rel.manifest["root_digest"]), sampling.check_nonce(nonce),
                                                   len(everyone), sample)]
         drawn = {"method": sampling.METHOD, "nonce": nonce, "size": sample}
-    made = subset.pull(rel, ids, out_dir, origin=release, sample=drawn, overwrite=overwrite)
+    made = subset.pull(rel, ids, out_dir, origin=redact(release), sample=drawn, overwrite=overwrite)
     result = verify_release(out_dir, policy=policy)  # the subset, verified as anyone given it will verify it
     for warning in checked.warnings:
         say(f"kvgraft: note: {warning}", error=True)
-    say(f"pulled {len(made.entries)} of {rel.num_entries} entries of {release} into {out_dir}")
+    say(f"pulled {len(made.entries)} of {rel.num_entries} entries of {redact(release)} into {out_dir}")
     say(f"  verified     {result.signature.describe()}; {len(result.checked_entries)} entries, {result.tensors} tensors")
     say(f"  root digest  {result.root_digest}")
 

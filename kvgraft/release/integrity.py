@@ -183,14 +183,16 @@ def _is_under(name: str, paths: Sequence[str]) -> bool:
     return any(name == p or name.startswith(p + "/") for p in paths)
 
 
-def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str]) -> str:
-    """One line naming where a file whose sha256 mismatches differs: which tensor, or its header."""
+def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str],
+            known: list[dict[str, Any]] | None = None) -> str:
+    """One line naming where a file whose sha256 mismatches differs: which tensor, or its header. `known`: the
+    entries of that file, when the caller holds them (a pulled subset lacks the other entries' shards)."""
     path = rel.root / name
     base = f"{path}: sha256 {actual} does not match the {source} ({expected})"
     other = by_sha.get(actual)
     if other is not None and other != name:
         return f"{base}: it has the content of {other} (files swapped or copied)"
-    entries = [e for e in rel.iter_entries() if e["file"] == name] \
+    entries = known if known is not None else [e for e in rel.iter_entries() if e["file"] == name] \
         if name.startswith("entries/") or rel.index is None else []
     if not entries:
         return base
@@ -425,7 +427,7 @@ def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEn
     except IntegrityError as exc:
         raise IntegrityError(f"{exc}: entry {entry_id!r}") from None
     if sha != meta["sha256"]:
-        raise IntegrityError(_locate(rel, entry["file"], sha, meta["sha256"], "manifest", {}))
+        raise IntegrityError(_locate(rel, entry["file"], sha, meta["sha256"], "manifest", {}, known=[entry]))
     rel.tensor_layout(entry)
     for n, digest in zip(names, parts, strict=True):
         if digest != table[n]["sha256"]:

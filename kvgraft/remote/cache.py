@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -102,18 +103,59 @@ class Cache:
     def partial(self, sha256: str, size: int) -> Path:
         return self.root / "partial" / f"{sha256}-{size}"
 
+    def ready(self) -> Path:
+        """The cache's folder, made if needed; an unusable one (a file, a place nobody may write) is one line."""
+        where = f"KVGRAFT_CACHE={self.root}" if os.environ.get("KVGRAFT_CACHE") else f"the cache {self.root}"
+        try:
+            for sub in ("pieces", "partial", "locks", "mirrors"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if not os.access(self.root / "mirrors", os.W_OK | os.X_OK):
+                raise PermissionError("not writable")
+        except OSError as exc:
+            raise InputError(f"{where}: not a folder kvgraft can keep its cache in ({exc.strerror or exc})") from None
+        return self.root
+
     def has(self, sha256: str, size: int) -> Path | None:
-        """The piece's path when it is cached with that size (and mark it used), else None."""
+        """The piece's path when something is cached under its name (and mark it used), else None. Anything
+        there that is not a regular file of that size (a link, a folder, a cut file) is a piece to discard."""
         path = self.piece(sha256)
         try:
-            st = path.stat()
+            path.lstat()
         except FileNotFoundError:
             return None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-            return None
         with contextlib.suppress(OSError):
-            os.utime(path)
+            os.utime(path, follow_symlinks=False)
         return path
+
+    def intact(self, sha256: str, size: int) -> bool:
+        """Whether the piece is a regular file of `size` bytes whose SHA-256 is its name (read again each use:
+        a file in the cache can be changed by anyone who may write there)."""
+        path = self.piece(sha256)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            return False
+        with os.fdopen(fd, "rb") as f:
+            h = hashlib.sha256()
+            while block := f.read(8 * 2**20):
+                h.update(block)
+        return h.hexdigest() == sha256
+
+    def discard(self, sha256: str) -> None:
+        """Remove what lies under the piece's name (never what a link there points to)."""
+        path = self.piece(sha256)
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise InputError(f"{path}: a damaged piece of the cache {self.root} cannot be removed "
+                             f"({exc.strerror or exc}); remove it, or run `kvgraft cache prune --all`") from None
 
     def store(self, sha256: str, checked: Path) -> Path:
         """Move a file whose bytes were just checked against `sha256` into place (read-only)."""
@@ -126,14 +168,30 @@ class Cache:
     def pieces(self) -> list[Piece]:
         found: list[Piece] = []
         base = self.root / "pieces"
+        linked = self._linked()
         for sub in sorted(base.iterdir()) if base.is_dir() else []:
             for path in sorted(sub.iterdir()) if sub.is_dir() else []:
                 if not _SHA.fullmatch(path.name):
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     st = path.lstat()
-                    found.append(Piece(path.name, path, st.st_size, st.st_mtime, st.st_nlink > 1))
+                    found.append(Piece(path.name, path, st.st_size, st.st_mtime, (st.st_dev, st.st_ino) in linked))
         return found
+
+    def _linked(self) -> set[tuple[int, int]]:
+        """The files (device, inode) the mirrors of this cache hold. Only they keep a piece from eviction: a
+        link made anywhere else (a folder copied with `cp -l`) does not, so the limit bounds every piece."""
+        held: set[tuple[int, int]] = set()
+        base = self.root / "mirrors"
+        for folder in sorted(base.iterdir()) if base.is_dir() else []:
+            if folder.suffix == ".lock" or folder.is_symlink() or not folder.is_dir():
+                continue
+            for f in folder.rglob("*"):
+                with contextlib.suppress(OSError):
+                    st = f.lstat()
+                    if stat.S_ISREG(st.st_mode):
+                        held.add((st.st_dev, st.st_ino))
+        return held
 
     def partial_bytes(self) -> int:
         base = self.root / "partial"

@@ -7,28 +7,56 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from kvgraft.errors import InputError
 
 SCHEMES = ("http://", "https://", "hf://", "s3://")
+_ANY_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_PASSWORD = re.compile(r"(//[^/@:\s]*:)[^/@\s]*@")
 HUB_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
 
 
 @dataclass(frozen=True)
 class Location:
     kind: str  # "http", "s3" or "hf"
-    url: str  # as given, without a trailing slash: what messages name
+    url: str  # as given, without a trailing slash and with any password hidden: what messages name
     bucket: str = ""  # s3
     prefix: str = ""  # s3: the key prefix; hf: the folder inside the repository
     repo_type: str = ""  # hf: "model", "dataset" or "space"
     repo_id: str = ""  # hf: ORG/REPO
     revision: str | None = None  # hf: a branch, tag or commit (None: the default branch)
+    target: str = ""  # http: the URL to read, its password kept (`url` hides it)
+
+
+def redact(text: str) -> str:
+    """`text` with the password of any URL in it replaced by ***: an error line never shows it."""
+    return _PASSWORD.sub(r"\1***@", text)
 
 
 def is_remote(text: str) -> bool:
-    return text.lower().startswith(SCHEMES)
+    """Whether `text` is a URL rather than a local path; a scheme kvgraft does not read (file://, ftp://) is
+    refused here, so that it is never taken as a folder named `file:`."""
+    if text.lower().startswith(SCHEMES):
+        return True
+    if _ANY_SCHEME.match(text):
+        scheme = text.split(":", 1)[0]
+        hint = " (give the folder's path instead)" if scheme.lower() == "file" else ""
+        raise InputError(f"{redact(text)}: {scheme}:// locations are not read{hint}; a release is a folder or an "
+                         f"http(s)://, hf:// or s3:// location")
+    return False
+
+
+def _split(text: str) -> SplitResult:
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (raises on a port that is no number or out of range)
+        (parts.hostname or "").encode("idna")  # raises on a name no DNS can hold (a label over 63 characters)
+    except ValueError as exc:  # UnicodeError is one
+        raise InputError(f"{redact(text)}: not a valid URL ({exc})") from None
+    return parts
 
 
 def parse(text: str) -> Location | None:
@@ -36,12 +64,12 @@ def parse(text: str) -> Location | None:
     if not is_remote(text):
         return None
     url = text.rstrip("/")
-    parts = urlsplit(url)
+    parts = _split(url)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
-        if not parts.netloc:
-            raise InputError(f"{text}: no host in the URL")
-        return Location("http", url)
+        if not parts.hostname:
+            raise InputError(f"{redact(text)}: no host in the URL")
+        return Location("http", redact(url), target=url)
     if scheme == "s3":
         if not parts.netloc:
             raise InputError(f"{text}: expected s3://bucket/prefix")

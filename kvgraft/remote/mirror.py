@@ -166,7 +166,8 @@ def open_store(loc: Location, settings: Settings | None = None) -> tuple[Store, 
         return S3Store(loc.bucket, loc.prefix, display=loc.url, settings=settings), []
     if loc.kind == "hf":
         return hub.open_store(loc, settings)
-    return HttpStore(loc.url, headers=hub.headers_for(loc.url), settings=settings), []
+    return HttpStore(loc.target or loc.url, display=loc.url, headers=hub.headers_for(loc.target or loc.url),
+                     settings=settings), []
 
 
 _OPEN: list[Mirror] = []
@@ -184,8 +185,10 @@ def close_all() -> None:
 
 
 def open_mirror(loc: Location, cache: Cache | None = None) -> Mirror:
+    cache = cache or Cache()
+    cache.ready()
     store, notes = open_store(loc)
-    mirror = Mirror(loc, store, cache or Cache(), notes)
+    mirror = Mirror(loc, store, cache, notes)
     try:
         mirror.open()
     except BaseException:

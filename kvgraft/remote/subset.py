@@ -20,7 +20,7 @@ from typing import Any
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.release import integrity, sources
+from kvgraft.release import integrity
 from kvgraft.release.format import SIDE_FILES, Release, now_utc
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.remote.transfer import place
@@ -96,9 +96,9 @@ def pull(rel: Release, ids: list[str], out: Path, *, origin: str, sample: dict[s
             src = rel.root / name
             if name in SIDE_FILES and jsonio.stat_or_none(src) is None:
                 continue
-            # From a remote release's mirror: links to cached pieces, which are never written in place. From a
-            # local folder: copies, not links to files its owner may still change.
-            place(safe_path(rel.root, name, "a pulled file"), tmp / name, hard=sources.of(rel.root) is not None)
+            # Copies (reflinks where the file system makes them), never links: a pulled file may be changed by its
+            # owner without changing the cache's piece or the release it came from, and the cache stays bounded.
+            place(safe_path(rel.root, name, "a pulled file"), tmp / name, hard=False)
         subset = Subset(str(rel.manifest["root_digest"]), ids, files, origin, sample)
         jsonio.write_json(tmp / SUBSET_NAME, {
             "format": SUBSET_FORMAT, "format_version": 1, "root_digest": subset.root_digest, "origin": origin,

@@ -37,7 +37,9 @@ def put(cache: Cache, data: bytes, used: float) -> str:
 def test_eviction_removes_the_least_recently_used_pieces_no_reader_links(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "c", limit=250)
     old, linked, new = (put(cache, bytes([i]) * 100, used) for i, used in ((1, 1000.0), (2, 2000.0), (3, 3000.0)))
-    os.link(cache.piece(linked), tmp_path / "a-mirror-holds-it")
+    (cache.root / "mirrors" / "rel-x").mkdir(parents=True)
+    os.link(cache.piece(linked), cache.root / "mirrors" / "rel-x" / "a-mirror-holds-it")
+    os.link(cache.piece(old), tmp_path / "a-link-elsewhere")  # keeps nothing from eviction
     assert [p.sha256 for p in cache.evict()] == [old]  # 300 bytes > 250: the oldest goes
     assert [p.sha256 for p in cache.evict(0)] == [new]  # the linked one stays, however old
     assert {p.sha256 for p in cache.pieces()} == {linked}
@@ -109,3 +111,83 @@ def test_a_long_fetch_prints_bytes_rate_and_time_left_and_a_short_one_nothing() 
     assert quiet.getvalue() == ""
     assert len(lines) == 2 and lines[1].startswith("kvgraft: fetching https://example.org/rel/entries/a: 4.0 of 8.0 MiB, ")
     assert lines[1].endswith(" s left") and " MiB/s, " in lines[1]
+
+
+def _verify(http: FolderServer, pub: Path, eid: str = "rec-002") -> tuple[int, str]:
+    res = runner.invoke(app, ["verify", http.url("rel"), "--entry", eid, "--key", str(pub)])
+    mirror.close_all()  # what the end of that process does: no mirror links the pieces any more
+    return res.exit_code, res.stderr
+
+
+def _entry_piece(rel: Path, cache: Path, eid: str = "rec-002") -> tuple[Path, str]:
+    r = Release.open(rel)
+    e = r.entry(eid)
+    sha = r.file_meta(e)["sha256"]
+    return cache / "pieces" / sha[:2] / sha, e["file"]
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "symlink to the right bytes"])
+def test_a_damaged_cached_piece_is_evicted_fetched_again_and_named(damage: str, http: FolderServer, rel: Path,
+                                                                   pub: Path, private_cache: Path,
+                                                                   tmp_path: Path) -> None:
+    assert _verify(http, pub) == (0, "")
+    piece, file = _entry_piece(rel, private_cache)
+    good = piece.read_bytes()
+    piece.chmod(0o644)
+    if damage == "flipped byte":
+        piece.write_bytes(good[:50] + bytes([good[50] ^ 1]) + good[51:])
+    else:
+        (tmp_path / "elsewhere").write_bytes(good)
+        piece.unlink()
+        piece.symlink_to(tmp_path / "elsewhere")
+    http.log.clear()
+    code, err = _verify(http, pub)
+    assert code == 0, err
+    assert err.strip() == (f"kvgraft: note: {piece}: the cached piece of {http.url('rel')}/{file} no longer matched "
+                           f"its SHA-256; evicted from the cache and fetched again")
+    assert [r for r in http.log if r.path.endswith(file)]  # fetched once more
+    assert not piece.is_symlink() and piece.read_bytes() == good
+    assert (tmp_path / "elsewhere").exists() or damage == "flipped byte"  # a link's target is not ours to delete
+
+
+def test_junk_left_in_partial_is_not_blamed_on_the_server(http: FolderServer, rel: Path, pub: Path,
+                                                          private_cache: Path) -> None:
+    r = Release.open(rel)
+    e = r.entry("rec-002")
+    meta = r.file_meta(e)
+    work = Cache().partial(meta["sha256"], meta["size"])
+    work.mkdir(parents=True)
+    (work / f"{0:016d}").write_bytes(b"junk an earlier process left" * 3)
+    code, err = _verify(http, pub)
+    assert (code, err) == (0, "")
+    assert meta["sha256"] in verified_pieces(private_cache)
+
+
+def test_pulled_files_are_copies_and_prune_bounds_every_piece(http: FolderServer, rel: Path, pub: Path,
+                                                              private_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "subset"
+    assert runner.invoke(app, ["pull", http.url("rel"), "--entry", "rec-002", "--out", str(out)]).exit_code == 0
+    mirror.close_all()
+    piece, file = _entry_piece(rel, private_cache)
+    pulled = out / file
+    assert not os.path.samefile(piece, pulled) and piece.stat().st_nlink == 1
+    pulled.chmod(0o644)
+    pulled.write_bytes(b"edited by its owner")
+    assert hashlib.sha256(piece.read_bytes()).hexdigest() == piece.name  # the cache's bytes are untouched
+    os.link(piece, tmp_path / "a-link-elsewhere")  # a link outside the cache's mirrors keeps nothing
+    res = runner.invoke(app, ["cache", "prune", "--all"])
+    assert res.exit_code == 0 and verified_pieces(private_cache) == [], res.stdout
+
+
+def test_the_cache_limit_applies_when_a_process_ends_without_a_prune(http: FolderServer, pub: Path,
+                                                                     private_cache: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVGRAFT_CACHE_LIMIT": "1"}
+    cli = [sys.executable, "-c", "from kvgraft.cli import entrypoint; entrypoint()"]
+    done = subprocess.run([*cli, "verify", http.url("rel"), "--entry", "rec-002", "--key", str(pub)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [r for r in http.log if "/entries/" in r.path]  # something was fetched and cached
+    assert verified_pieces(private_cache) == []  # and evicted at the end: 1 byte holds no piece

@@ -75,3 +75,75 @@ def test_pull_refuses_a_tampered_entry_and_writes_nothing(http: FolderServer, re
     res = runner.invoke(app, ["pull", http.url("rel"), "--entry", "rec-003", "--out", str(out), "--key", str(pub)])
     assert res.exit_code == 1 and "entry 'rec-003'" in res.stderr
     assert not out.exists() and not list(tmp_path.glob(".subset.*"))
+
+
+def test_pull_sample_draws_what_audit_sample_draws_from_many(tmp_path: Path) -> None:
+    """10 of 40 entries: a draw from another nonce or root matches this one about once in 8.5e8 (1/C(40, 10))."""
+    from kvgraft.signing import keys, sign
+
+    from release_factory import make_release
+    from remote_servers import folder_server
+
+    rel = tmp_path / "rel"
+    make_release(rel, entries=40, format_version=2, shard_entries=8, tokens=8)
+    private, public = keys.write_keypair(tmp_path / "signer")
+    sign.sign_release(rel, keys.load_private_key(private))
+    out = tmp_path / "sample"
+    with folder_server(rel=rel) as server:
+        res = runner.invoke(app, ["pull", server.url("rel"), "--sample", "10", "--nonce", "auditor-9", "--out", str(out),
+                                  "--key", str(public)])
+    assert res.exit_code == 0, res.output
+    drawn = runner.invoke(app, ["audit", "sample", str(rel), "--nonce", "auditor-9", "--size", "10"]).stdout.split()
+    doc = json.loads((out / "kvgraft-subset.json").read_text())
+    assert len(drawn) == 10 and sorted(drawn) == doc["entries"]
+    assert sorted(drawn) != sorted(runner.invoke(app, ["audit", "sample", str(rel), "--nonce", "auditor-8", "--size",
+                                                       "10"]).stdout.split())
+
+
+def test_pull_from_a_local_folder_checks_each_entry_and_leaves_nothing(rel: Path, pub: Path, tmp_path: Path) -> None:
+    path = rel / Release.open(rel).entry("rec-001")["file"]
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    out = tmp_path / "subset"
+    res = runner.invoke(app, ["pull", str(rel), "--entry", "rec-001", "--out", str(out), "--key", str(pub)])
+    assert res.exit_code == 1 and "entry 'rec-001'" in res.stderr, res.output
+    assert not out.exists() and not list(tmp_path.glob(".subset.*"))
+
+
+def test_verify_of_a_subset_with_a_damaged_entry_names_the_entry(http: FolderServer, rel: Path, pub: Path,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "subset"
+    assert runner.invoke(app, ["pull", http.url("rel"), "--entry", "rec-002", "--out", str(out)]).exit_code == 0
+    path = out / Release.open(rel).entry("rec-002")["file"]
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    res = runner.invoke(app, ["verify", str(out), "--key", str(pub)])
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1
+    assert "entry 'rec-002'" in res.stderr and "index shard" not in res.stderr, res.stderr
+
+
+def test_verify_sample_checks_every_drawn_entry(rel: Path, pub: Path, tmp_path: Path) -> None:
+    """Each of the drawn entries damaged in turn: each run fails naming it (checking all but one would pass one)."""
+    import shutil
+
+    doc = json.loads(runner.invoke(app, ["verify", str(rel), "--sample", "3", "--nonce", "n-3", "--json",
+                                         "--key", str(pub)]).stdout)
+    drawn = doc["checked_entries"]
+    r = Release.open(rel)
+    assert r.index is not None
+    assert len(drawn) == 3 and doc["tensors"] == sum(len(r.entry(e)["tensors"]) for e in drawn)
+    # every drawn file hashed whole, every tensor of it hashed again, every index file, the manifest
+    files = sum(int(r.file_meta(r.entry(e))["size"]) for e in drawn)
+    tensors = sum(b - a for e in drawn for a, b in (t["byte_range"] for t in r.entry(e)["tensors"].values()))
+    index = sum(int(m["size"]) for m in r.index.index_files().values())
+    assert doc["bytes_hashed"] == files + tensors + index + (rel / "manifest.json").stat().st_size
+    for eid in drawn:
+        copy = Path(shutil.copytree(rel, tmp_path / f"copy-{eid}"))
+        path = copy / Release.open(copy).entry(eid)["file"]
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0x01
+        path.write_bytes(bytes(data))
+        res = runner.invoke(app, ["verify", str(copy), "--sample", "3", "--nonce", "n-3", "--key", str(pub)])
+        assert res.exit_code == 1 and f"entry '{eid}'" in res.stderr, (eid, res.output)

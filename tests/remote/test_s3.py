@@ -80,3 +80,27 @@ def test_a_missing_object_is_named(s3: S3Server, rel: Path, pub: Path) -> None:
     res = runner.invoke(app, ["verify", "s3://releases/v5/rel", "--entry", "rec-001", "--key", str(pub)])
     assert res.exit_code == 1
     assert f"s3://releases/v5/rel/{entry['file']}: entry 'rec-001': missing on the server" in res.stderr
+
+
+def test_a_stray_object_at_the_top_of_the_prefix_is_refused(s3: S3Server, rel: Path, pub: Path) -> None:
+    (rel / "stray.bin").write_bytes(b"not listed")
+    upload(s3.endpoint, "releases", "v6/rel", rel)
+    res = runner.invoke(app, ["verify", "s3://releases/v6/rel", "--key", str(pub)])
+    assert res.exit_code == 1, res.output
+    assert "not part of the release: stray.bin" in res.stderr and "s3://releases/v6/rel" in res.stderr
+
+
+def test_no_credentials_is_one_line_at_once(s3: S3Server, pub: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    started = time.monotonic()
+    res = runner.invoke(app, ["verify", "s3://releases/v1/rel", "--entry", "rec-000", "--key", str(pub)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert "not retried" in res.stderr and "credentials" in res.stderr.lower()
+    assert time.monotonic() - started < 5

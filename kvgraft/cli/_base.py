@@ -144,6 +144,8 @@ OfflineOpt = Annotated[bool, typer.Option("--offline", help="Sigstore: the embed
 RequireSignatureOpt = Annotated[bool, typer.Option(
     "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked (--key or "
                                 "Sigstore identity).")]
+OmsSignatureOpt = Annotated[Path | None, typer.Option(
+    "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."

@@ -63,5 +63,8 @@ def report_verify_cmd(
     if as_json:
         echo_json(result.as_dict())
         return
+    from kvgraft.signing.verify import signature_sentence
+
     bound = " and bound to the release" if result.release_checked else ""
-    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")
+    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}; "
+        f"release signature {signature_sentence(result.report.get('release_signature'))}")

@@ -99,6 +99,12 @@ def _where(loc: dict[str, Any] | None) -> str:
             f"{loc['tensor']} ({at}){count}")
 
 
+def _executor(ex: Any) -> str:
+    if isinstance(ex, dict):
+        return ", ".join(f"{k} {v}" for k, v in ex.items() if v is not None) or "-"
+    return "-" if ex is None else str(ex)
+
+
 def _details(g: dict[str, Any], width: int) -> list[RenderableType]:
     out: list[RenderableType] = []
     for r in g["replications"]:
@@ -106,8 +112,8 @@ def _details(g: dict[str, Any], width: int) -> list[RenderableType]:
         rows = [("source", r["source"]), ("signer", signer(r["signer"])), ("plan", r["plan"]), ("created", r["created"]),
                 ("release signature", signature_sentence(r["release_signature"])),
                 ("environment", ", ".join(f"{k} {v}" for k, v in r["environment"].items())),
-                ("executor", str(r["executor"] or "-")),
-                *[(f"check {c['name']}", f"{c['status']}: {c['summary']}") for c in r["checks"]]]
+                ("executor", _executor(r["executor"])),
+                *[(f"check {c['name']}", f"{c['status']}: {(c['summary'] or [''])[-1]}") for c in r["checks"]]]
         if rc:
             rows.append(("sample", f"{rc['sampled']:,} of {rc['population']:,}, nonce {rc['nonce']}; the report's own "
                                    f"bound {rc['stated_bound']}"))

@@ -188,7 +188,7 @@ def _replication(index: int, source: str, signer: dict[str, Any] | None, report:
         "environment": {k: env.get(k) for k in ("device", "device_name", "cpu_isa", "dtype", "attn_implementation",
                                                 "threads", "torch", "transformers", "platform") if k in env},
         "executor": (data or {}).get("executor"),
-        "checks": [{"name": c["name"], "kind": c["kind"], "status": c["status"], "summary": c["summary"]}
+        "checks": [{"name": c["name"], "kind": c["kind"], "status": c["status"], "summary": c["summary"].splitlines()}
                    for c in report["checks"]],
         "claims": {c["id"]: c["verdict"] for c in report.get("claims", [])},
         "generalization": [{"name": a["name"], "k": a["k"], "n": a["n"], **({"interval": a["interval"]}

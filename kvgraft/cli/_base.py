@@ -40,6 +40,16 @@ def _usage_name(self: TyperArgument) -> str:
 
 
 TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+_display_type = TyperArgument.display_type
+
+
+def _element_type(self: TyperArgument, ctx: Any) -> str:
+    """A repeated argument's type in help as its items' (REPORT... <str>): typer writes <list[str]>, a Python type."""
+    shown = _display_type(self, ctx)
+    return f"<{shown[len('<list['):-len(']>')]}>" if shown.startswith("<list[") and shown.endswith("]>") else shown
+
+
+TyperArgument.display_type = _element_type  # type: ignore[method-assign,assignment]
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
 EXIT_INTERNAL = 70

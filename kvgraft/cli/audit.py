@@ -265,8 +265,8 @@ def sample_cmd(
     With --check, the sample a result or report records is derived again from this release and compared
     (exit 0 when equal, 1 when not); with --nonce and --size, the sample is printed, one entry id a line.
     Needs no model and no torch. The release is opened as `kvgraft verify` opens it, under the same trust
-    options (exit 1 for a wrong signer, a missing or stale signature), and what was checked of its signature is
-    stated.
+    options (exit 1 for a wrong signer, a missing or stale signature); --check states what was checked of its
+    signature.
     """
     from kvgraft import sampling
     from kvgraft._internal.jsonio import load_file
@@ -275,13 +275,11 @@ def sample_cmd(
     # Opened as `kvgraft verify` opens it with the same options: signature, statement, manifest (no entry bytes).
     checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
     rel = checked.release
-    signature = f"release signature: {signature_sentence(signature_statement(checked.checked))}"
     # Ids and token counts come from the manifest (the root binds them): no index shard is read.
     root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()
     if check is None:
         if nonce is None or size is None:
             raise InputError("pass --nonce and --size, or --check RESULT.json")
-        say(signature, error=True)  # stdout is the sample, one id a line
         for i in sampling.draw(root, sampling.check_nonce(nonce), len(ids), size, option="--size"):
             say(ids[i])
         return
@@ -292,7 +290,8 @@ def sample_cmd(
         say(f"kvgraft: {check}: sample NOT re-derived: " + "; ".join(problems), error=True)
         raise typer.Exit(1)
     say(f"sample re-derived: {recorded['size']:,} of {recorded['population']:,} entries from root {root} and nonce "
-        f"{recorded['nonce']!r} ({recorded['method']}): identical; {signature}")
+        f"{recorded['nonce']!r} ({recorded['method']}): identical; release signature: "
+        f"{signature_sentence(signature_statement(checked.checked))}")
 
 
 def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:

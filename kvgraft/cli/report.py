@@ -75,7 +75,7 @@ def report_verify_cmd(
 @handled
 def compare_cmd(
     reports: Annotated[list[str], typer.Argument(
-        metavar="REPORT...", help="Audit reports: files, folders (each */report.json), or http(s)://, hf:// or s3:// "
+        metavar="REPORT", help="Audit reports: files, folders (each */report.json), or http(s)://, hf:// or s3:// "
                                   "locations of report files (folders where the location can be listed).")],
     key: Annotated[list[Path] | None, typer.Option(
         "--key", "-k", metavar="PEM", help="A public key trusted to sign reports (repeatable).")] = None,

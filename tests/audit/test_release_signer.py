@@ -113,3 +113,17 @@ def test_single_check_commands_state_the_release_signature(release_a: dict[str, 
     assert f"release signature: checked: key {fingerprint}" in drawn.stdout
     unchecked = runner.invoke(app, ["audit", "sample", root, "--check", str(tmp_path / "r.json")], env={"COLUMNS": "400"})
     assert "release signature: not checked (no key or Sigstore identity was given)" in unchecked.stdout
+
+
+def test_a_sigstore_statement_names_identity_issuer_and_the_logs_time() -> None:
+    from kvgraft.signing.sigstore import integrated_time
+    from kvgraft.signing.verify import signature_sentence
+
+    bundle = b'{"verificationMaterial": {"tlogEntries": [{"integratedTime": "1700000000"}]}}'
+    when = integrated_time(bundle)
+    assert when == "2023-11-14T22:13:20Z"
+    assert integrated_time(b'{"verificationMaterial": {"tlogEntries": []}}') is None
+    statement = {"checked": True, "method": "sigstore", "key_ids": [], "identity": "https://ci.example/wf",
+                 "issuer": "https://issuer.example", "signed_time": when, "reason": None}
+    assert signature_sentence(statement) == ("checked: Sigstore identity https://ci.example/wf via "
+                                             "https://issuer.example, signed 2023-11-14T22:13:20Z")

@@ -191,6 +191,21 @@ def test_a_planted_disagreement_under_the_same_conditions_is_located_and_fails(p
     assert row["status"] == "explained" and "device_name" in row["why"]
 
 
+def test_a_sample_that_does_not_rederive_is_refused(published: dict[str, Any], tmp_path: Path) -> None:
+    """A report whose recorded sample is not the one its nonce and the release root draw is refused, although
+    validly signed: the union is re-derived, never taken on trust."""
+    from kvgraft.report.signing import write_signed_report
+
+    doc = _report(published["reps"][0])
+    next(c for c in doc["checks"] if c["kind"] == "recompute")["data"]["sample"]["nonce"] = "chosen-afterwards"
+    private, pub = keys.write_keypair(tmp_path / "chooser")
+    (tmp_path / "chosen").mkdir()
+    write_signed_report(tmp_path / "chosen" / "report.json", doc, keys.load_private_key(private))
+    res = _compare(str(published["reps"][1]), str(tmp_path / "chosen"), *_keys([published["trusted"][1], pub]))
+    assert res.exit_code == errors.EXIT_FAILED, res.output
+    assert "sample not re-derived" in res.output and str(tmp_path / "chosen" / "report.json") in " ".join(res.output.split())
+
+
 def test_reports_served_over_http_compare_like_local_ones(published: dict[str, Any]) -> None:
     reps = published["reps"]
     local = _compare(*[str(r) for r in reps], *_keys(published["trusted"][:3]), "--json")

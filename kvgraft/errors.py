@@ -11,6 +11,7 @@ EXIT_EXISTS = 5  # refusing to overwrite an existing output
 EXIT_INCOMPLETE = 6  # an audit ran but reached no verdict: nothing to judge, or a positive control missed its effect
 EXIT_IO = 7  # the system refused a write: disk full, quota, I/O error, read-only or no permission
 EXIT_BUSY = 8  # another process is writing the same output now
+EXIT_DISAGREE = 9  # report compare: replications disagree beyond what their recorded conditions explain
 
 
 # Digits of a number a message shows: a hostile file can state an integer of any length, and Python

@@ -198,3 +198,27 @@ def records_plan(folder: Path, name: str, model: Path | str, texts: list[str], t
     plan.write_text(f'format = "kvgraft-audit-plan"\nformat_version = 1\nname = "{name}"\nout = "{folder / "out"}"\n'
                     f'[model]\nspec = "{model}"\n[release]\nrecords = "{records}"\nprobe_tokens = {probe_tokens}\n{tables}')
     return plan
+
+
+def captured_release(lm: Any, out: Path, texts: list[str], signer: Path | None = None) -> Path:
+    """A release of `texts` (ids r0, r1, …) captured with the loaded model `lm` at `out`, signed with the private
+    key `signer` (kvgraft sign, its bytes checked first) when one is given."""
+    from kvgraft.inference.capture import capture
+
+    capture(lm, [(f"text {i}", {"id": f"r{i}", "text": t}) for i, t in enumerate(texts)], out, probe_tokens=2)
+    if signer is not None:
+        from kvgraft.signing import keys, sign
+
+        sign.sign_release(out, keys.load_private_key(signer))
+    return out
+
+
+def replication_plan(folder: Path, name: str, model: Path | str, release: Path, tables: str, *,
+                     signer_pub: Path | None = None) -> Path:
+    """`folder`/plan.toml: an audit of the existing `release` (whose signer must be `signer_pub` when given) with
+    `model`, running `tables` (its [checks.*] and [signing] tables), writing under `folder`/out."""
+    plan = folder / "plan.toml"
+    named = f'key = "{signer_pub}"\n' if signer_pub is not None else ""
+    plan.write_text(f'format = "kvgraft-audit-plan"\nformat_version = 1\nname = "{name}"\nout = "{folder / "out"}"\n'
+                    f'[model]\nspec = "{model}"\n[release]\npath = "{release}"\n{named}{tables}')
+    return plan

@@ -15,6 +15,7 @@ from rich.text import Text
 from kvgraft.audit.checks import kinds
 from kvgraft.render.figures import Face
 from kvgraft.render.text import STATUS_MARK, STATUS_STYLE, WORDS, hanging, styled
+from kvgraft.signing.verify import signature_sentence
 
 
 def face(check: dict[str, Any]) -> Face:
@@ -37,7 +38,8 @@ def audited(report: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(model.get("identity"), dict) and model["identity"].get("sha256"):
         items.append(("model identity", str(model["identity"]["sha256"])))
     items += [("release root", str(report["release_root_digest"])),
-              ("attestation", str(report["binding"]["release_attestation_digest"] or "none (unsigned release)"))]
+              ("attestation", str(report["binding"]["release_attestation_digest"] or "none (unsigned release)")),
+              ("release signature", signature_sentence(report.get("release_signature")))]
     env = report.get("environment") or {}
     where = ", ".join(str(env[k]) for k in ("device", "device_name", "dtype", "attn_implementation") if env.get(k))
     if where:

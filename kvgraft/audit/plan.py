@@ -7,12 +7,15 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgraft._internal.digest import digest_json
 from kvgraft._internal.jsonio import MAX_DEPTH, MAX_INT, MAX_JSON_BYTES, read_bounded
 from kvgraft.errors import InputError, short_int, short_repr
 from kvgraft.schema import validate
+
+if TYPE_CHECKING:
+    from kvgraft.signing.policy import VerifyPolicy
 
 PLAN_SCHEMA = "audit-plan.v1.json"
 
@@ -44,6 +47,22 @@ class Plan:
 
     def out_dir(self, override: Path | None = None) -> Path:
         return override or Path(self.doc.get("out", f"out/{self.name}"))
+
+    def release_policy(self) -> VerifyPolicy:
+        """The policy `[release]`'s trust options ask for (those of `kvgraft verify`; paths relative to the plan):
+        whose signature the existing release must carry. None given: its signature is not checked."""
+        from kvgraft.signing.policy import keys_policy
+
+        spec = self.doc.get("release", {})
+        given = spec.get("key")
+        named = [given] if isinstance(given, str) else list(given or [])
+        oms = spec.get("oms_signature")
+        try:
+            return keys_policy([self.resolve(k) for k in named], identity=spec.get("identity"),
+                               issuer=spec.get("issuer"), require_signature=bool(spec.get("require_signature")),
+                               oms_signature=self.resolve(oms) if oms else None)
+        except InputError as exc:
+            raise InputError(f"{self.path}: [release]: {exc}") from None
 
 
 def single(kind: str, settings: dict[str, Any], *, model: str | None = None) -> Plan:

@@ -22,6 +22,7 @@ from kvgraft.release.hashing import hash_file
 
 if TYPE_CHECKING:
     from kvgraft.signing.policy import VerifyPolicy
+    from kvgraft.signing.verify import VerifiedRelease
 
 
 @dataclass
@@ -34,27 +35,34 @@ class Outcome:
     html: Path
 
 
+def _existing(plan: Plan) -> tuple[VerifiedRelease, dict[str, Any]] | None:
+    """A plan's existing release, verified under `[release]`'s trust options before anything loads or runs (a
+    wrong signer, a missing or stale signature: verify's error and exit code); None for a release the run writes."""
+    from kvgraft.remote import is_remote, local_root
+    from kvgraft.signing.verify import verified
+
+    spec = plan.doc["release"]
+    if "path" not in spec:
+        return None
+    remote = is_remote(spec["path"])  # a location the release is published at (docs/remote.md)
+    policy = plan.release_policy()
+    if remote and plan.doc.get("signing", {}).get("key") and not policy.checks_signature:
+        raise InputError(f"{plan.path}: a plan that signs its release needs a local folder, not {spec['path']}")
+    path = local_root(spec["path"]) if remote else plan.resolve(spec["path"])
+    # The plan's pin, before anything is signed or run, as `kvgraft verify` with the same options checks it.
+    rel = verified(path, policy)
+    if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
+        raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
+                         f"plan's {spec['root_digest']}")
+    return rel, {"kind": "existing", "path": spec["path"] if remote else str(path)}
+
+
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
+    """A release the run writes: captured from records, or built as a solution library."""
     from kvgraft.inference.capture import capture, read_records
     from kvgraft.inference.runtime import Schedule
 
     spec = plan.doc["release"]
-    if "path" in spec:
-        from kvgraft.remote import is_remote, local_root
-        from kvgraft.signing.policy import SignatureNotChecked
-        from kvgraft.signing.verify import verified
-
-        remote = is_remote(spec["path"])  # a location the release is published at (docs/remote.md)
-        if remote and plan.doc.get("signing", {}).get("key"):
-            raise InputError(f"{plan.path}: a plan that signs its release needs a local folder, not {spec['path']}")
-        path = local_root(spec["path"]) if remote else plan.resolve(spec["path"])
-        # The plan's pin, before anything is signed or run: opened as `kvgraft verify` opens it without a key
-        # (a stale statement fails); the run verifies it again under its own policy (`_policy`).
-        rel = verified(path, SignatureNotChecked())
-        if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
-            raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
-                             f"plan's {spec['root_digest']}")
-        return path, {"kind": "existing", "path": spec["path"] if remote else str(path)}
     target = out / "release"
     schedule = Schedule(chunk_tokens=spec.get("chunk"))
     if "records" in spec:
@@ -76,17 +84,17 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
     return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unsolved")}}
 
 
-def _policy(release_info: dict[str, Any], public_key: Path | None) -> VerifyPolicy:
+def _policy(plan: Plan, release_info: dict[str, Any], public_key: Path | None) -> VerifyPolicy:
     """The policy the run reads its release under: the ephemeral key it signed with; else, for a release this
-    run wrote (captured or built), its own output (digests only); else, a plan's existing release, what
-    `kvgraft verify` checks without a key."""
-    from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, SignedWithKeys
+    run wrote (captured or built), its own output (digests only); else, a plan's existing release, what its
+    `[release]` trust options ask for (none: what `kvgraft verify` checks without a key)."""
+    from kvgraft.signing.policy import OwnOutput, SignedWithKeys
 
     if public_key is not None:
         return SignedWithKeys((public_key,))
     if release_info["kind"] != "existing":
         return OwnOutput(f"kvgraft audit run ({release_info['kind']})")
-    return SignatureNotChecked()
+    return plan.release_policy()
 
 
 def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
@@ -119,13 +127,17 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         from kvgraft.signing import keys
 
         keys.load_private_key(plan.resolve(signing))  # a bounded regular file, a key: before any model loads
+    for stale in ("report.json", "report.sigstore.json", "report.html"):
+        # A failed run (a release refused below included) must not leave an older report looking current.
+        (plan.out_dir(out_dir) / stale).unlink(missing_ok=True)
+    existing = _existing(plan)  # before any model loads, here or on an executor's workers
     o = plan_options(plan.doc.get("executor"), executor)
     m = plan.doc["model"]
     spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
                      o.get("threads"))
     with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
                       max_retries=o.get("max_retries", 2)) as ex:
-        return _run(plan, out_dir=out_dir, device=device, say=say, ex=ex)
+        return _run(plan, existing, out_dir=out_dir, device=device, say=say, ex=ex)
 
 
 def check_kinds(plan: Plan) -> None:
@@ -140,7 +152,8 @@ def check_kinds(plan: Plan) -> None:
                          f"{ENTRY_POINTS})")
 
 
-def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress, ex: Executor) -> Outcome:
+def _run(plan: Plan, existing: tuple[VerifiedRelease, dict[str, Any]] | None, *, out_dir: Path | None,
+         device: str | None, say: Progress, ex: Executor) -> Outcome:
     from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
     from kvgraft.report.document import new_report, write_report
@@ -148,26 +161,27 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
-    for stale in ("report.json", "report.sigstore.json", "report.html"):
-        (out / stale).unlink(missing_ok=True)  # a failed run must not leave an older report looking current
     m = plan.doc["model"]
     say(f"loading {m['spec']}")
     lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
                      attn=m.get("attn", "sdpa"))
     out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
-    release, release_info = _release(plan, lm, out, say)
+    release, release_info = (existing[0].root, existing[1]) if existing else _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)
+    # A release whose signer the plan names is the author's: [signing] signs the report, never the release again.
+    resign = key is not None and not (existing and existing[0].policy.checks_signature)
     attestation_digest = None
-    if key is not None:
+    if resign:
         say("signing the release")
         sign.sign_release(release, key)
     if (release / attest.BUNDLE_NAME).is_file():
         attestation_digest, _ = hash_file(release / attest.BUNDLE_NAME)
     # Opened once under the run's policy (with the key it signed with, when ephemeral): every check below reads
     # the release through it, and each entry's bytes are checked when read; the verify check hashes all.
-    from kvgraft.signing.verify import verified
+    from kvgraft.signing.verify import signature_statement, verified
 
-    ctx = Context(plan, lm, out, say, ex, verified(release, _policy(release_info, pub)))
+    checked = existing[0] if existing and not resign else verified(release, _policy(plan, release_info, pub))
+    ctx = Context(plan, lm, out, say, ex, checked)
     ledger: dict[str, Any] = {}
     build = release_info.get("build")
     if build:
@@ -192,7 +206,8 @@ def _run(plan: Plan, *, out_dir: Path | None, device: str | None, say: Progress,
         plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
         model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
                "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
-        release_root_digest=str(ctx.release.manifest["root_digest"]), checks=checks, ledger=ledger, claims=claims,
+        release_root_digest=str(ctx.release.manifest["root_digest"]),
+        release_signature=signature_statement(ctx.release.checked), checks=checks, ledger=ledger, claims=claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
     bundle = None

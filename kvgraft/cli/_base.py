@@ -40,6 +40,16 @@ def _usage_name(self: TyperArgument) -> str:
 
 
 TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+_display_type = TyperArgument.display_type
+
+
+def _element_type(self: TyperArgument, ctx: Any) -> str:
+    """A repeated argument's type in help as its items' (REPORT... <str>): typer writes <list[str]>, a Python type."""
+    shown = _display_type(self, ctx)
+    return f"<{shown[len('<list['):-len(']>')]}>" if shown.startswith("<list[") and shown.endswith("]>") else shown
+
+
+TyperArgument.display_type = _element_type  # type: ignore[method-assign,assignment]
 app.add_typer(audit_app, name="audit")
 app.add_typer(report_app, name="report")
 EXIT_INTERNAL = 70
@@ -144,6 +154,8 @@ OfflineOpt = Annotated[bool, typer.Option("--offline", help="Sigstore: the embed
 RequireSignatureOpt = Annotated[bool, typer.Option(
     "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked (--key or "
                                 "Sigstore identity).")]
+OmsSignatureOpt = Annotated[Path | None, typer.Option(
+    "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."

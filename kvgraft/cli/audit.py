@@ -15,9 +15,13 @@ import typer
 
 from kvgraft.cli._base import (
     RELEASE_HELP,
+    IdentityOpt,
+    IssuerOpt,
     JsonOpt,
     KeysOpt,
     ModelOpt,
+    OfflineOpt,
+    OmsSignatureOpt,
     OutOpt,
     QuietOpt,
     RequireSignatureOpt,
@@ -34,6 +38,7 @@ from kvgraft.errors import InputError
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
+    from kvgraft.signing.policy import VerifyPolicy
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
                                                              "model (a local Ray instance, or the cluster of --ray-address).")]
@@ -81,6 +86,10 @@ def recompute_cmd(
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
     key: KeysOpt = None,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    offline: OfflineOpt = False,
+    oms_signature: OmsSignatureOpt = None,
     require_signature: RequireSignatureOpt = False,
     sample: Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest "
                                                                 "and --nonce (uniform over entries); the result bounds "
@@ -124,8 +133,7 @@ def recompute_cmd(
     from kvgraft.execution.executor import NotAuditedError
     from kvgraft.inference import reapply
     from kvgraft.recompute import audit as recompute
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.verify import verified
+    from kvgraft.signing.verify import signature_sentence, verified
 
     recompute.check_requirement(require)
     for output in (json_out, journal):  # before the model loads (the default journal is beside --out)
@@ -140,7 +148,7 @@ def recompute_cmd(
 
         check_tokens(prefix)
     # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
-    checked = verified(release, keys_policy(key, require_signature=require_signature))
+    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
     rel = checked.release
     if target_fraction is not None:
         if sample is not None:
@@ -191,7 +199,18 @@ def recompute_cmd(
         line = cost_line(result)
         if line:
             say(line)
+        say(f"release signature: {signature_sentence(result.get('release_signature'))}")
     exit_with(result["status"])
+
+
+def release_policy(key: list[Path] | None, identity: str | None, issuer: str | None, offline: bool,
+                   oms_signature: Path | None, require_signature: bool) -> VerifyPolicy:
+    """The policy of `kvgraft verify`'s trust options, as the single-check commands that read a release take them."""
+    from kvgraft.signing.policy import keys_policy
+    from kvgraft.signing.sigstore import SigstoreTrust
+
+    return keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
+                       require_signature=require_signature, oms_signature=oms_signature)
 
 
 def _silent(_message: str) -> None:
@@ -238,19 +257,28 @@ def sample_cmd(
     size: Annotated[int | None, typer.Option("--size", help="Sample size (with --nonce).")] = None,
     check: Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
                                                                "sample from this release and compare.")] = None,
+    key: KeysOpt = None,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    offline: OfflineOpt = False,
+    oms_signature: OmsSignatureOpt = None,
+    require_signature: RequireSignatureOpt = False,
 ) -> None:
     """Re-derive an audit's sample from the release's root digest and the nonce (kvgraft.sampling).
 
     With --check, the sample a result or report records is derived again from this release and compared
     (exit 0 when equal, 1 when not); with --nonce and --size, the sample is printed, one entry id a line.
-    Needs no model and no torch.
+    Needs no model and no torch. The release is opened as `kvgraft verify` opens it, under the same trust
+    options (exit 1 for a wrong signer, a missing or stale signature); --check states what was checked of its
+    signature.
     """
     from kvgraft import sampling
     from kvgraft._internal.jsonio import load_file
-    from kvgraft.release.format import Release
-    from kvgraft.remote import local_root
+    from kvgraft.signing.verify import signature_sentence, signature_statement, verified
 
-    rel = Release.open(local_root(release))  # the root digest is checked against the manifest it commits to
+    # Opened as `kvgraft verify` opens it with the same options: signature, statement, manifest (no entry bytes).
+    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
+    rel = checked.release
     # Ids and token counts come from the manifest (the root binds them): no index shard is read.
     root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()
     if check is None:
@@ -266,7 +294,8 @@ def sample_cmd(
         say(f"kvgraft: {check}: sample NOT re-derived: " + "; ".join(problems), error=True)
         raise typer.Exit(1)
     say(f"sample re-derived: {recorded['size']:,} of {recorded['population']:,} entries from root {root} and nonce "
-        f"{recorded['nonce']!r} ({recorded['method']}): identical")
+        f"{recorded['nonce']!r} ({recorded['method']}): identical; release signature: "
+        f"{signature_sentence(signature_statement(checked.checked))}")
 
 
 def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:

@@ -12,9 +12,13 @@ from kvgraft.cli._base import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
+    IdentityOpt,
+    IssuerOpt,
     JsonOpt,
     KeysOpt,
     ModelOpt,
+    OfflineOpt,
+    OmsSignatureOpt,
     OutOpt,
     QuietOpt,
     RequireSignatureOpt,
@@ -26,8 +30,9 @@ from kvgraft.cli._base import (
     handled,
     load_model,
     out,
+    say,
 )
-from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt, make_executor
+from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt, make_executor, release_policy
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -146,6 +151,10 @@ def generalization_cmd(
     ship: ShipOpt = False,
     workers: WorkersOpt = None,
     key: KeysOpt = None,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    offline: OfflineOpt = False,
+    oms_signature: OmsSignatureOpt = None,
     require_signature: RequireSignatureOpt = False,
 ) -> None:
     """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
@@ -162,8 +171,7 @@ def generalization_cmd(
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, Lazy
     from kvgraft.render.generalization import renderables
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.verify import verified
+    from kvgraft.signing.verify import signature_sentence, verified
 
     if json_out is not None:
         check_writable(json_out)
@@ -176,7 +184,7 @@ def generalization_cmd(
         "salt": salt, "synthetic_seed": synthetic_seed, "seed": seed, "force": force, "budget": budget}
     # Verified as `kvgraft verify` does with the same options, before any model loads (without --key: a stale
     # statement fails, the signature is not checked; each entry's bytes are checked when read).
-    rel = verified(library_dir, keys_policy(key, require_signature=require_signature))
+    rel = verified(library_dir, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
     with contextlib.ExitStack() as stack:
         # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
         ex = Lazy(lambda: stack.enter_context(make_executor(executor, model, device, dtype, attn, address=ray_address,
@@ -199,4 +207,5 @@ def generalization_cmd(
     elif not quiet:
         for r in renderables(result, out):
             out.print(r)
+        say(f"release signature: {signature_sentence(result.get('release_signature'))}")
     exit_with(result["status"])

@@ -1,4 +1,5 @@
-"""The `report` commands: `report show` renders an audit report, `report verify` checks its signature and binding."""
+"""The `report` commands: `report show` renders an audit report, `report verify` checks its signature and binding,
+`report compare` reads replications together."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import echo_json, handled, out, report_app, say
+from kvgraft.cli._base import IdentityOpt, IssuerOpt, echo_json, handled, out, report_app, say
 
 
 @report_app.command("show")
@@ -63,5 +64,65 @@ def report_verify_cmd(
     if as_json:
         echo_json(result.as_dict())
         return
+    from kvgraft.signing.verify import signature_sentence
+
     bound = " and bound to the release" if result.release_checked else ""
-    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}")
+    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}; "
+        f"release signature {signature_sentence(result.report.get('release_signature'))}")
+
+
+@report_app.command("compare")
+@handled
+def compare_cmd(
+    reports: Annotated[list[str], typer.Argument(
+        metavar="REPORT", help="Audit reports: files, folders (each */report.json), or http(s)://, hf:// or s3:// "
+                                  "locations of report files (folders where the location can be listed).")],
+    key: Annotated[list[Path] | None, typer.Option(
+        "--key", "-k", metavar="PEM", help="A public key trusted to sign reports (repeatable).")] = None,
+    identity: IdentityOpt = None,
+    issuer: IssuerOpt = None,
+    staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
+    offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
+    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified", help="List reports that fail verification as unverified, with why, instead of refusing "
+                                   "them; they are left out of every comparison.")] = False,
+    details: Annotated[bool, typer.Option("--details", help="Also each replication's signer, environment, checks and "
+                                                            "every entry recomputed by two or more.")] = False,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML page here.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Also write the result as JSON "
+                                                                               "(schemas/report-compare.v1.json).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing --html and --out files.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of rendering it.")] = False,
+) -> None:
+    """Verify each report's signature and binding, group them by release and model, and show the replications side
+    by side: verdicts per check and per entry, disagreements located and labelled, and the combined sampled bound.
+
+    Exit 0 when the trusted replications agree, 9 when an entry's verdicts differ in a way their recorded
+    conditions do not explain, 1 when a report fails verification (refused, named; or listed with
+    --allow-unverified), 2 on unusable input (docs/replications.md).
+    """
+    from kvgraft._internal.jsonio import check_writable, refuse_existing, write_atomic, write_json
+    from kvgraft.audit.render_compare import renderables, to_html
+    from kvgraft.errors import EXIT_DISAGREE
+    from kvgraft.report.compare import Trust, compare
+    from kvgraft.signing.sigstore import SigstoreTrust
+
+    for output in (html_out, json_out):
+        if output is not None:
+            refuse_existing(output, overwrite)
+            check_writable(output)
+    trust = Trust(tuple(key or ()), identity, issuer, SigstoreTrust(staging=staging, offline=offline,
+                                                                    trusted_root=trusted_root))
+    result = compare(reports, trust, allow_unverified=allow_unverified)
+    if json_out is not None:
+        write_json(json_out, result)
+    if html_out is not None:
+        write_atomic(html_out, to_html(result).encode())
+    if as_json:
+        echo_json(result)
+    else:
+        for r in renderables(result, out, details=details):
+            out.print(r)
+    if result["status"] == "disagree":
+        raise typer.Exit(EXIT_DISAGREE)

@@ -14,6 +14,7 @@ from kvgraft.cli._base import (
     EXIT_INTERNAL,
     RELEASE_HELP,
     KeysOpt,
+    OmsSignatureOpt,
     RequireSignatureOpt,
     _state,
     app,
@@ -146,8 +147,7 @@ def verify(
         "--nonce", metavar="X", help="The nonce the --sample draw uses, e.g. the commit id a CI job runs on (default: "
                                      "a fresh random one, printed).")] = None,
     require_signature: RequireSignatureOpt = False,
-    oms_signature: Annotated[Path | None, typer.Option(
-        "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")] = None,
+    oms_signature: OmsSignatureOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""

@@ -68,8 +68,10 @@ def plan_digest(content: Any) -> str:
 def new_report(*, plan_name: str, plan_content: Any, environment: dict[str, Any], model: dict[str, Any] | None,
                release_root_digest: str | None, checks: list[dict[str, Any]], ledger: dict[str, Any] | None = None,
                claims: list[dict[str, Any]] | None = None, release_attestation_digest: str | None = None,
-               created: str | None = None, note: str | None = None) -> dict[str, Any]:
-    """Assemble a report, derive its verdict and validate it."""
+               created: str | None = None, note: str | None = None,
+               release_signature: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble a report, derive its verdict and validate it. `release_signature`: what was checked of the
+    release's signature (kvgraft.signing.verify.signature_statement)."""
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_FORMAT_VERSION,
@@ -79,6 +81,7 @@ def new_report(*, plan_name: str, plan_content: Any, environment: dict[str, Any]
         "environment": environment,
         "model": model,
         "release_root_digest": release_root_digest,
+        **({"release_signature": release_signature} if release_signature is not None else {}),
         "checks": checks,
         "ledger": ledger,
         "claims": claims or [],

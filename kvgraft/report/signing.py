@@ -89,7 +89,7 @@ class ReportVerified:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": True, "signer": self.signer, "report_sha256": self.report_sha256,
                 "verdict": self.report["verdict"]["status"], "release_checked": self.release_checked,
-                "binding": self.report["binding"]}
+                "binding": self.report["binding"], "release_signature": self.report.get("release_signature")}
 
 
 def verify_report(report_path: Path, *, key: Path | None = None, identity: str | None = None,

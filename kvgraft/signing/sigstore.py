@@ -135,3 +135,18 @@ def verify_sigstore_bundle(artifact: bytes | Path | None, bundle: bytes, *, iden
                    for s in listed):
             raise VerificationError(f"{where}: the artifact's sha256 {sha} is not a subject of the signed statement")
     return SigstoreVerified(identity, issuer, payload_type, payload)
+
+
+def integrated_time(bundle: bytes) -> str | None:
+    """The UTC time the transparency log integrated a bundle's signature (ISO 8601), read from a bundle that
+    verification already accepted (it checked that time against the certificate); None where it states none."""
+    import datetime
+
+    doc = jsonio.loads_strict(bundle, "bundle")
+    entries = doc.get("verificationMaterial", {}).get("tlogEntries") if isinstance(doc, dict) else None
+    first = entries[0] if isinstance(entries, list) and entries and isinstance(entries[0], dict) else {}
+    raw = first.get("integratedTime")
+    if not isinstance(raw, (str, int)) or not str(raw).isdigit() or len(str(raw)) > 12:
+        return None
+    when = datetime.datetime.fromtimestamp(int(raw), tz=datetime.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

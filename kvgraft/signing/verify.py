@@ -61,8 +61,8 @@ from kvgraft.release.integrity import (
 from kvgraft.release.records import MANIFEST
 from kvgraft.remote import local_root, subset
 from kvgraft.signing import attest, keys
-from kvgraft.signing.policy import SignatureNotChecked, VerifyPolicy, verify_policy
-from kvgraft.signing.sigstore import SigstoreTrust, verify_sigstore_bundle
+from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, VerifyPolicy, verify_policy
+from kvgraft.signing.sigstore import SigstoreTrust, integrated_time, verify_sigstore_bundle
 
 RESULT_FORMAT = "kvgraft-verify-result"
 RESULT_VERSION = 1
@@ -85,6 +85,7 @@ class SignatureStatus:
     key_id: str | None = None
     identity: str | None = None
     issuer: str | None = None
+    signed_time: str | None = None  # Sigstore: the transparency log's integrated time (UTC), which it verified
     # Each signature file read: file, kind ("kvgraft" or "oms"), sha256, status, key_id (that verified it).
     signatures: list[dict[str, Any]] = field(default_factory=list)
     # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
@@ -364,6 +365,7 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
             payload_type, payload = verified.payload_type, verified.payload
             signature.status, signature.method = "verified", "sigstore"
             signature.identity, signature.issuer = identity, issuer
+            signature.signed_time = integrated_time(bundle.raw)
         else:
             read.warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
                                  "in the bundle was compared with the files")
@@ -560,3 +562,37 @@ def verified(root: Path | str, policy: VerifyPolicy) -> VerifiedRelease:
     result = verify_release(local_root(root), policy=policy, scope="open")
     assert result.opened is not None
     return VerifiedRelease(result.opened, result)
+
+
+def signature_statement(result: VerifyResult) -> dict[str, Any]:
+    """What a report or a single check's result states of the release's signature (`release_signature`): checked
+    (with which key ids, or which Sigstore identity and issuer, and the log's time where there is one), or not
+    checked and why. Made from what verification found, never from what was asked."""
+    s = result.signature
+    if s.status == "verified":
+        ids = sorted({str(x["key_id"]) for x in s.signatures if x.get("status") == "verified" and x.get("key_id")})
+        if not ids and s.key_id:
+            ids = [s.key_id]
+        return {"checked": True, "method": s.method, "key_ids": ids if s.method == "key" else [],
+                "identity": s.identity, "issuer": s.issuer, "signed_time": s.signed_time, "reason": None}
+    if isinstance(result.policy, OwnOutput):
+        why = f"written by {result.policy.made_by} and read back (its digests were checked)"
+    elif s.bundle is None and s.oms_signature is None:
+        why = "the release is unsigned"
+    else:
+        why = "no key or Sigstore identity was given"
+    return {"checked": False, "method": None, "key_ids": [], "identity": None, "issuer": None, "signed_time": None,
+            "reason": why}
+
+
+def signature_sentence(statement: dict[str, Any] | None) -> str:
+    """`release_signature` in words, e.g. 'checked: key 3f2a...' or 'not checked (the release is unsigned)'."""
+    if statement is None:
+        return "not stated (a report written before reports stated it)"
+    if not statement["checked"]:
+        return f"not checked ({statement['reason']})"
+    when = f", signed {statement['signed_time']}" if statement.get("signed_time") else ""
+    if statement["method"] == "sigstore":
+        return f"checked: Sigstore identity {statement['identity']} via {statement['issuer']}{when}"
+    ids = statement["key_ids"]
+    return f"checked: key{'s' if len(ids) > 1 else ''} {', '.join(ids)}{when}"

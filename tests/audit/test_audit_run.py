@@ -62,6 +62,23 @@ def test_the_verify_check_checks_the_signature_with_the_plans_key(signed_run: Pa
     assert data["warnings"] == []
 
 
+def test_a_plan_signing_with_an_ephemeral_key_states_it_as_the_release_signature(signed_run: Path) -> None:
+    """As the demo does (audit/demo.toml: a release the run builds, signed with `[signing] key = "ephemeral"`):
+    the report's "release signature" is checked against that key, named by its id, in the JSON and on its face."""
+    import tomllib
+
+    from kvgraft.signing import keys
+
+    demo = tomllib.loads((Path(__file__).resolve().parents[2] / "audit" / "demo.toml").read_text())
+    assert demo["signing"]["key"] == "ephemeral" and "path" not in demo["release"]  # the same way as this plan
+    report = json.loads((signed_run / "report.json").read_text())
+    kid = keys.key_id(keys.load_public_key(signed_run / "keys" / "ephemeral.pub.pem"))
+    assert report["release_signature"] == {"checked": True, "method": "key", "key_ids": [kid], "identity": None,
+                                           "issuer": None, "signed_time": None, "reason": None}
+    shown = runner.invoke(app, ["report", "show", str(signed_run / "report.json")], env={"COLUMNS": "200"})
+    assert f"release signature checked: key {kid}" in " ".join(shown.stdout.split())
+
+
 def test_report_face_at_80_columns(signed_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real report in an 80-column terminal: each check once with its status, no JSON, nothing cut."""
     from kvgraft.cli import _base

@@ -459,8 +459,14 @@ def test_cli_audit_checks_the_librarys_signature_as_verify_does(tiny_dir: Callab
     verify = runner.invoke(app, ["verify", lib, "--key", str(tmp_path / "other.pub.pem")])
     assert wrong.exit_code == verify.exit_code == 1, wrong.output
     assert "signature" in wrong.output and "loading" not in wrong.output
-    right = runner.invoke(app, [*base, "--key", str(tmp_path / "signer.pub.pem"), "--require-signature"])
+    right = runner.invoke(app, [*base, "--key", str(tmp_path / "signer.pub.pem"), "--require-signature",
+                                "--out", str(tmp_path / "g.json")])
     assert right.exit_code == 0, right.output
+    from kvgraft.signing import keys
+
+    # The result states whose library it audited, as `audit run`'s report does.
+    stated = json.loads((tmp_path / "g.json").read_text())["release_signature"]
+    assert stated["checked"] and stated["key_ids"] == [keys.key_id(keys.load_public_key(tmp_path / "signer.pub.pem"))]
 
 
 @pytest.mark.slow

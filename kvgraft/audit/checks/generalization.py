@@ -107,6 +107,9 @@ def run(ctx: Context, gc: dict[str, Any]) -> Ran:
                                     synthetic_n=gc.get("synthetic", 0), synthetic_seed=gc.get("synthetic_seed", 1))
     g = gen.audit(ctx.lm, ctx.release, queries, settings, prepared=prepared, progress=gc.get("progress"),
                   executor=ctx.ex)
+    from kvgraft.signing.verify import signature_statement
+
+    g["release_signature"] = signature_statement(ctx.release.checked)  # whose library these entries are
     return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g}, ledger=ledger_lines(g))
 
 

@@ -139,6 +139,9 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
         result = prefix.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options)
     if own_journal:
         journal.unlink(missing_ok=True)
+    from kvgraft.signing.verify import signature_statement
+
+    result["release_signature"] = signature_statement(ctx.release.checked)  # whose release these entries are
     exact = sum(e["byte_exact"] for e in result["entries"])
     cost = result["cost"]
     rate = f", {cost['tokens_per_second']:,.0f} tokens/s" if cost["tokens_per_second"] else ""

@@ -1,0 +1,382 @@
+"""Replications read together (`kvgraft report compare`): each report verified, grouped by what it audited, its
+verdicts lined up with the others', its disagreements located and labelled, and its sample joined to theirs.
+
+Whom to trust is given (keys, or a Sigstore identity and issuer); a report signed by anyone else, unsigned, edited
+after signing, or whose sample does not re-derive from its nonce and the release root is refused (VerificationError,
+exit 1), or, with `allow_unverified`, listed as unverified and left out of everything else. Trusted reports are
+grouped by (release root digest, model identity). Inside a group, an entry two replications both recomputed and
+judged differently is a disagreement: *explained* when their recorded conditions (kvgraft.inference.environment's
+SENSITIVE keys: CPU or GPU, kernel, dtype, threads, library versions) differ and neither judged it inconsistent
+(byte-exact on one machine, inside the noise bound on another); *not explained* otherwise (the same conditions, or
+outside the noise bound). The combined bound is kvgraft.sampling's, over the union of distinct entries the group's
+replications recomputed, each sample re-derived here (docs/replications.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgraft import __version__, errors, sampling
+from kvgraft._internal import jsonio
+from kvgraft.errors import Error, InputError, VerificationError
+from kvgraft.inference.environment import SENSITIVE
+from kvgraft.report.signing import bundle_path, verify_report
+from kvgraft.signing.sigstore import SigstoreTrust
+
+FORMAT = "kvgraft-report-compare"
+FORMAT_VERSION = 1
+SCHEMA = "report-compare.v1.json"
+REPORT_NAME = "report.json"
+MAX_REPORTS = 256
+FAIL_MEANS = "inconsistent (outside the noise bound) in a trusted replication"
+POOLING = ("no pooled estimate: replications' generalization runs draw their own problems and settings, and no "
+           "stated method pools them")
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Whom a report may be signed by: these public keys, or this Sigstore identity and issuer."""
+
+    keys: tuple[Path, ...] = ()
+    identity: str | None = None
+    issuer: str | None = None
+    sigstore: SigstoreTrust | None = None
+
+    def __post_init__(self) -> None:
+        if (self.identity is None) != (self.issuer is None):
+            raise InputError("--certificate-identity and --certificate-oidc-issuer must be given together")
+        if self.keys and self.identity is not None:
+            raise InputError("give --key or --certificate-identity/--certificate-oidc-issuer, not both")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.keys) or self.identity is not None
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def _local(source: str) -> list[tuple[str, Path]]:
+    path = Path(source)
+    if jsonio.stat_or_none(path, follow=True) is None:
+        raise InputError(f"{source}: no such report or folder")
+    if not path.is_dir():
+        return [(source, path)]
+    if (path / REPORT_NAME).is_file():
+        return [(str(path / REPORT_NAME), path / REPORT_NAME)]
+    found = sorted(p for p in path.glob(f"*/{REPORT_NAME}") if p.is_file())
+    if not found:
+        raise InputError(f"{source}: holds no {REPORT_NAME}, nor any in a folder inside it (docs/replications.md)")
+    return [(str(p), p) for p in found]
+
+
+def _remote(source: str, into: Path) -> list[tuple[str, Path]]:
+    """Each report at a remote location, with its signature, read (bounded) into a folder of its own under `into`."""
+    from kvgraft.remote.location import parse
+    from kvgraft.remote.mirror import open_store
+    from kvgraft.remote.transfer import read_small
+    from kvgraft.signing.attest import MAX_BUNDLE_BYTES
+
+    url = source.rstrip("/")
+    one = url.endswith(".json")
+    folder, name = url.rsplit("/", 1) if one else (url, "")
+    loc = parse(folder)
+    assert loc is not None
+    store, _ = open_store(loc)
+    if one:
+        names = [name]
+    else:
+        listed = store.list()
+        if listed is None:
+            raise InputError(f"{source}: a folder served over HTTP cannot be listed: name each report "
+                             f"(…/{REPORT_NAME}) (docs/replications.md)")
+        names = sorted(n for n in listed if n == REPORT_NAME or n.endswith(f"/{REPORT_NAME}"))
+        if not names:
+            raise InputError(f"{source}: holds no {REPORT_NAME} (docs/replications.md)")
+    got = []
+    for n in names:
+        local = into / str(len(list(into.iterdir()))) / Path(n).name
+        local.parent.mkdir()
+        data = read_small(store, n, jsonio.MAX_JSON_BYTES, "a report")
+        if data is None:
+            raise InputError(f"{store.shown(n)}: not found")
+        local.write_bytes(data)
+        signature = bundle_path(Path(n)).as_posix()
+        sig = read_small(store, signature, MAX_BUNDLE_BYTES, "a report signature")
+        if sig is not None:
+            bundle_path(local).write_bytes(sig)
+        errors.SHOWN_AS[str(local)] = store.shown(n)  # messages name the URL, not the copy
+        errors.SHOWN_AS[str(bundle_path(local))] = store.shown(signature)
+        got.append((store.shown(n), local))
+    return got
+
+
+def _signer(path: Path, shown: str, trust: Trust) -> dict[str, Any]:
+    """Verify one report (signature, signed digest, binding) under `trust`; who signed it."""
+    from kvgraft.signing import attest, keys
+
+    if not trust.keys:
+        verify_report(path, identity=trust.identity, issuer=trust.issuer, trust=trust.sigstore)
+        return {"method": "sigstore", "key_id": None, "identity": trust.identity, "issuer": trust.issuer}
+    bpath = bundle_path(path)
+    if jsonio.stat_or_none(bpath) is None:
+        raise VerificationError(f"{shown}: report is unsigned (no {bpath.name})")
+    hint = attest.read_bundle(bpath).key_hint
+    trusted = {keys.key_id(keys.load_public_key(k)): k for k in trust.keys}
+    if hint not in trusted:
+        raise VerificationError(f"{shown}: signed by key {hint}, none of the trusted keys ({', '.join(sorted(trusted))})")
+    v = verify_report(path, key=trusted[hint])
+    return {"method": "key", "key_id": v.signer, "identity": None, "issuer": None}
+
+
+# ------------------------------------------------------------------------------------------------ one replication
+
+
+def _recompute(report: dict[str, Any]) -> dict[str, Any] | None:
+    for c in report["checks"]:
+        if c["kind"] == "recompute" and c["status"] != "skipped" and isinstance(c.get("data"), dict) \
+                and isinstance(c["data"].get("entries"), list):
+            data: dict[str, Any] = c["data"]
+            return data
+    return None
+
+
+def _rederived(data: dict[str, Any], root: str, shown: str) -> int:
+    """The population the recompute result judged entries of, its sample re-derived from its nonce and the root
+    (not taken from the report); VerificationError naming what differs."""
+    drawn = data.get("sample")
+    ids = [e["id"] for e in data["entries"]]
+    if drawn is None:
+        population = (data.get("bound") or {}).get("population")
+        if not isinstance(population, int) or population != len(ids):
+            raise VerificationError(f"{shown}: its recompute judged {len(ids)} entries but records no sample: a chosen "
+                                    "subset bounds nothing")
+        return population
+    size, population = drawn.get("size"), drawn.get("population")
+    if drawn.get("method") != sampling.METHOD or drawn.get("root_digest") != root:
+        raise VerificationError(f"{shown}: sample method {errors.short_repr(drawn.get('method'))} or root "
+                                f"{errors.short_repr(drawn.get('root_digest'))} is not {sampling.METHOD} of {root}")
+    if type(size) is not int or type(population) is not int or not 1 <= size <= population:
+        raise VerificationError(f"{shown}: sample size {errors.short_repr(size)} of {errors.short_repr(population)}")
+    positions = sampling.draw(root, sampling.check_nonce(drawn.get("nonce"), f"{shown}: the sample's nonce"),
+                              population, size)
+    if drawn.get("positions") != positions:
+        raise VerificationError(f"{shown}: sample not re-derived: recorded positions differ from those the nonce "
+                                f"{drawn.get('nonce')!r} and root {root} draw (first: {positions[:5]})")
+    if drawn.get("entries") != ids or len(set(ids)) != len(ids):
+        raise VerificationError(f"{shown}: the entries recomputed are not the sample's, in its order")
+    return population
+
+
+def _conditions(data: dict[str, Any], entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    env = (entry.get("placement") or {}).get("environment") or (data.get("environment") or {}).get("current") \
+        or report.get("environment") or {}
+    return {k: env.get(k) for k in SENSITIVE if k in env}
+
+
+def _replication(index: int, source: str, signer: dict[str, Any] | None, report: dict[str, Any]) -> dict[str, Any]:
+    env = report.get("environment") or {}
+    data = _recompute(report)
+    rep: dict[str, Any] = {
+        "index": index, "source": source, "signer": signer, "created": report["created"],
+        "plan": report["plan"]["name"], "verdict": report["verdict"]["status"],
+        "release_signature": report.get("release_signature"),
+        "environment": {k: env.get(k) for k in ("device", "device_name", "cpu_isa", "dtype", "attn_implementation",
+                                                "threads", "torch", "transformers", "platform") if k in env},
+        "executor": (data or {}).get("executor"),
+        "checks": [{"name": c["name"], "kind": c["kind"], "status": c["status"], "summary": c["summary"].splitlines()}
+                   for c in report["checks"]],
+        "claims": {c["id"]: c["verdict"] for c in report.get("claims", [])},
+        "generalization": [{"name": a["name"], "k": a["k"], "n": a["n"], **({"interval": a["interval"]}
+                                                                          if "interval" in a else {})}
+                           for c in report["checks"] if c["kind"] == "generalization" and c["status"] != "skipped"
+                           for a in (c.get("data") or {}).get("conditions", [])],
+        "recompute": None,
+    }
+    if data is not None:
+        population = _rederived(data, str(report["release_root_digest"]), source)
+        entries = {e["id"]: e for e in data["entries"]}
+        failing = sum(1 for e in entries.values() if _verdict(e) == "inconsistent")
+        own = (data.get("bound") or {}).get("max_failing_entries")
+        rep["recompute"] = {
+            "require": data.get("require"), "verdict": data.get("verdict"), "population": population,
+            "sampled": len(entries), "nonce": (data.get("sample") or {}).get("nonce"),
+            "byte_exact": sum(1 for e in entries.values() if e["byte_exact"]), "inconsistent": failing,
+            "stated_bound": own, "bound": sampling.upper_bound(failing, len(entries), population)}
+        rep["_entries"] = entries
+        rep["_conditions"] = {i: _conditions(data, e, report) for i, e in entries.items()}
+    return rep
+
+
+def _verdict(entry: dict[str, Any]) -> str:
+    return str(entry.get("verdict") or ("byte-exact" if entry["byte_exact"] else "differs"))
+
+
+# ------------------------------------------------------------------------------------------------ a group
+
+
+def _location(entry: dict[str, Any]) -> dict[str, Any]:
+    """Where a replication found the entry's fresh bytes differ from the stored ones: layers, first tensor, element."""
+    layers = [row["index"] for row in entry.get("layers", [])
+              if any(not (row.get(p) or {"equal": True})["equal"] for p in ("keys", "values")) or "layout_mismatch" in row]
+    first = entry.get("first_difference") or {}
+    out: dict[str, Any] = {"layers": layers, "layer": first.get("layer"), "tensor": first.get("tensor"),
+                           "element": first.get("named") or first.get("location")}
+    tensor = next((row.get(first.get("tensor") or "") for row in entry.get("layers", [])
+                   if row["index"] == first.get("layer")), None)
+    if isinstance(tensor, dict) and isinstance(tensor.get("differing"), int):
+        out["differing_elements"] = tensor["differing"]
+        out["elements"] = tensor.get("elements")
+    return out
+
+
+def _entries(reps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each entry two or more replications recomputed: their verdicts, and a disagreement located and labelled."""
+    from kvgraft.inference.environment import differences
+
+    ids = sorted({i for r in reps for i in r.get("_entries", {})})
+    rows = []
+    for eid in ids:
+        had = [r for r in reps if eid in r.get("_entries", {})]
+        if len(had) < 2:
+            continue
+        verdicts = {str(r["index"]): _verdict(r["_entries"][eid]) for r in had}
+        row: dict[str, Any] = {"id": eid, "verdicts": verdicts, "status": "agree", "why": None, "location": None}
+        for a, b in itertools.combinations(had, 2):
+            va, vb = _verdict(a["_entries"][eid]), _verdict(b["_entries"][eid])
+            if va == vb:
+                continue
+            diff = differences(a["_conditions"][eid], b["_conditions"][eid])
+            odd = b if vb != "byte-exact" else a
+            pair = f"replication {a['index']} {va}, replication {b['index']} {vb}"
+            if diff and "inconsistent" not in (va, vb):
+                status, why = "explained", f"{pair}: recorded conditions differ (" + "; ".join(
+                    f"{k}: {x} vs {y}" for k, (x, y) in diff.items()) + ")"
+            else:
+                status = "unexplained"
+                why = f"{pair}: " + ("under the same recorded conditions" if not diff else
+                                     "outside the noise bound, which no recorded condition explains")
+            if row["status"] != "unexplained":
+                row.update(status=status, why=why, location={"replication": odd["index"], **_location(odd["_entries"][eid])})
+        rows.append(row)
+    return rows
+
+
+def _combined(reps: list[dict[str, Any]], confidence: float) -> dict[str, Any] | None:
+    """The bound from the union of distinct entries the group's replications recomputed (each sample re-derived)."""
+    with_rc = [r for r in reps if r["recompute"] is not None]
+    if not with_rc:
+        return None
+    populations = {r["recompute"]["population"] for r in with_rc}
+    if len(populations) != 1:
+        raise VerificationError(f"replications of one release state different entry counts: {sorted(populations)}")
+    population = populations.pop()
+    union = {i for r in with_rc for i in r["_entries"]}
+    failing = {i for r in with_rc for i, e in r["_entries"].items() if _verdict(e) == "inconsistent"}
+    d = sampling.upper_bound(len(failing), len(union), population, confidence)
+    return {"confidence": confidence, "population": population, "sampled": len(union), "failing": len(failing),
+            "fail_means": FAIL_MEANS, "max_failing_entries": d, "max_failing_fraction": d / population,
+            "method": sampling.BOUND_METHOD, "replications": [r["index"] for r in with_rc]}
+
+
+def _tally(reps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each check's and each claim's verdict as k of N (N: the replications that ran it)."""
+    names = list(dict.fromkeys(c["name"] for r in reps for c in r["checks"]))
+    checks = []
+    for name in names:
+        ran = [c["status"] for r in reps for c in r["checks"] if c["name"] == name]
+        checks.append({"name": name, "passed": ran.count("passed"), "of": len(ran)})
+    ids = list(dict.fromkeys(cid for r in reps for cid in r["claims"]))
+    claims = []
+    for cid in ids:
+        said = [r["claims"][cid] for r in reps if cid in r["claims"]]
+        claims.append({"id": cid, "supported": sum(v in ("supported", "consistent") for v in said), "of": len(said),
+                       "verdicts": {str(r["index"]): r["claims"][cid] for r in reps if cid in r["claims"]}})
+    return checks, claims
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
+            confidence: float = sampling.CONFIDENCE) -> dict[str, Any]:
+    """Verify, group and compare the reports `sources` name (files, folders, http(s)://, hf://, s3:// locations).
+
+    A report that fails verification raises VerificationError (exit 1) naming it, unless `allow_unverified`; then it
+    is listed with its reason and left out of every comparison. InputError (exit 2) for unusable input."""
+    if not sources:
+        raise InputError("name at least one report, folder or location")
+    if not trust.given and not allow_unverified:
+        raise InputError("report compare needs whom to trust: --key PUB.pem (repeatable) or "
+                         "--certificate-identity/--certificate-oidc-issuer (or --allow-unverified to list them unverified)")
+    from kvgraft.remote.location import is_remote
+    from kvgraft.report.document import load_report
+
+    with tempfile.TemporaryDirectory(prefix="kvgraft-compare-") as tmp:
+        try:
+            found: list[tuple[str, Path]] = []
+            for s in sources:
+                found += _remote(s, Path(tmp)) if is_remote(s) else _local(s)
+                if len(found) > MAX_REPORTS:
+                    raise InputError(f"more than {MAX_REPORTS} reports named")
+            trusted: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+            unverified: list[dict[str, str]] = []
+            for shown, path in found:
+                try:
+                    if not trust.given:
+                        raise VerificationError(f"{shown}: no trusted key or identity given")
+                    signer = _signer(path, shown, trust)
+                    report = load_report(path)
+                    trusted.append((shown, signer, report))
+                except VerificationError as exc:
+                    if not allow_unverified:
+                        raise
+                    unverified.append({"source": shown, "reason": exc.diagnostics()})
+            reps: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            for shown, signer, report in trusted:
+                try:
+                    reps.append((report, _replication(len(reps) + 1, shown, signer, report)))
+                except VerificationError as exc:
+                    if not allow_unverified:
+                        raise
+                    unverified.append({"source": shown, "reason": exc.diagnostics()})
+        except Error as exc:
+            exc.args = (exc.diagnostics(),)  # named by the location given while the copies' names are known
+            raise
+        finally:
+            for k in [k for k in errors.SHOWN_AS if k.startswith(tmp)]:
+                del errors.SHOWN_AS[k]
+    return _result(reps, unverified, confidence)
+
+
+def _result(reps: list[tuple[dict[str, Any], dict[str, Any]]], unverified: list[dict[str, str]],
+            confidence: float) -> dict[str, Any]:
+    keyed: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for report, rep in reps:
+        identity = ((report.get("model") or {}).get("identity") or {}).get("sha256") or "unknown"
+        keyed.setdefault((str(report["release_root_digest"]), str(identity)), []).append((report, rep))
+    groups: list[dict[str, Any]] = []
+    for (root, identity), members in sorted(keyed.items(), key=lambda kv: -len(kv[1])):
+        group_reps = [rep for _, rep in members]
+        entries = _entries(group_reps)
+        checks, claims = _tally(group_reps)
+        groups.append({
+            "release_root_digest": root, "model_identity": identity,
+            "model": (members[0][0].get("model") or {}).get("spec"),
+            "replications": [{k: v for k, v in r.items() if not k.startswith("_")} for r in group_reps],
+            "entries": entries,
+            "disagreements": {"explained": sum(e["status"] == "explained" for e in entries),
+                              "unexplained": sum(e["status"] == "unexplained" for e in entries)},
+            "checks": checks, "claims": claims, "combined_bound": _combined(group_reps, confidence),
+            "pooled_generalization": None, "pooling": POOLING})
+    status = "disagree" if any(g["disagreements"]["unexplained"] for g in groups) else "agree"
+    result = {"format": FORMAT, "format_version": FORMAT_VERSION, "kvgraft_version": __version__, "status": status,
+              "trusted": len(reps), "unverified": unverified, "groups": groups}
+    from kvgraft.schema import validate
+
+    validate(result, SCHEMA, "report compare result")
+    return result

@@ -36,3 +36,11 @@ def test_a_plan_asks_for_every_position_or_the_window(tiny_dir: Callable[[str], 
     bad = records_plan(tmp_path / "bad", "bad", tiny_dir("gemma3"), [TEXT], 'sliding_layers = "every"\n[checks.verify]\n')
     res = runner.invoke(app, ["audit", "run", str(bad), "--quiet"])
     assert res.exit_code == 2 and "sliding_layers" in res.output, res.output
+
+
+def test_the_gemma_plan_is_valid_and_keeps_every_position() -> None:
+    from kvgraft.audit import plan
+
+    p = plan.load(Path(__file__).resolve().parents[2] / "audit" / "gemma.toml")
+    assert p.doc["model"]["spec"] == "gemma3-270m" and p.doc["release"]["sliding_layers"] == "all"
+    assert p.resolve(p.doc["release"]["records"]).is_file() and p.doc["checks"]["determinism"]["length"] > 512

@@ -70,7 +70,8 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
 
         src = EXAMPLE if spec["records"] == "example" else plan.resolve(spec["records"])
         say(f"capturing {src.name}")
-        capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
+        capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True,
+                sliding=spec.get("sliding_layers", "window"))
         return target, {"kind": "records", "records": str(src)}
     from kvgraft.generalization import library
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import kvgraft.cli.signing  # noqa: F401
-from kvgraft.cli import audit, audit_run, inspection, release  # noqa: F401  (commands register on `app` when imported)
+from kvgraft.cli import audit, audit_run, inspection, models, release  # noqa: F401  (commands register on `app` when imported)
 from kvgraft.cli import generalization as generalization  # registers `library build`, `audit generalization`
 from kvgraft.cli import remote as remote  # registers `pull`, `cache ls`, `cache prune`
 from kvgraft.cli import report as report  # registers `report show`, `report verify`

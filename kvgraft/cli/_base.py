@@ -159,7 +159,11 @@ OmsSignatureOpt = Annotated[Path | None, typer.Option(
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id, local folder, or smollm2-135m.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A preset (smollm2-135m, gemma3-270m: `kvgraft models`), a "
+                                                           "model folder, a .gguf file or a hub id (owner/name).")]
+ReleaseModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="The model to load (default: the one the release records): a preset (`kvgraft models`), a "
+                          "model folder, a .gguf file or a hub id (owner/name).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="eager or sdpa.")]

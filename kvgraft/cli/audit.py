@@ -24,6 +24,7 @@ from kvgraft.cli._base import (
     OmsSignatureOpt,
     OutOpt,
     QuietOpt,
+    ReleaseModelOpt,
     RequireSignatureOpt,
     audit_app,
     echo_json,
@@ -60,7 +61,7 @@ def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, 
 @handled
 def recompute_cmd(
     release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
-    model: ModelOpt = "smollm2-135m",
+    model: ReleaseModelOpt = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
                                                                 "machine has it).")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Override the recorded dtype.")] = None,
@@ -132,6 +133,7 @@ def recompute_cmd(
     from kvgraft.audit.context import Context
     from kvgraft.execution.executor import NotAuditedError
     from kvgraft.inference import reapply
+    from kvgraft.inference.models import for_release
     from kvgraft.recompute import audit as recompute
     from kvgraft.signing.verify import signature_sentence, verified
 
@@ -150,6 +152,7 @@ def recompute_cmd(
     # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
     checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
     rel = checked.release
+    model = for_release(rel.manifest["model"], model, force=force)
     if target_fraction is not None:
         if sample is not None:
             raise InputError("--sample and --target-fraction exclude each other")

@@ -17,6 +17,7 @@ from kvgraft.cli._base import (
     KeysOpt,
     ModelOpt,
     OfflineOpt,
+    ReleaseModelOpt,
     RequireSignatureOpt,
     app,
     echo_json,
@@ -85,7 +86,7 @@ def run_cmd(
                                                           "rest.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Decode at most N tokens after the "
                                                                                "graft (0: graft only).")] = 64,
-    model: ModelOpt = "smollm2-135m",
+    model: ReleaseModelOpt = None,
     device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the release's "
                                                               "recorded dtype).")] = None,
@@ -116,6 +117,7 @@ def run_cmd(
     if max_new_tokens < 0:
         raise InputError(f"--max-new-tokens {max_new_tokens}: expected 0 or more")
     from kvgraft.inference import graft, reapply
+    from kvgraft.inference.models import for_release
     from kvgraft.signing.policy import keys_policy
     from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import verified
@@ -129,8 +131,11 @@ def run_cmd(
     rel = checked.release
     if entry is not None:
         rel.entry(entry)  # an unknown entry is refused before the model loads
+    else:
+        graft.check_prefix_usable(rel)  # so is a release no prefix can be grafted from
+    spec = for_release(rel.manifest["model"], model, force=force)
     _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
-    lm = load_model(model, device, dt, at)
+    lm = load_model(spec, device, dt, at)
     result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force,
                        attn=attn, dtype=dtype, prefix=prefix)
     for warning in checked.warnings:  # after success: a failed run prints its one error line only

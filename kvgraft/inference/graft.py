@@ -15,9 +15,10 @@ from kvgraft.errors import InputError, IntegrityError, ModelMismatchError, short
 from kvgraft.inference import buffers
 from kvgraft.inference.environment import differences
 from kvgraft.inference.environment import record as environment
-from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel, describe_identity_diff
+from kvgraft.inference.models import LoadedModel, describe_identity_diff
 from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cache
 from kvgraft.inference.tensors import split_views
+from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.release.records import tensor_mismatch
 from kvgraft.signing.verify import VerifiedRelease
@@ -230,10 +231,26 @@ def prefix_refusal(entry: dict[str, Any]) -> str | None:
         if meta["kind"] == "shared":
             continue
         stores = meta.get("stores", "all" if meta["kind"] == "full" else "window")
-        if stores != "all" or meta.get("positions", [0, total]) != [0, total]:
-            return (f"layer {meta['index']}: stored as {meta['kind']} (positions {meta.get('positions')}, {stores}); "
+        positions = meta.get("positions", [0, total])
+        if stores != "all" or positions != [0, total]:
+            held = f"[{positions[0]}, {positions[1]})" if isinstance(positions, list) and len(positions) == 2 \
+                else str(positions)
+            return (f"layer {meta['index']}: stored as {meta['kind']} (positions {held}, {stores}); "
                     "a prefix graft needs every layer to hold every position")
     return None
+
+
+def check_prefix_usable(release: Release) -> None:
+    """Refuse, before a model loads, a prefix graft from a release none of whose entries holds every position
+    of every layer (a sliding-window layout stored as its window): unusable input, not damaged bytes."""
+    why = None
+    for entry in release.iter_entries():
+        why = prefix_refusal(entry)
+        if why is None:
+            return
+    if why is not None:
+        raise InputError(f"{release.root}: no entry can serve a prefix graft: {why} (capture with "
+                         "--sliding-layers all)")
 
 
 def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
@@ -246,7 +263,7 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
         raise IntegrityError(f"{where}: entry {entry['id']!r}: a prefix of {n} tokens of {entry['num_tokens']}")
     refused = prefix_refusal(entry)
     if refused:
-        raise IntegrityError(f"{where}: entry {entry['id']!r} {refused}")
+        raise InputError(f"{where}: entry {entry['id']!r} {refused}")
     cut = dict(entry)
     layers = []
     out: dict[str, torch.Tensor] = {}
@@ -316,13 +333,15 @@ class Continuation:
     ledger: dict[str, Any]
 
 
-def model_for(release: VerifiedRelease, spec: str = DEFAULT_MODEL, *, device: str | None = None,
+def model_for(release: VerifiedRelease, spec: str | None = None, *, device: str | None = None,
               dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
-    """Load `spec` the way the release was recorded: its dtype and attention kernel unless given (and its
-    device where this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
+    """Load `spec` (default: the model the release records, `models.for_release`) the way the release was
+    recorded: its dtype and attention kernel unless given (and its device where this machine has it), as
+    `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
     from kvgraft.inference import models, reapply
 
     dev, dt, at = reapply.load_options(release.manifest["environment"], device=device, dtype=dtype, attn=attn)
+    spec = models.for_release(release.manifest["model"], spec)
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 

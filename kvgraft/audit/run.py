@@ -35,7 +35,15 @@ class Outcome:
     html: Path
 
 
-def _existing(plan: Plan) -> tuple[VerifiedRelease, dict[str, Any]] | None:
+@dataclass(frozen=True)
+class Existing:
+    """A plan's existing release, verified under the plan's trust options, and what the report says of it."""
+
+    release: VerifiedRelease
+    info: dict[str, Any]
+
+
+def _existing(plan: Plan) -> Existing | None:
     """A plan's existing release, verified under `[release]`'s trust options before anything loads or runs (a
     wrong signer, a missing or stale signature: verify's error and exit code); None for a release the run writes."""
     from kvgraft.remote import is_remote, local_root
@@ -54,7 +62,7 @@ def _existing(plan: Plan) -> tuple[VerifiedRelease, dict[str, Any]] | None:
     if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
         raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
                          f"plan's {spec['root_digest']}")
-    return rel, {"kind": "existing", "path": spec["path"] if remote else str(path)}
+    return Existing(rel, {"kind": "existing", "path": spec["path"] if remote else str(path)})
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
@@ -153,7 +161,7 @@ def check_kinds(plan: Plan) -> None:
                          f"{ENTRY_POINTS})")
 
 
-def _run(plan: Plan, existing: tuple[VerifiedRelease, dict[str, Any]] | None, *, out_dir: Path | None,
+def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
          device: str | None, say: Progress, ex: Executor) -> Outcome:
     from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
@@ -167,10 +175,10 @@ def _run(plan: Plan, existing: tuple[VerifiedRelease, dict[str, Any]] | None, *,
     lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
                      attn=m.get("attn", "sdpa"))
     out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
-    release, release_info = (existing[0].root, existing[1]) if existing else _release(plan, lm, out, say)
+    release, release_info = (existing.release.root, existing.info) if existing else _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)
     # A release whose signer the plan names is the author's: [signing] signs the report, never the release again.
-    resign = key is not None and not (existing and existing[0].policy.checks_signature)
+    resign = key is not None and not (existing and existing.release.policy.checks_signature)
     attestation_digest = None
     if resign:
         say("signing the release")
@@ -181,7 +189,7 @@ def _run(plan: Plan, existing: tuple[VerifiedRelease, dict[str, Any]] | None, *,
     # the release through it, and each entry's bytes are checked when read; the verify check hashes all.
     from kvgraft.signing.verify import signature_statement, verified
 
-    checked = existing[0] if existing and not resign else verified(release, _policy(plan, release_info, pub))
+    checked = existing.release if existing and not resign else verified(release, _policy(plan, release_info, pub))
     ctx = Context(plan, lm, out, say, ex, checked)
     ledger: dict[str, Any] = {}
     build = release_info.get("build")

@@ -365,9 +365,12 @@ def test_cli_recompute_on_ray(ray_session: Any, release_dir: Path, model_dir: Pa
                             "--executor", "ray", "--workers", "2", "--ship", "--out", str(out), "--quiet"])
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
-    # the command's result carries its own status (kvgraft.verdict); the library result it wraps does not yet
+    # the command's result carries its own status (kvgraft.verdict) and what was checked of the release's signature
+    # (here nothing: no --key); the library result it wraps carries neither
     assert result["status"] == registry.status("recompute", local_result) == "passed"
-    assert_same_apart_from_timing_and_placement({**local_result, "status": result["status"]}, result)
+    assert result["release_signature"]["checked"] is False
+    assert_same_apart_from_timing_and_placement(
+        {**local_result, "status": result["status"], "release_signature": result["release_signature"]}, result)
     assert result["executor"]["ship"] is True and len(result["executor"]["workers"]) == 2
     assert all(e["placement"]["executor"] == "ray" for e in result["entries"])
     assert _cpus_back(ray_session)  # the command's workers are gone

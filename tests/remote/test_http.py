@@ -110,16 +110,15 @@ def test_a_location_that_names_no_release_is_one_line(kind: str, tmp_path: Path)
 
 def test_an_audit_plan_names_a_release_by_its_url(http: FolderServer, rel: Path, tmp_path: Path) -> None:
     from kvgraft.audit.plan import Plan
-    from kvgraft.audit.run import _release
+    from kvgraft.audit.run import _existing
     from kvgraft.errors import InputError
 
     url, root = http.url("rel"), Release.open(rel).manifest["root_digest"]
-    path, info = _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": root}}),
-                          None, tmp_path, lambda _m: None)  # type: ignore[arg-type]  (no model: an existing release)
-    assert info == {"kind": "existing", "path": url} and (path / "manifest.json").is_file()
+    existing = _existing(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": root}}))
+    assert existing is not None and existing.info == {"kind": "existing", "path": url}
+    assert (existing.release.root / "manifest.json").is_file()
     with pytest.raises(InputError, match=f"^{re.escape(url)}: root digest {root} is not the plan's"):
-        _release(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": "0" * 64}}),
-                 None, tmp_path, lambda _m: None)  # type: ignore[arg-type]
+        _existing(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": "0" * 64}}))
 
 
 def test_a_listed_file_never_replaces_the_manifest_or_a_signature_read_at_opening(http: FolderServer) -> None:

@@ -126,8 +126,16 @@ def recompute_cmd(
     from kvgraft.inference.models import check_options
 
     check_options(device=device, dtype=dtype, attn=attn)  # before torch is imported
-    from kvgraft import sampling
     from kvgraft._internal.jsonio import check_writable
+
+    for output in (json_out, journal):  # before torch or a model loads (the default journal is beside --out)
+        if output is not None:
+            check_writable(output)
+    if journal is not None or json_out is not None:
+        from kvgraft.execution.journal import header
+
+        header(journal or Path(f"{json_out}.journal"))  # absent, or a journal: never a file kvgraft did not write
+    from kvgraft import sampling
     from kvgraft.audit import plan
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context
@@ -138,13 +146,6 @@ def recompute_cmd(
     from kvgraft.signing.verify import signature_sentence, verified
 
     recompute.check_requirement(require)
-    for output in (json_out, journal):  # before the model loads (the default journal is beside --out)
-        if output is not None:
-            check_writable(output)
-    if journal is not None or json_out is not None:
-        from kvgraft.execution.journal import header
-
-        header(journal or Path(f"{json_out}.journal"))  # absent, or a journal: never a file kvgraft did not write
     if prefix is not None:
         from kvgraft.recompute.prefix import check_tokens
 

@@ -7,8 +7,9 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +20,9 @@ from kvgraft import __version__
 from kvgraft._internal.jsonio import WRITE_ERRNOS, io_failure
 from kvgraft.errors import Error
 from kvgraft.render.text import json_text, plain
+
+if TYPE_CHECKING:
+    from kvgraft.signing.policy import VerifyPolicy
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
 # written in a help string may be read as markup (tests/cli/test_help.py renders every one).
@@ -159,6 +163,32 @@ OmsSignatureOpt = Annotated[Path | None, typer.Option(
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."
+ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)]
+
+
+@dataclass(frozen=True)
+class Trust:
+    """A command's trust options (--key, --certificate-identity, --certificate-oidc-issuer, --offline, --oms-signature,
+    --require-signature; `verify`'s --staging and --trusted-root): `policy` is the one place they become a policy."""
+
+    keys: list[Path] | None = None
+    identity: str | None = None
+    issuer: str | None = None
+    offline: bool = False
+    oms_signature: Path | None = None
+    require_signature: bool = False
+    staging: bool = False
+    trusted_root: Path | None = None
+
+    def policy(self) -> VerifyPolicy:
+        """The policy `kvgraft verify` checks a release under with the same options; each key must verify one of the
+        signatures, so a stray one fails."""
+        from kvgraft.signing.policy import keys_policy
+        from kvgraft.signing.sigstore import SigstoreTrust
+
+        trust = SigstoreTrust(staging=self.staging, offline=self.offline, trusted_root=self.trusted_root)
+        return keys_policy(self.keys, identity=self.identity, issuer=self.issuer, trust=trust,
+                           require_signature=self.require_signature, oms_signature=self.oms_signature)
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A preset (smollm2-135m, gemma3-270m: `kvgraft models`), a "
                                                            "model folder, a .gguf file or a hub id (owner/name).")]
 ReleaseModelOpt = Annotated[str | None, typer.Option(
@@ -183,9 +213,14 @@ def exit_with(status: str) -> None:
         raise typer.Exit(code)
 
 
+def model_progress(message: str) -> None:
+    """A step of loading a model (converting, downloading), dim on stderr."""
+    err.print(Text(plain(message), style="dim"))
+
+
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
     from kvgraft.inference import models
 
-    return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(Text(plain(m), style="dim")))
+    return models.load(model, device=device, dtype=dtype, attn=attn, progress=model_progress)
 
 

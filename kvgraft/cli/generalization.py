@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +24,7 @@ from kvgraft.cli._base import (
     OutOpt,
     QuietOpt,
     RequireSignatureOpt,
+    Trust,
     app,
     audit_app,
     echo_json,
@@ -32,7 +35,7 @@ from kvgraft.cli._base import (
     out,
     say,
 )
-from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt, make_executor, release_policy
+from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -117,91 +120,55 @@ def build_cmd(
         out.print(f"{c['reference'] + c['model']} solved entries, {c['unsolved']} unsolved → {out_dir}")
 
 
-@audit_app.command("generalization")
+GENERALIZATION_HELP = """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
+
+Exit 0 when the audit passed, 4 when it failed (the prompt-text condition did not reproduce the graft's tokens),
+6 when incomplete (nothing ran),
+3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
+With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers)."""
+LibraryOpt = Annotated[Path, typer.Option("--library", help="Library release built by `kvgraft library build`.")]
+QuerySourceOpt = Annotated[str | None, typer.Option("--source", help="Problem source (default: the library's).")]
+QueryLimitOpt = Annotated[int | None, typer.Option("--limit", help="First N problems of the source (default: the library's).")]
+SyntheticOpt = Annotated[int, typer.Option("--synthetic", help="Also query M fresh synthetic problems.")]
+QuerySeedOpt = Annotated[int, typer.Option("--synthetic-seed", help="Seed of the synthetic queries.")]
+SplitSaltOpt = Annotated[str | None, typer.Option("--salt", help="Split salt (default: the library's).")]
+SplitFractionOpt = Annotated[float | None, typer.Option("--library-fraction", help="Split fraction (default: the library's).")]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="none: a only; exact: + own entry (b, d); nearest / bm25: + nearest "
+                                                         "other entry (c, d).")]
+QueryTokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Decode at most N tokens per query.")]
+SamplesOpt = Annotated[int, typer.Option("--samples", help="Samples per query (needs --temperature > 0).")]
+QueryTemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy.")]
+QuerySampleSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the samples and the bootstrap.")]
+BudgetOpt = Annotated[int | None, typer.Option("--budget", help="Decode-token budget per query (default: condition a's).")]
+GraftForceOpt = Annotated[bool, typer.Option("--force", help="Graft even into a model of another identity.")]
+
+
+@audit_app.command("generalization", help=GENERALIZATION_HELP)
 @handled
 def generalization_cmd(
-    library_dir: Annotated[Path, typer.Option("--library", help="Library release built by `kvgraft library build`.")],
-    source: Annotated[str | None, typer.Option("--source", help="Problem source (default: the library's).")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="First N problems of the source (default: the library's).")]
-    = None,
-    synthetic_n: Annotated[int, typer.Option("--synthetic", help="Also query M fresh synthetic problems.")] = 0,
-    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of the synthetic queries.")] = 1,
-    salt: Annotated[str | None, typer.Option("--salt", help="Split salt (default: the library's).")] = None,
-    library_fraction: Annotated[float | None, typer.Option("--library-fraction", help="Split fraction (default: the library's).")]
-    = None,
-    policy: Annotated[str, typer.Option("--policy", help="none: a only; exact: + own entry (b, d); nearest / bm25: + nearest "
-                                                        "other entry (c, d).")] = "nearest",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Decode at most N tokens per query.")] = 64,
-    samples: Annotated[int, typer.Option("--samples", help="Samples per query (needs --temperature > 0).")] = 1,
-    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the samples and the bootstrap.")] = 0,
-    budget: Annotated[int | None, typer.Option("--budget", help="Decode-token budget per query (default: condition a's).")]
-    = None,
-    force: Annotated[bool, typer.Option("--force", help="Graft even into a model of another identity.")] = False,
-    model: ModelOpt = "smollm2-135m",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = "sdpa",
-    threads: ThreadsOpt = None,
-    json_out: OutOpt = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    executor: ExecutorOpt = "local",
-    ray_address: RayAddressOpt = None,
-    ship: ShipOpt = False,
-    workers: WorkersOpt = None,
-    key: KeysOpt = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
-    offline: OfflineOpt = False,
-    oms_signature: OmsSignatureOpt = None,
-    require_signature: RequireSignatureOpt = False,
+    library_dir: LibraryOpt, source: QuerySourceOpt = None, limit: QueryLimitOpt = None, synthetic_n: SyntheticOpt = 0,
+    synthetic_seed: QuerySeedOpt = 1, salt: SplitSaltOpt = None, library_fraction: SplitFractionOpt = None,
+    policy: PolicyOpt = "nearest", max_new_tokens: QueryTokensOpt = 64, samples: SamplesOpt = 1,
+    temperature: QueryTemperatureOpt = 0.0, seed: QuerySampleSeedOpt = 0, budget: BudgetOpt = None,
+    force: GraftForceOpt = False, model: ModelOpt = "smollm2-135m", device: DeviceOpt = "auto", dtype: DtypeOpt = "float32",
+    attn: AttnOpt = "sdpa", threads: ThreadsOpt = None, json_out: OutOpt = None, as_json: JsonOpt = False,
+    quiet: QuietOpt = False, executor: ExecutorOpt = "local", ray_address: RayAddressOpt = None, ship: ShipOpt = False,
+    workers: WorkersOpt = None, key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None,
+    offline: OfflineOpt = False, oms_signature: OmsSignatureOpt = None, require_signature: RequireSignatureOpt = False,
 ) -> None:
-    """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.
-
-    Exit 0 when the audit passed, 4 when it failed (the prompt-text condition did not reproduce the graft's tokens),
-    6 when incomplete (nothing ran),
-    3 for a model of another identity, 2 for unusable input (or, with --executor ray, runs that could not be run).
-    With --executor ray, --threads is the torch thread count of each worker (default 1 on CPU workers).
-    """
-    import contextlib
-
-    from kvgraft._internal.jsonio import check_writable
-    from kvgraft.audit import plan
-    from kvgraft.audit.checks import run_check
-    from kvgraft.audit.context import Context, Lazy
+    """`audit generalization` (GENERALIZATION_HELP): kvgraft.audit.single.generalization, its result rendered."""
+    from kvgraft.audit import single
+    from kvgraft.execution.executor import ExecutorOptions
+    from kvgraft.inference.replay import Replay
     from kvgraft.render.generalization import renderables
-    from kvgraft.signing.verify import signature_sentence, verified
+    from kvgraft.signing.verify import signature_sentence
 
-    if json_out is not None:
-        check_writable(json_out)
-    # The generalization check as `audit run` runs it (kvgraft.audit.checks.generalization), its settings from
-    # these options. It prepares the queries before it reads the model: the executor, the model and the bar
-    # start only then, in that order, as they did here.
-    settings: dict[str, Any] = {
-        "synthetic": synthetic_n, "policy": policy, "max_new_tokens": max_new_tokens, "samples": samples,
-        "temperature": temperature, "source": source, "limit": limit, "library_fraction": library_fraction,
-        "salt": salt, "synthetic_seed": synthetic_seed, "seed": seed, "force": force, "budget": budget}
-    # Verified as `kvgraft verify` does with the same options, before any model loads (without --key: a stale
-    # statement fails, the signature is not checked; each entry's bytes are checked when read).
-    rel = verified(library_dir, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
-    with contextlib.ExitStack() as stack:
-        # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
-        ex = Lazy(lambda: stack.enter_context(make_executor(executor, model, device, dtype, attn, address=ray_address,
-                                                            workers=workers, ship=ship, threads=threads)))
-        lm = Lazy(lambda: ex.get().model(lambda: load_model(model, device, dtype, attn)))
-        bar = Lazy(lambda: stack.enter_context(_progress(quiet)))
-        task = Lazy(lambda: bar.get().add_task("auditing", total=None))
-
-        def tick(i: int, n: int, label: str) -> None:
-            bar.get().update(task.get(), completed=i, total=n, description=f"auditing {label}")
-
-        ctx = Context(plan.single("generalization", settings, model=model), lm, Path.cwd(), lambda _m: None, ex, rel)
-        result = run_check(ctx, "generalization", {**settings, "progress": tick}).result
-    if json_out:
-        from kvgraft._internal.jsonio import write_json
-
-        write_json(json_out, result)
+    settings = single.GeneralizationSettings(
+        library_dir, source, limit, synthetic_n, synthetic_seed, salt, library_fraction, policy, max_new_tokens, samples,
+        temperature, seed, budget, force, model, Replay(device, dtype, attn, threads), json_out)
+    trust = Trust(key, identity, issuer, offline, oms_signature, require_signature)
+    result = single.generalization(settings, policy=trust.policy, executor=ExecutorOptions(executor, ray_address, workers,
+                                   ship), load=load_model, progress=lambda: _auditing(quiet))
     if as_json:
         echo_json(result)
     elif not quiet:
@@ -209,3 +176,11 @@ def generalization_cmd(
             out.print(r)
         say(f"release signature: {signature_sentence(result.get('release_signature'))}")
     exit_with(result["status"])
+
+
+@contextlib.contextmanager
+def _auditing(quiet: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """The generalization audit's bar: runs done of all, the condition and problem of the last one."""
+    with _progress(quiet) as bar:
+        task = bar.add_task("auditing", total=None)
+        yield lambda i, n, label: bar.update(task, completed=i, total=n, description=f"auditing {label}")

@@ -35,13 +35,14 @@ import os
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
+from kvgraft.inference.replay import DEFAULT_REPLAY, Replay
 from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
@@ -84,13 +85,11 @@ def comparable(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `runtime.set_threads(threads)`."""
+    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `runtime.set_threads(threads)`, all
+    four from `replay`."""
 
     spec: str
-    device: str = "auto"
-    dtype: str = "float32"
-    attn: str = "sdpa"
-    threads: int | None = None
+    replay: Replay = DEFAULT_REPLAY
 
 
 class _ConfigOnly:
@@ -231,8 +230,8 @@ class RayExecutor(Executor):
             raise InputError(f"max_retries must be >= 0, got {max_retries}")
         if inflight < 1:
             raise InputError(f"inflight must be >= 1, got {inflight}")
-        if model.threads is not None and model.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {model.threads}")
+        if model.replay.threads is not None and model.replay.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {model.replay.threads}")
         self.spec = model
         self.address = address
         self.workers = workers
@@ -285,13 +284,13 @@ class RayExecutor(Executor):
             self._owns_ray = True
         resources = ray.cluster_resources()
         gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
-        device = self.spec.device
+        device = self.spec.replay.device
         if device == "cuda" and gpus == 0:
             raise InputError("--device cuda: the Ray cluster has no GPUs")
         use_gpu = device == "cuda" or (device == "auto" and gpus > 0)
         self._use_gpu = use_gpu
         # CPU actors run with the thread count the units must replay (a release's record), else 1 each.
-        threads = self.spec.threads if self.spec.threads is not None else \
+        threads = self.spec.replay.threads if self.spec.replay.threads is not None else \
             (None if use_gpu else self._reapplied_threads or 1)
         if use_gpu:
             n = self.workers or gpus
@@ -307,8 +306,7 @@ class RayExecutor(Executor):
         from kvgraft.execution.ray_worker import Worker
 
         actor_cls = ray.remote(Worker).options(max_restarts=0, max_task_retries=0, **options)
-        spec = {"spec": self.spec.spec, "device": "cuda" if use_gpu else "cpu", "dtype": self.spec.dtype,
-                "attn": self.spec.attn, "threads": threads}
+        spec = {"spec": self.spec.spec, "replay": self.worker_replay(use_gpu, threads).payload()}
         self._cluster = {"address": self.address or os.environ.get("RAY_ADDRESS"), "started_here": self._owns_ray,
                          "resources": {"CPU": cpus, "GPU": gpus}, "worker_resources": options}
         self.actors = [actor_cls.remote(spec, i) for i in range(n)]
@@ -338,8 +336,12 @@ class RayExecutor(Executor):
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return self.start()
 
+    def worker_replay(self, use_gpu: bool, threads: int | None) -> Replay:
+        """What each actor loads and sets: this executor's conditions on the device and threads the pool gives it."""
+        return replace(self.spec.replay, device="cuda" if use_gpu else "cpu", threads=threads)
+
     def fixed_threads(self) -> int | None:
-        return self.spec.threads
+        return self.spec.replay.threads
 
     def reapply_threads(self, threads: int | None) -> None:
         """Size the CPU actors to `threads` (num_cpus) and start them with that many torch threads.
@@ -347,7 +349,7 @@ class RayExecutor(Executor):
         Kept when `--threads` (the spec) fixed a count; a pool already started with another count is
         restarted, so no unit runs with a thread count that changes its bytes.
         """
-        if self.spec.threads is not None or threads is None or threads == self._reapplied_threads:
+        if self.spec.replay.threads is not None or threads is None or threads == self._reapplied_threads:
             return
         if threads < 1:
             raise InputError(f"recorded thread count {threads} is not >= 1")
@@ -526,8 +528,21 @@ def from_options(kind: str, model: ModelSpec, *, address: str | None = None, wor
         extra = [o for o, v in (("--ray-address", address), ("--workers", workers), ("--ship", ship)) if v]
         if extra:
             raise InputError(f"{', '.join(extra)} need(s) --executor ray")
-        return LocalExecutor(model.threads)
+        return LocalExecutor(model.replay.threads)
     return RayExecutor(model, address=address, workers=workers, ship=ship, max_retries=max_retries)
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Where a single-check command runs its units: --executor, --ray-address, --workers, --ship."""
+
+    kind: str = "local"
+    address: str | None = None
+    workers: int | None = None
+    ship: bool = False
+
+    def make(self, model: ModelSpec) -> Executor:
+        return from_options(self.kind, model, address=self.address, workers=self.workers, ship=self.ship)
 
 
 def plan_options(table: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -543,5 +558,5 @@ def plan_options(table: dict[str, Any] | None, overrides: dict[str, Any] | None 
     return merged
 
 
-__all__ = ["KINDS", "Executor", "LocalExecutor", "ModelSpec", "NotAuditedError", "RayExecutor", "comparable",
-           "from_options", "plan_options", "remote_model"]
+__all__ = ["KINDS", "Executor", "ExecutorOptions", "LocalExecutor", "ModelSpec", "NotAuditedError",
+           "RayExecutor", "comparable", "from_options", "plan_options", "remote_model"]

@@ -8,59 +8,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from kvgraft.errors import InputError
 from kvgraft.inference.environment import SENSITIVE, differences
-from kvgraft.inference.models import ATTNS, DTYPES, LoadedModel
-from kvgraft.inference.runtime import Schedule
+from kvgraft.inference.models import ATTNS, LoadedModel
 
 # What a recompute sets from the release's environment unless an option says otherwise.
 REAPPLIED = ("device", "dtype", "attn_implementation", "threads", "deterministic_algorithms")
-
-
-def load_options(recorded: dict[str, Any], *, device: str | None = None, dtype: str | None = None,
-                 attn: str | None = None) -> tuple[str, str, str]:
-    """(device, dtype, attention) to load the model with: the recorded ones unless overridden."""
-    import torch
-
-    if device is None:
-        device = "cuda" if recorded.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
-    if dtype is None:
-        dtype = str(recorded.get("dtype"))
-        if dtype not in DTYPES:
-            raise InputError(f"recorded dtype {dtype!r} is not one kvgraft can load ({', '.join(DTYPES)}); pass --dtype")
-    if attn is None:
-        # An engine's own kernel (e.g. vLLM's "vllm:CPU_ATTN") cannot be replayed here: recompute with
-        # transformers' default kernel; the result lists attn_implementation as not replayed.
-        attn = str(recorded.get("attn_implementation"))
-        if attn not in ATTNS:
-            attn = "sdpa"
-    return device, dtype, attn
-
-
-def schedule_override(recorded: dict[str, Any], *, chunk: int | None, one_shot: bool) -> Schedule | None:
-    """The schedule `--chunk N` or `--one-shot` asks for instead of the recorded one; None: replay the record."""
-    if chunk is not None and one_shot:
-        raise InputError("--chunk and --one-shot exclude each other")
-    if chunk is None and not one_shot:
-        return None
-    return Schedule.from_dict({**recorded, "chunk_tokens": chunk})
-
-
-def thread_count(recorded: dict[str, Any], device: str, *, threads: int | None) -> int | None:
-    """Torch threads to recompute with on a CPU: --threads, else the recorded count; None leaves them alone.
-
-    The same on every executor: Ray actors reserve that many CPUs (num_cpus) and run with that many torch
-    threads, so scale-out replays the record as a local run does; --threads is an override, recorded.
-    """
-    n = threads if threads is not None else recorded.get("threads")
-    return n if device == "cpu" and isinstance(n, int) and not isinstance(n, bool) else None
-
-
-def overrides_given(recorded: dict[str, Any], **given: Any) -> dict[str, Any]:
-    """The explicit options (not None) that differ from what was recorded, under environment names."""
-    names = {"device": "device", "dtype": "dtype", "attn": "attn_implementation", "threads": "threads",
-             "deterministic": "deterministic_algorithms"}
-    return {names[k]: v for k, v in given.items() if v is not None and v != recorded.get(names[k])}
 
 
 @contextlib.contextmanager

@@ -128,7 +128,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
     """
     from kvgraft.execution.executor import ModelSpec, from_options, plan_options
-    from kvgraft.inference.replay import Replay
+    from kvgraft.inference.reapply import Conditions
 
     check_kinds(plan)
     check_paths(plan, plan.out_dir(out_dir))
@@ -142,7 +142,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         (plan.out_dir(out_dir) / stale).unlink(missing_ok=True)
     existing = _existing(plan)  # before any model loads, here or on an executor's workers
     o = plan_options(plan.doc.get("executor"), executor)
-    spec = ModelSpec(plan.doc["model"]["spec"], Replay.from_plan(plan.doc["model"], o, device))
+    spec = ModelSpec(plan.doc["model"]["spec"], Conditions.from_plan(plan.doc["model"], o, device))
     with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
                       max_retries=o.get("max_retries", 2)) as ex:
         return _run(plan, existing, out_dir=out_dir, spec=spec, say=say, ex=ex)
@@ -170,7 +170,7 @@ def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
     say(f"loading {spec.spec}")
-    device, dtype, attn = spec.replay.load_options({})  # the plan's, every one set
+    device, dtype, attn = spec.conditions.load_options({})  # the plan's, every one set
     lm = models.load(spec.spec, device=device, dtype=dtype, attn=attn)
     out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
     release, release_info = (existing.release.root, existing.info) if existing else _release(plan, lm, out, say)

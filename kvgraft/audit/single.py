@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvgraft.errors import InputError
-from kvgraft.inference.replay import DEFAULT_REPLAY, Replay
+from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import ExecutorOptions
@@ -32,7 +32,7 @@ class RecomputeSettings:
 
     release: str
     model: str | None = None
-    replay: Replay = Replay()
+    conditions: Conditions = Conditions()
     require: str = "exact"
     entries: list[str] | None = None
     probe: str | None = None
@@ -56,7 +56,7 @@ def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions
     """The recompute check as `audit run` runs it (kvgraft.audit.checks.recompute), its settings from `s`; the
     release verified before any model loads. With a journal, each judged entry is recorded as it lands and the
     journal is removed once the result is complete and written (to `s.out`)."""
-    s.replay.checked()  # before torch is imported
+    s.conditions.checked()  # before torch is imported
     from kvgraft._internal.jsonio import check_writable
 
     for output in (s.out, s.journal):  # before torch or a model loads (the default journal is beside --out)
@@ -89,12 +89,12 @@ def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions
         note(f"--target-fraction {s.target_fraction:g}: a sample of {sample:,} of {rel.num_entries:,} entries bounds "
              f"the failing entries at {sampling.pct(s.target_fraction)} (95%) when none of them fails")
     recorded = rel.manifest["environment"]
-    schedule = s.replay.schedule(rel.manifest["schedule"])
-    dev, dt, at = s.replay.load_options(recorded)
+    schedule = s.conditions.schedule(rel.manifest["schedule"])
+    dev, dt, at = s.conditions.load_options(recorded)
     settings: dict[str, Any] = {"entries": s.entries, "probe": s.probe, "force": s.force, "schedule": schedule,
-                                "overrides": s.replay.overrides(recorded), "require": s.require, "sample": sample,
+                                "overrides": s.conditions.overrides(recorded), "require": s.require, "sample": sample,
                                 "nonce": s.nonce, "journal": journal, "prefix": s.prefix}
-    result = _run_recompute(checked, settings, model, replace(s.replay, device=dev, dtype=dt, attn=at),
+    result = _run_recompute(checked, settings, model, replace(s.conditions, device=dev, dtype=dt, attn=at),
                             executor=executor, load=load, progress=progress, note=note)
     resumed = recompute_audit.resumed_statement(result["cost"])
     if resumed:  # even with --quiet: results this run did not compute are in what it reports
@@ -108,7 +108,7 @@ def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions
     return result
 
 
-def _run_recompute(checked: Any, settings: dict[str, Any], model: str, replay: Replay, *, executor: ExecutorOptions,
+def _run_recompute(checked: Any, settings: dict[str, Any], model: str, conditions: Conditions, *, executor: ExecutorOptions,
                    load: Load, progress: Callable[[], contextlib.AbstractContextManager[Callable[[dict[str, int]], None]]],
                    note: Note) -> dict[str, Any]:
     from kvgraft.audit import plan
@@ -116,11 +116,11 @@ def _run_recompute(checked: Any, settings: dict[str, Any], model: str, replay: R
     from kvgraft.audit.context import Context
     from kvgraft.execution.executor import ModelSpec, NotAuditedError
 
-    dev, dt, at = replay.load_options({})
+    dev, dt, at = conditions.load_options({})
     journal = settings["journal"]
-    with executor.make(ModelSpec(model, replay)) as ex:
+    with executor.make(ModelSpec(model, conditions)) as ex:
         # Ray actors start with the recorded thread count (num_cpus = threads)
-        ex.reapply_threads(replay.thread_count(checked.release.manifest["environment"], dev))
+        ex.reapply_threads(conditions.thread_count(checked.release.manifest["environment"], dev))
         lm = ex.model(lambda: load(model, dev, dt, at))
         with progress() as tick:
             ctx = Context(plan.single("recompute", settings, model=model), lm, Path.cwd(), silent, ex, checked)
@@ -156,7 +156,7 @@ class GeneralizationSettings:
     budget: int | None = None
     force: bool = False
     model: str = "smollm2-135m"
-    replay: Replay = DEFAULT_REPLAY
+    conditions: Conditions = DEFAULT_CONDITIONS
     out: Path | None = None
 
     def check_settings(self) -> dict[str, Any]:
@@ -185,8 +185,8 @@ def generalization(s: GeneralizationSettings, *, policy: Policy, executor: Execu
     rel = verified(s.library, policy())
     with contextlib.ExitStack() as stack:
         # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
-        ex = Lazy(lambda: stack.enter_context(executor.make(ModelSpec(s.model, s.replay))))
-        lm = Lazy(lambda: ex.get().model(lambda: load(s.model, *s.replay.load_options({}))))
+        ex = Lazy(lambda: stack.enter_context(executor.make(ModelSpec(s.model, s.conditions))))
+        lm = Lazy(lambda: ex.get().model(lambda: load(s.model, *s.conditions.load_options({}))))
         bar = Lazy(lambda: stack.enter_context(progress()))
 
         def tick(i: int, n: int, label: str) -> None:

@@ -104,9 +104,9 @@ def recompute_cmd(
     """`audit recompute` (RECOMPUTE_HELP): kvgraft.audit.single.recompute with these options, its result rendered."""
     from kvgraft.audit import single
     from kvgraft.execution.executor import ExecutorOptions
-    from kvgraft.inference.replay import Replay
+    from kvgraft.inference.reapply import Conditions
 
-    settings = single.RecomputeSettings(release, model, Replay(device, dtype, attn, threads, chunk, one_shot), require,
+    settings = single.RecomputeSettings(release, model, Conditions(device, dtype, attn, threads, chunk, one_shot), require,
                                         entry, probe, force, sample, nonce, target_fraction, journal, json_out, prefix)
     trust = Trust(key, identity, issuer, offline, oms_signature, require_signature)
     result = single.recompute(settings, policy=trust.policy, executor=ExecutorOptions(executor, ray_address, workers, ship),

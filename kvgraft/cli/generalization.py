@@ -159,13 +159,13 @@ def generalization_cmd(
     """`audit generalization` (GENERALIZATION_HELP): kvgraft.audit.single.generalization, its result rendered."""
     from kvgraft.audit import single
     from kvgraft.execution.executor import ExecutorOptions
-    from kvgraft.inference.replay import Replay
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.render.generalization import renderables
     from kvgraft.signing.verify import signature_sentence
 
     settings = single.GeneralizationSettings(
         library_dir, source, limit, synthetic_n, synthetic_seed, salt, library_fraction, policy, max_new_tokens, samples,
-        temperature, seed, budget, force, model, Replay(device, dtype, attn, threads), json_out)
+        temperature, seed, budget, force, model, Conditions(device, dtype, attn, threads), json_out)
     trust = Trust(key, identity, issuer, offline, oms_signature, require_signature)
     result = single.generalization(settings, policy=trust.policy, executor=ExecutorOptions(executor, ray_address, workers,
                                    ship), load=load_model, progress=lambda: _auditing(quiet))

@@ -110,10 +110,10 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """`kvgraft run` (RUN_HELP): kvgraft.inference.run.run with these options, its continuation and ledger shown."""
-    from kvgraft.inference.replay import Replay
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.inference.run import RunSettings, run
 
-    settings = RunSettings(release, entry, prompt, prefix, max_new_tokens, model, Replay(device, dtype, attn), force)
+    settings = RunSettings(release, entry, prompt, prefix, max_new_tokens, model, Conditions(device, dtype, attn), force)
     trust = Trust(key, identity, issuer, offline, require_signature=require_signature)
     checked, result = run(settings, trust.policy, progress=model_progress)
     for warning in checked.warnings:  # after success: a failed run prints its one error line only

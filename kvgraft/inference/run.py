@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvgraft.errors import InputError
-from kvgraft.inference.replay import Replay
+from kvgraft.inference.reapply import Conditions
 
 if TYPE_CHECKING:
     from kvgraft.inference.graft import Continuation
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RunSettings:
     """`kvgraft run`'s options: the release, what to graft and continue, the model and the conditions replayed
-    (`replay`: device, and dtype and attention unless None, the release's recorded ones)."""
+    (`conditions`: device, and dtype and attention unless None, the release's recorded ones)."""
 
     release: str
     entry: str | None = None
@@ -26,13 +26,13 @@ class RunSettings:
     prefix: bool = False
     max_new_tokens: int = 64
     model: str | None = None
-    replay: Replay = Replay(device="auto")
+    conditions: Conditions = Conditions(device="auto")
     force: bool = False
 
     def checked(self) -> RunSettings:
         """These settings, once the options that need no release are sound; torch is not imported (a typo costs
         nothing: torch alone takes seconds)."""
-        self.replay.checked()
+        self.conditions.checked()
         if self.max_new_tokens < 0:
             raise InputError(f"--max-new-tokens {self.max_new_tokens}: expected 0 or more")
         return self
@@ -53,7 +53,7 @@ def run(s: RunSettings, policy: Callable[[], VerifyPolicy], *, progress: Any = N
         checked.release.entry(s.entry)  # an unknown entry is refused before the model loads
     else:
         graft.check_prefix_usable(checked.release)  # so is a release no prefix can be grafted from
-    lm = graft.model_for(checked, s.model, device=s.replay.device, dtype=s.replay.dtype, attn=s.replay.attn, force=s.force,
-                         progress=progress)
+    c = s.conditions
+    lm = graft.model_for(checked, s.model, device=c.device, dtype=c.dtype, attn=c.attn, force=s.force, progress=progress)
     return checked, graft.run(checked, s.entry, lm, s.prompt, max_new_tokens=s.max_new_tokens, force=s.force,
-                              attn=s.replay.attn, dtype=s.replay.dtype, prefix=s.prefix)
+                              attn=c.attn, dtype=c.dtype, prefix=s.prefix)

@@ -143,15 +143,15 @@ def test_recompute_holds_torch_equal_logits(tiny_lm: Callable[[str], Any], tmp_p
 
 
 def test_schedule_and_threads_replayed_unless_overridden() -> None:
-    from kvgraft.inference.replay import Replay
+    from kvgraft.inference.reapply import Conditions
 
     recorded = runtime.Schedule(chunk_tokens=64, add_special_tokens=False).as_dict()
-    assert Replay().schedule(recorded) is None  # the record is replayed
-    assert Replay(one_shot=True).schedule(recorded) == runtime.Schedule(None, False)
-    assert Replay(chunk=16).schedule(recorded) == runtime.Schedule(16, False)
+    assert Conditions().schedule(recorded) is None  # the record is replayed
+    assert Conditions(one_shot=True).schedule(recorded) == runtime.Schedule(None, False)
+    assert Conditions(chunk=16).schedule(recorded) == runtime.Schedule(16, False)
     with pytest.raises(errors.InputError, match="exclude each other"):
-        Replay(chunk=16, one_shot=True).schedule(recorded)
+        Conditions(chunk=16, one_shot=True).schedule(recorded)
     env = {"threads": 2}
-    assert Replay().thread_count(env, "cpu") == 2  # on every executor: Ray actors replay it too
-    assert Replay(threads=1).thread_count(env, "cpu") == 1
-    assert Replay().thread_count(env, "cuda") is None
+    assert Conditions().thread_count(env, "cpu") == 2  # on every executor: Ray actors replay it too
+    assert Conditions(threads=1).thread_count(env, "cpu") == 1
+    assert Conditions().thread_count(env, "cuda") is None

@@ -1,5 +1,5 @@
-"""One value of the conditions a recompute or run replays: the same from the CLI's options, from an audit plan, and
-through a Ray worker's payload to the model it loads."""
+"""One value of the conditions a recompute or run sets, from the record or an option: the same from the CLI's options,
+from an audit plan, and through a Ray worker's payload to the model it loads."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from kvgraft.cli import app
 from kvgraft.execution import ray_worker
 from kvgraft.execution.executor import ModelSpec, RayExecutor
 from kvgraft.inference import models, runtime
-from kvgraft.inference.replay import Replay
+from kvgraft.inference.reapply import Conditions
 
 CONDITIONS = ["--device", "cpu", "--dtype", "bfloat16", "--attn", "eager", "--threads", "3"]
-EXPECTED = Replay("cpu", "bfloat16", "eager", 3)
+EXPECTED = Conditions("cpu", "bfloat16", "eager", 3)
 
 
 class _Stop(errors.InputError):
@@ -39,23 +39,23 @@ def _settings_of(monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str]) ->
     return seen[0]
 
 
-def test_the_cli_options_and_a_plan_give_the_same_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_options_and_a_plan_give_the_same_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
     recompute = _settings_of(monkeypatch, "recompute", ["audit", "recompute", "REL", *CONDITIONS, "--chunk", "16"])
-    assert recompute.replay == Replay("cpu", "bfloat16", "eager", 3, chunk=16)
+    assert recompute.conditions == Conditions("cpu", "bfloat16", "eager", 3, chunk=16)
     generalization = _settings_of(monkeypatch, "generalization", ["audit", "generalization", "--library", "LIB", *CONDITIONS])
-    assert generalization.replay == EXPECTED
-    plan = Replay.from_plan({"spec": "m", "device": "cpu", "dtype": "bfloat16", "attn": "eager"}, {"threads": 3})
+    assert generalization.conditions == EXPECTED
+    plan = Conditions.from_plan({"spec": "m", "device": "cpu", "dtype": "bfloat16", "attn": "eager"}, {"threads": 3})
     assert plan == EXPECTED
     # `audit run --device` overrides the plan's device; absent, the plan's tables decide, with kvgraft's defaults.
-    assert Replay.from_plan({"spec": "m", "device": "cuda"}, {}, "cpu") == Replay("cpu", "float32", "sdpa")
+    assert Conditions.from_plan({"spec": "m", "device": "cuda"}, {}, "cpu") == Conditions("cpu", "float32", "sdpa")
 
 
-def test_a_ray_worker_loads_what_the_driver_replays(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_ray_worker_loads_what_the_driver_sets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The payload a worker is started with, through JSON and the worker's own reading, to the model it loads."""
-    ex = RayExecutor(ModelSpec("m", Replay("auto", "bfloat16", "eager", 3)))
-    replay = ex.worker_replay(use_gpu=False, threads=3)
-    assert replay == EXPECTED
-    assert Replay.from_payload(json.loads(json.dumps(replay.payload()))) == replay
+    ex = RayExecutor(ModelSpec("m", Conditions("auto", "bfloat16", "eager", 3)))
+    conditions = ex.worker_conditions(use_gpu=False, threads=3)
+    assert conditions == EXPECTED
+    assert Conditions.from_payload(json.loads(json.dumps(conditions.payload()))) == conditions
     loaded: list[tuple[str, ...]] = []
     threads: list[int] = []
 
@@ -67,18 +67,18 @@ def test_a_ray_worker_loads_what_the_driver_replays(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(models, "resolve", lambda spec: spec)
     monkeypatch.setattr(models, "load", load)
     monkeypatch.setattr(runtime, "set_threads", threads.append)
-    worker = ray_worker.Worker({"spec": "m", "replay": replay.payload()}, 0)
+    worker = ray_worker.Worker({"spec": "m", "conditions": conditions.payload()}, 0)
     assert isinstance(worker.error, _Stop)
     assert loaded == [("m", "cpu", "bfloat16", "eager")] and threads == [3]
 
 
-def test_replay_reads_the_record_and_says_what_it_overrides() -> None:
+def test_conditions_read_the_record_and_says_what_it_overrides() -> None:
     recorded = {"device": "cpu", "dtype": "float32", "attn_implementation": "sdpa", "threads": 2}
-    assert Replay().overrides(recorded) == {}
-    assert Replay("cpu", "float32", "eager", 2).overrides(recorded) == {"attn_implementation": "eager"}
-    assert Replay(threads=4).overrides(recorded) == {"threads": 4}
-    assert Replay().load_options(recorded) == ("cpu", "float32", "sdpa")
+    assert Conditions().overrides(recorded) == {}
+    assert Conditions("cpu", "float32", "eager", 2).overrides(recorded) == {"attn_implementation": "eager"}
+    assert Conditions(threads=4).overrides(recorded) == {"threads": 4}
+    assert Conditions().load_options(recorded) == ("cpu", "float32", "sdpa")
     with pytest.raises(errors.InputError, match="unknown keys spec"):
-        Replay.from_payload({"spec": "m"})
+        Conditions.from_payload({"spec": "m"})
     with pytest.raises(errors.InputError, match="--dtype int8: expected one of"):
-        Replay(dtype="int8").checked()
+        Conditions(dtype="int8").checked()

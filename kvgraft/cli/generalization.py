@@ -55,61 +55,46 @@ def _progress(quiet: bool) -> Progress:
                     TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True, disable=quiet)
 
 
-@library_app.command("build")
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")]
+FractionOpt = Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")]
+SaltOpt = Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")]
+SyntheticSeedOpt = Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")]
+AttemptsOpt = Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of sampled attempts.")]
+AttemptTokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens per generation attempt.")]
+NoReferenceOpt = Annotated[bool, typer.Option("--no-reference", help="Ignore reference solutions; generate.")]
+NoGenerateOpt = Annotated[bool, typer.Option("--no-generate", help="Reference solutions only; never generate.")]
+CaptureChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")]
+ProbeTokensOpt = Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")]
+BUILD_HELP = """Verify a solution trace for each library problem against its answer and capture the solved ones.
+
+The reference solution when the source has one (accepted only if the answer checker agrees), else
+the model's greedy and then sampled generations. Problems without a solved trace are listed."""
+
+
+@library_app.command("build", help=BUILD_HELP)
 @handled
 def build_cmd(
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")],
-    source: SourceOpt = "gsm8k",
-    limit: Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")] = None,
-    library_fraction: Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")] = 0.5,
-    salt: Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")] = "kvgraft",
-    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")] = 0,
-    attempts: Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")] = 3,
-    temperature: Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")] = 0.7,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of sampled attempts.")] = 0,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per generation attempt.")] = 256,
-    no_reference: Annotated[bool, typer.Option("--no-reference", help="Ignore reference solutions; generate.")] = False,
-    no_generate: Annotated[bool, typer.Option("--no-generate", help="Reference solutions only; never generate.")] = False,
-    chunk: Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")] = None,
-    probe: Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")] = 0,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")], source: SourceOpt = "gsm8k",
+    limit: LimitOpt = None, library_fraction: FractionOpt = 0.5, salt: SaltOpt = "kvgraft",
+    synthetic_seed: SyntheticSeedOpt = 0, attempts: AttemptsOpt = 3, temperature: TemperatureOpt = 0.7, seed: SeedOpt = 0,
+    max_new_tokens: AttemptTokensOpt = 256, no_reference: NoReferenceOpt = False, no_generate: NoGenerateOpt = False,
+    chunk: CaptureChunkOpt = None, probe: ProbeTokensOpt = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
-    model: ModelOpt = "smollm2-135m",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = "sdpa",
-    threads: ThreadsOpt = None,
-    quiet: QuietOpt = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")]
-    = False,
+    model: ModelOpt = "smollm2-135m", device: DeviceOpt = "auto", dtype: DtypeOpt = "float32", attn: AttnOpt = "sdpa",
+    threads: ThreadsOpt = None, quiet: QuietOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the build result as JSON instead of rendering it.")] = False,
 ) -> None:
-    """Verify a solution trace for each library problem against its answer and capture the solved ones.
-
-    The reference solution when the source has one (accepted only if the answer checker agrees), else
-    the model's greedy and then sampled generations. Problems without a solved trace are listed.
-    """
-    from kvgraft._internal.jsonio import check_writable, refuse_existing
-    from kvgraft.errors import InputError
+    """`library build` (BUILD_HELP): kvgraft.generalization.library.build_from with these options, its result shown."""
     from kvgraft.generalization import library
-    from kvgraft.inference import runtime
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.render.generalization import build_renderables
 
-    if no_reference and no_generate:
-        raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
-    refuse_existing(out_dir, overwrite)  # before the model loads, not after
-    check_writable(out_dir)
-    problems, source_rec = library.load_problems(source, limit, synthetic_seed=synthetic_seed)
-    settings = library.BuildSettings(attempts=attempts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
-                                     use_reference=not no_reference, generate=not no_generate)
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads must be >= 1, got {threads}")
-    with runtime.threads(threads):
-        lm = load_model(model, device, dtype, attn)
-        with _progress(quiet) as bar:
-            task = bar.add_task("solving library problems", total=None)
-            result = library.build(lm, problems, out_dir, library_fraction=library_fraction, salt=salt,
-                                   source=source_rec, settings=settings, schedule=runtime.Schedule(chunk_tokens=chunk),
-                                   probe_tokens=probe, overwrite=overwrite,
-                                   progress=lambda i, n: bar.update(task, completed=i, total=n))
+    request = library.LibraryBuild(out_dir, source, limit, library_fraction, salt, synthetic_seed, attempts, temperature,
+                                   seed, max_new_tokens, not no_reference, not no_generate, chunk, probe, overwrite, model,
+                                   Conditions(device, dtype, attn, threads))
+    result = library.build_from(request, load=load_model, progress=lambda: _solving(quiet))
     if as_json:
         echo_json(result)
     elif not quiet:
@@ -118,6 +103,13 @@ def build_cmd(
     else:
         c = result["counts"]
         out.print(f"{c['reference'] + c['model']} solved entries, {c['unsolved']} unsolved → {out_dir}")
+
+
+@contextlib.contextmanager
+def _solving(quiet: bool) -> Iterator[Callable[[int, int], None]]:
+    with _progress(quiet) as bar:
+        task = bar.add_task("solving library problems", total=None)
+        yield lambda i, n: bar.update(task, completed=i, total=n)
 
 
 GENERALIZATION_HELP = """Replay vs generalization: no graft, own solution, nearest other entry, and the same tokens as text.

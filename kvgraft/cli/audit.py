@@ -15,19 +15,12 @@ import typer
 
 from kvgraft.audit.single import silent
 from kvgraft.cli._base import (
-    IdentityOpt,
-    IssuerOpt,
     JsonOpt,
-    KeysOpt,
     ModelOpt,
-    OfflineOpt,
-    OmsSignatureOpt,
     OutOpt,
     QuietOpt,
     ReleaseArg,
     ReleaseModelOpt,
-    RequireSignatureOpt,
-    Trust,
     audit_app,
     echo_json,
     err,
@@ -37,6 +30,7 @@ from kvgraft.cli._base import (
     out,
     say,
 )
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -14,58 +14,40 @@ from kvgraft.cli._base import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
-    IdentityOpt,
-    IssuerOpt,
     JsonOpt,
-    KeysOpt,
     ModelOpt,
-    OfflineOpt,
-    OmsSignatureOpt,
     OutOpt,
     QuietOpt,
-    RequireSignatureOpt,
-    Trust,
+    ThreadsOpt,
     app,
     audit_app,
     echo_json,
-    err,
     exit_with,
     handled,
     load_model,
     out,
+    progress,
     say,
 )
 from kvgraft.cli.audit import ExecutorOpt, RayAddressOpt, ShipOpt, WorkersOpt
-
-if TYPE_CHECKING:
-    from rich.progress import Progress
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 
 library_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
                           help="Build solution libraries: cache releases of traces whose final answer was checked.")
 app.add_typer(library_app, name="library")
 
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]
 SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
-
-
-def _progress(quiet: bool) -> Progress:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True, disable=quiet)
 
 
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")]
 FractionOpt = Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")]
 SaltOpt = Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")]
 SyntheticSeedOpt = Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")]
+CaptureChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")]
 AttemptsOpt = Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of sampled attempts.")]
 AttemptTokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens per generation attempt.")]
-NoReferenceOpt = Annotated[bool, typer.Option("--no-reference", help="Ignore reference solutions; generate.")]
-NoGenerateOpt = Annotated[bool, typer.Option("--no-generate", help="Reference solutions only; never generate.")]
-CaptureChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")]
 ProbeTokensOpt = Annotated[int, typer.Option("--probe", help="Greedy probe tokens recorded per entry.")]
 BUILD_HELP = """Verify a solution trace for each library problem against its answer and capture the solved ones.
 
@@ -79,7 +61,9 @@ def build_cmd(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Release folder to create.")], source: SourceOpt = "gsm8k",
     limit: LimitOpt = None, library_fraction: FractionOpt = 0.5, salt: SaltOpt = "kvgraft",
     synthetic_seed: SyntheticSeedOpt = 0, attempts: AttemptsOpt = 3, temperature: TemperatureOpt = 0.7, seed: SeedOpt = 0,
-    max_new_tokens: AttemptTokensOpt = 256, no_reference: NoReferenceOpt = False, no_generate: NoGenerateOpt = False,
+    max_new_tokens: AttemptTokensOpt = 256,
+    no_reference: Annotated[bool, typer.Option("--no-reference", help="Ignore reference solutions; generate.")] = False,
+    no_generate: Annotated[bool, typer.Option("--no-generate", help="Reference solutions only; never generate.")] = False,
     chunk: CaptureChunkOpt = None, probe: ProbeTokensOpt = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing release.")] = False,
     model: ModelOpt = "smollm2-135m", device: DeviceOpt = "auto", dtype: DtypeOpt = "float32", attn: AttnOpt = "sdpa",
@@ -107,7 +91,7 @@ def build_cmd(
 
 @contextlib.contextmanager
 def _solving(quiet: bool) -> Iterator[Callable[[int, int], None]]:
-    with _progress(quiet) as bar:
+    with progress(quiet) as bar:
         task = bar.add_task("solving library problems", total=None)
         yield lambda i, n: bar.update(task, completed=i, total=n)
 
@@ -173,6 +157,6 @@ def generalization_cmd(
 @contextlib.contextmanager
 def _auditing(quiet: bool) -> Iterator[Callable[[int, int, str], None]]:
     """The generalization audit's bar: runs done of all, the condition and problem of the last one."""
-    with _progress(quiet) as bar:
+    with progress(quiet) as bar:
         task = bar.add_task("auditing", total=None)
         yield lambda i, n, label: bar.update(task, completed=i, total=n, description=f"auditing {label}")

@@ -11,15 +11,9 @@ from kvgraft.cli._base import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
-    IdentityOpt,
-    IssuerOpt,
-    KeysOpt,
     ModelOpt,
-    OfflineOpt,
     ReleaseArg,
     ReleaseModelOpt,
-    RequireSignatureOpt,
-    Trust,
     app,
     echo_json,
     err,
@@ -29,6 +23,7 @@ from kvgraft.cli._base import (
     out,
     say,
 )
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 from kvgraft.render.text import plain
 

@@ -7,19 +7,8 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import (
-    IdentityOpt,
-    IssuerOpt,
-    KeysOpt,
-    OfflineOpt,
-    ReleaseArg,
-    RequireSignatureOpt,
-    Trust,
-    app,
-    echo_json,
-    handled,
-    say,
-)
+from kvgraft.cli._base import ReleaseArg, app, echo_json, handled, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import IdentityOpt, IssuerOpt, echo_json, handled, out, report_app, say
+from kvgraft.cli._base import echo_json, handled, out, report_app, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt
 
 
 @report_app.command("show")

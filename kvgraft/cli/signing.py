@@ -10,21 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvgraft.cli._base import (
-    EXIT_INTERNAL,
-    IdentityOpt,
-    IssuerOpt,
-    KeysOpt,
-    OmsSignatureOpt,
-    ReleaseArg,
-    RequireSignatureOpt,
-    Trust,
-    _state,
-    app,
-    echo_json,
-    handled,
-    say,
-)
+from kvgraft.cli._base import EXIT_INTERNAL, ReleaseArg, _state, app, echo_json, handled, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import Error, InputError
 
 if TYPE_CHECKING:

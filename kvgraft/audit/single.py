@@ -17,7 +17,7 @@ from kvgraft.errors import InputError
 from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 
 if TYPE_CHECKING:
-    from kvgraft.execution.executor import ExecutorOptions
+    from kvgraft.execution.options import ExecutorOptions
     from kvgraft.inference.models import LoadedModel
     from kvgraft.signing.policy import VerifyPolicy
 

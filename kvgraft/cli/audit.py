@@ -13,7 +13,6 @@ from typing import Annotated, Any, cast
 
 import typer
 
-from kvgraft.audit.single import silent
 from kvgraft.cli._base import (
     JsonOpt,
     ModelOpt,
@@ -97,7 +96,7 @@ def recompute_cmd(
 ) -> None:
     """`audit recompute` (RECOMPUTE_HELP): kvgraft.audit.single.recompute with these options, its result rendered."""
     from kvgraft.audit import single
-    from kvgraft.execution.executor import ExecutorOptions
+    from kvgraft.execution.options import ExecutorOptions
     from kvgraft.inference.reapply import Conditions
 
     settings = single.RecomputeSettings(release, model, Conditions(device, dtype, attn, threads, chunk, one_shot), require,
@@ -231,6 +230,7 @@ def claims_cmd(
     from kvgraft.audit import plan
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, absent
+    from kvgraft.audit.single import silent
 
     # The claims check as `audit run` runs it (kvgraft.audit.checks.claims), against --measured instead of this
     # audit's recompute check; it reads no model and no release.
@@ -268,6 +268,7 @@ def determinism_cmd(
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, absent
     from kvgraft.audit.render_report import check_renderables
+    from kvgraft.audit.single import silent
 
     if json_out is not None:
         check_writable(json_out)

@@ -134,7 +134,7 @@ def generalization_cmd(
 ) -> None:
     """`audit generalization` (GENERALIZATION_HELP): kvgraft.audit.single.generalization, its result rendered."""
     from kvgraft.audit import single
-    from kvgraft.execution.executor import ExecutorOptions
+    from kvgraft.execution.options import ExecutorOptions
     from kvgraft.inference.reapply import Conditions
     from kvgraft.render.generalization import renderables
     from kvgraft.signing.verify import signature_sentence

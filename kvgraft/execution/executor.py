@@ -532,19 +532,6 @@ def from_options(kind: str, model: ModelSpec, *, address: str | None = None, wor
     return RayExecutor(model, address=address, workers=workers, ship=ship, max_retries=max_retries)
 
 
-@dataclass(frozen=True)
-class ExecutorOptions:
-    """Where a single-check command runs its units: --executor, --ray-address, --workers, --ship."""
-
-    kind: str = "local"
-    address: str | None = None
-    workers: int | None = None
-    ship: bool = False
-
-    def make(self, model: ModelSpec) -> Executor:
-        return from_options(self.kind, model, address=self.address, workers=self.workers, ship=self.ship)
-
-
 def plan_options(table: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A plan's `[executor]` table (kind, address, workers, ship, threads, max_retries), with CLI overrides on top."""
     merged = {**(table or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
@@ -558,5 +545,5 @@ def plan_options(table: dict[str, Any] | None, overrides: dict[str, Any] | None 
     return merged
 
 
-__all__ = ["KINDS", "Executor", "ExecutorOptions", "LocalExecutor", "ModelSpec", "NotAuditedError",
+__all__ = ["KINDS", "Executor", "LocalExecutor", "ModelSpec", "NotAuditedError",
            "RayExecutor", "comparable", "from_options", "plan_options", "remote_model"]

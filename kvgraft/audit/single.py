@@ -20,10 +20,13 @@ if TYPE_CHECKING:
     from kvgraft.execution.options import ExecutorOptions
     from kvgraft.inference.models import LoadedModel
     from kvgraft.signing.policy import VerifyPolicy
+    from kvgraft.signing.verify import VerifiedRelease
 
 Load = Callable[[str, str, str, str], "LoadedModel"]  # (model, device, dtype, attention) -> the loaded model
 Policy = Callable[[], "VerifyPolicy"]
 Note = Callable[[str], None]
+# A bar entered once the model is loaded; it takes the recompute's counts (done, total, tokens_done, ...).
+RecomputeBar = Callable[[], contextlib.AbstractContextManager[Callable[[dict[str, int]], None]]]
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,7 @@ class RecomputeSettings:
         return self.journal or (Path(f"{self.out}.journal") if self.out else None)
 
 
-def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions, load: Load,
-              progress: Callable[[], contextlib.AbstractContextManager[Callable[[dict[str, int]], None]]],
+def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions, load: Load, progress: RecomputeBar,
               note: Note) -> dict[str, Any]:
     """The recompute check as `audit run` runs it (kvgraft.audit.checks.recompute), its settings from `s`; the
     release verified before any model loads. With a journal, each judged entry is recorded as it lands and the
@@ -108,9 +110,8 @@ def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions
     return result
 
 
-def _run_recompute(checked: Any, settings: dict[str, Any], model: str, conditions: Conditions, *, executor: ExecutorOptions,
-                   load: Load, progress: Callable[[], contextlib.AbstractContextManager[Callable[[dict[str, int]], None]]],
-                   note: Note) -> dict[str, Any]:
+def _run_recompute(checked: VerifiedRelease, settings: dict[str, Any], model: str, conditions: Conditions, *,
+                   executor: ExecutorOptions, load: Load, progress: RecomputeBar, note: Note) -> dict[str, Any]:
     from kvgraft.audit import plan
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context

@@ -15,6 +15,7 @@ from kvgraft.audit import single
 from kvgraft.cli import app
 from kvgraft.execution import ray_worker
 from kvgraft.execution.executor import ModelSpec, RayExecutor
+from kvgraft.generalization import library
 from kvgraft.inference import models, runtime
 from kvgraft.inference.reapply import Conditions
 
@@ -26,24 +27,27 @@ class _Stop(errors.InputError):
     """Raised by a stand-in library call once it has seen its settings: the command ends with exit code 2."""
 
 
-def _settings_of(monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str]) -> Any:
+def _settings_of(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, argv: list[str]) -> Any:
     seen: list[Any] = []
 
     def library_call(settings: Any, **_kw: Any) -> Any:
         seen.append(settings)
         raise _Stop("seen")
 
-    monkeypatch.setattr(single, name, library_call)
+    monkeypatch.setattr(module, name, library_call)
     r = CliRunner().invoke(app, argv)
     assert r.exit_code == 2 and "seen" in r.output, r.output
     return seen[0]
 
 
 def test_the_cli_options_and_a_plan_give_the_same_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
-    recompute = _settings_of(monkeypatch, "recompute", ["audit", "recompute", "REL", *CONDITIONS, "--chunk", "16"])
+    recompute = _settings_of(monkeypatch, single, "recompute", ["audit", "recompute", "REL", *CONDITIONS, "--chunk", "16"])
     assert recompute.conditions == Conditions("cpu", "bfloat16", "eager", 3, chunk=16)
-    generalization = _settings_of(monkeypatch, "generalization", ["audit", "generalization", "--library", "LIB", *CONDITIONS])
+    generalization = _settings_of(monkeypatch, single, "generalization",
+                                  ["audit", "generalization", "--library", "LIB", *CONDITIONS])
     assert generalization.conditions == EXPECTED
+    build = _settings_of(monkeypatch, library, "build_from", ["library", "build", "--out", "OUT", *CONDITIONS])
+    assert build.conditions == EXPECTED
     plan = Conditions.from_plan({"spec": "m", "device": "cpu", "dtype": "bfloat16", "attn": "eager"}, {"threads": 3})
     assert plan == EXPECTED
     # `audit run --device` overrides the plan's device; absent, the plan's tables decide, with kvgraft's defaults.
@@ -51,8 +55,9 @@ def test_the_cli_options_and_a_plan_give_the_same_conditions(monkeypatch: pytest
 
 
 def test_a_ray_worker_loads_what_the_driver_sets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The payload a worker is started with, through JSON and the worker's own reading, to the model it loads."""
-    ex = RayExecutor(ModelSpec("m", Conditions("auto", "bfloat16", "eager", 3)))
+    """The payload a worker is started with, through JSON and the worker's own reading, to the model it loads: the
+    thread count the pool gives its CPU actors (a release's recorded one, when no --threads fixed one)."""
+    ex = RayExecutor(ModelSpec("m", Conditions("auto", "bfloat16", "eager")))
     conditions = ex.worker_conditions(use_gpu=False, threads=3)
     assert conditions == EXPECTED
     assert Conditions.from_payload(json.loads(json.dumps(conditions.payload()))) == conditions

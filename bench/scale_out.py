@@ -108,6 +108,7 @@ def main() -> None:
 
     from kvgraft.execution.executor import LocalExecutor, ModelSpec, RayExecutor, comparable
     from kvgraft.inference import models
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.recompute import audit as recompute
     from kvgraft.signing.policy import SignatureNotChecked
     from kvgraft.signing.verify import verified
@@ -145,7 +146,7 @@ def main() -> None:
     pools: dict[int, RayExecutor] = {}
     for n in (1, 2):
         t0 = time.perf_counter()
-        pools[n] = RayExecutor(ModelSpec(str(model_dir), "cpu", threads=1), workers=n)
+        pools[n] = RayExecutor(ModelSpec(str(model_dir), Conditions("cpu", "float32", "sdpa", threads=1)), workers=n)
         pools[n].start()
         print(f"pool      {n} worker(s) started and loaded the model in {time.perf_counter() - t0:.1f} s")
         timed(pools[n])  # warm-up

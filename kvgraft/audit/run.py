@@ -16,7 +16,7 @@ from kvgraft.audit.checks import kinds, make_check, run_check, status
 from kvgraft.audit.context import Context, Progress
 from kvgraft.audit.plan import Plan, check_paths
 from kvgraft.errors import InputError
-from kvgraft.execution.executor import Executor
+from kvgraft.execution.executor import Executor, ModelSpec
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
 
@@ -128,6 +128,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
     """
     from kvgraft.execution.executor import ModelSpec, from_options, plan_options
+    from kvgraft.inference.reapply import Conditions
 
     check_kinds(plan)
     check_paths(plan, plan.out_dir(out_dir))
@@ -141,12 +142,10 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         (plan.out_dir(out_dir) / stale).unlink(missing_ok=True)
     existing = _existing(plan)  # before any model loads, here or on an executor's workers
     o = plan_options(plan.doc.get("executor"), executor)
-    m = plan.doc["model"]
-    spec = ModelSpec(m["spec"], device or m.get("device", "auto"), m.get("dtype", "float32"), m.get("attn", "sdpa"),
-                     o.get("threads"))
+    spec = ModelSpec(plan.doc["model"]["spec"], Conditions.from_plan(plan.doc["model"], o, device))
     with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
                       max_retries=o.get("max_retries", 2)) as ex:
-        return _run(plan, existing, out_dir=out_dir, device=device, say=say, ex=ex)
+        return _run(plan, existing, out_dir=out_dir, spec=spec, say=say, ex=ex)
 
 
 def check_kinds(plan: Plan) -> None:
@@ -162,7 +161,7 @@ def check_kinds(plan: Plan) -> None:
 
 
 def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
-         device: str | None, say: Progress, ex: Executor) -> Outcome:
+         spec: ModelSpec, say: Progress, ex: Executor) -> Outcome:
     from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
     from kvgraft.report.document import new_report, write_report
@@ -170,10 +169,9 @@ def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
 
     started = time.perf_counter()
     out = plan.out_dir(out_dir)
-    m = plan.doc["model"]
-    say(f"loading {m['spec']}")
-    lm = models.load(m["spec"], device=device or m.get("device", "auto"), dtype=m.get("dtype", "float32"),
-                     attn=m.get("attn", "sdpa"))
+    say(f"loading {spec.spec}")
+    device, dtype, attn = spec.conditions.load_options({})  # the plan's, every one set
+    lm = models.load(spec.spec, device=device, dtype=dtype, attn=attn)
     out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
     release, release_info = (existing.release.root, existing.info) if existing else _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)

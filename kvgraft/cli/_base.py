@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +19,10 @@ from kvgraft import __version__
 from kvgraft._internal.jsonio import WRITE_ERRNOS, io_failure
 from kvgraft.errors import Error
 from kvgraft.render.text import json_text, plain
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
 
 # Help is plain text (rich_markup_mode=None): as rich markup, "[executor]" in a help string vanished; nothing
 # written in a help string may be read as markup (tests/cli/test_help.py renders every one).
@@ -142,23 +146,12 @@ def main(
     _state["verbose"] = verbose
 
 
-KeysOpt = Annotated[list[Path] | None, typer.Option(
-    "--key", "-k", metavar="PEM", help="PEM public key the signature must verify with; twice for two signers (the "
-                                       "kvgraft bundle and model.sig), each signature verifying with one of them and "
-                                       "each key verifying one.")]
-# The verification options every command that reads a release takes beside --key (verify, run, pull, audit
-# recompute): one declaration, so their names and help read the same everywhere.
-IdentityOpt = Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")]
-IssuerOpt = Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")]
-OfflineOpt = Annotated[bool, typer.Option("--offline", help="Sigstore: the embedded or cached trust root.")]
-RequireSignatureOpt = Annotated[bool, typer.Option(
-    "--require-signature", help="Refuse a release that is unsigned or whose signature is not checked (--key or "
-                                "Sigstore identity).")]
-OmsSignatureOpt = Annotated[Path | None, typer.Option(
-    "--oms-signature", help="A detached OpenSSF model signing signature of the folder, stored outside it.")]
 # A RELEASE argument: a folder, or a location a release is published at (kvgraft.remote); a string, not a
 # Path, which would fold the scheme's "//".
 RELEASE_HELP = "Cache release: a folder, or an http(s)://, hf:// or s3:// location (docs/remote.md)."
+ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)]
+
+
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A preset (smollm2-135m, gemma3-270m: `kvgraft models`), a "
                                                            "model folder, a .gguf file or a hub id (owner/name).")]
 ReleaseModelOpt = Annotated[str | None, typer.Option(
@@ -167,6 +160,7 @@ ReleaseModelOpt = Annotated[str | None, typer.Option(
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="eager or sdpa.")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no rendering of the result.")]
 # One convention for every command: --json prints JSON on stdout, --out FILE writes it to a file.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of rendering it.")]
@@ -183,9 +177,20 @@ def exit_with(status: str) -> None:
         raise typer.Exit(code)
 
 
+def model_progress(message: str) -> None:
+    """A step of loading a model (converting, downloading), dim on stderr."""
+    err.print(Text(plain(message), style="dim"))
+
+
 def load_model(model: str, device: str, dtype: str, attn: str) -> Any:
     from kvgraft.inference import models
 
-    return models.load(model, device=device, dtype=dtype, attn=attn, progress=lambda m: err.print(Text(plain(m), style="dim")))
+    return models.load(model, device=device, dtype=dtype, attn=attn, progress=model_progress)
 
 
+def progress(quiet: bool) -> Progress:
+    """A bar on stderr with its description, done of all, elapsed and remaining time (hidden with --quiet)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True, disable=quiet)

@@ -9,23 +9,17 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import typer
 
 from kvgraft.cli._base import (
-    RELEASE_HELP,
-    IdentityOpt,
-    IssuerOpt,
     JsonOpt,
-    KeysOpt,
     ModelOpt,
-    OfflineOpt,
-    OmsSignatureOpt,
     OutOpt,
     QuietOpt,
+    ReleaseArg,
     ReleaseModelOpt,
-    RequireSignatureOpt,
     audit_app,
     echo_json,
     err,
@@ -35,11 +29,8 @@ from kvgraft.cli._base import (
     out,
     say,
 )
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
-
-if TYPE_CHECKING:
-    from kvgraft.execution.executor import Executor
-    from kvgraft.signing.policy import VerifyPolicy
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
                                                              "model (a local Ray instance, or the cluster of --ray-address).")]
@@ -48,177 +39,89 @@ RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", help="Ray cl
 ShipOpt = Annotated[bool, typer.Option("--ship", help="Ship the release to the Ray workers through the object store "
                                                       "(default: they read it from the same path).")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", help="Ray workers (default: one per GPU, else one per CPU).")]
+# `audit recompute`'s options beside the shared ones: the conditions replayed (None: the recorded one), what is judged.
+ReplayDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
+                                                                      "machine has it).")]
+ReplayDtypeOpt = Annotated[str | None, typer.Option("--dtype", help="Override the recorded dtype.")]
+ReplayAttnOpt = Annotated[str | None, typer.Option("--attn", help="Override the recorded attention kernel (eager, sdpa).")]
+ReplayThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Override the recorded torch thread count.")]
+ChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Recompute in chunks of N (overrides the recorded schedule).")]
+OneShotOpt = Annotated[bool, typer.Option("--one-shot", help="Recompute one-shot (overrides the recorded schedule).")]
+RequireOpt = Annotated[str, typer.Option("--require", help="exact: every entry byte-exact (the preprint's claim); "
+                                                           "consistent: byte-exact or inside the noise bound measured here.")]
+EntriesOpt = Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="Audit only this entry (repeatable).")]
+ProbeTextOpt = Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Compare even with a model of another identity.")]
+SampleOpt = Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest and "
+                                                                "--nonce (uniform over entries); the result bounds how many "
+                                                                "entries of the release fail.")]
+SampleNonceOpt = Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce for --sample (default: a fresh "
+                                                                    "random one, recorded in the result).")]
+TargetFractionOpt = Annotated[float | None, typer.Option(
+    "--target-fraction", help="Sample as many entries as a 95% bound of F (e.g. 0.01) needs when none fail.")]
+JournalOpt = Annotated[Path | None, typer.Option(
+    "--journal", help="Record each judged entry here and resume from it (default with --out: OUT.json.journal).")]
+PrefixOpt = Annotated[int | None, typer.Option(
+    "--prefix", help="Also judge a prefix graft of each audited entry's first N tokens (what `kvgraft run --prefix` and the "
+                     "vLLM connector graft): under its recorded schedule, and against a prefill of the N tokens alone.")]
+RECOMPUTE_HELP = """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by the noise bound.
+
+Replays the recorded conditions (device where present, dtype, attention, threads, deterministic
+flags, schedule); options override one and are recorded as overrides. Each entry is byte-exact,
+consistent (inside the noise bound measured here) or inconsistent. Exit 0 when the --require
+is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
+--executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
+With --out (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
+with the same command, resumes from it and judges no entry twice; no result is written until every
+entry is judged. A resumed journal must match this run (release root, entries, settings, nonce) and
+each result read back is re-judged from its recorded comparisons; the output says how many results
+were resumed and from which file, and a nonce taken from it is reported as such. With --prefix N a
+graft of each entry's first N tokens is judged as well (journaled with the entries): under the schedule
+that made its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone;
+its verdict counts in the release's."""
 
 
-def make_executor(kind: str, model: str, device: str, dtype: str, attn: str, *, address: str | None, workers: int | None,
-                  ship: bool, threads: int | None = None) -> Executor:
-    from kvgraft.execution.executor import ModelSpec, from_options
-
-    return from_options(kind, ModelSpec(model, device, dtype, attn, threads), address=address, workers=workers, ship=ship)
-
-
-@audit_app.command("recompute")
+@audit_app.command("recompute", help=RECOMPUTE_HELP)
 @handled
 def recompute_cmd(
-    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
-    model: ReleaseModelOpt = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the recorded one where this "
-                                                                "machine has it).")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Override the recorded dtype.")] = None,
-    attn: Annotated[str | None, typer.Option("--attn", help="Override the recorded attention kernel (eager, sdpa).")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="Override the recorded torch thread count.")] = None,
-    require: Annotated[str, typer.Option("--require", help="exact: every entry byte-exact (the preprint's claim); "
-                                                           "consistent: byte-exact or inside the noise bound "
-                                                           "measured here.")] = "exact",
-    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="Audit only this entry "
-                                                                                       "(repeatable).")] = None,
-    probe: Annotated[str | None, typer.Option("--probe", help="Probe text (default: the entry's recorded probe tokens).")]
-    = None,
-    force: Annotated[bool, typer.Option("--force", help="Compare even with a model of another identity.")] = False,
-    chunk: Annotated[int | None, typer.Option("--chunk", help="Recompute in chunks of N (overrides the recorded schedule).")]
-    = None,
-    one_shot: Annotated[bool, typer.Option("--one-shot", help="Recompute one-shot (overrides the recorded schedule).")]
-    = False,
-    json_out: OutOpt = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    executor: ExecutorOpt = "local",
-    ray_address: RayAddressOpt = None,
-    ship: ShipOpt = False,
-    workers: WorkersOpt = None,
-    key: KeysOpt = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
-    offline: OfflineOpt = False,
-    oms_signature: OmsSignatureOpt = None,
-    require_signature: RequireSignatureOpt = False,
-    sample: Annotated[int | None, typer.Option("--sample", help="Audit N entries drawn from the release's root digest "
-                                                                "and --nonce (uniform over entries); the result bounds "
-                                                                "how many entries of the release fail.")] = None,
-    nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce for --sample (default: a fresh random "
-                                                              "one, recorded in the result).")] = None,
-    target_fraction: Annotated[float | None, typer.Option(
-        "--target-fraction", help="Sample as many entries as a 95% bound of F (e.g. 0.01) needs when none fail.")] = None,
-    journal: Annotated[Path | None, typer.Option(
-        "--journal", help="Record each judged entry here and resume from it (default with --out: OUT.json.journal).")]
-    = None,
-    prefix: Annotated[int | None, typer.Option(
-        "--prefix", help="Also judge a prefix graft of each audited entry's first N tokens (what `kvgraft run --prefix` "
-                         "and the vLLM connector graft): under its recorded schedule, and against a prefill of the N "
-                         "tokens alone.")] = None,
+    release: ReleaseArg, model: ReleaseModelOpt = None, device: ReplayDeviceOpt = None, dtype: ReplayDtypeOpt = None,
+    attn: ReplayAttnOpt = None, threads: ReplayThreadsOpt = None, require: RequireOpt = "exact", entry: EntriesOpt = None,
+    probe: ProbeTextOpt = None, force: ForceOpt = False, chunk: ChunkOpt = None, one_shot: OneShotOpt = False,
+    json_out: OutOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
+    executor: ExecutorOpt = "local", ray_address: RayAddressOpt = None, ship: ShipOpt = False, workers: WorkersOpt = None,
+    key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None, offline: OfflineOpt = False,
+    oms_signature: OmsSignatureOpt = None, require_signature: RequireSignatureOpt = False,
+    sample: SampleOpt = None, nonce: SampleNonceOpt = None, target_fraction: TargetFractionOpt = None,
+    journal: JournalOpt = None, prefix: PrefixOpt = None,
 ) -> None:
-    """Recompute fresh KV states and compare them with the release, bit for bit, by KL and by the noise bound.
+    """`audit recompute` (RECOMPUTE_HELP): kvgraft.audit.single.recompute with these options, its result rendered."""
+    from kvgraft.audit import single
+    from kvgraft.execution.options import ExecutorOptions
+    from kvgraft.inference.reapply import Conditions
 
-    Replays the recorded conditions (device where present, dtype, attention, threads, deterministic
-    flags, schedule); options override one and are recorded as overrides. Each entry is byte-exact,
-    consistent (inside the noise bound measured here) or inconsistent. Exit 0 when the --require
-    is met, 4 when not, 3 for a model of another identity, 2 when the release cannot be read (or, with
-    --executor ray, when entries could not be run), 1 when stored bytes do not match their commitments.
-    With --out (or --journal) each judged entry is recorded as it lands: an interrupted audit, rerun
-    with the same command, resumes from it and judges no entry twice; no result is written until every
-    entry is judged. A resumed journal must match this run (release root, entries, settings, nonce) and
-    each result read back is re-judged from its recorded comparisons; the output says how many results
-    were resumed and from which file, and a nonce taken from it is reported as such. With --prefix N a
-    graft of each entry's first N tokens is judged as well (journaled with the entries): under the schedule
-    that made its rows (a prefill of all the entry's tokens), and against a prefill of the N tokens alone;
-    its verdict counts in the release's.
-    """
-    from kvgraft.inference.models import check_options
-
-    check_options(device=device, dtype=dtype, attn=attn)  # before torch is imported
-    from kvgraft._internal.jsonio import check_writable
-
-    for output in (json_out, journal):  # before torch or a model loads (the default journal is beside --out)
-        if output is not None:
-            check_writable(output)
-    if journal is not None or json_out is not None:
-        from kvgraft.execution.journal import header
-
-        header(journal or Path(f"{json_out}.journal"))  # absent, or a journal: never a file kvgraft did not write
-    from kvgraft import sampling
-    from kvgraft.audit import plan
-    from kvgraft.audit.checks import run_check
-    from kvgraft.audit.context import Context
-    from kvgraft.execution.executor import NotAuditedError
-    from kvgraft.inference import reapply
-    from kvgraft.inference.models import for_release
-    from kvgraft.recompute import audit as recompute
-    from kvgraft.signing.verify import signature_sentence, verified
-
-    recompute.check_requirement(require)
-    if prefix is not None:
-        from kvgraft.recompute.prefix import check_tokens
-
-        check_tokens(prefix)
-    # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
-    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
-    rel = checked.release
-    model = for_release(rel.manifest["model"], model, force=force)
-    if target_fraction is not None:
-        if sample is not None:
-            raise InputError("--sample and --target-fraction exclude each other")
-        sample = sampling.sample_size(target_fraction, rel.num_entries)
-        say(f"--target-fraction {target_fraction:g}: a sample of {sample:,} of {rel.num_entries:,} entries bounds the "
-            f"failing entries at {sampling.pct(target_fraction)} (95%) when none of them fails", error=True)
-    override = reapply.schedule_override(rel.manifest["schedule"], chunk=chunk, one_shot=one_shot)
-    recorded = rel.manifest["environment"]
-    dev, dt, at = reapply.load_options(recorded, device=device, dtype=dtype, attn=attn)
-    overrides = reapply.overrides_given(recorded, device=device, dtype=dtype, attn=attn, threads=threads)
-    n_threads = reapply.thread_count(recorded, dev, threads=threads)
-    journal = journal or (Path(f"{json_out}.journal") if json_out else None)
-    # The recompute check as `audit run` runs it, its settings from these options (kvgraft.audit.checks.recompute).
-    settings: dict[str, Any] = {"entries": entry, "probe": probe, "force": force, "schedule": override,
-                                "overrides": overrides, "require": require, "sample": sample, "nonce": nonce,
-                                "journal": journal, "prefix": prefix}
-    with make_executor(executor, model, dev, dt, at, address=ray_address, workers=workers, ship=ship,
-                       threads=threads) as ex:
-        ex.reapply_threads(n_threads)  # Ray actors start with the recorded thread count (num_cpus = threads)
-        lm = ex.model(lambda: load_model(model, dev, dt, at))
-        with progress_bar(quiet) as tick:
-            ctx = Context(plan.single("recompute", settings, model=model), lm, Path.cwd(), _silent, ex, checked)
-            try:
-                result = run_check(ctx, "recompute", {**settings, "on_progress": tick}).result
-            except (KeyboardInterrupt, NotAuditedError):
-                if journal is not None and journal.exists():
-                    say(f"kvgraft: audit interrupted; the entries judged so far are recorded in {journal}: rerun the "
-                        "same command to resume (no result was written)", error=True)
-                raise
-    resumed = recompute.resumed_statement(result["cost"])
-    if resumed:  # even with --quiet: results this run did not compute are in what it reports
-        say(f"kvgraft: note: {resumed}", error=True)
-    if json_out:
-        from kvgraft._internal.jsonio import write_json
-
-        write_json(json_out, result)
-    if journal is not None:
-        journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
+    settings = single.RecomputeSettings(release, model, Conditions(device, dtype, attn, threads, chunk, one_shot), require,
+                                        entry, probe, force, sample, nonce, target_fraction, journal, json_out, prefix)
+    trust = Trust(key, identity, issuer, offline, oms_signature, require_signature)
+    result = single.recompute(settings, policy=trust.policy, executor=ExecutorOptions(executor, ray_address, workers, ship),
+                              load=load_model, progress=lambda: progress_bar(quiet), note=lambda m: say(m, error=True))
     if as_json:
         echo_json(result)
     elif not quiet:
-        from kvgraft.audit.checks.recompute import cost_line
-        from kvgraft.audit.render_report import check_renderables
-
-        for r in check_renderables("recompute", result, out):
-            out.print(r)
-        line = cost_line(result)
-        if line:
-            say(line)
-        say(f"release signature: {signature_sentence(result.get('release_signature'))}")
+        _render_recompute(result)
     exit_with(result["status"])
 
 
-def release_policy(key: list[Path] | None, identity: str | None, issuer: str | None, offline: bool,
-                   oms_signature: Path | None, require_signature: bool) -> VerifyPolicy:
-    """The policy of `kvgraft verify`'s trust options, as the single-check commands that read a release take them."""
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.sigstore import SigstoreTrust
+def _render_recompute(result: dict[str, Any]) -> None:
+    from kvgraft.audit.checks.recompute import cost_line
+    from kvgraft.audit.render_report import check_renderables
+    from kvgraft.signing.verify import signature_sentence
 
-    return keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                       require_signature=require_signature, oms_signature=oms_signature)
-
-
-def _silent(_message: str) -> None:
-    """A single-check command's progress lines: none (its bar and its result say what happens)."""
+    for r in check_renderables("recompute", result, out):
+        out.print(r)
+    line = cost_line(result)
+    if line:
+        say(line)
+    say(f"release signature: {signature_sentence(result.get('release_signature'))}")
 
 
 @contextlib.contextmanager
@@ -253,35 +156,32 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-@audit_app.command("sample")
+SAMPLE_HELP = """Re-derive an audit's sample from the release's root digest and the nonce (kvgraft.sampling).
+
+With --check, the sample a result or report records is derived again from this release and compared
+(exit 0 when equal, 1 when not); with --nonce and --size, the sample is printed, one entry id a line.
+Needs no model and no torch. The release is opened as `kvgraft verify` opens it, under the same trust
+options (exit 1 for a wrong signer, a missing or stale signature); --check states what was checked of its
+signature."""
+CheckSampleOpt = Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
+                                                                     "sample from this release and compare.")]
+
+
+@audit_app.command("sample", help=SAMPLE_HELP)
 @handled
 def sample_cmd(
-    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
-    nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce.")] = None,
+    release: ReleaseArg, nonce: Annotated[str | None, typer.Option("--nonce", help="The auditor's nonce.")] = None,
     size: Annotated[int | None, typer.Option("--size", help="Sample size (with --nonce).")] = None,
-    check: Annotated[Path | None, typer.Option("--check", help="A recompute result or audit report: re-derive its "
-                                                               "sample from this release and compare.")] = None,
-    key: KeysOpt = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
-    offline: OfflineOpt = False,
-    oms_signature: OmsSignatureOpt = None,
-    require_signature: RequireSignatureOpt = False,
+    check: CheckSampleOpt = None, key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None,
+    offline: OfflineOpt = False, oms_signature: OmsSignatureOpt = None, require_signature: RequireSignatureOpt = False,
 ) -> None:
-    """Re-derive an audit's sample from the release's root digest and the nonce (kvgraft.sampling).
-
-    With --check, the sample a result or report records is derived again from this release and compared
-    (exit 0 when equal, 1 when not); with --nonce and --size, the sample is printed, one entry id a line.
-    Needs no model and no torch. The release is opened as `kvgraft verify` opens it, under the same trust
-    options (exit 1 for a wrong signer, a missing or stale signature); --check states what was checked of its
-    signature.
-    """
+    """`audit sample` (SAMPLE_HELP)."""
     from kvgraft import sampling
     from kvgraft._internal.jsonio import load_file
     from kvgraft.signing.verify import signature_sentence, signature_statement, verified
 
     # Opened as `kvgraft verify` opens it with the same options: signature, statement, manifest (no entry bytes).
-    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
+    checked = verified(release, Trust(key, identity, issuer, offline, oms_signature, require_signature).policy())
     rel = checked.release
     # Ids and token counts come from the manifest (the root binds them): no index shard is read.
     root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()
@@ -330,11 +230,12 @@ def claims_cmd(
     from kvgraft.audit import plan
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, absent
+    from kvgraft.audit.single import silent
 
     # The claims check as `audit run` runs it (kvgraft.audit.checks.claims), against --measured instead of this
     # audit's recompute check; it reads no model and no release.
     settings: dict[str, Any] = {"file": str(claims_file), "measured": measured}
-    ctx = Context(plan.single("claims", settings), absent("model"), Path.cwd(), _silent, absent("executor"),
+    ctx = Context(plan.single("claims", settings), absent("model"), Path.cwd(), silent, absent("executor"),
                   absent("release"))
     result = run_check(ctx, "claims", settings, "claims check result").result
     if as_json:
@@ -367,12 +268,13 @@ def determinism_cmd(
     from kvgraft.audit.checks import run_check
     from kvgraft.audit.context import Context, absent
     from kvgraft.audit.render_report import check_renderables
+    from kvgraft.audit.single import silent
 
     if json_out is not None:
         check_writable(json_out)
     # The determinism check as `audit run` runs it (kvgraft.audit.checks.determinism): it loads its own models.
     settings: dict[str, Any] = {"length": length, "gpu": gpu}
-    ctx = Context(plan.single("determinism", settings, model=model), absent("model"), Path.cwd(), _silent,
+    ctx = Context(plan.single("determinism", settings, model=model), absent("model"), Path.cwd(), silent,
                   absent("executor"), absent("release"))
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("conditions", total=None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,8 +11,21 @@ from kvgraft.cli._base import DeviceOpt, audit_app, echo_json, err, exit_with, h
 from kvgraft.cli.audit import RayAddressOpt, ShipOpt, WorkersOpt
 from kvgraft.render.text import plain
 
+if TYPE_CHECKING:
+    from kvgraft.audit.run import Outcome
 
-@audit_app.command("run")
+
+RUN_HELP = """Run every check a plan names; write, sign and show one audit report.
+
+Exit 0 when the report's verdict is passed; 4 when the audit completed and its verdict is failed
+(a check failed, or a claim is contradicted or inconsistent); 6 when it is incomplete (a check reached
+no verdict); 1 when verification failed before a report could be made; 2 on unusable input; 3 for a
+model of another identity."""
+PlanExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local or ray (default: the plan's [executor] table, "
+                                                                        "else local).")]
+
+
+@audit_app.command("run", help=RUN_HELP)
 @handled
 def audit_run_cmd(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Audit plan TOML, e.g. audit/demo.toml.")],
@@ -20,19 +33,9 @@ def audit_run_cmd(
     device: DeviceOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no report rendering.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON instead of rendering it.")] = False,
-    executor: Annotated[str | None, typer.Option("--executor", help="local or ray (default: the plan's [executor] "
-                                                                    "table, else local).")] = None,
-    ray_address: RayAddressOpt = None,
-    ship: ShipOpt = False,
-    workers: WorkersOpt = None,
+    executor: PlanExecutorOpt = None, ray_address: RayAddressOpt = None, ship: ShipOpt = False, workers: WorkersOpt = None,
 ) -> None:
-    """Run every check a plan names; write, sign and show one audit report.
-
-    Exit 0 when the report's verdict is passed; 4 when the audit completed and its verdict is failed
-    (a check failed, or a claim is contradicted or inconsistent); 6 when it is incomplete (a check reached
-    no verdict); 1 when verification failed before a report could be made; 2 on unusable input; 3 for a
-    model of another identity.
-    """
+    """`audit run` (RUN_HELP): kvgraft.audit.run.run on the plan, its report shown."""
     import time
 
     from rich.text import Text
@@ -53,15 +56,20 @@ def audit_run_cmd(
     if as_json:
         echo_json(outcome.report)
     elif not quiet:
-        from kvgraft.audit.render_report import print_report
-
-        print_report(outcome.report, out, path=str(outcome.report_path))
-        out.print(f"report   {outcome.report_path}")
-        out.print(f"html     {outcome.html}")
-        if outcome.bundle_path:
-            out.print(f"signed   {outcome.bundle_path}")
-            key = f" --key {outcome.public_key}" if outcome.public_key else ""
-            # One line however narrow the terminal: a command wrapped by us would break when pasted.
-            out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}",
-                      soft_wrap=True)
+        _show(outcome)
     exit_with(outcome.report["verdict"]["status"])
+
+
+def _show(outcome: Outcome) -> None:
+    """The report rendered, where its files are, and the command that checks it."""
+    from kvgraft.audit.render_report import print_report
+
+    print_report(outcome.report, out, path=str(outcome.report_path))
+    out.print(f"report   {outcome.report_path}")
+    out.print(f"html     {outcome.html}")
+    if outcome.bundle_path:
+        out.print(f"signed   {outcome.bundle_path}")
+        key = f" --key {outcome.public_key}" if outcome.public_key else ""
+        # One line however narrow the terminal: a command wrapped by us would break when pasted.
+        out.print(f"check it: kvgraft report verify {outcome.report_path}{key} --release {outcome.release}",
+                  soft_wrap=True)

@@ -8,25 +8,22 @@ from typing import Annotated, Any
 import typer
 
 from kvgraft.cli._base import (
-    RELEASE_HELP,
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
-    IdentityOpt,
-    IssuerOpt,
-    KeysOpt,
     ModelOpt,
-    OfflineOpt,
+    ReleaseArg,
     ReleaseModelOpt,
-    RequireSignatureOpt,
     app,
     echo_json,
     err,
     handled,
     load_model,
+    model_progress,
     out,
     say,
 )
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 from kvgraft.render.text import plain
 
@@ -74,73 +71,51 @@ def capture(
     out.print(f"root digest {manifest['root_digest']}")
 
 
-@app.command("run")
+RUN_HELP = """Check the release, graft a stored cache, then continue greedily; print the continuation and token ledger.
+
+Checks what opening a release checks (its signature under --key or a Sigstore identity, the
+statement, manifest.json and the index: docs/verification.md), then the grafted entry's file: its
+size, header and every tensor's SHA-256 as it is read. Other entries' files are not read: `kvgraft
+verify` checks every file. Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
+as `audit recompute` does, and says which recorded conditions differ here. With --prefix it says
+which entry's first N tokens it grafted and the schedule of those rows (a prefill of all the
+entry's tokens), or that nothing matched and the whole prompt was prefilled."""
+EntryOpt = Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")]
+PromptOpt = Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: the "
+                                                                "whole prompt).")]
+PrefixOpt = Annotated[bool, typer.Option("--prefix", help="Instead of --entry: graft the longest block-aligned prefix of the "
+                                                          "prompt that some entry starts with, prefill the rest.")]
+MaxNewTokensOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Decode at most N tokens after the graft (0: "
+                                                                              "graft only).")]
+RecordedDtypeOpt = Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the release's "
+                                                                      "recorded dtype).")]
+RecordedAttnOpt = Annotated[str | None, typer.Option("--attn", help="eager or sdpa (default: the release's recorded attention "
+                                                                    "kernel).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")]
+
+
+@app.command("run", help=RUN_HELP)
 @handled
 def run_cmd(
-    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
-    entry: Annotated[str | None, typer.Option("--entry", "-e", help="Entry id to graft.")] = None,
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to feed after the grafted prefix (with --prefix: "
-                                                               "the whole prompt).")] = "",
-    prefix: Annotated[bool, typer.Option("--prefix", help="Instead of --entry: graft the longest block-aligned prefix "
-                                                          "of the prompt that some entry starts with, prefill the "
-                                                          "rest.")] = False,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Decode at most N tokens after the "
-                                                                               "graft (0: graft only).")] = 64,
-    model: ReleaseModelOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the release's "
-                                                              "recorded dtype).")] = None,
-    attn: Annotated[str | None, typer.Option("--attn", help="eager or sdpa (default: the release's recorded attention "
-                                                            "kernel).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Graft even into a model with another identity.")] = False,
-    key: KeysOpt = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
-    offline: OfflineOpt = False,
+    release: ReleaseArg, entry: EntryOpt = None, prompt: PromptOpt = "", prefix: PrefixOpt = False,
+    max_new_tokens: MaxNewTokensOpt = 64, model: ReleaseModelOpt = None, device: DeviceOpt = "auto",
+    dtype: RecordedDtypeOpt = None, attn: RecordedAttnOpt = None, force: ForceOpt = False, key: KeysOpt = None,
+    identity: IdentityOpt = None, issuer: IssuerOpt = None, offline: OfflineOpt = False,
     require_signature: RequireSignatureOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Check the release, graft a stored cache, then continue greedily; print the continuation and token ledger.
+    """`kvgraft run` (RUN_HELP): kvgraft.inference.run.run with these options, its continuation and ledger shown."""
+    from kvgraft.inference.reapply import Conditions
+    from kvgraft.inference.run import RunSettings, run
 
-    Checks what opening a release checks (its signature under --key or a Sigstore identity, the
-    statement, manifest.json and the index: docs/verification.md), then the grafted entry's file: its
-    size, header and every tensor's SHA-256 as it is read. Other entries' files are not read: `kvgraft
-    verify` checks every file. Replays the release's recorded dtype and attention kernel unless --dtype or --attn says otherwise,
-    as `audit recompute` does, and says which recorded conditions differ here. With --prefix it says
-    which entry's first N tokens it grafted and the schedule of those rows (a prefill of all the
-    entry's tokens), or that nothing matched and the whole prompt was prefilled.
-    """
-    from kvgraft.inference.models import check_options
-
-    # Refused before anything heavy is imported (torch alone takes seconds): a typo costs nothing.
-    check_options(device=device, dtype=dtype, attn=attn)
-    if max_new_tokens < 0:
-        raise InputError(f"--max-new-tokens {max_new_tokens}: expected 0 or more")
-    from kvgraft.inference import graft, reapply
-    from kvgraft.inference.models import for_release
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.sigstore import SigstoreTrust
-    from kvgraft.signing.verify import verified
-
-    # Verified before the model loads: a release verify refuses costs no model load, and grafts nothing.
-    policy = keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                         require_signature=require_signature)
-    if prefix == (entry is not None):
-        raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
-    checked = verified(release, policy)
-    rel = checked.release
-    if entry is not None:
-        rel.entry(entry)  # an unknown entry is refused before the model loads
-    else:
-        graft.check_prefix_usable(rel)  # so is a release no prefix can be grafted from
-    spec = for_release(rel.manifest["model"], model, force=force)
-    _, dt, at = reapply.load_options(rel.manifest["environment"], device=device, dtype=dtype, attn=attn)
-    lm = load_model(spec, device, dt, at)
-    result = graft.run(checked, entry, lm, prompt, max_new_tokens=max_new_tokens, force=force,
-                       attn=attn, dtype=dtype, prefix=prefix)
+    settings = RunSettings(release, entry, prompt, prefix, max_new_tokens, model, Conditions(device, dtype, attn), force)
+    trust = Trust(key, identity, issuer, offline, require_signature=require_signature)
+    checked, result = run(settings, trust.policy, progress=model_progress)
     for warning in checked.warnings:  # after success: a failed run prints its one error line only
         say(f"kvgraft: note: {warning}", error=True)
-    say(f"kvgraft: note: conditions: {reapply.summary(result.ledger['conditions'])}", error=True)
+    from kvgraft.inference.reapply import summary
+
+    say(f"kvgraft: note: conditions: {summary(result.ledger['conditions'])}", error=True)
     if prefix:
         say(f"kvgraft: note: {prefix_words(result.ledger)}", error=True)
     if as_json:

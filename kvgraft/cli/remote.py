@@ -7,18 +7,8 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import (
-    RELEASE_HELP,
-    IdentityOpt,
-    IssuerOpt,
-    KeysOpt,
-    OfflineOpt,
-    RequireSignatureOpt,
-    app,
-    echo_json,
-    handled,
-    say,
-)
+from kvgraft.cli._base import ReleaseArg, app, echo_json, handled, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -26,41 +16,38 @@ cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(cache_app, name="cache")
 
 
-@app.command("pull")
+PULL_HELP = """Copy some entries of a release into a local folder, each file checked against the signed root first.
+
+The folder keeps the release's manifest and signatures, so `kvgraft verify OUT --key ...` verifies it
+as the release: every present entry checked, the absent ones named absent by kvgraft-subset.json."""
+PullEntriesOpt = Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="An entry to pull (repeatable).")]
+PullSampleOpt = Annotated[int | None, typer.Option(
+    "--sample", metavar="N", help="Pull N entries drawn from the release's root digest and --nonce (the draw `audit "
+                                  "recompute --sample` makes).")]
+
+
+@app.command("pull", help=PULL_HELP)
 @handled
 def pull_cmd(
-    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
+    release: ReleaseArg,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder to create: the subset, itself a release.")],
-    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", metavar="ID", help="An entry to pull (repeatable).")] = None,
-    sample: Annotated[int | None, typer.Option(
-        "--sample", metavar="N", help="Pull N entries drawn from the release's root digest and --nonce (the draw "
-                                      "`audit recompute --sample` makes).")] = None,
+    entry: PullEntriesOpt = None, sample: PullSampleOpt = None,
     nonce: Annotated[str | None, typer.Option("--nonce", metavar="X", help="The auditor's nonce for --sample.")] = None,
-    key: KeysOpt = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
-    offline: OfflineOpt = False,
+    key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None, offline: OfflineOpt = False,
     require_signature: RequireSignatureOpt = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
 ) -> None:
-    """Copy some entries of a release into a local folder, each file checked against the signed root first.
-
-    The folder keeps the release's manifest and signatures, so `kvgraft verify OUT --key ...` verifies it
-    as the release: every present entry checked, the absent ones named absent by kvgraft-subset.json.
-    """
+    """`pull` (PULL_HELP)."""
     from kvgraft import sampling
     from kvgraft.remote import subset
     from kvgraft.remote.location import redact
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import verified, verify_release
 
     if (sample is None) == (not entry):
         raise InputError("name the entries to pull: --entry ID (repeatable), or --sample N --nonce X")
     if sample is not None and nonce is None:
         raise InputError("--sample needs --nonce (the draw is the one `audit recompute --sample N --nonce X` makes)")
-    policy = keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
-                           require_signature=require_signature)
+    policy = Trust(key, identity, issuer, offline, require_signature=require_signature).policy()
     checked = verified(release, policy)
     rel = checked.release
     drawn = None

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import IdentityOpt, IssuerOpt, echo_json, handled, out, report_app, say
+from kvgraft.cli._base import echo_json, handled, out, report_app, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt
 
 
 @report_app.command("show")
@@ -71,37 +72,40 @@ def report_verify_cmd(
         f"release signature {signature_sentence(result.report.get('release_signature'))}")
 
 
-@report_app.command("compare")
+COMPARE_HELP = """Verify each report's signature and binding, group them by release and model, and show the replications side
+by side: verdicts per check and per entry, disagreements located and labelled, and the combined sampled bound.
+
+Exit 0 when the trusted replications agree, 9 when an entry's verdicts differ in a way their recorded
+conditions do not explain, 1 when a report fails verification (refused, named; or listed with
+--allow-unverified), 2 on unusable input (docs/replications.md)."""
+ReportsArg = Annotated[list[str], typer.Argument(
+    metavar="REPORT", help="Audit reports: files, folders (each */report.json), or http(s)://, hf:// or s3:// locations of "
+                           "report files (folders where the location can be listed).")]
+ReportKeysOpt = Annotated[list[Path] | None, typer.Option("--key", "-k", metavar="PEM", help="A public key trusted to sign "
+                                                                                             "reports (repeatable).")]
+AllowUnverifiedOpt = Annotated[bool, typer.Option(
+    "--allow-unverified", help="List reports that fail verification as unverified, with why, instead of refusing them; they "
+                               "are left out of every comparison.")]
+DetailsOpt = Annotated[bool, typer.Option("--details", help="Also each replication's signer, environment, checks and every "
+                                                            "entry recomputed by two or more.")]
+CompareOutOpt = Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Also write the result as JSON "
+                                                                                  "(schemas/report-compare.v1.json).")]
+
+
+@report_app.command("compare", help=COMPARE_HELP)
 @handled
 def compare_cmd(
-    reports: Annotated[list[str], typer.Argument(
-        metavar="REPORT", help="Audit reports: files, folders (each */report.json), or http(s)://, hf:// or s3:// "
-                                  "locations of report files (folders where the location can be listed).")],
-    key: Annotated[list[Path] | None, typer.Option(
-        "--key", "-k", metavar="PEM", help="A public key trusted to sign reports (repeatable).")] = None,
-    identity: IdentityOpt = None,
-    issuer: IssuerOpt = None,
+    reports: ReportsArg, key: ReportKeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None,
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="Use the embedded Sigstore trust root.")] = False,
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="Sigstore trusted root JSON.")] = None,
-    allow_unverified: Annotated[bool, typer.Option(
-        "--allow-unverified", help="List reports that fail verification as unverified, with why, instead of refusing "
-                                   "them; they are left out of every comparison.")] = False,
-    details: Annotated[bool, typer.Option("--details", help="Also each replication's signer, environment, checks and "
-                                                            "every entry recomputed by two or more.")] = False,
+    allow_unverified: AllowUnverifiedOpt = False, details: DetailsOpt = False,
     html_out: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML page here.")] = None,
-    json_out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Also write the result as JSON "
-                                                                               "(schemas/report-compare.v1.json).")] = None,
+    json_out: CompareOutOpt = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing --html and --out files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of rendering it.")] = False,
 ) -> None:
-    """Verify each report's signature and binding, group them by release and model, and show the replications side
-    by side: verdicts per check and per entry, disagreements located and labelled, and the combined sampled bound.
-
-    Exit 0 when the trusted replications agree, 9 when an entry's verdicts differ in a way their recorded
-    conditions do not explain, 1 when a report fails verification (refused, named; or listed with
-    --allow-unverified), 2 on unusable input (docs/replications.md).
-    """
+    """`report compare` (COMPARE_HELP)."""
     from kvgraft._internal.jsonio import check_writable, refuse_existing, write_atomic, write_json
     from kvgraft.audit.render_compare import renderables, to_html
     from kvgraft.errors import EXIT_DISAGREE

@@ -6,23 +6,18 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvgraft.cli._base import (
-    EXIT_INTERNAL,
-    RELEASE_HELP,
-    KeysOpt,
-    OmsSignatureOpt,
-    RequireSignatureOpt,
-    _state,
-    app,
-    echo_json,
-    handled,
-    say,
-)
+from kvgraft.cli._base import EXIT_INTERNAL, ReleaseArg, _state, app, echo_json, handled, say
+from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import Error, InputError
+
+if TYPE_CHECKING:
+    from kvgraft.signing.keys import PrivateKey
+    from kvgraft.signing.sign import Signed
+    from kvgraft.signing.verify import VerifyResult
 
 PassphraseEnvOpt = Annotated[
     str | None, typer.Option("--passphrase-env", metavar="VAR", help="Read the key passphrase from environment variable VAR.")]
@@ -75,22 +70,25 @@ def keygen(
     say(f"public key  {public} (key id {key_id(load_public_key(public))}: {KEY_ID_IS})")
 
 
+SignKeyOpt = Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")]
+SigstoreOpt = Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")]
+SignStagingOpt = Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")]
+IdentityTokenOpt = Annotated[str | None, typer.Option(
+    "--identity-token", envvar="SIGSTORE_IDENTITY_TOKEN",
+    help="An OIDC token for keyless signing (default: the CI's ambient credential, else a browser flow).")]
+
+
 @app.command()
 @handled
 def sign(
-    release: Annotated[Path, typer.Argument(metavar="RELEASE", help="Cache release folder.")],
-    key: Annotated[Path | None, typer.Option("--key", "-k", help="PEM private key (offline signing).")] = None,
-    sigstore: Annotated[bool, typer.Option("--sigstore", help="Keyless signing with Sigstore (online, OIDC).")] = False,
-    staging: Annotated[bool, typer.Option("--staging", help="Use Sigstore's staging instance.")] = False,
-    identity_token: Annotated[str | None, typer.Option(
-        "--identity-token", envvar="SIGSTORE_IDENTITY_TOKEN",
-        help="An OIDC token for keyless signing (default: the CI's ambient credential, else a browser flow).")] = None,
+    release: Annotated[Path, typer.Argument(metavar="RELEASE", help="Cache release folder.")], key: SignKeyOpt = None,
+    sigstore: SigstoreOpt = False, staging: SignStagingOpt = False, identity_token: IdentityTokenOpt = None,
     passphrase_env: PassphraseEnvOpt = None,
 ) -> None:
     """Attest a release: write RELEASE/release.sigstore.json (in-toto statement, DSSE, Sigstore bundle v0.3)."""
     from kvgraft._internal.jsonio import check_writable
-    from kvgraft.signing import keys, sign
-    from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
+    from kvgraft.signing import sign
+    from kvgraft.signing.attest import BUNDLE_NAME
 
     _quiet_sigstore()
     if (key is None) == (not sigstore):
@@ -100,21 +98,34 @@ def sign(
     check_writable(release / BUNDLE_NAME)  # before the release is hashed
     check_writable(release)  # its lock and the signature files' temp files lie beside it
     if key is not None:
-        passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
-        try:
-            private = keys.load_private_key(key, passphrase)
-        except keys.EncryptedKeyError:
-            if not sys.stdin.isatty():
-                raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
-            private = keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
-        signed = sign.sign_release(release, private)
+        signed = sign.sign_release(release, _private_key(key, passphrase_env))
     else:
         signed = sign.sign_release_sigstore(release, staging=staging, identity_token=identity_token)
+    _say_signed(release, signed, by_key=key is not None)
+
+
+def _private_key(key: Path, passphrase_env: str | None) -> PrivateKey:
+    """The private key of `sign --key`: its passphrase from --passphrase-env, else asked for on a terminal."""
+    from kvgraft.signing import keys
+
+    passphrase = _passphrase_from_env(passphrase_env) if passphrase_env is not None else None
+    try:
+        return keys.load_private_key(key, passphrase)
+    except keys.EncryptedKeyError:
+        if not sys.stdin.isatty():
+            raise InputError(f"{key}: the private key is encrypted; pass --passphrase-env VAR") from None
+        return keys.load_private_key(key, typer.prompt("passphrase", hide_input=True, err=True).encode())
+
+
+def _say_signed(release: Path, signed: Signed, *, by_key: bool) -> None:
+    from kvgraft.signing.attest import OMS_NAME
+    from kvgraft.signing.keys import KEY_ID_IS
+
     root_digest = signed.statement["predicate"]["root_digest"]
     # The files checked, as `kvgraft verify` counts them (the statement names fewer: format 2 binds the
     # entry files through the index files it names).
     say(f"signed {release} ({signed.files} files, root digest {root_digest})")
-    say(f"signer {f'key {signed.signer} ({keys.KEY_ID_IS})' if key is not None else signed.signer}")
+    say(f"signer {f'key {signed.signer} ({KEY_ID_IS})' if by_key else signed.signer}")
     say(f"bundle {signed.bundle}")
     if signed.oms is not None:
         say(f"oms    {signed.oms} (OpenSSF model signing v1.0: model_signing verify key --signature {signed.oms} "
@@ -124,43 +135,39 @@ def sign(
             f"manifest: signed by {OMS_NAME} only)")
 
 
+TrustedRootOpt = Annotated[Path | None, typer.Option(
+    "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")]
+DeepOpt = Annotated[bool, typer.Option("--deep", help="Also read and hash every tensor again (the default pass checks each "
+                                                      "tensor's sha256 as it reads its file).")]
+VerifyEntriesOpt = Annotated[list[str] | None, typer.Option(
+    "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")]
+VerifySampleOpt = Annotated[int | None, typer.Option(
+    "--sample", metavar="N", help="Check the signature, the manifest and every index record, and the bytes of N entries "
+                                  "drawn from the signed root digest and --nonce (the draw of `audit recompute --sample`); "
+                                  "states the 95% bound on damaged entries.")]
+VerifyNonceOpt = Annotated[str | None, typer.Option(
+    "--nonce", metavar="X", help="The nonce the --sample draw uses, e.g. the commit id a CI job runs on (default: a fresh "
+                                 "random one, printed).")]
+
+
 @app.command()
 @handled
 def verify(
-    release: Annotated[str, typer.Argument(metavar="RELEASE", help=RELEASE_HELP)],
-    key: KeysOpt = None,
-    identity: Annotated[str | None, typer.Option("--certificate-identity", help="Sigstore: required signer identity.")] = None,
-    issuer: Annotated[str | None, typer.Option("--certificate-oidc-issuer", help="Sigstore: required OIDC issuer.")] = None,
-    trusted_root: Annotated[Path | None, typer.Option(
-        "--trusted-root", help="Sigstore TrustedRoot or ClientTrustConfig JSON (instead of production/staging).")] = None,
+    release: ReleaseArg, key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None,
+    trusted_root: TrustedRootOpt = None,
     staging: Annotated[bool, typer.Option("--staging", help="Sigstore staging trust root.")] = False,
     offline: Annotated[bool, typer.Option("--offline", help="No network: the embedded or cached trust root.")] = False,
-    deep: Annotated[bool, typer.Option("--deep", help="Also read and hash every tensor again (the default pass checks "
-                                                      "each tensor's sha256 as it reads its file).")] = False,
-    entry: Annotated[list[str] | None, typer.Option(
-        "--entry", metavar="ID", help="Check the signature, the manifest and only this entry's file (repeatable).")] = None,
-    sample: Annotated[int | None, typer.Option(
-        "--sample", metavar="N", help="Check the signature, the manifest and every index record, and the bytes of N "
-                                      "entries drawn from the signed root digest and --nonce (the draw of `audit "
-                                      "recompute --sample`); states the 95% bound on damaged entries.")] = None,
-    nonce: Annotated[str | None, typer.Option(
-        "--nonce", metavar="X", help="The nonce the --sample draw uses, e.g. the commit id a CI job runs on (default: "
-                                     "a fresh random one, printed).")] = None,
-    require_signature: RequireSignatureOpt = False,
-    oms_signature: OmsSignatureOpt = None,
+    deep: DeepOpt = False, entry: VerifyEntriesOpt = None, sample: VerifySampleOpt = None, nonce: VerifyNonceOpt = None,
+    require_signature: RequireSignatureOpt = False, oms_signature: OmsSignatureOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.signing.policy import keys_policy
-    from kvgraft.signing.sigstore import SigstoreTrust
     from kvgraft.signing.verify import failure_dict, verify_release
 
     _quiet_sigstore()
-    trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
+    trust = Trust(key, identity, issuer, offline, oms_signature, require_signature, staging, trusted_root)
     try:
-        # each key must verify one of the signatures, so a stray one fails
-        policy = keys_policy(key, identity=identity, issuer=issuer, trust=trust, require_signature=require_signature,
-                             oms_signature=oms_signature)
+        policy = trust.policy()
         result = verify_release(release, policy=policy, deep=deep, entries=entry or None, sample=sample,
                                 nonce=nonce)
     except Exception as exc:
@@ -173,6 +180,11 @@ def verify(
     if as_json:
         echo_json(result.as_dict())
         return
+    _say_verified(release, result, deep=deep)
+
+
+def _say_verified(release: str, result: VerifyResult, *, deep: bool) -> None:
+    """`kvgraft verify`'s lines: what was checked, what no signature covers, the bytes hashed, the root digest."""
     say(f"verified {release}")
     say(f"  signature    {result.signature.describe()}")
     if result.sample is not None and result.bound is not None:

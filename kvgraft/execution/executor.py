@@ -35,13 +35,14 @@ import os
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
+from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
@@ -84,13 +85,11 @@ def comparable(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `runtime.set_threads(threads)`."""
+    """What every worker loads: `models.load(spec, device=, dtype=, attn=)` after `runtime.set_threads(threads)`, all
+    four from `conditions`."""
 
     spec: str
-    device: str = "auto"
-    dtype: str = "float32"
-    attn: str = "sdpa"
-    threads: int | None = None
+    conditions: Conditions = DEFAULT_CONDITIONS
 
 
 class _ConfigOnly:
@@ -133,7 +132,7 @@ class Executor(ABC):
 
     def reapply_threads(self, threads: int | None) -> None:  # noqa: B027 - most executors set no threads
         """The torch thread count CPU units must run with (a release's recorded count), unless the user
-        fixed one. Ray actors are sized and started with it; in this process `replay.applied` sets it."""
+        fixed one. Ray actors are sized and started with it; in this process `reapply.applied` sets it."""
 
     @abstractmethod
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
@@ -231,8 +230,8 @@ class RayExecutor(Executor):
             raise InputError(f"max_retries must be >= 0, got {max_retries}")
         if inflight < 1:
             raise InputError(f"inflight must be >= 1, got {inflight}")
-        if model.threads is not None and model.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {model.threads}")
+        if model.conditions.threads is not None and model.conditions.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {model.conditions.threads}")
         self.spec = model
         self.address = address
         self.workers = workers
@@ -285,13 +284,13 @@ class RayExecutor(Executor):
             self._owns_ray = True
         resources = ray.cluster_resources()
         gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
-        device = self.spec.device
+        device = self.spec.conditions.device
         if device == "cuda" and gpus == 0:
             raise InputError("--device cuda: the Ray cluster has no GPUs")
         use_gpu = device == "cuda" or (device == "auto" and gpus > 0)
         self._use_gpu = use_gpu
         # CPU actors run with the thread count the units must replay (a release's record), else 1 each.
-        threads = self.spec.threads if self.spec.threads is not None else \
+        threads = self.spec.conditions.threads if self.spec.conditions.threads is not None else \
             (None if use_gpu else self._reapplied_threads or 1)
         if use_gpu:
             n = self.workers or gpus
@@ -307,8 +306,7 @@ class RayExecutor(Executor):
         from kvgraft.execution.ray_worker import Worker
 
         actor_cls = ray.remote(Worker).options(max_restarts=0, max_task_retries=0, **options)
-        spec = {"spec": self.spec.spec, "device": "cuda" if use_gpu else "cpu", "dtype": self.spec.dtype,
-                "attn": self.spec.attn, "threads": threads}
+        spec = {"spec": self.spec.spec, "conditions": self.worker_conditions(use_gpu, threads).payload()}
         self._cluster = {"address": self.address or os.environ.get("RAY_ADDRESS"), "started_here": self._owns_ray,
                          "resources": {"CPU": cpus, "GPU": gpus}, "worker_resources": options}
         self.actors = [actor_cls.remote(spec, i) for i in range(n)]
@@ -338,8 +336,12 @@ class RayExecutor(Executor):
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return self.start()
 
+    def worker_conditions(self, use_gpu: bool, threads: int | None) -> Conditions:
+        """What each actor loads and sets: this executor's conditions on the device and threads the pool gives it."""
+        return replace(self.spec.conditions, device="cuda" if use_gpu else "cpu", threads=threads)
+
     def fixed_threads(self) -> int | None:
-        return self.spec.threads
+        return self.spec.conditions.threads
 
     def reapply_threads(self, threads: int | None) -> None:
         """Size the CPU actors to `threads` (num_cpus) and start them with that many torch threads.
@@ -347,7 +349,7 @@ class RayExecutor(Executor):
         Kept when `--threads` (the spec) fixed a count; a pool already started with another count is
         restarted, so no unit runs with a thread count that changes its bytes.
         """
-        if self.spec.threads is not None or threads is None or threads == self._reapplied_threads:
+        if self.spec.conditions.threads is not None or threads is None or threads == self._reapplied_threads:
             return
         if threads < 1:
             raise InputError(f"recorded thread count {threads} is not >= 1")
@@ -526,7 +528,7 @@ def from_options(kind: str, model: ModelSpec, *, address: str | None = None, wor
         extra = [o for o, v in (("--ray-address", address), ("--workers", workers), ("--ship", ship)) if v]
         if extra:
             raise InputError(f"{', '.join(extra)} need(s) --executor ray")
-        return LocalExecutor(model.threads)
+        return LocalExecutor(model.conditions.threads)
     return RayExecutor(model, address=address, workers=workers, ship=ship, max_retries=max_retries)
 
 
@@ -543,5 +545,5 @@ def plan_options(table: dict[str, Any] | None, overrides: dict[str, Any] | None 
     return merged
 
 
-__all__ = ["KINDS", "Executor", "LocalExecutor", "ModelSpec", "NotAuditedError", "RayExecutor", "comparable",
-           "from_options", "plan_options", "remote_model"]
+__all__ = ["KINDS", "Executor", "LocalExecutor", "ModelSpec", "NotAuditedError",
+           "RayExecutor", "comparable", "from_options", "plan_options", "remote_model"]

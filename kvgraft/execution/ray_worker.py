@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import InputError, IntegrityError
+from kvgraft.inference.reapply import Conditions
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.policy import VerifyPolicy
 from kvgraft.signing.verify import VerifiedRelease, verified
@@ -77,9 +78,9 @@ class Worker:
         from kvgraft.inference.environment import record
         from kvgraft.inference.runtime import set_threads
 
-        threads = self.model_spec.get("threads")
-        if threads:
-            set_threads(int(threads))  # for the actor's lifetime: nothing to restore
+        conditions = Conditions.from_payload(self.model_spec["conditions"])
+        if conditions.threads:
+            set_threads(conditions.threads)  # for the actor's lifetime: nothing to restore
         spec = str(self.model_spec["spec"])
         # Actors on one node start together: the first converts the default model, the others wait for it.
         lock_dir = models.home()
@@ -87,8 +88,8 @@ class Worker:
         with (lock_dir / ".ray-worker-load.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             models.resolve(spec)
-        self.lm = models.load(spec, device=self.model_spec["device"], dtype=self.model_spec["dtype"],
-                              attn=self.model_spec["attn"])
+        device, dtype, attn = conditions.load_options({})  # the driver's, every one set
+        self.lm = models.load(spec, device=device, dtype=dtype, attn=attn)
         self.identity = self.lm.identity
         self.environment = record(self.lm.device, self.lm.dtype, self.lm.attn)
         ray = _ray()

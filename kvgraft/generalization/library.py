@@ -21,6 +21,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ from kvgraft.generalization import answers, problems
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.problems import Problem
 from kvgraft.inference.capture import capture as capture_release
-from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel
+from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 from kvgraft.inference.runtime import Decoded, Schedule, encode, eos_ids, prefill
 from kvgraft.inference.runtime import decode as capture_decode
 from kvgraft.inference.runtime import tokenize as capture_tokenize
@@ -330,6 +332,55 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
 
 
 # ---------------------------------------------------------------- reading a library back
+
+
+@dataclass(frozen=True)
+class LibraryBuild:
+    """`library build`'s options: the release folder, the problems and their split, how traces are obtained
+    (BuildSettings' fields, checked when the build starts), the capture schedule, the model and its conditions."""
+
+    out: Path
+    source: str = "gsm8k"
+    limit: int | None = None
+    library_fraction: float = 0.5
+    salt: str = "kvgraft"
+    synthetic_seed: int = 0
+    attempts: int = 3
+    temperature: float = 0.7
+    seed: int = 0
+    max_new_tokens: int = 256
+    use_reference: bool = True
+    generate: bool = True
+    chunk: int | None = None
+    probe: int = 0
+    overwrite: bool = False
+    model: str = DEFAULT_MODEL
+    conditions: Conditions = DEFAULT_CONDITIONS
+
+
+def build_from(b: LibraryBuild, *, load: Callable[[str, str, str, str], LoadedModel],
+               progress: Callable[[], AbstractContextManager[Callable[[int, int], None]]]) -> dict[str, Any]:
+    """`build` as `library build` asks for it: every option checked and the folder refused (an existing one without
+    `overwrite`) before the model loads; the model loaded (`load(model, device, dtype, attention)`) and the build run
+    under the torch thread count of `b.conditions`."""
+    from kvgraft.inference.runtime import threads as torch_threads
+
+    if not b.use_reference and not b.generate:
+        raise InputError("--no-reference and --no-generate leave no way to obtain a trace")
+    jsonio.refuse_existing(b.out, b.overwrite)  # before the model loads, not after
+    jsonio.check_writable(b.out)
+    all_problems, source = load_problems(b.source, b.limit, synthetic_seed=b.synthetic_seed)
+    settings = BuildSettings(attempts=b.attempts, temperature=b.temperature, seed=b.seed, max_new_tokens=b.max_new_tokens,
+                             use_reference=b.use_reference, generate=b.generate)
+    threads = b.conditions.threads
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
+    with torch_threads(threads):
+        lm = load(b.model, *b.conditions.load_options({}))
+        with progress() as tick:
+            return build(lm, all_problems, b.out, library_fraction=b.library_fraction, salt=b.salt, source=source,
+                         settings=settings, schedule=Schedule(chunk_tokens=b.chunk), probe_tokens=b.probe,
+                         overwrite=b.overwrite, progress=tick)
 
 
 def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[str, Any]]:

@@ -334,14 +334,15 @@ class Continuation:
 
 
 def model_for(release: VerifiedRelease, spec: str | None = None, *, device: str | None = None,
-              dtype: str | None = None, attn: str | None = None, progress: Any = None) -> LoadedModel:
-    """Load `spec` (default: the model the release records, `models.for_release`) the way the release was
-    recorded: its dtype and attention kernel unless given (and its device where this machine has it), as
-    `audit recompute` does (`kvgraft.inference.reapply.load_options`)."""
-    from kvgraft.inference import models, reapply
+              dtype: str | None = None, attn: str | None = None, force: bool = False, progress: Any = None) -> LoadedModel:
+    """Load `spec` (default: the model the release records, `models.for_release`; another identity only when
+    forced) the way the release was recorded: its dtype and attention kernel unless given (and its device where
+    this machine has it), as `audit recompute` does (`kvgraft.inference.reapply.Conditions.load_options`)."""
+    from kvgraft.inference import models
+    from kvgraft.inference.reapply import Conditions
 
-    dev, dt, at = reapply.load_options(release.manifest["environment"], device=device, dtype=dtype, attn=attn)
-    spec = models.for_release(release.manifest["model"], spec)
+    spec = models.for_release(release.manifest["model"], spec, force=force)
+    dev, dt, at = Conditions(device, dtype, attn).load_options(release.manifest["environment"])
     return models.load(spec, device=dev, dtype=dt, attn=at, progress=progress)
 
 
@@ -363,6 +364,7 @@ def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt:
     """
     from kvgraft.inference import reapply
     from kvgraft.inference.models import ATTNS
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.inference.runtime import attention
 
     recorded = checked.release.manifest["environment"]
@@ -371,7 +373,7 @@ def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt:
         kernel = lm.attn
     if dtype is not None and dtype != lm.dtype:
         raise InputError(f"dtype {dtype} was asked for, but the model was loaded in {lm.dtype}")
-    overrides = reapply.overrides_given(recorded, attn=attn, dtype=dtype)
+    overrides = Conditions(dtype=dtype, attn=attn).overrides(recorded)
     if prefix == (entry_id is not None):
         raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     with attention(lm, str(kernel)):

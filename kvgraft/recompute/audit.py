@@ -20,6 +20,7 @@ from kvgraft.inference.environment import SENSITIVE, differences
 from kvgraft.inference.environment import record as environment
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
+from kvgraft.inference.reapply import Conditions
 from kvgraft.inference.runtime import Schedule, encode, every_position_layers, forward, layer_map, new_cache, prefill
 from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
 from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
@@ -465,7 +466,7 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
-    for the run (dtype and device are the loaded model's: `reapply.load_options` picks them; a Ray
+    for the run (dtype and device are the loaded model's: `Conditions.load_options` picks them; a Ray
     executor sizes and starts its actors with the recorded thread count). `overrides` (environment
     names → values) are explicit departures, recorded as such; `schedule` overrides the recorded
     prefill schedule. Each entry gets a verdict (byte-exact, consistent, inconsistent); `require` says
@@ -496,8 +497,8 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
     ex = executor or LocalExecutor()
     recorded = rel.manifest["environment"]
     overrides = dict(overrides or {})
-    wanted_threads = overrides.get("threads", recorded.get("threads"))
-    if lm.device == "cpu" and isinstance(wanted_threads, int) and not isinstance(wanted_threads, bool):
+    wanted_threads = Conditions(threads=overrides.get("threads")).thread_count(recorded, lm.device)
+    if wanted_threads is not None:
         ex.reapply_threads(wanted_threads)
     with reapply.applied(lm, recorded, overrides):
         current = ex.environment(lm)

@@ -96,25 +96,27 @@ def test_altered_tensor_byte_names_tensor_and_digests(release: tuple[Path, Path]
     assert str(f) in line
 
 
-def test_schema_failure_names_json_path(release: tuple[Path, Path]) -> None:
+def _refusal(release: tuple[Path, Path], manifest: Callable[[Path], dict[str, Any]],
+             edit: Callable[[dict[str, Any]], object]) -> tuple[int, str]:
+    """`kvgraft run` on the release once `edit` has changed its manifest (as `manifest` reads it): exit code, error line."""
     rel, model = release
-    m = _v1_manifest(rel)
-    m["entries"][0]["num_tokens"] = "many"
+    m = manifest(rel)
+    edit(m)
     (rel / "manifest.json").write_text(json.dumps(m))
     res = _run(rel, model)
-    assert res.exit_code == errors.EXIT_INPUT
-    line = _one_line_error(res)
+    return res.exit_code, _one_line_error(res)
+
+
+def test_schema_failure_names_json_path(release: tuple[Path, Path]) -> None:
+    code, line = _refusal(release, _v1_manifest, lambda m: m["entries"][0].update(num_tokens="many"))
+    assert code == errors.EXIT_INPUT
     assert "$.entries[0].num_tokens" in line
 
 
 def test_unknown_format_version_refused(release: tuple[Path, Path]) -> None:
-    rel, model = release
-    m = _manifest(rel)
-    m["format_version"] = 99
-    (rel / "manifest.json").write_text(json.dumps(m))
-    res = _run(rel, model)
-    assert res.exit_code == errors.EXIT_INPUT
-    assert "format version 99 is not supported" in _one_line_error(res)
+    code, line = _refusal(release, _manifest, lambda m: m.update(format_version=99))
+    assert code == errors.EXIT_INPUT
+    assert "format version 99 is not supported" in line
 
 
 def test_duplicate_keys_refused(release: tuple[Path, Path]) -> None:
@@ -127,13 +129,9 @@ def test_duplicate_keys_refused(release: tuple[Path, Path]) -> None:
 
 
 def test_edited_manifest_breaks_root_digest(release: tuple[Path, Path]) -> None:
-    rel, model = release
-    m = _v1_manifest(rel)
-    m["entries"][0]["answer"] = "42"
-    (rel / "manifest.json").write_text(json.dumps(m))
-    res = _run(rel, model)
-    assert res.exit_code == errors.EXIT_FAILED
-    assert "digest" in _one_line_error(res)
+    code, line = _refusal(release, _v1_manifest, lambda m: m["entries"][0].update(answer="42"))
+    assert code == errors.EXIT_FAILED
+    assert "digest" in line
 
 
 def test_verbose_shows_traceback(release: tuple[Path, Path]) -> None:

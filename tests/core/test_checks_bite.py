@@ -336,7 +336,8 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
                                                                        tmp_path: Path) -> None:
     """A release captured with eager attention, recomputed on a model loaded with sdpa: eager is
     replayed (byte-exact), also while another condition is overridden; overriding it differs (control)."""
-    from kvgraft.inference import capture, reapply
+    from kvgraft.inference import capture
+    from kvgraft.inference.reapply import Conditions
     from kvgraft.inference.runtime import attention
     from kvgraft.recompute import audit as recompute
 
@@ -347,8 +348,8 @@ def test_recorded_attention_kernel_is_replayed_even_beside_an_override(tiny_lm: 
     recorded = json.loads((tmp_path / "rel" / MANIFEST).read_text())["environment"]
     assert recorded["attn_implementation"] == "eager"
     # What the CLI loads the model with: the recorded kernel unless --attn says otherwise.
-    assert reapply.load_options(recorded) == ("cpu", "float32", "eager")
-    assert reapply.load_options(recorded, attn="sdpa")[2] == "sdpa"
+    assert Conditions().load_options(recorded) == ("cpu", "float32", "eager")
+    assert Conditions(attn="sdpa").load_options(recorded)[2] == "sdpa"
     for overrides in ({}, {"threads": 1}, {"deterministic_algorithms": False}):
         r = recompute.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, overrides=overrides)
         assert r["environment"]["current"]["attn_implementation"] == "eager", overrides

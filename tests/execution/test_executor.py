@@ -30,6 +30,7 @@ from kvgraft.execution.executor import (
 )
 from kvgraft.generalization import audit as gen
 from kvgraft.inference import capture
+from kvgraft.inference.reapply import Conditions
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.determinism import threads
 from kvgraft.release.format import Release
@@ -133,7 +134,7 @@ def pool(ray_session: Any, model_dir: Path) -> RayExecutor:
     ex = _POOL.get("pool")
     if ex is None or not all(ex.alive):
         _close_pool()
-        ex = RayExecutor(ModelSpec(str(model_dir), "cpu"), workers=2)
+        ex = RayExecutor(ModelSpec(str(model_dir), Conditions("cpu", "float32", "sdpa")), workers=2)
         ex.start()
         _POOL["pool"] = ex
     ex.ship, ex.inflight, ex.max_retries = False, 2, 2

@@ -143,15 +143,15 @@ def test_recompute_holds_torch_equal_logits(tiny_lm: Callable[[str], Any], tmp_p
 
 
 def test_schedule_and_threads_replayed_unless_overridden() -> None:
-    from kvgraft.inference import reapply
+    from kvgraft.inference.reapply import Conditions
 
     recorded = runtime.Schedule(chunk_tokens=64, add_special_tokens=False).as_dict()
-    assert reapply.schedule_override(recorded, chunk=None, one_shot=False) is None  # the record is replayed
-    assert reapply.schedule_override(recorded, chunk=None, one_shot=True) == runtime.Schedule(None, False)
-    assert reapply.schedule_override(recorded, chunk=16, one_shot=False) == runtime.Schedule(16, False)
+    assert Conditions().schedule(recorded) is None  # the record is replayed
+    assert Conditions(one_shot=True).schedule(recorded) == runtime.Schedule(None, False)
+    assert Conditions(chunk=16).schedule(recorded) == runtime.Schedule(16, False)
     with pytest.raises(errors.InputError, match="exclude each other"):
-        reapply.schedule_override(recorded, chunk=16, one_shot=True)
+        Conditions(chunk=16, one_shot=True).schedule(recorded)
     env = {"threads": 2}
-    assert reapply.thread_count(env, "cpu", threads=None) == 2  # on every executor: Ray actors replay it too
-    assert reapply.thread_count(env, "cpu", threads=1) == 1
-    assert reapply.thread_count(env, "cuda", threads=None) is None
+    assert Conditions().thread_count(env, "cpu") == 2  # on every executor: Ray actors replay it too
+    assert Conditions(threads=1).thread_count(env, "cpu") == 1
+    assert Conditions().thread_count(env, "cuda") is None

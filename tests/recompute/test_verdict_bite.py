@@ -16,6 +16,7 @@ import torch
 from kvgraft import verdict
 from kvgraft.errors import EXIT_INCOMPLETE, EXIT_NOT_EXACT, EXIT_OK, InputError
 from kvgraft.inference import reapply
+from kvgraft.inference.reapply import Conditions
 from kvgraft.inference.runtime import Schedule, attention
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import noise
@@ -409,16 +410,16 @@ def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_resto
 
 def test_load_options_replays_the_record_unless_overridden() -> None:
     rec = {"device": "cpu", "dtype": "bfloat16", "attn_implementation": "eager"}
-    assert reapply.load_options(rec) == ("cpu", "bfloat16", "eager")
-    assert reapply.load_options(rec, device="cpu", dtype="float16", attn="sdpa") == ("cpu", "float16", "sdpa")
-    assert reapply.load_options({**rec, "attn_implementation": "vllm:CPU_ATTN"})[2] == "sdpa"
+    assert Conditions().load_options(rec) == ("cpu", "bfloat16", "eager")
+    assert Conditions("cpu", "float16", "sdpa").load_options(rec) == ("cpu", "float16", "sdpa")
+    assert Conditions().load_options({**rec, "attn_implementation": "vllm:CPU_ATTN"})[2] == "sdpa"
     if not torch.cuda.is_available():
-        assert reapply.load_options({**rec, "device": "cuda"})[0] == "cpu"
+        assert Conditions().load_options({**rec, "device": "cuda"})[0] == "cpu"
     with pytest.raises(InputError) as info:
-        reapply.load_options({**rec, "dtype": "int8"})
+        Conditions().load_options({**rec, "dtype": "int8"})
     assert str(info.value) == ("recorded dtype 'int8' is not one kvgraft can load (float32, bfloat16, float16); "
                                "pass --dtype")
-    assert reapply.load_options({**rec, "dtype": "int8"}, dtype="float32")[1] == "float32"
+    assert Conditions(dtype="float32").load_options({**rec, "dtype": "int8"})[1] == "float32"
 
 
 def test_load_options_loads_on_cuda_only_when_recorded_there_and_present(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -426,40 +427,39 @@ def test_load_options_loads_on_cuda_only_when_recorded_there_and_present(monkeyp
     replayed where CUDA is present, the recorded cpu stays cpu, and without CUDA cuda falls back to cpu."""
     rec = {"device": "cuda", "dtype": "float32", "attn_implementation": "sdpa"}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert reapply.load_options(rec)[0] == "cuda"
-    assert reapply.load_options({**rec, "device": "cpu"})[0] == "cpu"
-    assert reapply.load_options({**rec, "device": None})[0] == "cpu"
-    assert reapply.load_options({**rec, "device": "cuda"}, device="cpu")[0] == "cpu"
+    assert Conditions().load_options(rec)[0] == "cuda"
+    assert Conditions().load_options({**rec, "device": "cpu"})[0] == "cpu"
+    assert Conditions().load_options({**rec, "device": None})[0] == "cpu"
+    assert Conditions(device="cpu").load_options({**rec, "device": "cuda"})[0] == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert reapply.load_options(rec)[0] == "cpu"
+    assert Conditions().load_options(rec)[0] == "cpu"
 
 
 def test_schedule_override() -> None:
     rec = {"chunk_tokens": 8, "add_special_tokens": False, "add_generation_prompt": True}
-    assert reapply.schedule_override(rec, chunk=None, one_shot=False) is None
-    assert reapply.schedule_override(rec, chunk=4, one_shot=False) == Schedule(4, False, True)
-    assert reapply.schedule_override(rec, chunk=None, one_shot=True) == Schedule(None, False, True)
+    assert Conditions().schedule(rec) is None
+    assert Conditions(chunk=4).schedule(rec) == Schedule(4, False, True)
+    assert Conditions(one_shot=True).schedule(rec) == Schedule(None, False, True)
     with pytest.raises(InputError) as info:
-        reapply.schedule_override(rec, chunk=4, one_shot=True)
+        Conditions(chunk=4, one_shot=True).schedule(rec)
     assert str(info.value) == "--chunk and --one-shot exclude each other"
 
 
 def test_thread_count() -> None:
-    assert reapply.thread_count({"threads": 3}, "cpu", threads=None) == 3
-    assert reapply.thread_count({"threads": 3}, "cpu", threads=5) == 5
-    assert reapply.thread_count({"threads": 3}, "cuda", threads=5) is None
-    assert reapply.thread_count({"threads": True}, "cpu", threads=None) is None
-    assert reapply.thread_count({"threads": "3"}, "cpu", threads=None) is None
-    assert reapply.thread_count({}, "cpu", threads=None) is None
+    assert Conditions().thread_count({"threads": 3}, "cpu") == 3
+    assert Conditions(threads=5).thread_count({"threads": 3}, "cpu") == 5
+    assert Conditions(threads=5).thread_count({"threads": 3}, "cuda") is None
+    assert Conditions().thread_count({"threads": True}, "cpu") is None
+    assert Conditions().thread_count({"threads": "3"}, "cpu") is None
+    assert Conditions().thread_count({}, "cpu") is None
 
 
-def test_overrides_given() -> None:
+def test_overrides() -> None:
     rec = {"device": "cpu", "dtype": "float32", "attn_implementation": "sdpa", "threads": 2,
            "deterministic_algorithms": False}
-    assert reapply.overrides_given(rec, device="cpu", dtype=None, attn="sdpa", threads=2, deterministic=False) == {}
-    assert reapply.overrides_given(rec, device="cuda", dtype="bfloat16", attn="eager", threads=4, deterministic=True) == {
-        "device": "cuda", "dtype": "bfloat16", "attn_implementation": "eager", "threads": 4,
-        "deterministic_algorithms": True}
+    assert Conditions("cpu", None, "sdpa", 2).overrides(rec) == {}
+    assert Conditions("cuda", "bfloat16", "eager", 4).overrides(rec) == {
+        "device": "cuda", "dtype": "bfloat16", "attn_implementation": "eager", "threads": 4}
 
 
 class _ParamModel(_FakeModel):

@@ -122,10 +122,10 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     if "overrides" in rc:
         overrides = dict(rc["overrides"])
     else:
-        overrides = {}
-        fixed = ctx.ex.fixed_threads()
-        if fixed is not None and fixed != ctx.release.manifest["environment"].get("threads"):
-            overrides["threads"] = fixed  # the plan's [executor] threads: an override of the record, recorded
+        from kvgraft.inference.reapply import Conditions
+
+        # the plan's [executor] threads: an override of the record, recorded
+        overrides = Conditions(threads=ctx.ex.fixed_threads()).overrides(ctx.release.manifest["environment"])
     options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
                                "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
                                "journal": journal, "overrides": overrides, "probe_text": rc.get("probe"),

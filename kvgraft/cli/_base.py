@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -91,6 +92,21 @@ def echo_json(doc: Any) -> None:
     typer.echo(json_text(doc))
 
 
+_HELD = "kvgraft.held"
+_R = TypeVar("_R", bound=contextlib.AbstractContextManager[Any])
+
+
+def held(resource: _R) -> _R:
+    """`resource` (a VerifiedRelease) held until the command running now ends: then closed (a release read from
+    elsewhere: its folder removed, the cache kept within its limit), an error raised before naming its location."""
+    ctx = click.get_current_context(silent=True)
+    stack = ctx.meta.get(_HELD) if ctx is not None else None
+    if not isinstance(stack, contextlib.ExitStack):
+        raise RuntimeError("held() outside a command wrapped by handled()")
+    stack.enter_context(resource)
+    return resource
+
+
 def handled(fn: F) -> F:
     """Library errors become one line on stderr and their exit code; tracebacks only with --verbose.
 
@@ -101,7 +117,11 @@ def handled(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with contextlib.ExitStack() as stack:
+                ctx = click.get_current_context(silent=True)
+                if ctx is not None:
+                    ctx.meta[_HELD] = stack  # what `held` hands over: closed as this command ends
+                return fn(*args, **kwargs)
         except BrokenPipeError:
             reader_gone()
         except Error as exc:

@@ -31,6 +31,7 @@ from kvgraft.cli._base import (
     err,
     exit_with,
     handled,
+    held,
     load_model,
     out,
     say,
@@ -151,7 +152,7 @@ def recompute_cmd(
 
         check_tokens(prefix)
     # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
-    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
+    checked = held(verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature)))
     rel = checked.release
     model = for_release(rel.manifest["model"], model, force=force)
     if target_fraction is not None:
@@ -281,7 +282,7 @@ def sample_cmd(
     from kvgraft.signing.verify import signature_sentence, signature_statement, verified
 
     # Opened as `kvgraft verify` opens it with the same options: signature, statement, manifest (no entry bytes).
-    checked = verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
+    checked = held(verified(release, release_policy(key, identity, issuer, offline, oms_signature, require_signature)))
     rel = checked.release
     # Ids and token counts come from the manifest (the root binds them): no index shard is read.
     root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()

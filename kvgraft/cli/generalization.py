@@ -28,6 +28,7 @@ from kvgraft.cli._base import (
     err,
     exit_with,
     handled,
+    held,
     load_model,
     out,
     say,
@@ -184,7 +185,7 @@ def generalization_cmd(
         "salt": salt, "synthetic_seed": synthetic_seed, "seed": seed, "force": force, "budget": budget}
     # Verified as `kvgraft verify` does with the same options, before any model loads (without --key: a stale
     # statement fails, the signature is not checked; each entry's bytes are checked when read).
-    rel = verified(library_dir, release_policy(key, identity, issuer, offline, oms_signature, require_signature))
+    rel = held(verified(library_dir, release_policy(key, identity, issuer, offline, oms_signature, require_signature)))
     with contextlib.ExitStack() as stack:
         # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
         ex = Lazy(lambda: stack.enter_context(make_executor(executor, model, device, dtype, attn, address=ray_address,

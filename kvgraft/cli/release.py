@@ -23,6 +23,7 @@ from kvgraft.cli._base import (
     echo_json,
     err,
     handled,
+    held,
     load_model,
     out,
     say,
@@ -127,7 +128,7 @@ def run_cmd(
                          require_signature=require_signature)
     if prefix == (entry is not None):
         raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
-    checked = verified(release, policy)
+    checked = held(verified(release, policy))
     rel = checked.release
     if entry is not None:
         rel.entry(entry)  # an unknown entry is refused before the model loads

@@ -17,6 +17,7 @@ from kvgraft.cli._base import (
     app,
     echo_json,
     handled,
+    held,
     say,
 )
 from kvgraft.errors import InputError
@@ -61,7 +62,7 @@ def pull_cmd(
         raise InputError("--sample needs --nonce (the draw is the one `audit recompute --sample N --nonce X` makes)")
     policy = keys_policy(key, identity=identity, issuer=issuer, trust=SigstoreTrust(offline=offline),
                            require_signature=require_signature)
-    checked = verified(release, policy)
+    checked = held(verified(release, policy))
     rel = checked.release
     drawn = None
     ids = list(entry or [])

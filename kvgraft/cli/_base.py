@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import sys
@@ -10,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -92,18 +92,15 @@ def echo_json(doc: Any) -> None:
     typer.echo(json_text(doc))
 
 
-_HELD = "kvgraft.held"
+# The resources of the command running now (set by `handled` for the length of one call, and reset after it).
+_HELD: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("kvgraft_cli_held")
 _R = TypeVar("_R", bound=contextlib.AbstractContextManager[Any])
 
 
 def held(resource: _R) -> _R:
     """`resource` (a VerifiedRelease) held until the command running now ends: then closed (a release read from
     elsewhere: its folder removed, the cache kept within its limit), an error raised before naming its location."""
-    ctx = click.get_current_context(silent=True)
-    stack = ctx.meta.get(_HELD) if ctx is not None else None
-    if not isinstance(stack, contextlib.ExitStack):
-        raise RuntimeError("held() outside a command wrapped by handled()")
-    stack.enter_context(resource)
+    _HELD.get().enter_context(resource)  # LookupError outside a command wrapped by `handled`: a bug
     return resource
 
 
@@ -118,10 +115,11 @@ def handled(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with contextlib.ExitStack() as stack:
-                ctx = click.get_current_context(silent=True)
-                if ctx is not None:
-                    ctx.meta[_HELD] = stack  # what `held` hands over: closed as this command ends
-                return fn(*args, **kwargs)
+                running = _HELD.set(stack)  # what `held` hands over: closed as this command ends
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _HELD.reset(running)
         except BrokenPipeError:
             reader_gone()
         except Error as exc:

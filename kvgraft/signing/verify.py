@@ -36,7 +36,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -72,6 +71,8 @@ from kvgraft.signing.policy import (
     verify_policy,
 )
 from kvgraft.signing.sigstore import SigstoreTrust, integrated_time, verify_sigstore_bundle
+from kvgraft.signing.verified import Origin as Origin
+from kvgraft.signing.verified import VerifiedRelease as VerifiedRelease
 
 RESULT_FORMAT = "kvgraft-verify-result"
 RESULT_VERSION = 1
@@ -198,7 +199,7 @@ class _Signatures:
 
     def read(self, path: Path, what: str) -> bytes:
         if path not in self._bytes:
-            self._bytes[path] = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, what)
+            self._bytes[path] = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, what, self._stats.get(path))
         return self._bytes[path]
 
     def oms(self, path: Path, given: Sequence[keys.PublicKey] | None, advice: str = "") -> Any:
@@ -554,65 +555,6 @@ def _compare_oms_list(oms_read: _OmsList, checked: CheckedRelease, read: _Read,
     if checked.beside and not read.signature.oms_verified:
         read.warnings.append(f"files beside the release, listed only by the OMS signature (not checked): "
                              f"{', '.join(sorted(checked.beside)[:5])}")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a verified release came from and how it was checked."""
-
-    location: str  # the folder or URL as given: what its messages and results name
-    policy: VerifyPolicy
-    scope: str  # what was read: "open", "all", "entries" or "sample" (kvgraft.signing.policy.Scope.name)
-    checked_entries: tuple[str, ...]  # the entries whose files were checked ("entries", "sample")
-    cache: Path | None  # the verified cache its files arrive through (None: a local folder)
-
-
-@dataclass(frozen=True)
-class VerifiedRelease:
-    """A release that passed what its scope checks (`verify`), carrying where it came from and under which policy.
-
-    The only way a consumer of release bytes (graft, recompute, the audits, the generalization and
-    control libraries, the vLLM connector, the Ray worker) is handed a release: their parameters are
-    typed so, and only the edges (the CLI, `verify` itself) turn a path into one. `release` is the opened
-    release its consumer reads through; each entry's bytes are checked when read. Used as a context
-    manager by whoever verified it: an error raised inside names its location, and a release read from
-    elsewhere has its folder removed at the end (`close`)."""
-
-    release: Release
-    checked: VerifyResult
-    source: Source = field(repr=False, compare=False)
-    owns_source: bool = field(default=True, repr=False, compare=False)  # closing it closes the source
-    # Plain attributes, not properties: reading them calls nothing in this module.
-    origin: Origin = field(init=False, compare=False)
-    policy: VerifyPolicy = field(init=False, compare=False)
-    warnings: list[str] = field(init=False, compare=False)
-    root: Path = field(init=False, compare=False)
-    manifest: dict[str, Any] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        c = self.checked
-        set_ = object.__setattr__  # a frozen dataclass's derived fields
-        set_(self, "origin", Origin(self.source.location, c.policy, c.scope, tuple(c.checked_entries), self.source.cache))
-        set_(self, "policy", c.policy)
-        set_(self, "warnings", c.warnings)
-        set_(self, "root", self.release.root)
-        set_(self, "manifest", self.release.manifest)
-
-    @property
-    def location(self) -> str:
-        return self.source.location
-
-    def close(self) -> None:
-        if self.owns_source:
-            self.source.close()
-
-    def __enter__(self) -> VerifiedRelease:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if isinstance(exc, Error):
-            self.source.name(exc)
-        self.close()
 
 
 def verified(root: Path | str | Source, policy: VerifyPolicy) -> VerifiedRelease:

@@ -74,9 +74,9 @@ def _local(source: str) -> list[tuple[str, Path]]:
     return [(str(p), p) for p in found]
 
 
-def _remote(source: str, into: Path, names: dict[str, str]) -> list[tuple[str, Path]]:
+def _remote(source: str, into: Path, shown_as: dict[str, str]) -> list[tuple[str, Path]]:
     """Each report at a remote location, with its signature, read (bounded) into a folder of its own under `into`;
-    `names` gains each copy's path and the URL a message names it by."""
+    `shown_as` gains each copy's path and the URL a message names it by."""
     from kvgraft.remote.location import parse
     from kvgraft.remote.mirror import open_store
     from kvgraft.remote.transfer import read_small
@@ -110,8 +110,8 @@ def _remote(source: str, into: Path, names: dict[str, str]) -> list[tuple[str, P
         sig = read_small(store, signature, MAX_BUNDLE_BYTES, "a report signature")
         if sig is not None:
             bundle_path(local).write_bytes(sig)
-        names[str(local)] = store.shown(n)  # messages name the URL, not the copy
-        names[str(bundle_path(local))] = store.shown(signature)
+        shown_as[str(local)] = store.shown(n)  # messages name the URL, not the copy
+        shown_as[str(bundle_path(local))] = store.shown(signature)
         got.append((store.shown(n), local))
     return got
 
@@ -317,10 +317,10 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
     from kvgraft.remote.location import is_remote
     from kvgraft.report.document import load_report
 
-    names: dict[str, str] = {}  # copies of remote reports -> their URLs
+    shown_as: dict[str, str] = {}  # copies of remote reports -> their URLs
 
     def said(exc: Error) -> str:
-        for copy, url in names.items():
+        for copy, url in shown_as.items():
             exc.named(copy, url)
         return exc.diagnostics()
 
@@ -328,7 +328,7 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
         try:
             found: list[tuple[str, Path]] = []
             for s in sources:
-                found += _remote(s, Path(tmp), names) if is_remote(s) else _local(s)
+                found += _remote(s, Path(tmp), shown_as) if is_remote(s) else _local(s)
                 if len(found) > MAX_REPORTS:
                     raise InputError(f"more than {MAX_REPORTS} reports named")
             trusted: list[tuple[str, dict[str, Any], dict[str, Any]]] = []

@@ -1,6 +1,6 @@
-"""Verify a cache release under one policy: its signature and statement, then its bytes (release.integrity).
+"""Verify a cache release under one policy and scope: its signature and statement, then its bytes (release.integrity).
 
-What `verify_release` checks, in order (the first failure raises, naming what and where):
+What `verify(source, policy, scope)` checks, in order (the first failure raises, naming what and where):
 
 1. the bundle RELEASE/release.sigstore.json, when present: strict JSON, bounded size; its DSSE
    signature with `key`, or with Sigstore (certificate chain to the trusted root, identity policy,
@@ -16,13 +16,16 @@ What `verify_release` checks, in order (the first failure raises, naming what an
 6. each safetensors header against the manifest's tensor table (dtype, shape, byte range);
 7. with `deep`, every tensor byte range against its sha256 in the manifest.
 
-`verify_release` runs them as named steps: `_read_bundle` and `_read_oms_signature` (1),
+`verify` runs them as named steps: `_read_bundle` and `_read_oms_signature` (1),
 `_every_key_verifies_a_signature`, `_check_files` (2-7: `kvgraft.release.integrity.check_release`, or
 what opening checks), `_check_entries` (`--entry`), `_compare_oms_list`. The policy (which signature,
-whose) is a `kvgraft.signing.policy` object; the Sigstore checks are `kvgraft.signing.sigstore`.
-`verified(path, policy)` is what the edges call (the CLI, a plan's run, the vLLM connector's start-up, a
-Ray worker given a path and the driver's policy): it returns a `VerifiedRelease` (the release, what was
-checked, under which policy), the only type graft, recompute, the audits and the libraries take.
+whose) is a `kvgraft.signing.policy` object, and so is the scope (how much is read: `OPEN`, `Everything`,
+`Entries`, `Sample`); the Sigstore checks are `kvgraft.signing.sigstore`. Each signature file is looked at
+and read once per verification (`_Signatures`). `verify` returns a `VerifiedRelease`
+(kvgraft.signing.verified: the release, what was checked, under which policy, where it came from), the only
+type graft, recompute, the audits and the libraries take; `verified(path, policy)` (scope `OPEN`) is what
+the edges call (the CLI, a plan's run, the vLLM connector's start-up, a Ray worker given a path and the
+driver's policy). `verify_release` is `verify` with `kvgraft verify`'s options as keywords.
 Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
 re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
 
@@ -209,18 +212,18 @@ class _Signatures:
 
 
 def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatus,
-              has_bundle: bool, files: _Signatures) -> _OmsList | None:
+              has_bundle: bool, signatures: _Signatures) -> _OmsList | None:
     """An OpenSSF model signing signature (RELEASE/model.sig, or the detached one at `path`), if present:
     its files (name -> sha256) without release.sigstore.json, and the digest it lists for
     release.sigstore.json (None if none). With keys given it must verify with one of them; beside a
     kvgraft bundle, keys OMS cannot use (Ed25519 only) leave it unchecked, and its file list is still
     compared."""
-    if not files.present(path):
+    if not signatures.present(path):
         return None
     usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)] if has_bundle else given
     advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {path.name}): give --key for each "
               f"signer" if has_bundle else "")
-    found = files.oms(path, usable or None, advice)
+    found = signatures.oms(path, usable or None, advice)
     files, verified_by, digest = found.files, found.verified_by, found.sha256
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
     signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
@@ -284,7 +287,7 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
     jsonio.require_folder(root, " (expected a cache release)")
     pulled = subset.read(root) if isinstance(scope, Everything) else None
     if pulled is not None:  # a subset `kvgraft pull` made: the entries it holds, and no other file
-        scope = Entries(tuple(pulled.entries), scope.deep)
+        scope = Entries(tuple(pulled.entries), isinstance(scope, Everything) and scope.deep)
     deep = isinstance(scope, Everything | Entries) and scope.deep
     entries = scope.ids if isinstance(scope, Entries) else ()
     given = [keys.load_public_key(p) for p in policy.keys]

@@ -171,6 +171,7 @@ def test_pulled_files_are_copies_and_prune_bounds_every_piece(http: FolderServer
                                                               private_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "subset"
     assert runner.invoke(app, ["pull", http.url("rel"), "--entry", "rec-002", "--out", str(out)]).exit_code == 0
+    assert not list((private_cache / "mirrors").iterdir()), "the command ended: its mirror (and lock) removed"
     piece, file = _entry_piece(rel, private_cache)
     pulled = out / file
     assert not os.path.samefile(piece, pulled) and piece.stat().st_nlink == 1

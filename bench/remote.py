@@ -115,12 +115,12 @@ def step(name: str, release: str, key: str, arg: str) -> dict[str, object]:
     if name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
     t0 = time.perf_counter()
-    checked = verified(release, policy)
     out: dict[str, object] = {}
-    if name == "graft-one":
-        _, n = read_entry_tensors(checked, checked.release.entry(arg))
-        out["bytes_read"] = n
-    out["seconds"] = time.perf_counter() - t0
+    with verified(release, policy) as checked:  # closed: the mirror's folder removed, the cache within its limit
+        if name == "graft-one":
+            _, n = read_entry_tensors(checked, checked.release.entry(arg))
+            out["bytes_read"] = n
+        out["seconds"] = time.perf_counter() - t0  # the step, not the closing
     return out
 
 

@@ -35,26 +35,27 @@ def short_repr(value: object, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-# Local folders that stand for a location elsewhere (kvgraft.remote: a release read over HTTP or from S3 is
-# read through such a folder): a message names the location the person gave, not the folder.
-SHOWN_AS: dict[str, str] = {}
-
-
-def shown(text: str) -> str:
-    """`text` with each folder of SHOWN_AS named by the location it stands for."""
-    for folder, location in SHOWN_AS.items():
-        text = text.replace(folder, location)
-    return text
-
-
 class Error(Exception):
     """Base of every error kvgraft raises on purpose."""
 
     exit_code = EXIT_INPUT
+    # (folder, location) pairs: a local folder that stands for a location elsewhere (a release read over HTTP or
+    # from S3 is read through such a folder), named by the location the person gave. Set on the error itself,
+    # by the object that read the folder (kvgraft.release.sources.Source.name), never kept beside it.
+    shown_as: tuple[tuple[str, str], ...] = ()
+
+    def named(self, folder: str, location: str) -> Error:
+        """This error, its messages naming `location` where they name `folder`."""
+        if folder != location and (folder, location) not in self.shown_as:
+            self.shown_as = (*self.shown_as, (folder, location))
+        return self
 
     def diagnostics(self) -> str:
         """One line for a person: what is wrong and where."""
-        return shown(str(self))
+        text = str(self)
+        for folder, location in self.shown_as:
+            text = text.replace(folder, location)
+        return text
 
 
 class InputError(Error):

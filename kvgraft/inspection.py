@@ -18,11 +18,13 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from kvgraft import __version__
 from kvgraft.errors import Error, InputError
 from kvgraft.release.format import Release
+from kvgraft.release.sources import Source
 from kvgraft.schema import CACHE_MANIFEST, load_schema
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 
@@ -52,19 +54,32 @@ class Listing:
     """What inspect reads of a release: its header, its entry count, a page of entries, one entry, a file's size.
 
     Over `Release.open` (one manifest read; format 2: an index shard for each page's records, never an
-    entry file). The only class here that knows how a release is stored.
+    entry file). The only class here that knows how a release is stored. Used as a context manager: a
+    release read from elsewhere has its folder removed at the end, and an error raised inside names its URL.
     """
 
     root: Path
     _release: Release
     shown: str = ""  # the release as given (a remote location's URL; its local folder is `root`)
+    source: Source | None = None  # where its files come from (None: a folder, nothing to close)
 
     @classmethod
     def open(cls, root: Path | str) -> Listing:
-        from kvgraft.remote import local_root
+        from kvgraft.remote import open_source
 
-        local = local_root(root)
-        return cls(local, Release.open(local), str(root))
+        source = open_source(root)
+        try:
+            return cls(source.root, Release.open(source.root, source), str(root), source)
+        except BaseException as exc:
+            source.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def __enter__(self) -> Listing:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.source is not None:
+            self.source.__exit__(kind, exc, tb)
 
     def header(self) -> dict[str, Any]:
         """The manifest's header, each member `clipped` (the environment's own keys first: it may hold more)."""
@@ -296,16 +311,27 @@ def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tup
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError(f"--offset {offset} / --limit {limit}: expected numbers of at least 0")
     lst = Listing.open(root)
-    header = lst.header()
-    total = lst.count()
-    shown = max(0, total - offset) if limit is None else max(0, min(limit, total - offset))
-    doc = {
-        "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-        "release": lst.shown or str(lst.root), "verified": False, "note": NOT_VERIFIED, **header,
-        "files": lst.files(), "signatures": signatures(lst.root, header["root_digest"]),
-        "entries": {"total": total, "offset": offset, "shown": shown},
-    }
-    return doc, (entry_row(lst, e) for e in lst.iter_page(offset, limit))
+    try:
+        header = lst.header()
+        total = lst.count()
+        shown = max(0, total - offset) if limit is None else max(0, min(limit, total - offset))
+        doc = {
+            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+            "release": lst.shown or str(lst.root), "verified": False, "note": NOT_VERIFIED, **header,
+            "files": lst.files(), "signatures": signatures(lst.root, header["root_digest"]),
+            "entries": {"total": total, "offset": offset, "shown": shown},
+        }
+    except BaseException as exc:
+        lst.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return doc, _rows(lst, offset, limit)
+
+
+def _rows(lst: Listing, offset: int, limit: int | None) -> Iterator[dict[str, Any]]:
+    """The page's rows as they are read; the listing is closed when they are all read (or the reading stops)."""
+    with lst:
+        for e in lst.iter_page(offset, limit):
+            yield entry_row(lst, e)
 
 
 def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
@@ -317,7 +343,7 @@ def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, A
 
 def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:
     """One entry in detail, with the release it belongs to named (nothing verified)."""
-    listing = Listing.open(root)
-    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED,
-            "root_digest": listing.header()["root_digest"], "entry": entry_detail(listing, entry_id)}
+    with Listing.open(root) as listing:
+        return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
+                "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED,
+                "root_digest": listing.header()["root_digest"], "entry": entry_detail(listing, entry_id)}

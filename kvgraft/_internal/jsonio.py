@@ -239,15 +239,15 @@ def require_folder(path: Path, expected: str = "") -> None:
         raise InputError(f"{path}: not a folder{expected}")
 
 
-def open_regular(path: Path, what: str = "file") -> int:
+def open_regular(path: Path, what: str = "file", looked: os.stat_result | None = None) -> int:
     """A read-only descriptor of a regular file, refusing anything else before opening it for reading.
 
-    lstat first: a FIFO, device or socket is never opened (opening a FIFO blocks until a writer comes,
-    a device may act on open). O_NONBLOCK and O_NOFOLLOW cover a swap between the lstat and the open,
-    and fstat checks what was actually opened.
+    lstat first (`looked`: the lstat the caller already made of it): a FIFO, device or socket is never
+    opened (opening a FIFO blocks until a writer comes, a device may act on open). O_NONBLOCK and
+    O_NOFOLLOW cover a swap between the lstat and the open, and fstat checks what was actually opened.
     """
     try:
-        mode = os.lstat(path).st_mode
+        mode = (looked or os.lstat(path)).st_mode
         if stat.S_ISLNK(mode):
             raise InputError(f"{path}: is a symlink; kvgraft reads {what} from regular files only, never through a link")
         if not stat.S_ISREG(mode):
@@ -274,10 +274,11 @@ def read_fd_bounded(fd: int, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
-def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
+def read_bounded(path: Path, max_bytes: int, what: str, looked: os.stat_result | None = None) -> bytes:
     """A file's bytes, refused (naming `what` it should be) when larger than `max_bytes`; the size is
-    checked before reading and again on what was read, in case the file grew in between."""
-    fd = open_regular(path, what)
+    checked before reading and again on what was read, in case the file grew in between. `looked`: its
+    lstat, already made (open_regular)."""
+    fd = open_regular(path, what, looked)
     try:
         size = os.fstat(fd).st_size
         if size <= max_bytes:

@@ -7,6 +7,7 @@ earlier ones' results (`ctx.results`), and returns what it adds to the report (i
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ class Existing:
 def _existing(plan: Plan) -> Existing | None:
     """A plan's existing release, verified under `[release]`'s trust options before anything loads or runs (a
     wrong signer, a missing or stale signature: verify's error and exit code); None for a release the run writes."""
-    from kvgraft.remote import is_remote, local_root
+    from kvgraft.remote import is_remote
     from kvgraft.signing.verify import verified
 
     spec = plan.doc["release"]
@@ -56,13 +57,13 @@ def _existing(plan: Plan) -> Existing | None:
     policy = plan.release_policy()
     if remote and plan.doc.get("signing", {}).get("key") and not policy.checks_signature:
         raise InputError(f"{plan.path}: a plan that signs its release needs a local folder, not {spec['path']}")
-    path = local_root(spec["path"]) if remote else plan.resolve(spec["path"])
+    path = spec["path"] if remote else plan.resolve(spec["path"])
     # The plan's pin, before anything is signed or run, as `kvgraft verify` with the same options checks it.
     rel = verified(path, policy)
     if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
-        raise InputError(f"{spec['path'] if remote else path}: root digest {rel.manifest['root_digest']} is not the "
-                         f"plan's {spec['root_digest']}")
-    return Existing(rel, {"kind": "existing", "path": spec["path"] if remote else str(path)})
+        rel.close()
+        raise InputError(f"{path}: root digest {rel.manifest['root_digest']} is not the plan's {spec['root_digest']}")
+    return Existing(rel, {"kind": "existing", "path": str(path)})
 
 
 def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
@@ -127,9 +128,6 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
     Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
     address, workers, ship, threads, max_retries), with `executor` (CLI options) overriding it.
     """
-    from kvgraft.execution.executor import ModelSpec, from_options, plan_options
-    from kvgraft.inference.reapply import Conditions
-
     check_kinds(plan)
     check_paths(plan, plan.out_dir(out_dir))
     signing = plan.doc.get("signing", {}).get("key")
@@ -141,11 +139,22 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
         # A failed run (a release refused below included) must not leave an older report looking current.
         (plan.out_dir(out_dir) / stale).unlink(missing_ok=True)
     existing = _existing(plan)  # before any model loads, here or on an executor's workers
+    with contextlib.ExitStack() as held:
+        if existing is not None:
+            held.enter_context(existing.release)  # closed when the run ends (a remote release: its folder removed)
+        return _run_on(plan, existing, held, out_dir=out_dir, device=device, say=say, executor=executor)
+
+
+def _run_on(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, out_dir: Path | None,
+            device: str | None, say: Progress, executor: dict[str, Any] | None) -> Outcome:
+    from kvgraft.execution.executor import ModelSpec, from_options, plan_options
+    from kvgraft.inference.reapply import Conditions
+
     o = plan_options(plan.doc.get("executor"), executor)
     spec = ModelSpec(plan.doc["model"]["spec"], Conditions.from_plan(plan.doc["model"], o, device))
     with from_options(o["kind"], spec, address=o.get("address"), workers=o.get("workers"), ship=o.get("ship", False),
                       max_retries=o.get("max_retries", 2)) as ex:
-        return _run(plan, existing, out_dir=out_dir, spec=spec, say=say, ex=ex)
+        return _run(plan, existing, held, out_dir=out_dir, spec=spec, say=say, ex=ex)
 
 
 def check_kinds(plan: Plan) -> None:
@@ -160,7 +169,7 @@ def check_kinds(plan: Plan) -> None:
                          f"{ENTRY_POINTS})")
 
 
-def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
+def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, out_dir: Path | None,
          spec: ModelSpec, say: Progress, ex: Executor) -> Outcome:
     from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
@@ -187,7 +196,8 @@ def _run(plan: Plan, existing: Existing | None, *, out_dir: Path | None,
     # the release through it, and each entry's bytes are checked when read; the verify check hashes all.
     from kvgraft.signing.verify import signature_statement, verified
 
-    checked = existing.release if existing and not resign else verified(release, _policy(plan, release_info, pub))
+    checked = (existing.release if existing and not resign
+               else held.enter_context(verified(release, _policy(plan, release_info, pub))))
     ctx = Context(plan, lm, out, say, ex, checked)
     ledger: dict[str, Any] = {}
     build = release_info.get("build")

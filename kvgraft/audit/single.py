@@ -81,33 +81,34 @@ def recompute(s: RecomputeSettings, *, policy: Policy, executor: ExecutorOptions
         check_tokens(s.prefix)
     # Verified as `kvgraft verify` does, before any model loads: recompute.audit takes this VerifiedRelease.
     checked = verified(s.release, policy())
-    rel = checked.release
-    model = for_release(rel.manifest["model"], s.model, force=s.force)
-    sample = s.sample
-    if s.target_fraction is not None:
-        if sample is not None:
-            raise InputError("--sample and --target-fraction exclude each other")
-        sample = sampling.sample_size(s.target_fraction, rel.num_entries)
-        note(f"--target-fraction {s.target_fraction:g}: a sample of {sample:,} of {rel.num_entries:,} entries bounds "
-             f"the failing entries at {sampling.pct(s.target_fraction)} (95%) when none of them fails")
-    recorded = rel.manifest["environment"]
-    schedule = s.conditions.schedule(rel.manifest["schedule"])
-    dev, dt, at = s.conditions.load_options(recorded)
-    settings: dict[str, Any] = {"entries": s.entries, "probe": s.probe, "force": s.force, "schedule": schedule,
-                                "overrides": s.conditions.overrides(recorded), "require": s.require, "sample": sample,
-                                "nonce": s.nonce, "journal": journal, "prefix": s.prefix}
-    result = _run_recompute(checked, settings, model, replace(s.conditions, device=dev, dtype=dt, attn=at),
-                            executor=executor, load=load, progress=progress, note=note)
-    resumed = recompute_audit.resumed_statement(result["cost"])
-    if resumed:  # even with --quiet: results this run did not compute are in what it reports
-        note(f"kvgraft: note: {resumed}")
-    if s.out:
-        from kvgraft._internal.jsonio import write_json
+    with checked:  # closed when done (a remote release: its folder removed); an error inside names its location
+        rel = checked.release
+        model = for_release(rel.manifest["model"], s.model, force=s.force)
+        sample = s.sample
+        if s.target_fraction is not None:
+            if sample is not None:
+                raise InputError("--sample and --target-fraction exclude each other")
+            sample = sampling.sample_size(s.target_fraction, rel.num_entries)
+            note(f"--target-fraction {s.target_fraction:g}: a sample of {sample:,} of {rel.num_entries:,} entries bounds "
+                 f"the failing entries at {sampling.pct(s.target_fraction)} (95%) when none of them fails")
+        recorded = rel.manifest["environment"]
+        schedule = s.conditions.schedule(rel.manifest["schedule"])
+        dev, dt, at = s.conditions.load_options(recorded)
+        settings: dict[str, Any] = {"entries": s.entries, "probe": s.probe, "force": s.force, "schedule": schedule,
+                                    "overrides": s.conditions.overrides(recorded), "require": s.require, "sample": sample,
+                                    "nonce": s.nonce, "journal": journal, "prefix": s.prefix}
+        result = _run_recompute(checked, settings, model, replace(s.conditions, device=dev, dtype=dt, attn=at),
+                                executor=executor, load=load, progress=progress, note=note)
+        resumed = recompute_audit.resumed_statement(result["cost"])
+        if resumed:  # even with --quiet: results this run did not compute are in what it reports
+            note(f"kvgraft: note: {resumed}")
+        if s.out:
+            from kvgraft._internal.jsonio import write_json
 
-        write_json(s.out, result)
-    if journal is not None:
-        journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
-    return result
+            write_json(s.out, result)
+        if journal is not None:
+            journal.unlink(missing_ok=True)  # the result is complete and written: nothing to resume
+        return result
 
 
 def _run_recompute(checked: VerifiedRelease, settings: dict[str, Any], model: str, conditions: Conditions, *,
@@ -185,6 +186,7 @@ def generalization(s: GeneralizationSettings, *, policy: Policy, executor: Execu
     # statement fails, the signature is not checked; each entry's bytes are checked when read).
     rel = verified(s.library, policy())
     with contextlib.ExitStack() as stack:
+        stack.enter_context(rel)  # closed last; an error inside names the release's location
         # The executor sets --threads around each run (or sizes each Ray actor by it) and checks it.
         ex = Lazy(lambda: stack.enter_context(executor.make(ModelSpec(s.model, s.conditions))))
         lm = Lazy(lambda: ex.get().model(lambda: load(s.model, *s.conditions.load_options({}))))

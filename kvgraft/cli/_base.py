@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import sys
@@ -95,6 +96,18 @@ def echo_json(doc: Any) -> None:
     typer.echo(json_text(doc))
 
 
+# The resources of the command running now (set by `handled` for the length of one call, and reset after it).
+_HELD: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("kvgraft_cli_held")
+_R = TypeVar("_R", bound=contextlib.AbstractContextManager[Any])
+
+
+def held(resource: _R) -> _R:
+    """`resource` (a VerifiedRelease) held until the command running now ends: then closed (a release read from
+    elsewhere: its folder removed, the cache kept within its limit), an error raised before naming its location."""
+    _HELD.get().enter_context(resource)  # LookupError outside a command wrapped by `handled`: a bug
+    return resource
+
+
 def handled(fn: F) -> F:
     """Library errors become one line on stderr and their exit code; tracebacks only with --verbose.
 
@@ -105,7 +118,12 @@ def handled(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with contextlib.ExitStack() as stack:
+                running = _HELD.set(stack)  # what `held` hands over: closed as this command ends
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _HELD.reset(running)
         except BrokenPipeError:
             reader_gone()
         except Error as exc:

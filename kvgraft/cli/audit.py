@@ -25,6 +25,7 @@ from kvgraft.cli._base import (
     err,
     exit_with,
     handled,
+    held,
     load_model,
     out,
     say,
@@ -181,7 +182,7 @@ def sample_cmd(
     from kvgraft.signing.verify import signature_sentence, signature_statement, verified
 
     # Opened as `kvgraft verify` opens it with the same options: signature, statement, manifest (no entry bytes).
-    checked = verified(release, Trust(key, identity, issuer, offline, oms_signature, require_signature).policy())
+    checked = held(verified(release, Trust(key, identity, issuer, offline, oms_signature, require_signature).policy()))
     rel = checked.release
     # Ids and token counts come from the manifest (the root binds them): no index shard is read.
     root, ids = str(rel.manifest["root_digest"]), rel.entry_ids()

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvgraft.cli._base import ReleaseArg, app, echo_json, handled, say
+from kvgraft.cli._base import ReleaseArg, app, echo_json, handled, held, say
 from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 
@@ -48,7 +48,7 @@ def pull_cmd(
     if sample is not None and nonce is None:
         raise InputError("--sample needs --nonce (the draw is the one `audit recompute --sample N --nonce X` makes)")
     policy = Trust(key, identity, issuer, offline, require_signature=require_signature).policy()
-    checked = verified(release, policy)
+    checked = held(verified(release, policy))
     rel = checked.release
     drawn = None
     ids = list(entry or [])

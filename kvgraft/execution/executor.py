@@ -43,7 +43,6 @@ from typing import Any, cast
 from kvgraft.errors import InputError, ModelMismatchError
 from kvgraft.inference.models import Identity, LoadedModel
 from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
-from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 from kvgraft.signing.verify import VerifiedRelease
@@ -365,11 +364,18 @@ class RayExecutor(Executor):
 
     def _stop_actors(self) -> None:
         ray = self.ray()
+        self._close_releases()
         for a in self.actors:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(a, no_restart=True)
         self.actors, self.infos, self.alive = [], [], []
         self._lm = None
+
+    def _close_releases(self) -> None:
+        """Each live worker closes the releases it opened, before it is killed (a published release's mirror)."""
+        alive = [a for a, up in zip(self.actors, self.alive, strict=False) if up]
+        with contextlib.suppress(Exception):  # a worker lost or slow: its node's `kvgraft cache prune` removes the rest
+            self.ray().get([a.close.remote() for a in alive], timeout=30)
 
     def environment(self, lm: LoadedModel) -> dict[str, Any]:
         self.start()
@@ -380,6 +386,7 @@ class RayExecutor(Executor):
         if not self.actors and not self._owns_ray:
             return
         ray = self.ray()
+        self._close_releases()
         for a in self.actors:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(a, no_restart=True)
@@ -401,9 +408,9 @@ class RayExecutor(Executor):
         travels, never an opened Release: each worker holds a VerifiedRelease of its own)."""
         key = str(release.manifest["root_digest"])
         root = release.root.resolve()
-        source = sources.of(release.root)
+        source = release.source
         policy = {"policy": release.policy}
-        if source is not None:
+        if source.remote:
             # Read where it is published: each worker opens the location itself and fetches, checks and caches
             # the pieces of the entries it judges (the driver's mirror folder is on the driver's machine, and
             # shipping would fetch every piece of the release).

@@ -126,10 +126,9 @@ class Worker:
         slot += f":{policy!r}"
         if slot in self.releases:
             return self.releases[slot]
+        root: Path | str
         if handle.get("location") is not None:
-            from kvgraft.remote import local_root
-
-            root = local_root(str(handle["location"]))  # this node's mirror and cache of the published release
+            root = str(handle["location"])  # opened here: this node's mirror and cache of the published release
         elif handle.get("shipped") is not None:
             root = self._materialize(key, handle["shipped"])
             policy = self._policy_files(policy, handle.get("policy_files") or {})
@@ -140,10 +139,18 @@ class Worker:
                                  "put the release on a path every node sees, or pass --ship")
         rel = verified(root, policy)
         if rel.manifest["root_digest"] != key:
+            rel.close()
             raise IntegrityError(f"{root} on node {socket.gethostname()}: root digest {rel.manifest['root_digest']} is not "
                                  f"the driver's {key}: the nodes see different releases at this path")
         self.releases[slot] = rel
         return rel
+
+    def close(self) -> None:
+        """Close the releases this worker opened (a published release: its mirror folder removed, the node's
+        cache kept within its limit)."""
+        for rel in self.releases.values():
+            rel.close()
+        self.releases.clear()
 
     def _policy_files(self, policy: VerifyPolicy, files: dict[str, bytes]) -> VerifyPolicy:
         """The driver's policy with the files it names (keys, a detached OMS signature) written on this node."""

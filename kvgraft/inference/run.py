@@ -49,11 +49,12 @@ def run(s: RunSettings, policy: Callable[[], VerifyPolicy], *, progress: Any = N
     if s.prefix == (s.entry is not None):
         raise InputError("name an entry to graft (--entry), or graft the prompt's longest prefix (--prefix): one of them")
     checked = verified(s.release, trusted)
-    if s.entry is not None:
-        checked.release.entry(s.entry)  # an unknown entry is refused before the model loads
-    else:
-        graft.check_prefix_usable(checked.release)  # so is a release no prefix can be grafted from
-    c = s.conditions
-    lm = graft.model_for(checked, s.model, device=c.device, dtype=c.dtype, attn=c.attn, force=s.force, progress=progress)
-    return checked, graft.run(checked, s.entry, lm, s.prompt, max_new_tokens=s.max_new_tokens, force=s.force,
-                              attn=c.attn, dtype=c.dtype, prefix=s.prefix)
+    with checked:  # closed when done (a remote release: its folder removed); an error inside names its location
+        if s.entry is not None:
+            checked.release.entry(s.entry)  # an unknown entry is refused before the model loads
+        else:
+            graft.check_prefix_usable(checked.release)  # so is a release no prefix can be grafted from
+        c = s.conditions
+        lm = graft.model_for(checked, s.model, device=c.device, dtype=c.dtype, attn=c.attn, force=s.force, progress=progress)
+        return checked, graft.run(checked, s.entry, lm, s.prompt, max_new_tokens=s.max_new_tokens, force=s.force,
+                                  attn=c.attn, dtype=c.dtype, prefix=s.prefix)

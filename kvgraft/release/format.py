@@ -100,6 +100,7 @@ class Release:
 
     root: Path
     manifest: dict[str, Any]
+    source: sources.Source | None = field(default=None, compare=False)  # where its files come from (None: in place)
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
     # (the most recent CHECKED_HEADERS entries: a pass over every entry, as verify makes, keeps no more)
     _checked_headers: OrderedDict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
@@ -110,15 +111,15 @@ class Release:
 
     def __post_init__(self) -> None:
         if self.manifest["format_version"] == 2 and self._index is None:
-            self._index = release_index.Index(self.root, self.manifest)
+            self._index = release_index.Index(self.root, self.manifest, self.source)
 
     @classmethod
-    def open(cls, root: Path | str) -> Release:
+    def open(cls, root: Path | str, source: sources.Source | None = None) -> Release:
         root = Path(root)
         jsonio.require_folder(root)
         manifest = load_manifest(root)
         check_commitments(root, manifest)
-        return cls(root, manifest)
+        return cls(root, manifest, source)
 
     @property
     def format_version(self) -> int:
@@ -250,9 +251,9 @@ class Release:
         return entry, n
 
     def entry_file(self, entry: dict[str, Any]) -> Path:
-        if (source := sources.of(self.root)) is not None:  # a release read from elsewhere: the file arrives checked
+        if self.source is not None and self.source.remote:  # read from elsewhere: the file arrives checked
             meta = self.file_meta(entry)
-            source.fetch(entry["file"], meta["sha256"], meta["size"], f"entry {entry['id']!r}", entry)
+            self.source.fetch(entry["file"], meta["sha256"], meta["size"], f"entry {entry['id']!r}", entry)
         path = safe_path(self.root, entry["file"], f"entry {entry['id']!r}")
         if (st := jsonio.stat_or_none(path, follow=True)) is None or not stat.S_ISREG(st.st_mode):
             raise IntegrityError(f"{path}: entry {entry['id']!r}: file is missing")

@@ -143,8 +143,9 @@ class Index:
     CACHED_SHARDS = 4
     CACHED_RECORDS = 64
 
-    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any], source: sources.Source | None = None) -> None:
         self.root = root
+        self.source = source
         self.where = root / MANIFEST
         self.num_layers = int(manifest["model"]["num_hidden_layers"])
         idx = manifest["index"]
@@ -211,7 +212,8 @@ class Index:
     def _read_checked(self, name: str, sha256: str, size: int, what: str) -> bytes:
         """A file's bytes, of the size the manifest states (bounded at opening), checked against its digest;
         a file of another size is refused unread."""
-        sources.fetch(self.root, name, sha256, size, what)  # a release read from elsewhere: the file arrives checked
+        if self.source is not None:  # a release read from elsewhere: the file arrives checked
+            self.source.fetch(name, sha256, size, what)
         path = safe_path(self.root, name, what)
         fd = _open_sized(path, size, what)
         try:
@@ -346,7 +348,8 @@ class Index:
     def _new_pages(self) -> PrefixPages:
         m = self.prefix_meta
         assert m is not None
-        sources.fetch(self.root, m["file"], m["sha256"], m["size"], "prefix index")
+        if self.source is not None:
+            self.source.fetch(m["file"], m["sha256"], m["size"], "prefix index")
         return PrefixPages(safe_path(self.root, m["file"], "prefix index"), m["size"], m["sha256"])
 
     def prefix_blocks(self, tokens: Sequence[int]) -> list[int]:

@@ -250,14 +250,14 @@ def _folder_id(root: Path) -> tuple[int, int, int] | None:
 
 
 def check_release(root: Path, listing: Listing | None = None, *, beside: Beside | None = None, deep: bool = False,
-                  keep_files: bool = False) -> CheckedRelease:
+                  keep_files: bool = False, source: sources.Source | None = None) -> CheckedRelease:
     """_check_release, read again when the folder at `root` was replaced while it was read (a failure
     then says nothing about either release); any other failure stands."""
     root = Path(root)
     for attempt in range(1, READS_ACROSS_A_REPLACE + 1):
         before = _folder_id(root)
         try:
-            return _check_release(root, listing=listing, beside=beside, deep=deep, keep_files=keep_files)
+            return _check_release(root, listing=listing, beside=beside, deep=deep, keep_files=keep_files, source=source)
         except Error:
             if attempt == READS_ACROSS_A_REPLACE or before is None or _folder_id(root) == before:
                 raise
@@ -277,6 +277,7 @@ class _Run:
     deep: bool
     keep_files: bool
     folder: _Folder
+    source: sources.Source | None = None  # where the files come from (a remote one fetches them)
     doc: Any = None  # step 2: manifest.json parsed, its sha256 and size
     msha: str = ""
     msize: int = 0
@@ -285,7 +286,7 @@ class _Run:
 
 
 def _check_release(root: Path, *, listing: Listing | None = None, beside: Beside | None = None, deep: bool = False,
-                   keep_files: bool = False) -> CheckedRelease:
+                   keep_files: bool = False, source: sources.Source | None = None) -> CheckedRelease:
     """The release's bytes against `listing` (if any), `beside` (if any) and the manifest (module docstring).
 
     Raises IntegrityError when bytes differ, VerificationError when the listing and the manifest disagree,
@@ -299,7 +300,7 @@ def _check_release(root: Path, *, listing: Listing | None = None, beside: Beside
     named = dict(beside.files) if beside is not None else {}
     excused = beside.excused if beside is not None else ()
     run = _Run(root, listing, label, named, beside.label if beside is not None and named else label, tuple(excused),
-               deep, keep_files, _scan(root, excused))
+               deep, keep_files, _scan(root, excused), source)
     _read_manifest_file(run)
     # Start hashing the files now, on the pool, while this thread validates the manifest. Only regular
     # files found inside the folder whose size already equals the one the manifest states are read, so
@@ -338,8 +339,8 @@ def _read_manifest_file(run: _Run) -> None:
     vouched = run.listing is not None and run.listing.vouched
     limit = release_format.MAX_MANIFEST_BYTES if vouched else _unsigned_manifest_limit(run.folder.stored)
     run.doc, run.msha, run.msize = _read_manifest(run.root / MANIFEST, limit, run.listing)
-    if (remote := sources.of(run.root)) is not None:
-        remote.fetch_all()
+    if run.source is not None and run.source.remote:
+        run.source.fetch_all()
         run.folder = _scan(run.root, run.excused)
 
 
@@ -374,7 +375,7 @@ def _listing_matches(rel: Release, msha: str, msize: int, listing: Listing | Non
         listing.also(rel.manifest, msha, msize)
 
 
-def open_release(root: Path, listing: Listing | None = None) -> CheckedRelease:
+def open_release(root: Path, listing: Listing | None = None, source: sources.Source | None = None) -> CheckedRelease:
     """What opening a release checks (docs/verification.md): manifest.json's bytes against the
     listing's digest, its content (schema, commitments: format 1 every record, format 2 the index)
     and the listing against it. Reads manifest.json only: no entry file, no index shard."""
@@ -397,7 +398,7 @@ def open_release(root: Path, listing: Listing | None = None) -> CheckedRelease:
                 limit = _unsigned_manifest_limit(_scan(root).stored)
     doc, msha, msize = _read_manifest(manifest_path, limit, listing)
     manifest = release_format.check_manifest(doc, manifest_path)
-    rel = Release(root, manifest)
+    rel = Release(root, manifest, source)
     _listing_matches(rel, msha, msize, listing, every_later=False)
     check_commitments(root, manifest)
     files = {MANIFEST: msha, **{n: f["sha256"] for n, f in rel.subject_files().items()}}
@@ -747,7 +748,7 @@ def _open_manifest(run: _Run) -> Release:
     """Step 3: the manifest's content (schema; format 2: the root digest binding the shard digests about to be
     trusted), then the listing against it (_listing_matches; a listing of every file waits for step 4)."""
     manifest = release_format.check_manifest(run.doc, run.root / MANIFEST)
-    rel = Release(run.root, manifest)
+    rel = Release(run.root, manifest, run.source)
     if rel.index is not None:
         check_commitments(run.root, manifest)
     _listing_matches(rel, run.msha, run.msize, run.listing, every_later=True)

@@ -1,13 +1,14 @@
 """A local folder standing for a remote release: its manifest and signatures now, every other file when first read.
 
 Opening a remote release reads manifest.json and the signature files (release.sigstore.json, model.sig)
-into a new folder under the cache's mirrors/. The folder is registered as a source
-(kvgraft.release.sources): when a reader of the release is about to open an index shard, the prefix
+into a new folder under the cache's mirrors/. The mirror is the release's source
+(kvgraft.release.sources.Source): when a reader of the release is about to open an index shard, the prefix
 index or an entry's file, `fetch` brings that file into the verified cache (kvgraft.remote.transfer:
 checked against the SHA-256 and size that the manifest, or the shard record it already checked, states)
 and hard-links it into the folder. The readers then check the file as they check any local release, so
 the signature, the manifest, the index and the entry bytes are verified by the same code for both.
-Messages name the location, not the folder (kvgraft.errors.SHOWN_AS).
+An error raised while the mirror is open is named by the location, not the folder (`Source.name`, on leaving
+the `with` block that holds the mirror); leaving it also removes the folder and keeps the cache within its limit.
 
 `fetch_all` (verifying everything) brings every file the manifest lists. Where the location can be listed
 (S3), files beside the listed ones are brought too, so that the check refuses them as it would locally;
@@ -16,7 +17,6 @@ over HTTP a folder cannot be listed, and the note it returns says so.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kvgraft import errors
 from kvgraft.errors import InputError
 from kvgraft.release import sources
 from kvgraft.release.format import MAX_MANIFEST_BYTES, REPOSITORY_METADATA, SIDE_FILES, Release, check_commitments, load_manifest
@@ -42,42 +41,43 @@ from kvgraft.remote.transfer import Meter, fetch_piece, read_small
 MAX_SIGNATURE_BYTES = 64 * 1024 * 1024  # kvgraft.signing.attest.MAX_BUNDLE_BYTES: what the verifier reads at most
 MAX_BESIDE_BYTES = 256 * 1024 * 1024  # a file beside the release on a listed location (a Hub card)
 # The cache's size limit is enforced (one listing of the cache) after this many bytes were added to it,
-# and when the process ends: not after each piece, which would list the cache once per entry.
+# and when the mirror is closed (at the end of a command): not after each piece, which would list the cache once per entry.
 EVICT_EVERY = 256 * 1024 * 1024
 
 
-class Mirror:
-    """A remote release's local folder (module docstring); a kvgraft.release.sources.Source."""
+class Mirror(sources.Source):
+    """A remote release's local folder (module docstring): the source of a release at an http(s)://, hf:// or
+    s3:// location, its files read through `store` (one class per kind of store) into `cache`."""
+
+    remote = True
 
     def __init__(self, loc: Location, store: Store, cache: Cache, notes: list[str]) -> None:
-        self.loc, self.store, self.cache = loc, store, cache
-        self.location = loc.url
-        self.notes = list(notes)
+        self.loc, self.store, self._cache = loc, store, cache
         base = cache.root / "mirrors"
         base.mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="rel-", dir=base))
-        # Held while this process lives: `kvgraft cache prune` removes only mirrors whose lock is free.
+        super().__init__(Path(tempfile.mkdtemp(prefix="rel-", dir=base)), loc.url)
+        self.notes = list(notes)
+        # Held until closed: `kvgraft cache prune` removes only mirrors whose lock is free.
         self._lock_fd = os.open(f"{self.root}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._placed: set[str] = set()
         self._guard = threading.Lock()
-        errors.SHOWN_AS[str(self.root)] = loc.url
-        sources.register(self.root, self)
-        with _OPEN_LOCK:
-            _OPEN.append(self)
+
+    @property
+    def cache(self) -> Path:
+        return self._cache.root
 
     def close(self) -> None:
+        """Remove the folder (the pieces stay in the cache) and keep the cache within its limit."""
         if self._lock_fd < 0:
             return
-        sources.unregister(self.root)
-        errors.SHOWN_AS.pop(str(self.root), None)
         shutil.rmtree(self.root, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.unlink(f"{self.root}.lock")
         os.close(self._lock_fd)
         self._lock_fd = -1
-        if self.cache.added:
-            self.cache.evict()
+        if self._cache.added:
+            self._cache.evict()
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -96,19 +96,19 @@ class Mirror:
 
     # ------------------------------------------------------------------------------------------ files
 
-    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None,
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None = None,
               meter: Meter | None = None) -> None:
         if name in self._placed:
             return
         if name in (MANIFEST, *SIDE_FILES, SUBSET_NAME):  # read at opening, never replaced by a listed file
             raise InputError(f"{self.store.shown(name)}: {what}: the manifest lists {name} as a file of the release")
         target = safe_path(self.root, name, what)
-        fetch_piece(self.store, self.cache, name, sha256, size, what, entry=entry, link=target, meter=meter)
+        fetch_piece(self.store, self._cache, name, sha256, size, what, entry=entry, link=target, meter=meter)
         with self._guard:
             self._placed.add(name)
-            evict = self.cache.added >= EVICT_EVERY
+            evict = self._cache.added >= EVICT_EVERY
         if evict:
-            self.cache.evict()
+            self._cache.evict()
 
     def fetch_all(self) -> None:
         """Every file the manifest lists, a few at a time; then files beside them where the location is listed."""
@@ -170,21 +170,9 @@ def open_store(loc: Location, settings: Settings | None = None) -> tuple[Store, 
                      settings=settings), []
 
 
-_OPEN: list[Mirror] = []
-_OPEN_LOCK = threading.Lock()
-
-
-@atexit.register
-def close_all() -> None:
-    """Close every mirror this process opened (at exit): their folders go, and the cache keeps its limit."""
-    with _OPEN_LOCK:
-        mirrors = list(_OPEN)
-        _OPEN.clear()
-    for mirror in mirrors:
-        mirror.close()
-
-
 def open_mirror(loc: Location, cache: Cache | None = None) -> Mirror:
+    """The mirror of the release at `loc`, its manifest and signatures read; whoever opens it closes it
+    (`with open_mirror(...) as mirror:`)."""
     cache = cache or Cache()
     cache.ready()
     store, notes = open_store(loc)

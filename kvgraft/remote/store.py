@@ -262,21 +262,24 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
 
 
+async def _within(go: Callable[[], Awaitable[int]], deadline: float | None) -> int:
+    """`go()`, stopped when the monotonic `deadline` passes (None: never), which is then a Transient failure; a read
+    that timed out before it is left as it is."""
+    if deadline is None:
+        return await go()
+    try:
+        return await asyncio.wait_for(go(), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        if time.monotonic() < deadline:
+            raise  # a read that timed out, not the deadline
+        raise Transient("the fetch deadline passed (KVGRAFT_FETCH_DEADLINE)") from None
+
+
 def _run(fs: Any, sync: Any, go: Callable[[], Awaitable[int]], deadline: float | None, timeout: float,
          aiohttp: Any) -> int:
     """`go()` on the file system's loop, bounded by `deadline`, its errors sorted into retried or not."""
-    async def bounded() -> int:
-        if deadline is None:
-            return await go()
-        try:
-            return await asyncio.wait_for(go(), max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            if time.monotonic() < deadline:
-                raise  # a read that timed out, not the deadline
-            raise Transient("the fetch deadline passed (KVGRAFT_FETCH_DEADLINE)") from None
-
     try:
-        return int(sync(fs.loop, bounded))
+        return int(sync(fs.loop, _within, go, deadline))
     except TimeoutError:
         raise Transient(f"no data for {timeout:g} s (timed out)") from None
     except (aiohttp.ClientSSLError, aiohttp.InvalidURL) as exc:
@@ -337,18 +340,8 @@ class S3Store(Store):
             finally:
                 body.close()
 
-        async def bounded() -> int:
-            if deadline is None:
-                return await go()
-            try:
-                return await asyncio.wait_for(go(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                if time.monotonic() < deadline:
-                    raise  # a read that timed out, not the deadline
-                raise Transient("the fetch deadline passed (KVGRAFT_FETCH_DEADLINE)") from None
-
         try:
-            return int(sync(fs.loop, bounded))
+            return int(sync(fs.loop, _within, go, deadline))
         except FileNotFoundError:
             raise NotFound("no such key") from None
         except PermissionError as exc:

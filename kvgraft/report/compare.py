@@ -74,8 +74,9 @@ def _local(source: str) -> list[tuple[str, Path]]:
     return [(str(p), p) for p in found]
 
 
-def _remote(source: str, into: Path) -> list[tuple[str, Path]]:
-    """Each report at a remote location, with its signature, read (bounded) into a folder of its own under `into`."""
+def _remote(source: str, into: Path, shown_as: dict[str, str]) -> list[tuple[str, Path]]:
+    """Each report at a remote location, with its signature, read (bounded) into a folder of its own under `into`;
+    `shown_as` gains each copy's path and the URL a message names it by."""
     from kvgraft.remote.location import parse
     from kvgraft.remote.mirror import open_store
     from kvgraft.remote.transfer import read_small
@@ -109,8 +110,8 @@ def _remote(source: str, into: Path) -> list[tuple[str, Path]]:
         sig = read_small(store, signature, MAX_BUNDLE_BYTES, "a report signature")
         if sig is not None:
             bundle_path(local).write_bytes(sig)
-        errors.SHOWN_AS[str(local)] = store.shown(n)  # messages name the URL, not the copy
-        errors.SHOWN_AS[str(bundle_path(local))] = store.shown(signature)
+        shown_as[str(local)] = store.shown(n)  # messages name the URL, not the copy
+        shown_as[str(bundle_path(local))] = store.shown(signature)
         got.append((store.shown(n), local))
     return got
 
@@ -316,11 +317,18 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
     from kvgraft.remote.location import is_remote
     from kvgraft.report.document import load_report
 
+    shown_as: dict[str, str] = {}  # copies of remote reports -> their URLs
+
+    def said(exc: Error) -> str:
+        for copy, url in shown_as.items():
+            exc.named(copy, url)
+        return exc.diagnostics()
+
     with tempfile.TemporaryDirectory(prefix="kvgraft-compare-") as tmp:
         try:
             found: list[tuple[str, Path]] = []
             for s in sources:
-                found += _remote(s, Path(tmp)) if is_remote(s) else _local(s)
+                found += _remote(s, Path(tmp), shown_as) if is_remote(s) else _local(s)
                 if len(found) > MAX_REPORTS:
                     raise InputError(f"more than {MAX_REPORTS} reports named")
             trusted: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
@@ -335,7 +343,7 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                 except VerificationError as exc:
                     if not allow_unverified:
                         raise
-                    unverified.append({"source": shown, "reason": exc.diagnostics()})
+                    unverified.append({"source": shown, "reason": said(exc)})
             reps: list[tuple[dict[str, Any], dict[str, Any]]] = []
             for shown, signer, report in trusted:
                 try:
@@ -343,13 +351,10 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                 except VerificationError as exc:
                     if not allow_unverified:
                         raise
-                    unverified.append({"source": shown, "reason": exc.diagnostics()})
+                    unverified.append({"source": shown, "reason": said(exc)})
         except Error as exc:
-            exc.args = (exc.diagnostics(),)  # named by the location given while the copies' names are known
+            exc.args = (said(exc),)  # named by the location given while the copies' names are known
             raise
-        finally:
-            for k in [k for k in errors.SHOWN_AS if k.startswith(tmp)]:
-                del errors.SHOWN_AS[k]
     return _result(reps, unverified, confidence)
 
 

@@ -136,19 +136,24 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         raise VerificationError(f"{report_path}: binding.release_attestation_digest {binding.get('release_attestation_digest')} "
                                 f"is not the signed {subjects.get(RELEASE_ATTESTATION)}")
     if release is not None:
-        from kvgraft.release.format import load_manifest
-        from kvgraft.remote import local_root
+        from kvgraft.remote import open_source
 
-        folder = local_root(release)
-        rb = folder / RELEASE_ATTESTATION
-        if jsonio.stat_or_none(rb) is None:
-            raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
-        rsha, _ = hash_file(rb)
-        if rsha != binding.get("release_attestation_digest"):
-            raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited "
-                                    f"({binding.get('release_attestation_digest')})")
-        root = load_manifest(folder)["root_digest"]
-        if root != binding.get("release_root_digest"):
-            raise VerificationError(f"{release}: root digest {root} is not the audited {binding.get('release_root_digest')}")
+        with open_source(release) as source:  # a release read from elsewhere: its folder, named by its URL
+            _bound_release(source.root, release, binding)
     return ReportVerified(report, signer, sha, release is not None)
 
+
+def _bound_release(folder: Path, release: str | Path, binding: dict[str, Any]) -> None:
+    """The release a report is bound to: its attestation's digest and root digest are the ones the report audited."""
+    from kvgraft.release.format import load_manifest
+
+    rb = folder / RELEASE_ATTESTATION
+    if jsonio.stat_or_none(rb) is None:
+        raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
+    rsha, _ = hash_file(rb)
+    if rsha != binding.get("release_attestation_digest"):
+        raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited "
+                                f"({binding.get('release_attestation_digest')})")
+    root = load_manifest(folder)["root_digest"]
+    if root != binding.get("release_root_digest"):
+        raise VerificationError(f"{release}: root digest {root} is not the audited {binding.get('release_root_digest')}")

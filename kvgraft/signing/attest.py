@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,27 @@ def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int
         "kvgraft_version": __version__,
     }
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+
+
+def predicate_check(root: Path, stmt: dict[str, Any], source: str) -> Callable[[dict[str, Any], str, int], None]:
+    """What a statement says beyond its subjects, as a check of the parsed manifest (manifest, its sha256, its
+    size; kvgraft.release.integrity.ManifestCheck): every member its predicate states must be what the manifest
+    implies; only the version of the kvgraft that signed is the signer's own. `source` names the statement."""
+
+    def check(manifest: dict[str, Any], msha: str, msize: int) -> None:
+        claimed = stmt["predicate"]
+        implied = statement(manifest, msha, msize)["predicate"]
+        for what in sorted((set(claimed) | set(implied)) - {"kvgraft_version"}):
+            if claimed.get(what) != implied.get(what):
+                raise VerificationError(f"{root / MANIFEST}: the {source} predicate's {what} {_brief(claimed.get(what))} "
+                                        f"does not match the manifest ({_brief(implied.get(what))})")
+
+    return check
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def subject_files(manifest: dict[str, Any]) -> dict[str, str]:

@@ -93,15 +93,17 @@ class OmsSignature(NamedTuple):
     ignored: tuple[str, ...]  # the paths its serialization says it leaves out (ignore_paths), release-relative
 
 
-def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | None, advice: str = "") -> OmsSignature:
+def read(path: Path, public_keys: Sequence[keys.PublicKey] | keys.PublicKey | None, advice: str = "",
+         raw: bytes | None = None) -> OmsSignature:
     """Parse (strictly) and, with `public_keys`, verify an OMS signature with the first of them that does.
-    `advice` ends the message when no key verifies it.
+    `advice` ends the message when no key verifies it; `raw`: the file's bytes when already read.
 
     The statement's subject digest must be the one its resources imply, and the serialization must
     be the per-file SHA-256 one (the only one kvgraft can compare with a release's files).
     """
     where = str(path)
-    raw = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "an OMS signature")
+    if raw is None:  # `raw`: its bytes, already read (bounded) by the caller
+        raw = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "an OMS signature")
     bundle = attest.parse_bundle(raw, where)
     verified_by = None
     given = [] if public_keys is None else [public_keys] if not isinstance(public_keys, Sequence) else list(public_keys)

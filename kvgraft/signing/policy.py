@@ -116,3 +116,65 @@ def keys_policy(keys: Sequence[Path] | None, **options: Any) -> VerifyPolicy:
     verifies (`verify`, `run`, `audit recompute`): each key must verify one of the release's signatures."""
     given = list(keys or [])
     return verify_policy(key=given[0] if given else None, more_keys=tuple(given[1:]), **options)
+
+
+# ------------------------------------------------------------------------------------------------ scopes
+# What a verification reads of a release, beside its signatures (kvgraft.signing.verify.verify).
+
+
+class Scope:
+    """How much of a release a verification reads; `name` is what `verify --json` states."""
+
+    name = "open"
+
+
+@dataclass(frozen=True)
+class Opening(Scope):
+    """The signatures, the statement and the manifest (format 2: its index's commitments); no entry byte."""
+
+    name = "open"
+
+
+@dataclass(frozen=True)
+class Everything(Scope):
+    """Every file of the folder: sizes, digests, headers; `deep`: every tensor's digest too."""
+
+    deep: bool = False
+    name = "all"
+
+
+@dataclass(frozen=True)
+class Entries(Scope):
+    """What opening checks, then these entries' files only (size, SHA-256, header; `deep`: every tensor)."""
+
+    ids: tuple[str, ...]
+    deep: bool = False
+    name = "entries"
+
+
+@dataclass(frozen=True)
+class Sample(Scope):
+    """What opening checks, every index record, then the files of `size` entries drawn from the root digest and
+    `nonce` (a fresh one when None), as a sampled audit draws them, every tensor re-hashed."""
+
+    size: int
+    nonce: str | None = None
+    name = "sample"
+
+
+OPEN = Opening()
+ALL = Everything()
+
+
+def scope_of(*, deep: bool = False, entries: Sequence[str] | None = None, sample: int | None = None,
+             nonce: str | None = None) -> Scope:
+    """The scope `kvgraft verify`'s options ask for (--deep, --entry, --sample, --nonce)."""
+    if sample is not None:
+        if entries is not None:
+            raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
+        return Sample(sample, nonce)
+    if nonce is not None:
+        raise InputError("--nonce draws a sample: pass --sample N too")
+    if entries is not None:
+        return Entries(tuple(entries), deep)
+    return Everything(deep)

@@ -1,6 +1,6 @@
-"""Verify a cache release under one policy: its signature and statement, then its bytes (release.integrity).
+"""Verify a cache release under one policy and scope: its signature and statement, then its bytes (release.integrity).
 
-What `verify_release` checks, in order (the first failure raises, naming what and where):
+What `verify(source, policy, scope)` checks, in order (the first failure raises, naming what and where):
 
 1. the bundle RELEASE/release.sigstore.json, when present: strict JSON, bounded size; its DSSE
    signature with `key`, or with Sigstore (certificate chain to the trusted root, identity policy,
@@ -16,13 +16,16 @@ What `verify_release` checks, in order (the first failure raises, naming what an
 6. each safetensors header against the manifest's tensor table (dtype, shape, byte range);
 7. with `deep`, every tensor byte range against its sha256 in the manifest.
 
-`verify_release` runs them as named steps: `_read_bundle` and `_read_oms_signature` (1),
+`verify` runs them as named steps: `_read_bundle` and `_read_oms_signature` (1),
 `_every_key_verifies_a_signature`, `_check_files` (2-7: `kvgraft.release.integrity.check_release`, or
 what opening checks), `_check_entries` (`--entry`), `_compare_oms_list`. The policy (which signature,
-whose) is a `kvgraft.signing.policy` object; the Sigstore checks are `kvgraft.signing.sigstore`.
-`verified(path, policy)` is what the edges call (the CLI, a plan's run, the vLLM connector's start-up, a
-Ray worker given a path and the driver's policy): it returns a `VerifiedRelease` (the release, what was
-checked, under which policy), the only type graft, recompute, the audits and the libraries take.
+whose) is a `kvgraft.signing.policy` object, and so is the scope (how much is read: `OPEN`, `Everything`,
+`Entries`, `Sample`); the Sigstore checks are `kvgraft.signing.sigstore`. Each signature file is looked at
+and read once per verification (`_Signatures`). `verify` returns a `VerifiedRelease`
+(kvgraft.signing.verified: the release, what was checked, under which policy, where it came from), the only
+type graft, recompute, the audits and the libraries take; `verified(path, policy)` (scope `OPEN`) is what
+the edges call (the CLI, a plan's run, the vLLM connector's start-up, a Ray worker given a path and the
+driver's policy). `verify_release` is `verify` with `kvgraft verify`'s options as keywords.
 Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
 re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
 
@@ -31,7 +34,6 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -44,25 +46,36 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvgraft import __version__, sampling
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
-from kvgraft.errors import Error, InputError, VerificationError, shown
-from kvgraft.release import sources
+from kvgraft.errors import Error, InputError, VerificationError
 from kvgraft.release.format import Release
 from kvgraft.release.integrity import (
     Beside,
     CheckedEntry,
     CheckedRelease,
     Listing,
-    ManifestCheck,
     check_entry,
     check_index,
     check_release,
     open_release,
 )
-from kvgraft.release.records import MANIFEST
-from kvgraft.remote import local_root, subset
+from kvgraft.release.sources import Source
+from kvgraft.remote import open_source, subset
 from kvgraft.signing import attest, keys
-from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, VerifyPolicy, verify_policy
+from kvgraft.signing.policy import (
+    OPEN,
+    Entries,
+    Everything,
+    OwnOutput,
+    Sample,
+    Scope,
+    SignatureNotChecked,
+    VerifyPolicy,
+    scope_of,
+    verify_policy,
+)
 from kvgraft.signing.sigstore import SigstoreTrust, integrated_time, verify_sigstore_bundle
+from kvgraft.signing.verified import Origin as Origin
+from kvgraft.signing.verified import VerifiedRelease as VerifiedRelease
 
 RESULT_FORMAT = "kvgraft-verify-result"
 RESULT_VERSION = 1
@@ -136,6 +149,7 @@ class VerifyResult:
     checked_entries: list[str] = field(default_factory=list)
     sample: dict[str, Any] | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
     bound: dict[str, Any] | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
+    location: str = ""  # the release as given (a folder, or the URL its folder `release` stands for)
 
     @property
     def throughput(self) -> float:
@@ -146,24 +160,24 @@ class VerifyResult:
         """The `verify --json` document (schemas/verify-result.v1.json)."""
         return {
             "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": True, "exit_code": 0, "error": None, "release": shown(str(self.release)),
+            "ok": True, "exit_code": 0, "error": None, "release": self.location or str(self.release),
             "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
             "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
             "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
             "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
-            "statement": self.statement, "signature": _shown(asdict(self.signature)), "warnings": list(self.warnings),
+            "statement": self.statement, "signature": self._shown(asdict(self.signature)), "warnings": list(self.warnings),
             "scope": self.scope, "checked_entries": list(self.checked_entries),
             **({"sample": self.sample, "bound": self.bound} if self.sample is not None else {}),
         }
 
 
-def _shown(value: Any) -> Any:
-    """`value` with the files it names as the person named them (a remote release: its URL, not its folder)."""
-    if isinstance(value, str):
-        return shown(value)
-    if isinstance(value, dict):
-        return {k: _shown(v) for k, v in value.items()}
-    return [_shown(v) for v in value] if isinstance(value, list) else value
+    def _shown(self, value: Any) -> Any:
+        """`value` with the files it names as the person named them (a remote release: its URL, not its folder)."""
+        if isinstance(value, str):
+            return value.replace(str(self.release), self.location) if self.location else value
+        if isinstance(value, dict):
+            return {k: self._shown(v) for k, v in value.items()}
+        return [self._shown(v) for v in value] if isinstance(value, list) else value
 
 
 def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
@@ -172,41 +186,44 @@ def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, A
             "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
 
 
-def _brief(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
-    return text if len(text) <= 200 else text[:200] + "..."
+class _Signatures:
+    """The signature files of one verification (release.sigstore.json, model.sig or a detached OMS signature),
+    each looked at and read at most once however many steps ask about it."""
 
+    def __init__(self, root: Path) -> None:
+        self.bundle_path = root / attest.BUNDLE_NAME
+        self._stats: dict[Path, os.stat_result | None] = {}
+        self._bytes: dict[Path, bytes] = {}
 
-def _predicate_check(root: Path, statement: dict[str, Any], source: str) -> ManifestCheck:
-    """Step 3's statement half: every member the predicate states must be what the manifest implies;
-    only the version of the kvgraft that signed is the signer's own."""
+    def present(self, path: Path) -> bool:
+        if path not in self._stats:
+            self._stats[path] = jsonio.stat_or_none(path)
+        return self._stats[path] is not None
 
-    def check(manifest: dict[str, Any], msha: str, msize: int) -> None:
-        claimed = statement["predicate"]
-        implied = attest.statement(manifest, msha, msize)["predicate"]
-        for what in sorted((set(claimed) | set(implied)) - {"kvgraft_version"}):
-            if claimed.get(what) != implied.get(what):
-                raise VerificationError(f"{root / MANIFEST}: the {source} predicate's {what} {_brief(claimed.get(what))} "
-                                        f"does not match the manifest ({_brief(implied.get(what))})")
+    def read(self, path: Path, what: str) -> bytes:
+        if path not in self._bytes:
+            self._bytes[path] = jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, what, self._stats.get(path))
+        return self._bytes[path]
 
-    return check
+    def oms(self, path: Path, given: Sequence[keys.PublicKey] | None, advice: str = "") -> Any:
+        from kvgraft.signing import oms
+
+        return oms.read(path, given, advice, raw=self.read(path, "an OMS signature"))
 
 
 def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatus,
-              has_bundle: bool) -> _OmsList | None:
+              has_bundle: bool, signatures: _Signatures) -> _OmsList | None:
     """An OpenSSF model signing signature (RELEASE/model.sig, or the detached one at `path`), if present:
     its files (name -> sha256) without release.sigstore.json, and the digest it lists for
     release.sigstore.json (None if none). With keys given it must verify with one of them; beside a
     kvgraft bundle, keys OMS cannot use (Ed25519 only) leave it unchecked, and its file list is still
     compared."""
-    from kvgraft.signing import oms
-
-    if jsonio.stat_or_none(path) is None:
+    if not signatures.present(path):
         return None
     usable = [k for k in given if isinstance(k, ec.EllipticCurvePublicKey)] if has_bundle else given
     advice = (f"; the release has two signatures ({attest.BUNDLE_NAME} and {path.name}): give --key for each "
               f"signer" if has_bundle else "")
-    found = oms.read(path, usable or None, advice)
+    found = signatures.oms(path, usable or None, advice)
     files, verified_by, digest = found.files, found.verified_by, found.sha256
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
     signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
@@ -214,60 +231,82 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
     return files, files.pop(attest.BUNDLE_NAME, None), found.ignored
 
 
+def verify(source: str | Path | Source, policy: VerifyPolicy, scope: Scope = OPEN) -> VerifiedRelease:
+    """The one verification (module docstring): the release `source` names (a folder, an http(s)://, hf://
+    or s3:// location, or a source already open) checked under `policy` as far as `scope` reads it.
+
+    `scope` (kvgraft.signing.policy): `OPEN` checks step 1 and what opening a release checks
+    (`release.integrity.open_release`: manifest.json against the statement, the manifest, the statement
+    against it), reading no entry bytes: what every consumer of release bytes is handed (graft, run, the
+    audits, the vLLM connector, a Ray worker), each entry's bytes then checked when read. `Everything`
+    checks every file (steps 1-7). `Entries`: opening, then those entries' files only (size, SHA-256,
+    header; `deep`: every tensor). `Sample`: opening, every index shard and record, then the files of the
+    entries drawn from the root digest and the nonce (kvgraft.sampling, the draw of a sampled audit), every
+    tensor re-hashed; the result states the bound.
+
+    Returns a `VerifiedRelease` that carries where it came from; raises a kvgraft Error on the first failure,
+    named by the location given. A source opened here (from a folder or a location) is closed when the
+    `VerifiedRelease` is (`with verify(...) as checked:`), or at once when verification fails.
+    """
+    owned = not isinstance(source, Source)
+    src = open_source(source) if not isinstance(source, Source) else source
+    try:
+        result = _verify(src, policy, scope)
+    except BaseException as exc:
+        if isinstance(exc, Error):
+            src.name(exc)
+        if owned:
+            src.close()
+        raise
+    assert result.opened is not None
+    return VerifiedRelease(result.opened, result, src, owned)
+
+
 def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
                    issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
                    policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
                    scope: str = "all", sample: int | None = None, nonce: str | None = None) -> VerifyResult:
-    """Verify a release (module docstring); return what passed, raise a kvgraft Error on the first failure.
-
-    `scope`: "all" checks every file (steps 1-7); "open" checks step 1 and what opening a release
-    checks (`release.integrity.open_release`: manifest.json against the statement, the manifest, the
-    statement against it), reading no entry bytes. `entries`: "open", then those entries' files only
-    (size, SHA-256, header; `deep`: every tensor). `sample`: "open", every index shard and record, then
-    the files of `sample` entries drawn from the root digest and `nonce` (kvgraft.sampling, the draw of a
-    sampled audit; a fresh nonce when None), every tensor re-hashed; the result states the bound.
-
-    `policy` (kvgraft.signing.policy; or, for short, `key`, `identity` + `issuer`, `trust`). `key`: a PEM
-    public key the DSSE signature must verify with. `identity` + `issuer`: the Sigstore certificate
-    identity (SAN) and OIDC issuer the bundle must be signed by, checked against `trust`.
-    """
-    started = time.perf_counter()
+    """`verify` with `kvgraft verify`'s options as keywords (`policy`, or for short `key`, `identity` + `issuer`,
+    `trust`; `scope` "all" or "open", `deep`, `entries`, `sample`, `nonce`): what was checked. The release's
+    source is closed before it returns."""
     if scope not in ("all", "open"):
         raise ValueError(f"scope {scope!r}")
-    if sample is not None:
-        if entries is not None:
-            raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
-        scope = "sample"
-    elif nonce is not None:
-        raise InputError("--nonce draws a sample: pass --sample N too")
-    if entries is not None:
-        scope = "entries"
+    wanted = OPEN if scope == "open" and entries is None and sample is None and nonce is None else scope_of(
+        deep=deep, entries=entries, sample=sample, nonce=nonce)
     if policy is None:
         policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=trust)
     elif (key, identity, issuer, trust) != (None, None, None, None):
         raise InputError("give a verification policy or key/identity arguments, not both")
-    root = local_root(root)
+    with verify(root, policy, wanted) as checked:
+        return checked.checked
+
+
+def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
+    started = time.perf_counter()
+    root = src.root
     jsonio.require_folder(root, " (expected a cache release)")
-    pulled = subset.read(root) if scope == "all" else None
+    pulled = subset.read(root) if isinstance(scope, Everything) else None
     if pulled is not None:  # a subset `kvgraft pull` made: the entries it holds, and no other file
-        scope, entries = "entries", pulled.entries
+        scope = Entries(tuple(pulled.entries), isinstance(scope, Everything) and scope.deep)
+    deep = isinstance(scope, Everything | Entries) and scope.deep
+    entries = scope.ids if isinstance(scope, Entries) else ()
     given = [keys.load_public_key(p) for p in policy.keys]
-    oms_path = _oms_path(root, policy)
-    read = _read_bundle(root, policy, given, oms_path)
-    oms_read = _read_oms_signature(root, policy, given, read, oms_path, scope)
+    files = _Signatures(root)
+    oms_path = _oms_path(root, policy, files)
+    read = _read_bundle(root, policy, given, oms_path, files)
+    oms_read = _read_oms_signature(root, policy, given, read, oms_path, scope.name, files)
     _every_key_verifies_a_signature(root, given, read.signature)
-    checked = _check_files(root, policy, read, oms_read, oms_path, scope, deep)
-    drawn = _draw(checked, sample, nonce) if sample is not None else None
+    checked = _check_files(src, policy, read, oms_read, oms_path, scope.name, deep)
+    drawn = _draw(checked, scope.size, scope.nonce) if isinstance(scope, Sample) else None
     if drawn is not None:
         checked_entries, tensors, hashed = _check_sample(checked, drawn["entries"], oms_read, oms_path)
     else:
-        checked_entries, tensors, hashed = _check_entries(checked, entries or [], deep, oms_read, oms_path)
+        checked_entries, tensors, hashed = _check_entries(checked, entries, deep, oms_read, oms_path)
     if oms_read is not None:
-        _compare_oms_list(oms_read, checked, read, oms_path, scope)
+        _compare_oms_list(oms_read, checked, read, oms_path, scope.name)
     if pulled is not None:
         read.warnings.append(subset.check_folder(root, pulled, checked.release))
-    if (remote := sources.of(root)) is not None:
-        read.warnings.extend(remote.notes)  # what reading it from elsewhere could not check
+    read.warnings.extend(src.notes)  # what reading it from elsewhere could not check
     m = checked.manifest
     return VerifyResult(
         release=root, root_digest=m["root_digest"], manifest_sha256=checked.manifest_sha256,
@@ -275,8 +314,10 @@ def verify_release(root: Path | str, *, key: Path | None = None, identity: str |
         bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=read.signature, statement=read.statement is not None,
         model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
-        warnings=read.warnings, policy=policy, opened=checked.release, scope=scope, checked_entries=checked_entries,
-        sample=drawn, bound=sampling.check_bound(len(drawn["entries"]), drawn["population"]) if drawn else None,
+        warnings=read.warnings, policy=policy, opened=checked.release, scope=scope.name,
+        checked_entries=checked_entries, sample=drawn,
+        bound=sampling.check_bound(len(drawn["entries"]), drawn["population"]) if drawn else None,
+        location=src.location,
     )
 
 
@@ -317,7 +358,7 @@ class _Read:
     bundle_raw: bytes | None = None
 
 
-def _oms_path(root: Path, policy: VerifyPolicy) -> Path:
+def _oms_path(root: Path, policy: VerifyPolicy, files: _Signatures) -> Path:
     """Where the OpenSSF model signing signature is read from: RELEASE/model.sig, or the detached one named."""
     oms_path = root / attest.OMS_NAME
     if policy.oms_signature is None:
@@ -328,18 +369,20 @@ def _oms_path(root: Path, policy: VerifyPolicy) -> Path:
     if inside is not None:
         raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
                          f"({policy.oms_signature}); give one of them")
-    jsonio.read_bounded(Path(policy.oms_signature), attest.MAX_BUNDLE_BYTES, "an OMS signature")  # absent: exit 2 here
+    files.read(Path(policy.oms_signature), "an OMS signature")  # absent: exit 2 here
     return Path(policy.oms_signature)
 
 
-def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], oms_path: Path) -> _Read:
+def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], oms_path: Path,
+                 files: _Signatures) -> _Read:
     """Step 1: release.sigstore.json, its signature checked as the policy asks, its statement parsed."""
-    bundle_path = root / attest.BUNDLE_NAME
+    bundle_path = files.bundle_path
     read = _Read(SignatureStatus("not checked"))
     signature, identity, issuer = read.signature, policy.identity, policy.issuer
-    oms_present = jsonio.stat_or_none(oms_path) is not None
-    if jsonio.stat_or_none(bundle_path) is not None:
-        bundle = attest.read_bundle(bundle_path)  # refuses a link or a special file before opening it
+    oms_present = files.present(oms_path)
+    if files.present(bundle_path):
+        # read_bounded refuses a link or a special file before opening it
+        bundle = attest.parse_bundle(files.read(bundle_path, "a bundle"), str(bundle_path))
         read.bundle_raw = bundle.raw
         signature.bundle = str(bundle_path)
         signature.bundle_sha256 = sha256_hex(bundle.raw)
@@ -350,7 +393,7 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
             except VerificationError as exc:
                 # Advice only where it helps: the key given is the other signature's signer (a wrong key on a
                 # release one signer signed twice is just a wrong key).
-                if oms_present and _verifies(oms_path, given):
+                if oms_present and _verifies(oms_path, given, files):
                     raise VerificationError(f"{exc}; the release has two signatures ({attest.BUNDLE_NAME} and "
                                             f"{oms_path.name}): give --key for each signer") from None
                 raise
@@ -385,23 +428,21 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
     return read
 
 
-def _verifies(oms_path: Path, given: list[keys.PublicKey]) -> bool:
+def _verifies(oms_path: Path, given: list[keys.PublicKey], files: _Signatures) -> bool:
     """Whether one of the keys verifies the OMS signature (only to word an error: a failure here says no)."""
-    from kvgraft.signing import oms
-
     try:
-        oms.read(oms_path, given)
+        files.oms(oms_path, given)
     except Error:
         return False
     return True
 
 
 def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], read: _Read, oms_path: Path,
-                        scope: str) -> _OmsList | None:
+                        scope: str, files: _Signatures) -> _OmsList | None:
     """Step 1's other signature: model.sig read (and checked with the keys) when there is one and this scope reads it;
     signed with it alone, its file list plays the statement's part."""
     signature = read.signature
-    if (scope != "all" and read.bundle_raw is not None and jsonio.stat_or_none(oms_path) is not None
+    if (scope != "all" and read.bundle_raw is not None and files.present(oms_path)
             and policy.oms_signature is None and len(given) <= 1):
         # Opening a release signed with kvgraft's bundle does not read model.sig: OMS lists every file
         # of the folder (its cost grows with the entries), and the bundle already binds every byte.
@@ -409,7 +450,7 @@ def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.Publi
         # second key given for it, or a detached OMS signature named.
         signature.oms_signature = str(oms_path)
         return None
-    oms_read = _read_oms(oms_path, given, signature, read.bundle_raw is not None)
+    oms_read = _read_oms(oms_path, given, signature, read.bundle_raw is not None, files)
     if oms_read is not None and read.statement is None:
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
         if given and signature.oms_verified:
@@ -433,9 +474,10 @@ def _every_key_verifies_a_signature(root: Path, given: list[keys.PublicKey], sig
             raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
 
 
-def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsList | None,
+def _check_files(src: Source, policy: VerifyPolicy, read: _Read, oms_read: _OmsList | None,
                  oms_path: Path, scope: str, deep: bool) -> CheckedRelease:
     """Steps 2-7 (scope "all") or what opening checks, against the statement or else the OMS file list."""
+    root = src.root
     oms_files = oms_read[0] if oms_read is not None else None
     # Files beside the release (a Hub card, README.md) are accepted only when an OMS signature lists them and
     # it was verified, or when nothing is verified at all (then nothing is authenticated, as the warnings say).
@@ -451,23 +493,23 @@ def _check_files(root: Path, policy: VerifyPolicy, read: _Read, oms_read: _OmsLi
         subjects, attested = attest.subjects(statement), statement["predicate"]["root_digest"]
         listing = Listing(subjects, source, vouched=signed,
                           manifest_note=f"the statement attests the release with root digest {attested}",
-                          also=_predicate_check(root, statement, source))
+                          also=attest.predicate_check(root, statement, source))
         if scope == "all":
             beside = ({n: d for n, d in oms_files.items() if n not in subjects}
                       if oms_files is not None and beside_ok else {})
             return check_release(root, listing, beside=Beside(f"OMS signature ({oms_path.name})", beside, ignored),
-                                 deep=deep, keep_files=oms_files is not None)
-        return open_release(root, listing)
+                                 deep=deep, keep_files=oms_files is not None, source=src)
+        return open_release(root, listing, src)
     # An OMS file list (or none) plays the statement's part; it names every file of the folder, and what it
     # names beyond the release's files lies beside it (when it may: beside_ok).
     every = (Listing(oms_files, source, every_file=True, keeps_beside=beside_ok, vouched=signed)
              if oms_files is not None else None)
     if scope == "all":
         return check_release(root, every, beside=Beside(source, excused=ignored), deep=deep,
-                             keep_files=oms_files is not None)
+                             keep_files=oms_files is not None, source=src)
     # Signed with OMS alone: opening compares the files opening reads (manifest.json, which binds the rest,
     # and the index files), each entry's file when it is checked.
-    return open_release(root, every)
+    return open_release(root, every, src)
 
 
 def _check_entries(checked: CheckedRelease, entries: Sequence[str], deep: bool,
@@ -518,50 +560,16 @@ def _compare_oms_list(oms_read: _OmsList, checked: CheckedRelease, read: _Read,
                              f"{', '.join(sorted(checked.beside)[:5])}")
 
 
-@dataclass(frozen=True)
-class VerifiedRelease:
-    """A release that passed what opening checks (`verified`), with what was checked and under which policy.
-
-    The only way a consumer of release bytes (graft, recompute, the audits, the generalization and
-    control libraries, the vLLM connector, the Ray worker) is handed a release: their parameters are
-    typed so, and only the edges (the CLI, `verified` itself) turn a path into one. It carries its policy
-    and its check result itself. `release` is the opened release its consumer reads through; each
-    entry's bytes are checked when read."""
-
-    release: Release
-    checked: VerifyResult
-
-    @property
-    def policy(self) -> VerifyPolicy:
-        return self.checked.policy
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.checked.warnings
-
-    @property
-    def root(self) -> Path:
-        return self.release.root
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return self.release.manifest
-
-
-def verified(root: Path | str, policy: VerifyPolicy) -> VerifiedRelease:
-    """The one verification every consumer of a release's bytes goes through (graft, run, audits,
-    the vLLM connector, the Ray worker): what opening a release checks, under `policy` (docs/verification.md).
-
-    Runs `verify_release(scope="open")` under `policy` (`SignatureNotChecked()` is what `kvgraft verify`
-    does without options; `OwnOutput` for a release kvgraft wrote in this process): the signature, the
-    statement and the manifest (format 2: its index); no entry byte is read. Each entry's bytes are
-    checked when read, before any is used, against the digests the signed root binds
-    (graft.read_entry_tensors: size, safetensors header against the record's tensor table, every
-    tensor's SHA-256 in the same pass as the read). Raises as verify_release does.
+def verified(root: Path | str | Source, policy: VerifyPolicy) -> VerifiedRelease:
+    """`verify(root, policy, OPEN)`: what opening a release checks, under `policy` (docs/verification.md), the one
+    verification every consumer of a release's bytes goes through (graft, run, audits, the vLLM connector,
+    the Ray worker). `SignatureNotChecked()` is what `kvgraft verify` does without options; `OwnOutput` for a
+    release kvgraft wrote in this process. The signature, the statement and the manifest (format 2: its
+    index); no entry byte is read. Each entry's bytes are checked when read, before any is used, against the
+    digests the signed root binds (graft.read_entry_tensors: size, safetensors header against the record's
+    tensor table, every tensor's SHA-256 in the same pass as the read). Raises as `verify` does.
     """
-    result = verify_release(local_root(root), policy=policy, scope="open")
-    assert result.opened is not None
-    return VerifiedRelease(result.opened, result)
+    return verify(root, policy, OPEN)
 
 
 def signature_statement(result: VerifyResult) -> dict[str, Any]:

@@ -64,8 +64,7 @@ from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
 from kvgraft.release.format import Release
 from kvgraft.release.records import new_entry, source_record, token_ids_digest
-from kvgraft.remote import local_root
-from kvgraft.signing.policy import verify_policy
+from kvgraft.signing.policy import SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import VerifiedRelease, verified
 
 if TYPE_CHECKING:
@@ -235,11 +234,12 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._roots = [str(r) for r in roots]
         self._releases: dict[int, VerifiedRelease] = {}  # each verified under self._policy, here at start-up
         self._refused: dict[int, _Refused] = {}
+        self._named: list[VerifiedRelease] = []  # refused releases, opened only to name entries in log lines
         for i, root in enumerate(self._roots):
             try:
                 self._releases[i] = verified(root, self._policy)
             except KvgraftError as exc:
-                self._refuse_release(i, str(exc))
+                self._refuse_release(i, exc.diagnostics())  # named by the location given
         # Scheduler: which entries were found compatible; worker: what it grafted and what failed.
         self._compatible: dict[tuple[int, str], bool] = {}
         self._said: set[tuple[int, str, int]] = set()  # (release, entry, n) refused for a window layer, logged once
@@ -261,16 +261,30 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             if self._capture is not None and self._identity is None:
                 self._identity = served_identity(self._model_dir, self._dtype)
 
+    def shutdown(self) -> None:
+        """vLLM's end of the connector: close every release it opened (a published one: its mirror folder removed,
+        the cache kept within its limit)."""
+        for rel in [*self._releases.values(), *self._named]:
+            rel.close()
+        self._releases.clear()
+        self._named.clear()
+
     # ------------------------------------------------------------------------------------ start-up
 
     def _refuse_release(self, i: int, reason: str, tensor: str | None = None, opened: Release | None = None) -> None:
         tensor = tensor or (m.group(1) if (m := _TENSOR_IN.search(reason)) else "-")
         if opened is None:
-            try:  # the manifest alone, to name the entry when a request would have used it
-                opened = Release.open(local_root(self._roots[i]))
+            # Refused under the connector's policy: verified again checking no signature (the statement, when
+            # there is one, still against the manifest), only to name the entry a request would have used. No
+            # byte of it is served.
+            try:
+                named = verified(self._roots[i], SignatureNotChecked())
+                self._named.append(named)
+                opened = named.release
             except KvgraftError:
                 opened = None
-        self._releases.pop(i, None)
+        if (dropped := self._releases.pop(i, None)) is not None:
+            self._named.append(dropped)  # its release still names entries; closed at shutdown
         self._refused[i] = _Refused(_first_line(reason), tensor, opened)
         entry = "*"
         if m := re.search(r"entry '([^']+)'", reason):
@@ -304,7 +318,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             try:
                 rel.release.prefix_table()
             except KvgraftError as exc:
-                self._refuse_release(i, str(exc), "-", rel.release)
+                self._refuse_release(i, rel.source.name(exc).diagnostics(), "-", rel.release)
         log.info("kvgraft: serving %d entries from %d of %d verified releases (model identity %s…)",
                  sum(r.release.num_entries for r in self._releases.values()), len(self._releases), len(self._roots),
                  have["sha256"][:16] if have else "?")
@@ -318,7 +332,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             try:
                 hit = rel.release.longest_prefix(prompt, self._block_size)
             except KvgraftError as exc:
-                log.warning(refusal(self._roots[i], "-", "-", _first_line(str(exc))))
+                log.warning(refusal(self._roots[i], "-", "-", _first_line(rel.source.name(exc).diagnostics())))
                 continue
             if hit is not None:
                 entry, n = hit
@@ -618,7 +632,8 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             # Every tensor's bytes are hashed as they are read; nothing is returned unless all match.
             tensors, _ = read_entry_tensors(rel, entry)
         except KvgraftError as exc:
-            self._fail(load, m.group(1) if (m := _TENSOR_IN.search(str(exc))) else "-", str(exc))
+            said = rel.source.name(exc).diagnostics()  # a release read from elsewhere: named by its URL
+            self._fail(load, m.group(1) if (m := _TENSOR_IN.search(said)) else "-", said)
             return
         t1 = time.perf_counter()
         shared = self._check_shared(entry, load)

@@ -32,8 +32,6 @@ EDGE_DIRS = {
 # Single files, with the number of openings each may hold (a new one fails until it is justified here).
 EDGE_FILES = {
     "inspection.py": (1, "kvgraft inspect: the manifest alone, no entry byte, and says it checks no signature"),
-    "vllm/connector.py": (1, "a release refused at start-up: its manifest, only to name in the refusal log line the "
-                             "entry a request would have used; no byte of it is served"),
 }
 OPENERS = {"open_release", "check_release"}  # kvgraft.release.integrity: each returns an opened Release
 
@@ -152,9 +150,43 @@ def test_verified_needs_a_path_and_a_policy_and_remembers_nothing() -> None:
 
     params = inspect.signature(verify.verified).parameters
     assert [(p.name, p.annotation, p.default is inspect.Parameter.empty) for p in params.values()] == [
-        ("root", "Path | str", True), ("policy", "VerifyPolicy", True)]
+        ("root", "Path | str | Source", True), ("policy", "VerifyPolicy", True)]
+    params = inspect.signature(verify.verify).parameters
+    assert [(p.name, p.annotation) for p in params.values()] == [
+        ("source", "str | Path | Source"), ("policy", "VerifyPolicy"), ("scope", "Scope")]
     # The policy and the check result travel in the VerifiedRelease, not in a map beside the verifier.
     module_maps = [n for n in ast.parse(Path(verify.__file__).read_text()).body
                    if isinstance(n, ast.Assign | ast.AnnAssign) and isinstance(n.value, ast.Dict)]
     assert not module_maps
     assert not hasattr(verify, "_CHECKED")
+
+
+# Where a release came from is carried by its objects (kvgraft.release.sources.Source, the VerifiedRelease), never
+# kept in the modules that open, read or name releases: two releases in one process do not see each other.
+RELEASE_STATE_MODULES = ("errors.py", "release/sources.py", "remote/__init__.py", "remote/mirror.py",
+                         "signing/verify.py", "release/format.py", "release/index.py", "release/integrity.py")
+
+
+def module_state(source: str) -> list[str]:
+    """Module-level mutable containers and locks in `source`, and any `atexit` use."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            v = node.value
+            call = ast.unparse(v.func) if isinstance(v, ast.Call) else ""
+            if isinstance(v, ast.Dict | ast.List | ast.Set) or call.split(".")[-1] in {
+                    "dict", "list", "set", "Lock", "RLock", "WeakValueDictionary", "WeakKeyDictionary"}:
+                found.append(f"{node.lineno}: {ast.unparse(node)[:60]}")
+    found += [f"{n.lineno}: atexit" for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.Name | ast.alias) and "atexit" in (n.id if isinstance(n, ast.Name) else n.name)]
+    return found
+
+
+def test_where_a_release_came_from_is_kept_in_no_module() -> None:
+    held = {rel: module_state((ROOT / rel).read_text()) for rel in RELEASE_STATE_MODULES}
+    assert not {rel: f for rel, f in held.items() if f}, held
+
+
+def test_the_state_scan_finds_maps_locks_and_atexit() -> None:
+    planted = "import atexit\nA: dict[str, str] = {}\nB = []\nC = threading.Lock()\nD = 3\n"
+    assert [f.split(":")[0] for f in module_state(planted)] == ["2", "3", "4", "1"]

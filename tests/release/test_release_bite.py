@@ -9,7 +9,6 @@ counts.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import Release
 from kvgraft.release.integrity import Beside, Listing, check_entry, check_release, open_release, release_folder_files
 from kvgraft.release.records import MANIFEST, root_digest
+from kvgraft.release.sources import Source
 
 import rewrite
 from release_factory import listed_digests, make_release, release_fixtures
@@ -1418,19 +1418,12 @@ def test_a_prefix_index_that_is_a_symlink_is_refused_by_name(indexed: Path, tmp_
 
 
 def test_an_entry_file_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
-    from kvgraft.release import sources
     asked: list[tuple[Any, ...]] = []
-    Fake = functools.partial(_RecordingSource, asked)
-
-    rel = Release.open(indexed)
+    rel = Release.open(indexed, _RecordingSource(indexed, asked))
     e = rel.entry("rec-001")
     meta = rel.file_meta(e)
-    fake = Fake()
-    sources.register(indexed, fake)
-    try:
-        assert rel.entry_file(e) == indexed / e["file"]
-    finally:
-        sources.unregister(indexed)
+    asked.clear()  # the index shard that holds its record (the test above)
+    assert rel.entry_file(e) == indexed / e["file"]
     assert asked == [(e["file"], meta["sha256"], meta["size"], "entry 'rec-001'", e)]
     assert meta["size"] == (indexed / e["file"]).stat().st_size
 
@@ -1520,18 +1513,11 @@ def test_the_longest_prefix_stops_at_the_first_block_no_entry_holds(indexed: Pat
 
 
 def test_the_prefix_index_of_a_release_from_elsewhere_is_fetched_with_its_label(indexed: Path) -> None:
-    from kvgraft.release import sources
     asked: list[tuple[Any, ...]] = []
-    Fake = functools.partial(_RecordingSource, asked)
-
-    r = Release.open(indexed)
+    r = Release.open(indexed, _RecordingSource(indexed, asked))
     assert r.index is not None and r.index.prefix_meta is not None
     m = r.index.prefix_meta
-    sources.register(indexed, Fake())
-    try:
-        assert r.index.prefix_pages() is not None
-    finally:
-        sources.unregister(indexed)
+    assert r.index.prefix_pages() is not None
     assert asked == [(m["file"], m["sha256"], m["size"], "prefix index", None)]
 
 
@@ -1570,15 +1556,16 @@ def test_overwriting_where_the_file_system_cannot_swap_takes_two_renames(tmp_pat
     assert check_release(out).root == out and sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
 
 
-class _RecordingSource:
+class _RecordingSource(Source):
     """A release read from elsewhere (kvgraft.release.sources) that records each fetch asked of it."""
 
-    location, notes = "https://example.invalid/rel", []
+    remote = True
 
-    def __init__(self, asked: list[tuple[Any, ...]]) -> None:
+    def __init__(self, root: Path, asked: list[tuple[Any, ...]]) -> None:
+        super().__init__(root, "https://example.invalid/rel")
         self.asked = asked
 
-    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None) -> None:
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None = None) -> None:
         self.asked.append((name, sha256, size, what, entry))
 
     def fetch_all(self) -> None:
@@ -1950,17 +1937,11 @@ def test_a_release_reached_through_a_link_is_read_again_when_the_folder_behind_i
 
 
 def test_an_index_shard_of_a_release_from_elsewhere_is_fetched_with_its_digest_and_size(indexed: Path) -> None:
-    from kvgraft.release import sources
     asked: list[tuple[Any, ...]] = []
-
-    r = Release.open(indexed)
+    r = Release.open(indexed, _RecordingSource(indexed, asked))
     assert r.index is not None
     meta = r.index.shards[1]
-    sources.register(indexed, _RecordingSource(asked))
-    try:
-        assert r.entry("rec-001")["id"] == "rec-001"
-    finally:
-        sources.unregister(indexed)
+    assert r.entry("rec-001")["id"] == "rec-001"
     assert asked == [(meta["file"], meta["sha256"], meta["size"], "index shard 1", None)]
 
 

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from kvgraft.cli import app
 from kvgraft.errors import InputError
 from kvgraft.release.format import Release
-from kvgraft.remote import mirror
 from kvgraft.remote.cache import Cache, parse_size
 from kvgraft.remote.store import HttpStore
 from kvgraft.remote.transfer import fetch_piece
@@ -74,13 +73,18 @@ def test_two_fetchers_of_one_piece_fetch_it_once(http: FolderServer, rel: Path, 
 
 
 def test_cache_ls_and_prune(http: FolderServer, pub: Path, private_cache: Path) -> None:
-    assert runner.invoke(app, ["verify", http.url("rel"), "--entry", "rec-000", "--key", str(pub)]).exit_code == 0
-    listed = json.loads(runner.invoke(app, ["cache", "ls", "--json"]).stdout)
-    assert listed["cache"] == str(private_cache) and len(listed["pieces"]) == 2
-    assert all(p["in_use"] for p in listed["pieces"])  # the verify's mirror still links them (same process)
-    kept = runner.invoke(app, ["cache", "prune", "--all"])
-    assert kept.exit_code == 0 and "0 pieces evicted" in kept.stdout and "0 stale mirror" in kept.stdout
-    mirror.close_all()  # what the end of that process does
+    from kvgraft.signing.policy import Entries, SignedWithKeys
+    from kvgraft.signing.verify import verify
+
+    with verify(http.url("rel"), SignedWithKeys((pub,)), Entries(("rec-000",))) as checked:
+        assert checked.origin.cache == private_cache
+        listed = json.loads(runner.invoke(app, ["cache", "ls", "--json"]).stdout)
+        assert listed["cache"] == str(private_cache) and len(listed["pieces"]) == 2
+        assert all(p["in_use"] for p in listed["pieces"])  # the open release's mirror links them
+        kept = runner.invoke(app, ["cache", "prune", "--all"])
+        assert kept.exit_code == 0 and "0 pieces evicted" in kept.stdout and "0 stale mirror" in kept.stdout
+        mirror = checked.root
+    assert not mirror.exists()  # closed with the release that opened it
     pruned = runner.invoke(app, ["cache", "prune", "--all"])
     assert pruned.exit_code == 0 and "2 pieces evicted" in pruned.stdout
     assert verified_pieces(private_cache) == []
@@ -115,7 +119,7 @@ def test_a_long_fetch_prints_bytes_rate_and_time_left_and_a_short_one_nothing() 
 
 def _verify(http: FolderServer, pub: Path, eid: str = "rec-002") -> tuple[int, str]:
     res = runner.invoke(app, ["verify", http.url("rel"), "--entry", eid, "--key", str(pub)])
-    mirror.close_all()  # what the end of that process does: no mirror links the pieces any more
+    assert not list((Cache().root / "mirrors").glob("rel-*/")), "the command ended: its mirror is removed"
     return res.exit_code, res.stderr
 
 
@@ -167,7 +171,7 @@ def test_pulled_files_are_copies_and_prune_bounds_every_piece(http: FolderServer
                                                               private_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "subset"
     assert runner.invoke(app, ["pull", http.url("rel"), "--entry", "rec-002", "--out", str(out)]).exit_code == 0
-    mirror.close_all()
+    assert not list((private_cache / "mirrors").iterdir()), "the command ended: its mirror (and lock) removed"
     piece, file = _entry_piece(rel, private_cache)
     pulled = out / file
     assert not os.path.samefile(piece, pulled) and piece.stat().st_nlink == 1

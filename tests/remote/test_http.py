@@ -128,12 +128,12 @@ def test_a_listed_file_never_replaces_the_manifest_or_a_signature_read_at_openin
 
     loc = parse(http.url("rel"))
     assert loc is not None
-    opened = open_mirror(loc)
-    bundle = (opened.root / "release.sigstore.json").read_bytes()
-    with pytest.raises(InputError, match=r"the manifest lists release\.sigstore\.json as a file of the release"):
-        opened.fetch("release.sigstore.json", "0" * 64, 10, "entry 'x'", None)
-    assert (opened.root / "release.sigstore.json").read_bytes() == bundle
-    opened.close()
+    with open_mirror(loc) as opened:
+        bundle = (opened.root / "release.sigstore.json").read_bytes()
+        with pytest.raises(InputError, match=r"the manifest lists release\.sigstore\.json as a file of the release"):
+            opened.fetch("release.sigstore.json", "0" * 64, 10, "entry 'x'", None)
+        assert (opened.root / "release.sigstore.json").read_bytes() == bundle
+    assert not opened.root.exists()
 
 
 def test_report_verify_checks_the_binding_to_a_release_at_its_url(http: FolderServer, rel: Path, tmp_path: Path) -> None:

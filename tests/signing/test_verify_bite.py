@@ -261,7 +261,7 @@ def test_describe_beside_and_present_wordings() -> None:
 
 
 def test_brief_cuts_at_200_and_escapes() -> None:
-    from kvgraft.signing.verify import _brief
+    from kvgraft.signing.attest import _brief
 
     exact = "a" * 198  # json.dumps adds the quotes: 200 characters, not cut
     assert _brief(exact) == json.dumps(exact) and len(_brief(exact)) == 200

@@ -17,12 +17,14 @@ from kvgraft.render.views import verify_lines
 
 
 def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.policy import ALL
+    from kvgraft.signing.verify import verify
 
     ctx.say("verifying the release (hashes, statement, signature)")
-    # Every byte, as `kvgraft verify` does, under the policy the run opened it with: opening the release
-    # (verified(), in the run) read none of the entries, and the other checks verify only the entries they read.
-    v = verify_release(ctx.release.root, policy=ctx.release.policy)
+    # Every byte, as `kvgraft verify` does, under the policy the run opened it with, through the source it was
+    # opened from (a published release: its mirror): opening the release (verified(), in the run) read none
+    # of the entries, and the other checks verify only the entries they read.
+    v = verify(ctx.release.source, ctx.release.policy, ALL).checked
     return Ran(v.as_dict(), f"{v.files} files, {v.bytes_hashed:,} bytes hashed; signature: {v.signature.describe()}")
 
 

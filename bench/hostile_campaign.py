@@ -177,7 +177,7 @@ def child(args: argparse.Namespace) -> None:
     import typer
     from typer.testing import CliRunner
 
-    import kvgraft.cli.release as cli_release
+    import kvgraft.inference.graft as graft
     from kvgraft.cli import app
     from kvgraft.release import format as release_format
 
@@ -189,9 +189,9 @@ def child(args: argparse.Namespace) -> None:
         reached.append(True)
         raise typer.Exit(0)
 
-    if not callable(getattr(cli_release, "load_model", None)):
-        raise SystemExit("kvgraft.cli.release.load_model is gone: the run commands' model stub needs another home")
-    cli_release.load_model = model_stub  # type: ignore[attr-defined]
+    if not callable(getattr(graft, "model_for", None)):
+        raise SystemExit("kvgraft.inference.graft.model_for is gone: the run command's model stub needs another home")
+    graft.model_for = model_stub  # type: ignore[assignment]  # `kvgraft run` loads its model through it alone
     os.environ["HF_HUB_OFFLINE"] = "1"
     runner = CliRunner()
     work = Path(args.base) / "work"

@@ -1,0 +1,201 @@
+"""The typed models of an index shard and its entry records: the one source of their schema
+(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_models.py
+fails when the two differ) and of the decoder that reads a shard in one typed pass.
+
+They are TypedDicts, so that a decoded record is the plain dict every reader of a release already takes.
+Members are declared in RFC 8785 order (sorted), so that serializing a decoded record writes its canonical
+JSON (kvgraft.release.shards says when that holds). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic_core import PydanticSerializationError, to_json
+from typing_extensions import TypedDict
+
+from kvgraft._internal import jsonio
+from kvgraft._internal.digest import sha256_hex
+from kvgraft.errors import InputError, SchemaError
+from kvgraft.release.records import entry_digest
+
+MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
+_SURROGATE_ESCAPE = jsonio.SURROGATE_ESCAPE
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+RELPATH = r"^(?!/)(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9._/-]{1,200}$"
+_RELPATH = re.compile(RELPATH)
+
+
+def _relpath(name: str) -> str:
+    # Checked with Python's `re`: the pattern looks ahead, which the typed decoder's regex engine cannot. A
+    # full match, so that `$` does not pass a name ending in a newline (as the compiled schema validator).
+    if _RELPATH.fullmatch(name) is None:
+        raise ValueError(f"String should match pattern '{RELPATH}'")
+    return name
+
+
+RelPath = Annotated[str, AfterValidator(_relpath), WithJsonSchema({
+    "type": "string", "description": "A path relative to the release folder: forward slashes, no '..', not absolute.",
+    "pattern": RELPATH})]
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+DType = Literal["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32",
+                "int16", "int8", "uint8", "bool"]
+Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
+
+
+class Tensor(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    byte_range: Span
+    dtype: DType
+    sha256: Sha256
+    shape: Annotated[list[Annotated[int, Field(ge=0, le=1099511627776)]], Field(max_length=8)]
+
+
+class Layer(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    cumulative_length: NotRequired[Count]
+    index: Count
+    keys: NotRequired[str]
+    kind: Literal["full", "sliding", "shared"]
+    positions: NotRequired[Span]
+    shared_with: NotRequired[Count]
+    sliding_window: NotRequired[Annotated[int, Field(ge=1, le=MAX_INT)]]
+    stores: NotRequired[Literal["window", "all"]]
+    values: NotRequired[str]
+
+
+class NextToken(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    argmax: Count
+    dtype: DType
+    logits_sha256: Sha256
+
+
+class Probe(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    token_ids: list[Count]
+
+
+class Source(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    kind: Literal["text", "messages"]
+    messages: NotRequired[list[Any]]
+    sha256: Sha256
+    text: NotRequired[str]
+
+
+class Entry(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    answer: NotRequired[str | int | float | None]
+    digest: Sha256
+    file: RelPath
+    header_sha256: NotRequired[Sha256]
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    layers: list[Layer]
+    meta: NotRequired[dict[str, Any]]
+    next_token: NextToken
+    num_tokens: Annotated[int, Field(ge=1, le=MAX_INT)]
+    probe: NotRequired[Probe]
+    source: Source
+    tensors: dict[str, Tensor]
+    token_ids: list[Count]
+    token_ids_sha256: Sha256
+
+
+class FileMeta(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    sha256: Sha256
+    size: Count
+
+
+class Shard(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    entries: list[Entry]
+    files: dict[RelPath, FileMeta]
+    format: Literal["kvgraft-cache-index-shard"]
+    format_version: Literal[2]
+
+
+SHARD = TypeAdapter(Shard)
+ENTRY = TypeAdapter(Entry)
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+_FREE_FORM_DEPTH = 4  # the containers above a free-form member: shard, entries, entry, source
+
+
+def decode_shard(raw: bytes, where: str) -> Shard:
+    """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
+    refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
+    with the same message.
+
+    The typed decoder (pydantic-core) does not refuse duplicate keys and reads NaN, so its result stands
+    only when writing it back gives the very bytes read: a dropped duplicate, a NaN, an escape or a space
+    the writer would not write all change them. kvgraft writes shards as canonical JSON, which round-trips;
+    any other shard is read by the strict reader, then typed (its message, or the model's, names the
+    member).
+    """
+    if _SURROGATE_ESCAPE.search(raw) is None:  # a lone surrogate is refused by the strict reader
+        try:
+            doc = SHARD.validate_json(raw)
+            same = to_json(doc) == raw
+        except (ValidationError, PydanticSerializationError):
+            same = False
+        if same and _free_form_plain(doc["entries"]):
+            return doc
+    return _reference(raw, where)
+
+
+def _reference(raw: bytes, where: str) -> Shard:
+    from kvgraft.schema import CACHE_INDEX_SHARD, validate
+
+    doc = jsonio.loads_strict(raw, where)
+    if not isinstance(doc, dict) or doc.get("format") != "kvgraft-cache-index-shard":
+        raise InputError(f"{where}: not a kvgraft index shard")
+    validate(doc, CACHE_INDEX_SHARD, where)
+    try:
+        return SHARD.validate_python(doc)
+    except ValidationError as exc:  # what the schema allows and the types do not (an integer written 1.0)
+        first = exc.errors()[0]
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise SchemaError(where, path, first["msg"]) from None
+
+
+def _free_form_plain(entries: list[Entry]) -> bool:
+    """The free-form members (meta, source.messages, answer) hold no float and no integer beyond I-JSON, and
+    nest within jsonio.MAX_DEPTH: what the strict reader would check in them (the typed members' own types
+    and bounds exclude the rest)."""
+    for e in entries:
+        for value in (e.get("meta"), e["source"].get("messages"), e.get("answer")):
+            if value is not None and not (jsonio.is_plain(value) and _depth(value) + _FREE_FORM_DEPTH <= jsonio.MAX_DEPTH):
+                return False
+    return True
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def record_digest(entry: Entry) -> str:
+    """The digest of a decoded record (records.entry_digest's value), written by the typed serializer
+    where its bytes are the record's canonical JSON: members in declared (sorted) order, tensor names
+    sorted within the Basic Multilingual Plane (RFC 8785 sorts by UTF-16 units), no free-form member;
+    else by records.entry_digest."""
+    names = list(entry["tensors"])
+    joined = "".join(names)
+    if ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
+            or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF)):
+        return entry_digest(entry)
+    return sha256_hex(to_json({k: v for k, v in entry.items() if k != "digest"}))

@@ -26,7 +26,9 @@ index: ENTRIES entries of LAYERS layers of tiny tensors ([1, 1, 16, 1] float32: 
   recompute --sample 20` and `--entry X` up to the point their first entry would be recomputed (the real
   recompute.audit with a stand-in model of the release's identity and an executor that stops at its
   first unit; torch is imported before the clock, as the command has it), `verify --sample 300`,
-  `inspect --limit 0 --json` (rows written to /dev/null) and `verify` of everything.
+  `inspect --limit 0 --json` (rows written to /dev/null), `verify`'s record pass (every index record read
+  and checked: release.integrity.check_index, after the release is opened verified) and `verify` of
+  everything.
 """
 
 from __future__ import annotations
@@ -192,6 +194,10 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
         r = verify_release(root, policy=policy, sample=300, nonce="bench")  # type: ignore[arg-type]
         out["bytes_hashed"] = r.bytes_hashed
         out["bound"] = sampling.check_sentence(r.bound or {})
+    elif name == "verify-records":  # verify's record pass: every index record read and checked (check_index)
+        from kvgraft.release.integrity import check_index
+
+        out["index_bytes"] = check_index(verified(root, policy).release)
     elif name == "inspect-all":  # kvgraft inspect RELEASE --limit 0 --json > /dev/null
         from kvgraft import inspection
 
@@ -244,7 +250,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         hit = rel.longest_prefix(prompt, 16)
         out["lookup_s"] = time.perf_counter() - t2
         out["hit"] = [hit[0]["id"], hit[1]] if hit else None
-    elif name in ("audit-sample", "first-sample", "first-entry", "verify-sample", "inspect-all"):
+    elif name in ("audit-sample", "first-sample", "first-entry", "verify-sample", "verify-records", "inspect-all"):
         out.update(index_step(name, root, arg, policy))
     elif name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
@@ -427,10 +433,14 @@ def index(args: argparse.Namespace) -> None:
               f"{'; torch and kvgraft.recompute.audit too' if name == 'baseline-torch' else ''})")
     labels = {"audit-sample": "audit sample --size 20", "first-sample": "audit recompute --sample 20, to 1st",
               "first-entry": f"audit recompute --entry {probe}, to 1st", "verify-sample": "verify --sample 300",
-              "inspect-all": "inspect --limit 0 --json", "verify-all": "verify (everything)"}
+              "verify-records": "verify's record pass (check_index)", "inspect-all": "inspect --limit 0 --json",
+              "verify-all": "verify (everything)"}
     for name in args.steps.split(","):
         r = child(name, root, probe)
         extra = ""
+        if "index_bytes" in r:
+            rate = float(r["index_bytes"]) / float(r["seconds"])  # type: ignore[arg-type]
+            extra = f", {float(r['index_bytes']) / 2**30:.2f} GiB of index ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
         if "bytes_hashed" in r:
             rate = float(r["bytes_hashed"]) / float(r["seconds"])  # type: ignore[arg-type]
             extra = f", {float(r['bytes_hashed']) / 2**30:.2f} GiB hashed ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
@@ -461,7 +471,7 @@ def main() -> None:
     x.add_argument("--layers", type=int, default=48)
     x.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
     x.add_argument("--drop-oms", action="store_true", help="remove model.sig after signing (use its own --dir)")
-    x.add_argument("--steps", default="audit-sample,first-sample,first-entry,verify-sample,inspect-all,verify-all")
+    x.add_argument("--steps", default="audit-sample,first-sample,first-entry,verify-sample,verify-records,inspect-all,verify-all")
     args = p.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     {"many": many, "large": large, "index": index}[args.cmd](args)

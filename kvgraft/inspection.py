@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,11 @@ def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = 
 
 
 def tensor_bytes(entry: dict[str, Any]) -> int:
-    return sum(int(t["byte_range"][1]) - int(t["byte_range"][0]) for t in entry["tensors"].values())
+    spans = list(map(_BYTE_RANGE, entry["tensors"].values()))  # C speed: a 48-layer record names 96 tensors
+    return sum(map(_END, spans)) - sum(map(_START, spans))
+
+
+_BYTE_RANGE, _START, _END = operator.itemgetter("byte_range"), operator.itemgetter(0), operator.itemgetter(1)
 
 
 def entry_row(listing: Listing, entry: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import sources
-from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, safe_path
+from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, entry_digest, safe_path
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
@@ -119,15 +119,16 @@ class Shard:
     files: dict[str, dict[str, Any]]
     path: Path
     num_layers: int  # the manifest's model's: each record's layer map is checked against it
+    canonical: dict[str, bytes] = field(default_factory=dict)  # by id: a record's canonical JSON, no digest
     checked: set[str] = field(default_factory=set)
 
     def record(self, entry_id: str) -> dict[str, Any]:
         """An entry record, its own commitments checked (once)."""
         entry = self.by_id[entry_id]
         if entry_id not in self.checked:
-            from kvgraft.release.models import record_digest
-
-            check_entry_record(self.path, entry, self.files, self.num_layers, digest=record_digest)
+            known = self.canonical.pop(entry_id, None)
+            check_entry_record(self.path, entry, self.files, self.num_layers,
+                               digest=entry_digest if known is None else lambda _: sha256_hex(known))
             self.checked.add(entry_id)
         return entry
 
@@ -246,7 +247,7 @@ class Index:
         path = self.root / meta["file"]
         # One typed pass (kvgraft.release.models): as strict as jsonio.loads_strict and the shard's schema.
         with jsonio.collector_paused(len(data) > 65536):
-            doc = decode_shard(data, str(path))
+            doc, canonical = decode_shard(data, str(path))
         del data
         ids = [e["id"] for e in doc["entries"]]
         if ids != meta["ids"]:
@@ -266,7 +267,8 @@ class Index:
             raise InputError(f"{path}: {what} does not list files its entries use: {unlisted[:3]}")
         if set(doc["files"]) != used:
             raise InputError(f"{path}: {what} lists files its entries do not use: {sorted(set(doc['files']) - used)[:3]}")
-        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path, self.num_layers)
+        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path, self.num_layers,  # type: ignore[arg-type]
+                      canonical)
         self._cache[k] = shard
         while len(self._cache) > self.CACHED_SHARDS:
             self._cache.popitem(last=False)

@@ -17,12 +17,10 @@ from pydantic_core import PydanticSerializationError, to_json
 from typing_extensions import TypedDict
 
 from kvgraft._internal import jsonio
-from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, SchemaError
-from kvgraft.release.records import entry_digest
 
 MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
-_SURROGATE_ESCAPE = jsonio.SURROGATE_ESCAPE
+SURROGATE_ESCAPE = jsonio.SURROGATE_ESCAPE
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -130,10 +128,11 @@ ENTRY = TypeAdapter(Entry)
 _FREE_FORM_DEPTH = 4  # the containers above a free-form member: shard, entries, entry, source
 
 
-def decode_shard(raw: bytes, where: str) -> Shard:
+def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
-    with the same message.
+    with the same message; and, by entry id, each record's canonical JSON without its digest where the
+    typed serializer wrote it (records.entry_digest's input: `record_digest`).
 
     The typed decoder (pydantic-core) does not refuse duplicate keys and reads NaN, so its result stands
     only when writing it back gives the very bytes read: a dropped duplicate, a NaN, an escape or a space
@@ -141,18 +140,26 @@ def decode_shard(raw: bytes, where: str) -> Shard:
     any other shard is read by the strict reader, then typed (its message, or the model's, names the
     member).
     """
-    if _SURROGATE_ESCAPE.search(raw) is None:  # a lone surrogate is refused by the strict reader
+    if SURROGATE_ESCAPE.search(raw) is None:  # a lone surrogate is for the strict reader to refuse
         try:
             doc = SHARD.validate_json(raw)
-            same = to_json(doc) == raw
+            records = [to_json(e) for e in doc["entries"]]
+            same = raw == b"".join((b'{"entries":[', b",".join(records), b'],"files":', to_json(doc["files"]),
+                                    b',"format":"kvgraft-cache-index-shard","format_version":2}'))
         except (ValidationError, PydanticSerializationError):
             same = False
         if same and _free_form_plain(doc["entries"]):
-            return doc
-    return _reference(raw, where)
+            return doc, {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
+                         if _canonical(e)}
+    return _reference(raw, where), {}
+
+
+# `{"digest":"<64 hex>",` opens the serialized record when it has no `answer` (the one member sorted before).
+_DIGEST_MEMBER = len('{"digest":"",') + 64
 
 
 def _reference(raw: bytes, where: str) -> Shard:
+    """The strict reader and the schema, then the types."""
     from kvgraft.schema import CACHE_INDEX_SHARD, validate
 
     doc = jsonio.loads_strict(raw, where)
@@ -188,14 +195,11 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def record_digest(entry: Entry) -> str:
-    """The digest of a decoded record (records.entry_digest's value), written by the typed serializer
-    where its bytes are the record's canonical JSON: members in declared (sorted) order, tensor names
-    sorted within the Basic Multilingual Plane (RFC 8785 sorts by UTF-16 units), no free-form member;
-    else by records.entry_digest."""
+def _canonical(entry: Entry) -> bool:
+    """Whether the typed serializer writes this decoded record's canonical JSON: members in declared
+    (sorted) order, `digest` first, tensor names sorted within the Basic Multilingual Plane (RFC 8785 sorts
+    by UTF-16 units), no free-form member (their keys keep the order they were read in)."""
     names = list(entry["tensors"])
     joined = "".join(names)
-    if ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
-            or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF)):
-        return entry_digest(entry)
-    return sha256_hex(to_json({k: v for k, v in entry.items() if k != "digest"}))
+    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
+                or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF))

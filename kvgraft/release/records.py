@@ -5,8 +5,10 @@ Shared by both release layouts (kvgraft.release.format, kvgraft.release.index). 
 
 from __future__ import annotations
 
+import operator
 import stat
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +72,18 @@ def tensor_mismatch(where: str, name: str, start: int, end: int, actual: str, ex
     return f"{where} tensor {name!r} bytes [{start}, {end}): sha256 {actual}, the manifest says {expected}"
 
 
+_INDEX, _KIND = operator.itemgetter("index"), operator.itemgetter("kind")
+
+
 def check_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
     """An entry's layer map against the model the manifest records: layer i at position i, every one of its
     `num_layers` layers once; a layer that stores states names both tensors, one that shares reads another."""
     layers = entry["layers"]
     # The usual map (every layer in place, none shared, each naming both tensors) passes at C speed; any
     # other is walked layer by layer, which also words the refusal.
-    if (len(layers) == num_layers and [layer["index"] for layer in layers] == list(range(num_layers))
-            and all("keys" in layer and "values" in layer and layer["kind"] != "shared" for layer in layers)):
+    if (len(layers) == num_layers and list(map(_INDEX, layers)) == list(range(num_layers))
+            and "shared" not in map(_KIND, layers) and all(map(operator.contains, layers, repeat("keys")))
+            and all(map(operator.contains, layers, repeat("values")))):
         return
     _walk_layers(where, entry, num_layers)
 

@@ -13,7 +13,8 @@ import re
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, PydanticSerializationError, core_schema, to_json
 from typing_extensions import TypedDict
 
 from kvgraft._internal import jsonio
@@ -33,7 +34,7 @@ def _relpath(name: str) -> str:
     # Checked with Python's `re`: the pattern looks ahead, which the typed decoder's regex engine cannot. A
     # full match, so that `$` does not pass a name ending in a newline (as the compiled schema validator).
     if _RELPATH.fullmatch(name) is None:
-        raise ValueError(f"String should match pattern '{RELPATH}'")
+        raise PydanticCustomError("string_pattern_mismatch", "String should match pattern '{pattern}'", {"pattern": RELPATH})
     return name
 
 
@@ -120,7 +121,49 @@ class Shard(TypedDict):
 
 
 SHARD = TypeAdapter(Shard)
-ENTRY = TypeAdapter(Entry)
+
+
+class Published(GenerateJsonSchema):
+    """JSON Schema as schemas/ states it: no titles; an enum or const without the type it implies; a map with
+    constrained names as propertyNames and additionalProperties; a union of bare types as one type list;
+    no keyword that only states its default (`additionalProperties: true`, `items: {}`)."""
+
+    def literal_schema(self, schema: core_schema.LiteralSchema) -> JsonSchemaValue:
+        out = super().literal_schema(schema)
+        out.pop("type", None)
+        return out
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        out = super().dict_schema(schema)
+        if out.pop("patternProperties", None) is not None and "values_schema" in schema:
+            out["propertyNames"] = self.generate_inner(schema["keys_schema"])  # type: ignore[typeddict-item]
+            out["additionalProperties"] = self.generate_inner(schema["values_schema"])
+        return out
+
+    def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
+        return _plainer(super().generate(schema, mode))
+
+
+def _plainer(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_plainer(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _plainer(v) for k, v in node.items() if k != "title"}
+    if out.get("additionalProperties") is True:
+        del out["additionalProperties"]
+    if out.get("items") == {}:
+        del out["items"]
+    choices = out.get("anyOf")
+    if choices and all(set(c) == {"type"} and isinstance(c["type"], str) for c in choices):
+        types = [c["type"] for c in out.pop("anyOf")]
+        out["type"] = [t for t in types if not (t == "integer" and "number" in types)]
+    return out
+
+
+def shard_schema() -> dict[str, Any]:
+    """The index shard's JSON Schema written from the types (`$defs` by type name)."""
+    return SHARD.json_schema(schema_generator=Published)
 
 
 # ------------------------------------------------------------------------------------------------ decoding

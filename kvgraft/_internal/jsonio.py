@@ -46,7 +46,7 @@ MAX_DEPTH = 64
 # document holding one could be read but never digested.
 MAX_INT = 2**53 - 1
 _MAX_INT_DIGITS = len(str(MAX_INT))
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _parse_int(text: str) -> int:
@@ -202,7 +202,7 @@ def loads_strict(data: bytes | str, where: str) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: invalid JSON: {exc}") from None
     if isinstance(doc, (dict, list)):
-        if isinstance(data, str) or SURROGATE_ESCAPE.search(raw) is not None:
+        if isinstance(data, str) or _SURROGATE_ESCAPE.search(raw) is not None:
             check_tree(doc, where)  # a lone surrogate shows only in the parsed strings
         elif nesting_depth(raw) > MAX_DEPTH:
             raise InputError(f"{where}: invalid JSON: nested deeper than {MAX_DEPTH} levels")

@@ -21,7 +21,6 @@ from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, SchemaError
 
 MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
-SURROGATE_ESCAPE = jsonio.SURROGATE_ESCAPE
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -175,7 +174,7 @@ def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
     with the same message; and, by entry id, each record's canonical JSON without its digest where the
-    typed serializer wrote it (records.entry_digest's input: `record_digest`).
+    typed serializer wrote it (the bytes records.entry_digest hashes).
 
     The typed decoder (pydantic-core) does not refuse duplicate keys and reads NaN, so its result stands
     only when writing it back gives the very bytes read: a dropped duplicate, a NaN, an escape or a space
@@ -183,17 +182,16 @@ def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     any other shard is read by the strict reader, then typed (its message, or the model's, names the
     member).
     """
-    if SURROGATE_ESCAPE.search(raw) is None:  # a lone surrogate is for the strict reader to refuse
-        try:
-            doc = SHARD.validate_json(raw)
-            records = [to_json(e) for e in doc["entries"]]
-            same = raw == b"".join((b'{"entries":[', b",".join(records), b'],"files":', to_json(doc["files"]),
-                                    b',"format":"kvgraft-cache-index-shard","format_version":2}'))
-        except (ValidationError, PydanticSerializationError):
-            same = False
-        if same and _free_form_plain(doc["entries"]):
-            return doc, {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
-                         if _canonical(e)}
+    try:
+        doc = SHARD.validate_json(raw)
+        records = [to_json(e) for e in doc["entries"]]  # a lone surrogate cannot be written: refused here
+        same = raw == b"".join((b'{"entries":[', b",".join(records), b'],"files":', to_json(doc["files"]),
+                                b',"format":"kvgraft-cache-index-shard","format_version":2}'))
+    except (ValidationError, PydanticSerializationError):
+        same = False
+    if same and _free_form_plain(doc["entries"]):
+        return doc, {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
+                     if _canonical(e)}
     return _reference(raw, where), {}
 
 

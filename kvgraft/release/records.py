@@ -109,11 +109,10 @@ def _walk_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
 def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int, *,
                        digest: Callable[[Any], str] = entry_digest) -> None:
     """One entry record's own commitments: its digest, token ids, file listed, layer map (check_layers),
-    layers' tensors listed. `digest`: a faster writer of entry_digest's value for records of a known type
-    (kvgraft.release.models.record_digest); a record it does not match is refused only when entry_digest
-    does not match either."""
+    layers' tensors listed. `digest`: entry_digest's value found faster where the record's type is known
+    (Index.shard: the typed serializer's bytes of the record)."""
     eid = entry["id"]
-    if digest(entry) != entry["digest"] and entry_digest(entry) != entry["digest"]:
+    if digest(entry) != entry["digest"]:
         raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
                              f"({entry_digest(entry)})")
     if entry["file"] not in files:

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_core import to_json
 
+from kvgraft import inspection
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import digest_json, sha256_hex
-from kvgraft.errors import InputError
+from kvgraft.errors import Error, InputError
 from kvgraft.release import models
-from kvgraft.release.records import entry_digest, token_ids_digest
+from kvgraft.release.format import Release
+from kvgraft.release.records import MANIFEST, entry_digest, root_digest, token_ids_digest
 from kvgraft.schema import CACHE_INDEX_SHARD, CACHE_MANIFEST, load_schema, validate
 
 WHERE = "/releases/r/index/00003.json"
@@ -291,3 +295,48 @@ def test_the_published_shard_schema_is_the_types() -> None:
     typed = _inline({k: v for k, v in generated.items() if k != "$defs"},
                     lambda ref: _pointer(generated, ref.partition("#")[2]))
     assert typed == published
+
+
+# ---------------------------------------------------------------------------------------------- a release's records
+
+def _rewrite_record(root: Path, change: Callable[[dict[str, Any]], None], *, redigest: bool) -> str:
+    """Change the first record of shard 0 and recommit the shard's digest and size and the root digest (what
+    an author altering a record would publish, but for the record's own digest unless `redigest`)."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    meta = manifest["index"]["shards"][0]
+    doc = json.loads((root / meta["file"]).read_bytes())
+    change(doc["entries"][0])
+    if redigest:
+        doc["entries"][0]["digest"] = entry_digest(doc["entries"][0])
+    data = jsonio.canonical(doc)
+    (root / meta["file"]).write_bytes(data)
+    meta.update(sha256=sha256_hex(data), size=len(data))
+    manifest["root_digest"] = root_digest(manifest)
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return str(doc["entries"][0]["id"])
+
+
+def _rename_keys(entry: dict[str, Any]) -> None:
+    entry["layers"][0]["keys"] = "layer.0.keyz"
+
+
+@pytest.mark.parametrize(("change", "redigest", "said"), [
+    (lambda e: e["next_token"].update(argmax=e["next_token"]["argmax"] + 1), False, "digest {digest} does not match its content"),
+    (_rename_keys, True, "layer 0: tensor 'layer.0.keyz' is not listed")], ids=["digest", "tensor not listed"])
+def test_a_record_breaking_its_own_commitments_is_refused_when_read(tmp_path: Path, change: Any, redigest: bool,
+                                                                     said: str) -> None:
+    from release_factory import make_release
+
+    root = tmp_path / "rel"
+    make_release(root, entries=3, format_version=2, shard_entries=2, seed=44)
+    eid = _rewrite_record(root, change, redigest=redigest)
+    shard_file = json.loads((root / MANIFEST).read_text())["index"]["shards"][0]["file"]
+    digest = json.loads((root / shard_file).read_bytes())["entries"][0]["digest"]
+    with pytest.raises(Error) as info:
+        Release.open(root).entry(eid)
+    assert str(info.value).startswith(f"{root / shard_file}: entry {eid!r}") and said.format(digest=digest) in str(info.value)
+
+
+def test_inspect_counts_a_records_tensor_bytes() -> None:
+    entry = record(0)
+    assert inspection.tensor_bytes(entry) == sum(b - a for a, b in (t["byte_range"] for t in entry["tensors"].values())) == 256

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
+from kvgraft._internal.jsonio import collector_paused
 from kvgraft.errors import Error, InputError
 from kvgraft.release.format import Release
 from kvgraft.schema import CACHE_MANIFEST, load_schema
@@ -97,8 +98,9 @@ class Listing:
         if self._release.index is None:
             yield from self._release.manifest["entries"][offset:end]
             return
-        for eid in self._release.entry_ids()[offset:end]:
-            yield self._release.entry(eid)
+        with collector_paused():  # as Index.all_entries: records hold no cycles, and a resume per shard costs
+            for eid in self._release.entry_ids()[offset:end]:
+                yield self._release.entry(eid)
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         return self._release.entry(entry_id)

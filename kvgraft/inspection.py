@@ -164,7 +164,8 @@ def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = 
 
 def tensor_bytes(entry: dict[str, Any]) -> int:
     spans = list(map(_BYTE_RANGE, entry["tensors"].values()))  # C speed: a 48-layer record names 96 tensors
-    return sum(map(_END, spans)) - sum(map(_START, spans))
+    total: int = sum(map(_END, spans)) - sum(map(_START, spans))
+    return total
 
 
 _BYTE_RANGE, _START, _END = operator.itemgetter("byte_range"), operator.itemgetter(0), operator.itemgetter(1)

@@ -267,8 +267,7 @@ class Index:
             raise InputError(f"{path}: {what} does not list files its entries use: {unlisted[:3]}")
         if set(doc["files"]) != used:
             raise InputError(f"{path}: {what} lists files its entries do not use: {sorted(set(doc['files']) - used)[:3]}")
-        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path, self.num_layers,  # type: ignore[arg-type]
-                      canonical)
+        shard = Shard(doc["entries"], {e["id"]: e for e in doc["entries"]}, doc["files"], path, self.num_layers, canonical)
         self._cache[k] = shard
         while len(self._cache) > self.CACHED_SHARDS:
             self._cache.popitem(last=False)

@@ -10,7 +10,7 @@ JSON (kvgraft.release.shards says when that holds). Imports no torch.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
@@ -135,12 +135,13 @@ class Published(GenerateJsonSchema):
     def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
         out = super().dict_schema(schema)
         if out.pop("patternProperties", None) is not None and "values_schema" in schema:
-            out["propertyNames"] = self.generate_inner(schema["keys_schema"])  # type: ignore[typeddict-item]
+            out["propertyNames"] = self.generate_inner(schema["keys_schema"])
             out["additionalProperties"] = self.generate_inner(schema["values_schema"])
         return out
 
     def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
-        return _plainer(super().generate(schema, mode))
+        out: JsonSchemaValue = _plainer(super().generate(schema, mode))
+        return out
 
 
 def _plainer(node: Any) -> Any:
@@ -170,7 +171,7 @@ def shard_schema() -> dict[str, Any]:
 _FREE_FORM_DEPTH = 4  # the containers above a free-form member: shard, entries, entry, source
 
 
-def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
+def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
     with the same message; and, by entry id, each record's canonical JSON without its digest where the
@@ -190,9 +191,10 @@ def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     except (ValidationError, PydanticSerializationError):
         same = False
     if same and _free_form_plain(doc["entries"]):
-        return doc, {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
+        canonical = {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
                      if _canonical(e)}
-    return _reference(raw, where), {}
+        return cast(dict[str, Any], doc), canonical
+    return cast(dict[str, Any], _reference(raw, where)), {}
 
 
 # `{"digest":"<64 hex>",` opens the serialized record when it has no `answer` (the one member sorted before).

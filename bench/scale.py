@@ -222,7 +222,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     if name in ("first-sample", "first-entry", "baseline-torch"):
         # torch, as `kvgraft audit recompute` has it before it reads the release
         importlib.import_module("kvgraft.recompute.audit")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     out: dict[str, object] = {}
     if name in ("baseline", "baseline-torch"):
         pass
@@ -263,6 +263,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     else:
         raise SystemExit(f"unknown step {name}")
     out["seconds"] = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - cpu0  # this process's CPU time: what other work on the machine changes least
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over exec from the forking parent.
     hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
     out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
@@ -444,7 +445,8 @@ def index(args: argparse.Namespace) -> None:
         if "bytes_hashed" in r:
             rate = float(r["bytes_hashed"]) / float(r["seconds"])  # type: ignore[arg-type]
             extra = f", {float(r['bytes_hashed']) / 2**30:.2f} GiB hashed ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
-        print(f"{labels[name]:37} {float(r['seconds']):7.2f} s, peak RSS {float(r['peak_rss_mb']):5.0f} MB, "
+        print(f"{labels[name]:37} {float(r['seconds']):7.2f} s ({float(r['cpu_seconds']):.2f} s CPU), "  # type: ignore[arg-type]
+              f"peak RSS {float(r['peak_rss_mb']):5.0f} MB, "
               f"shard reads {r['shards_read']}{extra}")  # type: ignore[arg-type]
         if "bound" in r:
             print(f"{'':37} {r['bound']}")

@@ -26,7 +26,9 @@ index: ENTRIES entries of LAYERS layers of tiny tensors ([1, 1, 16, 1] float32: 
   recompute --sample 20` and `--entry X` up to the point their first entry would be recomputed (the real
   recompute.audit with a stand-in model of the release's identity and an executor that stops at its
   first unit; torch is imported before the clock, as the command has it), `verify --sample 300`,
-  `inspect --limit 0 --json` (rows written to /dev/null) and `verify` of everything.
+  `inspect --limit 0 --json` (rows written to /dev/null), `verify`'s record pass (every index record read
+  and checked: release.integrity.check_index, after the release is opened verified) and `verify` of
+  everything.
 """
 
 from __future__ import annotations
@@ -192,6 +194,10 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
         r = verify_release(root, policy=policy, sample=300, nonce="bench")  # type: ignore[arg-type]
         out["bytes_hashed"] = r.bytes_hashed
         out["bound"] = sampling.check_sentence(r.bound or {})
+    elif name == "verify-records":  # verify's record pass: every index record read and checked (check_index)
+        from kvgraft.release.integrity import check_index
+
+        out["index_bytes"] = check_index(verified(root, policy).release)
     elif name == "inspect-all":  # kvgraft inspect RELEASE --limit 0 --json > /dev/null
         from kvgraft import inspection
 
@@ -216,7 +222,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     if name in ("first-sample", "first-entry", "baseline-torch"):
         # torch, as `kvgraft audit recompute` has it before it reads the release
         importlib.import_module("kvgraft.recompute.audit")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     out: dict[str, object] = {}
     if name in ("baseline", "baseline-torch"):
         pass
@@ -244,7 +250,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         hit = rel.longest_prefix(prompt, 16)
         out["lookup_s"] = time.perf_counter() - t2
         out["hit"] = [hit[0]["id"], hit[1]] if hit else None
-    elif name in ("audit-sample", "first-sample", "first-entry", "verify-sample", "inspect-all"):
+    elif name in ("audit-sample", "first-sample", "first-entry", "verify-sample", "verify-records", "inspect-all"):
         out.update(index_step(name, root, arg, policy))
     elif name == "graft-one":
         from kvgraft.inference.graft import read_entry_tensors
@@ -257,6 +263,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
     else:
         raise SystemExit(f"unknown step {name}")
     out["seconds"] = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - cpu0  # this process's CPU time: what other work on the machine changes least
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over exec from the forking parent.
     hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
     out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
@@ -427,14 +434,19 @@ def index(args: argparse.Namespace) -> None:
               f"{'; torch and kvgraft.recompute.audit too' if name == 'baseline-torch' else ''})")
     labels = {"audit-sample": "audit sample --size 20", "first-sample": "audit recompute --sample 20, to 1st",
               "first-entry": f"audit recompute --entry {probe}, to 1st", "verify-sample": "verify --sample 300",
-              "inspect-all": "inspect --limit 0 --json", "verify-all": "verify (everything)"}
+              "verify-records": "verify's record pass (check_index)", "inspect-all": "inspect --limit 0 --json",
+              "verify-all": "verify (everything)"}
     for name in args.steps.split(","):
         r = child(name, root, probe)
         extra = ""
+        if "index_bytes" in r:
+            rate = float(r["index_bytes"]) / float(r["seconds"])  # type: ignore[arg-type]
+            extra = f", {float(r['index_bytes']) / 2**30:.2f} GiB of index ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
         if "bytes_hashed" in r:
             rate = float(r["bytes_hashed"]) / float(r["seconds"])  # type: ignore[arg-type]
             extra = f", {float(r['bytes_hashed']) / 2**30:.2f} GiB hashed ({rate / 2**20:.1f} MiB/s)"  # type: ignore[arg-type]
-        print(f"{labels[name]:37} {float(r['seconds']):7.2f} s, peak RSS {float(r['peak_rss_mb']):5.0f} MB, "
+        print(f"{labels[name]:37} {float(r['seconds']):7.2f} s ({float(r['cpu_seconds']):.2f} s CPU), "  # type: ignore[arg-type]
+              f"peak RSS {float(r['peak_rss_mb']):5.0f} MB, "
               f"shard reads {r['shards_read']}{extra}")  # type: ignore[arg-type]
         if "bound" in r:
             print(f"{'':37} {r['bound']}")
@@ -461,7 +473,7 @@ def main() -> None:
     x.add_argument("--layers", type=int, default=48)
     x.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
     x.add_argument("--drop-oms", action="store_true", help="remove model.sig after signing (use its own --dir)")
-    x.add_argument("--steps", default="audit-sample,first-sample,first-entry,verify-sample,inspect-all,verify-all")
+    x.add_argument("--steps", default="audit-sample,first-sample,first-entry,verify-sample,verify-records,inspect-all,verify-all")
     args = p.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     {"many": many, "large": large, "index": index}[args.cmd](args)

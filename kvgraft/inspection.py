@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from kvgraft import __version__
+from kvgraft._internal.jsonio import collector_paused
 from kvgraft.errors import Error, InputError
 from kvgraft.release.format import Release
 from kvgraft.release.sources import Source
@@ -111,8 +113,9 @@ class Listing:
         if self._release.index is None:
             yield from self._release.manifest["entries"][offset:end]
             return
-        for eid in self._release.entry_ids()[offset:end]:
-            yield self._release.entry(eid)
+        with collector_paused():  # as Index.all_entries: records hold no cycles, and a resume per shard costs
+            for eid in self._release.entry_ids()[offset:end]:
+                yield self._release.entry(eid)
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         return self._release.entry(entry_id)
@@ -175,7 +178,12 @@ def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = 
 
 
 def tensor_bytes(entry: dict[str, Any]) -> int:
-    return sum(int(t["byte_range"][1]) - int(t["byte_range"][0]) for t in entry["tensors"].values())
+    spans = list(map(_BYTE_RANGE, entry["tensors"].values()))  # C speed: a 48-layer record names 96 tensors
+    total: int = sum(map(_END, spans)) - sum(map(_START, spans))
+    return total
+
+
+_BYTE_RANGE, _START, _END = operator.itemgetter("byte_range"), operator.itemgetter(0), operator.itemgetter(1)
 
 
 def entry_row(listing: Listing, entry: dict[str, Any]) -> dict[str, Any]:

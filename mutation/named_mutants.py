@@ -49,7 +49,7 @@ MUTANTS: list[tuple[str, list[tuple[str, str, str]], str]] = [
        "            if False:")],
      T + "test_oms_only_signature_over_another_file_list_is_refused"),
     ("check_commitments: entry digest mismatch ignored",
-     [("kvgraft/release/records.py", '    if entry_digest(entry) != entry["digest"]:', "    if False:")],
+     [("kvgraft/release/records.py", '    if digest(entry) != entry["digest"]:', "    if False:")],
      T + "test_stale_entry_digest_is_refused"),
     ("check_commitments: root digest mismatch ignored",
      [("kvgraft/release/format.py", '    if actual != manifest["root_digest"]:', "    if False:")],

@@ -348,6 +348,12 @@ def _plain(obj: Any) -> bool:
     return True
 
 
+def is_plain(obj: Any) -> bool:
+    """True when `obj` holds no float, no integer beyond I-JSON and no key beyond the BMP: its canonical JSON
+    is then sorted, compact JSON (`canonical`)."""
+    return _plain(obj)
+
+
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 

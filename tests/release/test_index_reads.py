@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 from collections.abc import Callable
 from math import comb
 from pathlib import Path
@@ -31,22 +30,13 @@ from kvgraft.release.records import MANIFEST, root_digest
 from kvgraft.signing.policy import SignatureNotChecked
 from kvgraft.signing.verify import verified, verify_release
 
-from release_factory import make_release
+from release_factory import make_release, release_fixtures
 
 runner = CliRunner()
 ENTRIES, SHARD = 10, 3  # shards of 3, 3, 3 and 1 entries
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("index-reads") / "rel"
-    make_release(root, entries=ENTRIES, format_version=2, shard_entries=SHARD, seed=5)
-    return root
-
-
-@pytest.fixture
-def rel(base: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(base, tmp_path / "rel"))
+base, rel = release_fixtures(entries=ENTRIES, format_version=2, shard_entries=SHARD, seed=5)
 
 
 @pytest.fixture

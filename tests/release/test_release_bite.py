@@ -1972,9 +1972,9 @@ def test_a_record_handed_out_again_by_its_shard_is_not_checked_again(indexed: Pa
     checks: list[str] = []
     real = release_index.check_entry_record
 
-    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int) -> None:
+    def counted(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int, **how: Any) -> None:
         checks.append(entry["id"])
-        real(where, entry, files, num_layers)
+        real(where, entry, files, num_layers, **how)
 
     monkeypatch.setattr(release_index, "check_entry_record", counted)
     r = Release.open(indexed)

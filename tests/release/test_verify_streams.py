@@ -9,7 +9,6 @@ digest collision of names, and files in an ignored path are still told apart exa
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,12 @@ from kvgraft.release.format import Release
 from kvgraft.release.integrity import Beside, check_release
 from kvgraft.release.records import MANIFEST
 
-from release_factory import make_release
+from release_factory import release_fixtures
 
 ENTRIES, SHARD = 7, 2
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("streams") / "rel"
-    make_release(root, entries=ENTRIES, format_version=2, shard_entries=SHARD, seed=11)
-    return root
-
-
-@pytest.fixture
-def rel(base: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(base, tmp_path / "rel"))
+base, rel = release_fixtures(entries=ENTRIES, format_version=2, shard_entries=SHARD, seed=11)
 
 
 def _err(call: object) -> str:

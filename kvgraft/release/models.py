@@ -1,0 +1,248 @@
+"""The typed models of an index shard and its entry records: the one source of their schema
+(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_models.py
+fails when the two differ) and of the decoder that reads a shard in one typed pass.
+
+They are TypedDicts, so that a decoded record is the plain dict every reader of a release already takes.
+Members are declared in RFC 8785 order (sorted), so that serializing a decoded record writes its canonical
+JSON (kvgraft.release.shards says when that holds). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, NotRequired, cast
+
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, PydanticSerializationError, core_schema, to_json
+from typing_extensions import TypedDict
+
+from kvgraft._internal import jsonio
+from kvgraft.errors import InputError, SchemaError
+
+MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+RELPATH = r"^(?!/)(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9._/-]{1,200}$"
+_RELPATH = re.compile(RELPATH)
+
+
+def _relpath(name: str) -> str:
+    # Checked with Python's `re`: the pattern looks ahead, which the typed decoder's regex engine cannot. A
+    # full match, so that `$` does not pass a name ending in a newline (as the compiled schema validator).
+    if _RELPATH.fullmatch(name) is None:
+        raise PydanticCustomError("string_pattern_mismatch", "String should match pattern '{pattern}'", {"pattern": RELPATH})
+    return name
+
+
+RelPath = Annotated[str, AfterValidator(_relpath), WithJsonSchema({
+    "type": "string", "description": "A path relative to the release folder: forward slashes, no '..', not absolute.",
+    "pattern": RELPATH})]
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+DType = Literal["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32",
+                "int16", "int8", "uint8", "bool"]
+Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
+
+
+class Tensor(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    byte_range: Span
+    dtype: DType
+    sha256: Sha256
+    shape: Annotated[list[Annotated[int, Field(ge=0, le=1099511627776)]], Field(max_length=8)]
+
+
+class Layer(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    cumulative_length: NotRequired[Count]
+    index: Count
+    keys: NotRequired[str]
+    kind: Literal["full", "sliding", "shared"]
+    positions: NotRequired[Span]
+    shared_with: NotRequired[Count]
+    sliding_window: NotRequired[Annotated[int, Field(ge=1, le=MAX_INT)]]
+    stores: NotRequired[Literal["window", "all"]]
+    values: NotRequired[str]
+
+
+class NextToken(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    argmax: Count
+    dtype: DType
+    logits_sha256: Sha256
+
+
+class Probe(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    token_ids: list[Count]
+
+
+class Source(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    kind: Literal["text", "messages"]
+    messages: NotRequired[list[Any]]
+    sha256: Sha256
+    text: NotRequired[str]
+
+
+class Entry(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    answer: NotRequired[str | int | float | None]
+    digest: Sha256
+    file: RelPath
+    header_sha256: NotRequired[Sha256]
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    layers: list[Layer]
+    meta: NotRequired[dict[str, Any]]
+    next_token: NextToken
+    num_tokens: Annotated[int, Field(ge=1, le=MAX_INT)]
+    probe: NotRequired[Probe]
+    source: Source
+    tensors: dict[str, Tensor]
+    token_ids: list[Count]
+    token_ids_sha256: Sha256
+
+
+class FileMeta(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    sha256: Sha256
+    size: Count
+
+
+class Shard(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    entries: list[Entry]
+    files: dict[RelPath, FileMeta]
+    format: Literal["kvgraft-cache-index-shard"]
+    format_version: Literal[2]
+
+
+SHARD = TypeAdapter(Shard)
+
+
+class Published(GenerateJsonSchema):
+    """JSON Schema as schemas/ states it: no titles; an enum or const without the type it implies; a map with
+    constrained names as propertyNames and additionalProperties; a union of bare types as one type list;
+    no keyword that only states its default (`additionalProperties: true`, `items: {}`)."""
+
+    def literal_schema(self, schema: core_schema.LiteralSchema) -> JsonSchemaValue:
+        out = super().literal_schema(schema)
+        out.pop("type", None)
+        return out
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        out = super().dict_schema(schema)
+        if out.pop("patternProperties", None) is not None and "values_schema" in schema:
+            out["propertyNames"] = self.generate_inner(schema["keys_schema"])
+            out["additionalProperties"] = self.generate_inner(schema["values_schema"])
+        return out
+
+    def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
+        out: JsonSchemaValue = _plainer(super().generate(schema, mode))
+        return out
+
+
+def _plainer(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_plainer(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _plainer(v) for k, v in node.items() if k != "title"}
+    if out.get("additionalProperties") is True:
+        del out["additionalProperties"]
+    if out.get("items") == {}:
+        del out["items"]
+    choices = out.get("anyOf")
+    if choices and all(set(c) == {"type"} and isinstance(c["type"], str) for c in choices):
+        types = [c["type"] for c in out.pop("anyOf")]
+        out["type"] = [t for t in types if not (t == "integer" and "number" in types)]
+    return out
+
+
+def shard_schema() -> dict[str, Any]:
+    """The index shard's JSON Schema written from the types (`$defs` by type name)."""
+    return SHARD.json_schema(schema_generator=Published)
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+_FREE_FORM_DEPTH = 4  # the containers above a free-form member: shard, entries, entry, source
+
+
+def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
+    refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
+    with the same message; and, by entry id, each record's canonical JSON without its digest where the
+    typed serializer wrote it (the bytes records.entry_digest hashes).
+
+    The typed decoder (pydantic-core) does not refuse duplicate keys and reads NaN, so its result stands
+    only when writing it back gives the very bytes read: a dropped duplicate, a NaN, an escape or a space
+    the writer would not write all change them. kvgraft writes shards as canonical JSON, which round-trips;
+    any other shard is read by the strict reader, then typed (its message, or the model's, names the
+    member).
+    """
+    try:
+        doc = SHARD.validate_json(raw)
+        records = [to_json(e) for e in doc["entries"]]  # a lone surrogate cannot be written: refused here
+        same = raw == b"".join((b'{"entries":[', b",".join(records), b'],"files":', to_json(doc["files"]),
+                                b',"format":"kvgraft-cache-index-shard","format_version":2}'))
+    except (ValidationError, PydanticSerializationError):
+        same = False
+    if same and _free_form_plain(doc["entries"]):
+        canonical = {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
+                     if _canonical(e)}
+        return cast(dict[str, Any], doc), canonical
+    return cast(dict[str, Any], _reference(raw, where)), {}
+
+
+# `{"digest":"<64 hex>",` opens the serialized record when it has no `answer` (the one member sorted before).
+_DIGEST_MEMBER = len('{"digest":"",') + 64
+
+
+def _reference(raw: bytes, where: str) -> Shard:
+    """The strict reader and the schema, then the types."""
+    from kvgraft.schema import CACHE_INDEX_SHARD, validate
+
+    doc = jsonio.loads_strict(raw, where)
+    if not isinstance(doc, dict) or doc.get("format") != "kvgraft-cache-index-shard":
+        raise InputError(f"{where}: not a kvgraft index shard")
+    validate(doc, CACHE_INDEX_SHARD, where)
+    try:
+        return SHARD.validate_python(doc)
+    except ValidationError as exc:  # what the schema allows and the types do not (an integer written 1.0)
+        first = exc.errors()[0]
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise SchemaError(where, path, first["msg"]) from None
+
+
+def _free_form_plain(entries: list[Entry]) -> bool:
+    """The free-form members (meta, source.messages, answer) hold no float and no integer beyond I-JSON, and
+    nest within jsonio.MAX_DEPTH: what the strict reader would check in them (the typed members' own types
+    and bounds exclude the rest)."""
+    for e in entries:
+        for value in (e.get("meta"), e["source"].get("messages"), e.get("answer")):
+            if value is not None and not (jsonio.is_plain(value) and _depth(value) + _FREE_FORM_DEPTH <= jsonio.MAX_DEPTH):
+                return False
+    return True
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _canonical(entry: Entry) -> bool:
+    """Whether the typed serializer writes this decoded record's canonical JSON: members in declared
+    (sorted) order, `digest` first, tensor names sorted within the Basic Multilingual Plane (RFC 8785 sorts
+    by UTF-16 units), no free-form member (their keys keep the order they were read in)."""
+    names = list(entry["tensors"])
+    joined = "".join(names)
+    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
+                or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF))

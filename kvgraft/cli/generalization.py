@@ -42,7 +42,8 @@ library_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
 app.add_typer(library_app, name="library")
 
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")]
-SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
+SourceOpt = Annotated[str, typer.Option("--source",
+                                        help="gsm8k, synthetic, arithmetic, aime2025, champ, or a FILE.jsonl of problems.")]
 
 
 def _progress(quiet: bool) -> Progress:
@@ -60,7 +61,7 @@ def build_cmd(
     limit: Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")] = None,
     library_fraction: Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")] = 0.5,
     salt: Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")] = "kvgraft",
-    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")] = 0,
+    synthetic_seed: Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic or arithmetic.")] = 0,
     attempts: Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")] = 3,
     temperature: Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")] = 0.7,
     seed: Annotated[int, typer.Option("--seed", help="Seed of sampled attempts.")] = 0,

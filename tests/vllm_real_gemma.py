@@ -15,7 +15,6 @@ recomputes in transformers (the cross-engine verdict). Writes OUT_DIR/results.js
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,12 +76,7 @@ def serve(out: Path) -> int:
     return 0
 
 
-def main() -> int:
-    from vllm_scenarios import scenario_main
-
-    return scenario_main(build, serve)
-
-
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(main())
+    from vllm_scenarios import scenario_exit
+
+    scenario_exit(build, serve)

@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 TEXTS = {
     "a": "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
@@ -219,11 +220,13 @@ def scenario_main(build: Callable[[Path], object], serve: Callable[[Path], int],
     return (more or {}).get(what, serve)(out)
 
 
-def main() -> int:
-    # one interpreter for both engines by default: vLLM's import is a quarter minute
-    return scenario_main(build_releases, lambda out: serve(out) or serve_signed(out), {"serve-signed": serve_signed})
+def scenario_exit(build: Callable[[Path], object], serve: Callable[[Path], int],
+                  more: dict[str, Callable[[Path], int]] | None = None) -> NoReturn:
+    """A scenario script run as a command: offline (no hub is reached), exiting with `scenario_main`'s status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(scenario_main(build, serve, more))
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard is required
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(main())
+    # one interpreter for both engines by default: vLLM's import is a quarter minute
+    scenario_exit(build_releases, lambda out: serve(out) or serve_signed(out), {"serve-signed": serve_signed})

@@ -36,13 +36,14 @@ library_app = typer.Typer(no_args_is_help=True, rich_markup_mode=PLAIN_HELP,
                           help="Build solution libraries: cache releases of traces whose final answer was checked.")
 app.add_typer(library_app, name="library")
 
-SourceOpt = Annotated[str, typer.Option("--source", help="gsm8k, synthetic, aime2025, champ, or a FILE.jsonl of problems.")]
+SourceOpt = Annotated[str, typer.Option("--source",
+                                        help="gsm8k, synthetic, arithmetic, aime2025, champ, or a FILE.jsonl of problems.")]
 
 
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use the first N problems of the source.")]
 FractionOpt = Annotated[float, typer.Option("--library-fraction", help="Share of problems in the library.")]
 SaltOpt = Annotated[str, typer.Option("--salt", help="Salt of the library / held-out split.")]
-SyntheticSeedOpt = Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic.")]
+SyntheticSeedOpt = Annotated[int, typer.Option("--synthetic-seed", help="Seed of --source synthetic or arithmetic.")]
 CaptureChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Capture prefill in chunks of N (default one-shot).")]
 AttemptsOpt = Annotated[int, typer.Option("--attempts", help="Sampled attempts after the greedy one.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Temperature of sampled attempts.")]

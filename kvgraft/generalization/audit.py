@@ -12,8 +12,9 @@ Conditions, on the same queries with the same decoding (greedy unless `samples` 
   reported.
 
 The query prompt is ``"\\nProblem: {problem}\\nSolution:"`` (no special tokens) after the grafted prefix,
-the same text without one. Decoding stops at EOS, at `max_new_tokens`, or once an "Answer: …" line is
-complete; `answers.check` decides correctness.
+the same text without one, after the tokens the release's schedule starts a sequence with (a tokenizer's
+beginning-of-sequence token, as every entry begins with it). Decoding stops at EOS, at `max_new_tokens`, or
+once an "Answer: …" line is complete; `answers.check` decides correctness.
 
 `--policy` chooses what runs: ``none`` only (a); ``exact`` adds (b) and its (d) (the own entry found by
 problem id, else by exact problem hash); ``nearest`` (TF-IDF) or ``bm25`` also adds (c) and its (d),
@@ -46,7 +47,7 @@ from kvgraft.generalization.conditions import AS_TEXT, CONDITIONS, GRAFTED, LABE
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.leakage import NGRAM, leakage_for
 from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
-from kvgraft.generalization.problems import Problem, problem_hash, split, synthetic
+from kvgraft.generalization.problems import GENERATED, Problem, problem_hash, split, synthetic
 from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
@@ -215,6 +216,10 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
     if cond != "none" and entry is None:
         raise InputError(f"condition {cond} needs a library entry for query {q.id!r}")
     prompt_ids = encode(lm, query_text(q.problem))
+    # Without a prefix the query starts the sequence: it gets the tokens the release's schedule puts at the start of
+    # one (Gemma's <bos>, nothing for SmolLM2), as every grafted entry and its prompt text (d) begin with them.
+    start = [] if cond != "none" else encode(lm, "", add_special_tokens=Schedule.from_dict(
+        release.manifest["schedule"]).add_special_tokens)
     memory_note = reset_peak_rss() if settings.track_memory else "not tracked"
     rss_before = _status_bytes("VmRSS") if settings.track_memory else None
     restored_tokens = kv_bytes = entry_prefill = 0
@@ -234,7 +239,7 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
         else:
             cache = new_cache(lm)
         tp = time.perf_counter()
-        cache, logits = prefill(lm, prompt_ids, ONE_SHOT, cache)  # one pass over the prompt, last logits only
+        cache, logits = prefill(lm, start + prompt_ids, ONE_SHOT, cache)  # one pass over the prompt, last logits only
         prefill_s += time.perf_counter() - tp
         samples: list[dict[str, Any]] = []
         eos = eos_ids(lm)
@@ -266,9 +271,9 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
         "correct": samples[0]["correct"],
         "n_correct": sum(1 for s in samples if s["correct"]),
         "n_samples": len(samples),
-        "tokens": {"decode": decode_tokens, "prompt": len(prompt_ids), "prefill": entry_prefill + len(prompt_ids),
-                   "restored": restored_tokens, "prefix": prefix,
-                   "attended_max": prefix + len(prompt_ids) + max(s["decode_tokens"] for s in samples)},
+        "tokens": {"decode": decode_tokens, "prompt": len(start) + len(prompt_ids),
+                   "prefill": entry_prefill + len(start) + len(prompt_ids), "restored": restored_tokens, "prefix": prefix,
+                   "attended_max": prefix + len(start) + len(prompt_ids) + max(s["decode_tokens"] for s in samples)},
         "kv_bytes_restored": kv_bytes,
         "upstream_tokens": int(upstream.get("tokens", 0)),
         "upstream_tokens_all": int(upstream.get("tokens_all", 0)),
@@ -305,7 +310,7 @@ def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int |
     fraction = library_fraction if library_fraction is not None else recorded.get("library_fraction", 0.5)
     salt = salt if salt is not None else recorded.get("salt", "kvgraft")
     rec_seed = rec_source.get("synthetic_seed", 0)
-    problems_all, source_rec = load_problems(source, limit, synthetic_seed=rec_seed if source == "synthetic" else 0)
+    problems_all, source_rec = load_problems(source, limit, synthetic_seed=rec_seed if source in GENERATED else 0)
     library, held_out, split_rec = split(problems_all, float(fraction), str(salt))
     if recorded:
         for key, want in (("salt", salt), ("library_fraction", fraction)):

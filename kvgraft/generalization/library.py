@@ -42,7 +42,7 @@ from kvgraft.inference.runtime import tokenize as capture_tokenize
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"
-SOURCES = ("gsm8k", "synthetic", "aime2025", "champ")
+SOURCES = ("gsm8k", *problems.GENERATED, "aime2025", "champ")
 TRACE_REFERENCE = "reference"
 TRACE_MODEL = "model"
 
@@ -56,21 +56,23 @@ _ANSWER_DONE = re.compile(r"(?im)^[^\n]*?\b(?:final[ \t]+answer|answer)[ \t]*(?:
 
 
 def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int = 0) -> tuple[list[Problem], dict[str, Any]]:
-    """Problems of a named source (gsm8k, synthetic, aime2025, champ) or a JSONL file; the first `limit`.
+    """Problems of a named source (gsm8k, synthetic, arithmetic, aime2025, champ) or a JSONL file; the first `limit`.
 
-    Returns (problems, a record of the source spec). `synthetic` needs `limit` (how many to draw).
+    Returns (problems, a record of the source spec). A generated source (synthetic, arithmetic) needs `limit` (how
+    many to draw) and draws from `synthetic_seed`.
     """
     if limit is not None and limit < 0:
         raise InputError(f"--limit must be >= 0, got {limit}")
     record: dict[str, Any] = {"source": source, "limit": limit}
     if source == "gsm8k":
         found = problems.gsm8k(limit)
-    elif source == "synthetic":
+    elif source in problems.GENERATED:
         if limit is None:
-            raise InputError("--source synthetic needs --limit N (how many problems to draw)")
-        found = problems.synthetic(limit, synthetic_seed)
+            raise InputError(f"--source {source} needs --limit N (how many problems to draw)")
+        draw, version = problems.GENERATED[source]
+        found = draw(limit, synthetic_seed)
         record["synthetic_seed"] = synthetic_seed
-        record["synthetic_version"] = problems.SYNTHETIC_VERSION
+        record["synthetic_version"] = version
     elif source == "aime2025":
         found = problems.aime2025()
     elif source == "champ":

@@ -488,34 +488,122 @@ def synthetic(n: int, seed: int) -> list[Problem]:
     Deterministic for a (seed, SYNTHETIC_VERSION); numbers and names are drawn at random, so the
     problems cannot have been in any training set. Problem texts within one call are distinct.
     """
+    return _draw(n, seed, _TEMPLATES, "synthetic", SYNTHETIC_VERSION)
+
+
+def arithmetic(n: int, seed: int) -> list[Problem]:
+    """`n` short one- or two-step arithmetic word problems (numbers under 50, integer answers, worked solutions).
+
+    For small base models, on which `synthetic`'s three- and four-step problems with three-digit intermediates are
+    solved hardly ever: here one addition, subtraction, product or fair share, or two of them, so a model of a few
+    hundred million parameters solves some and misses others, and a graft can move its accuracy either way.
+    Deterministic for a (seed, ARITHMETIC_VERSION); problem texts within one call are distinct.
+    """
+    return _draw(n, seed, _SHORT, "arithmetic", ARITHMETIC_VERSION)
+
+
+def _draw(n: int, seed: int, templates: dict[str, Callable[[random.Random], _Draft]], family: str,
+          version: int) -> list[Problem]:
+    """`n` distinct problems from a family's templates, in turn, from a generator seeded by (family, version, seed)."""
     if n < 0:
-        raise InputError(f"synthetic: n must be >= 0, got {n}")
-    r = random.Random(f"kvgraft-synthetic-v{SYNTHETIC_VERSION}:{seed}")
-    names = list(_TEMPLATES)
+        raise InputError(f"{family}: n must be >= 0, got {n}")
+    r = random.Random(f"kvgraft-{family}-v{version}:{seed}")
+    names = list(templates)
     out: list[Problem] = []
     seen: set[str] = set()
     attempts = 0
     while len(out) < n:
         attempts += 1
         if attempts > 100 * (n + 10):  # pragma: no cover - the space of problems is far larger
-            raise InputError(f"synthetic: could not draw {n} distinct problems")
+            raise InputError(f"{family}: could not draw {n} distinct problems")
         template = names[len(out) % len(names)]
-        problem, steps, answer = _TEMPLATES[template](r)
+        problem, steps, answer = templates[template](r)
         h = problem_hash(problem)
         if h in seen:
             continue
         seen.add(h)
         out.append(
             Problem(
-                id=f"synthetic-{seed}-{len(out):05d}",
+                id=f"{family}-{seed}-{len(out):05d}",
                 problem=problem,
                 answer=str(answer),
                 solution="\n".join(steps),
-                source=f"synthetic/v{SYNTHETIC_VERSION}",
-                meta={"template": template, "seed": seed, "index": len(out), "version": SYNTHETIC_VERSION},
+                source=f"{family}/v{version}",
+                meta={"template": template, "seed": seed, "index": len(out), "version": version},
             )
         )
     return out
+
+
+# ---------------------------------------------------------------- short arithmetic problems
+
+ARITHMETIC_VERSION = 1
+_THINGS = ("apples", "pencils", "stickers", "marbles", "books", "shells", "cards", "coins", "eggs", "balloons")
+
+
+def _s_more(r: random.Random) -> _Draft:
+    name, thing = r.choice(_NAMES), r.choice(_THINGS)
+    a, b = r.randint(2, 12), r.randint(2, 12)
+    return (f"{name} has {a} {thing}. {name} gets {b} more {thing}. How many {thing} does {name} have now?",
+            [f"{name} has {a} + {b} = {a + b} {thing}."], a + b)
+
+
+def _s_left(r: random.Random) -> _Draft:
+    name, friend = r.sample(_NAMES, 2)
+    thing = r.choice(_THINGS)
+    a = r.randint(5, 20)
+    b = r.randint(1, a - 1)
+    return (f"{name} has {a} {thing} and gives {b} of them to {friend}. How many {thing} does {name} have left?",
+            [f"{name} has {a} - {b} = {a - b} {thing} left."], a - b)
+
+
+def _s_groups(r: random.Random) -> _Draft:
+    thing = r.choice(_THINGS)
+    a, b = r.randint(2, 9), r.randint(2, 9)
+    return (f"There are {a} boxes with {b} {thing} in each box. How many {thing} are there in all?",
+            [f"There are {a} * {b} = {a * b} {thing}."], a * b)
+
+
+def _s_share(r: random.Random) -> _Draft:
+    name, thing = r.choice(_NAMES), r.choice(_THINGS)
+    friends, each = r.randint(2, 9), r.randint(2, 9)
+    total = friends * each
+    return (f"{name} shares {total} {thing} equally among {friends} friends. How many {thing} does each friend get?",
+            [f"Each friend gets {total} / {friends} = {each} {thing}."], each)
+
+
+def _s_more_then_less(r: random.Random) -> _Draft:
+    name, thing = r.choice(_NAMES), r.choice(_THINGS)
+    a, b = r.randint(3, 15), r.randint(2, 10)
+    c = r.randint(1, a + b - 1)
+    return (f"{name} has {a} {thing}, buys {b} more and then loses {c}. How many {thing} does {name} have now?",
+            [f"After buying, {name} has {a} + {b} = {a + b} {thing}.",
+             f"After losing some, {name} has {a + b} - {c} = {a + b - c} {thing}."], a + b - c)
+
+
+def _s_packs(r: random.Random) -> _Draft:
+    name, thing = r.choice(_NAMES), r.choice(_THINGS)
+    packs, per, had = r.randint(2, 5), r.randint(2, 9), r.randint(1, 12)
+    return (f"{name} has {had} {thing} and buys {packs} packs with {per} {thing} in each pack. "
+            f"How many {thing} does {name} have in total?",
+            [f"The packs hold {packs} * {per} = {packs * per} {thing}.",
+             f"In total {name} has {had} + {packs * per} = {had + packs * per} {thing}."], had + packs * per)
+
+
+_SHORT: dict[str, Callable[[random.Random], _Draft]] = {
+    "more": _s_more,
+    "left": _s_left,
+    "groups": _s_groups,
+    "share": _s_share,
+    "more_then_less": _s_more_then_less,
+    "packs": _s_packs,
+}
+
+# The sources drawn from a seed rather than read from a file, by name: (generator, version of its problem texts).
+GENERATED: dict[str, tuple[Callable[[int, int], list[Problem]], int]] = {
+    "synthetic": (synthetic, SYNTHETIC_VERSION),
+    "arithmetic": (arithmetic, ARITHMETIC_VERSION),
+}
 
 
 def by_id(problems: Iterable[Problem]) -> dict[str, Problem]:

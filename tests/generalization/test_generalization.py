@@ -108,6 +108,32 @@ def test_text_condition_equals_graft_with_sampling(family: str, tiny_lm: Callabl
     assert len({tuple(s["token_ids"]) for s in out["own"]["samples"]}) > 1
 
 
+def test_no_graft_starts_the_sequence_as_every_entry_does(tiny_lm: Callable[[str], Any], tiny_dir: Callable[[str], Path],
+                                                          tmp_path: Path) -> None:
+    """(a) has no prefix, so its query starts the sequence with the tokens the release's schedule puts there: a
+    tokenizer that adds a beginning-of-sequence token (Gemma's does; without it a Gemma produces noise) gets it in
+    (a) as in every entry that (b), (c) and (d) start from, so that the graft is what differs between them."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from kvgraft.inference.models import wrap
+    from kvgraft.inference.runtime import encode, new_cache, prefill
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir("llama")))
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    lm = wrap(tiny_lm("llama").model, tok, "tiny llama, a tokenizer adding <s>")
+    library.build(lm, PROBLEMS[:2], tmp_path / "lib", library_fraction=1.0, settings=library.BuildSettings(generate=False))
+    rel = verified(tmp_path / "lib", BUILT)
+    assert all(e["token_ids"][0] == tok.bos_token_id for e in rel.release.entries)
+    q = gen.Query(PROBLEMS[1], "library")
+    (task,) = [t for t in gen.plan(gen.Library(rel), [q], gen.Settings()) if t.condition == "none"]
+    run = gen.run_query(lm, rel, task, gen.Settings(max_new_tokens=4, track_memory=False))
+    ids = [tok.bos_token_id, *encode(lm, gen.query_text(q.problem.problem))]
+    assert run["tokens"]["prompt"] == len(ids)
+    cache, logits = prefill(lm, ids, Schedule(), new_cache(lm))
+    assert run["samples"][0]["token_ids"] == library.decode(lm, cache, logits, max_new_tokens=4).token_ids
+
+
 def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) -> None:
     short = [Problem("s-pens", "A box holds 8 pens. How many pens are in 7 boxes?", "56", "7 * 8 = 56 pens.", "test"),
              Problem("s-apples", "Mia has 12 apples and gives away 5. How many are left?", "7", "12 - 5 = 7 apples.", "test")]

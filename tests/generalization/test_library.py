@@ -12,7 +12,7 @@ import torch
 
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, library
-from kvgraft.generalization.problems import Problem, problem_hash
+from kvgraft.generalization.problems import Problem, arithmetic, problem_hash
 from kvgraft.inference import runtime
 from kvgraft.release.format import Release
 
@@ -174,6 +174,11 @@ def test_load_problems(tmp_path: Path) -> None:
     assert len(probs) == 3 and rec == {"source": "synthetic", "limit": 3, "synthetic_seed": 5, "synthetic_version": 1}
     with pytest.raises(InputError, match="needs --limit"):
         library.load_problems("synthetic")
+    probs, rec = library.load_problems("arithmetic", 4, synthetic_seed=2)
+    assert [p.id for p in probs] == [p.id for p in arithmetic(4, 2)]
+    assert rec == {"source": "arithmetic", "limit": 4, "synthetic_seed": 2, "synthetic_version": 1}
+    with pytest.raises(InputError, match="--source arithmetic needs --limit"):
+        library.load_problems("arithmetic")
     with pytest.raises(InputError, match="expected one of"):
         library.load_problems("nonsense")
     path = tmp_path / "p.jsonl"

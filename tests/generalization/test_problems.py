@@ -81,6 +81,39 @@ def test_synthetic_deterministic_and_correct() -> None:
     assert P.synthetic(0, 1) == []
 
 
+def test_arithmetic_deterministic_distinct_and_checked() -> None:
+    """The short family: one or two steps on numbers under 50, every step's arithmetic right, the last step the
+    answer, texts distinct; a seed gives the same problems every time and another seed others."""
+    a = P.arithmetic(120, seed=4)
+    assert [p.as_dict() for p in a] == [p.as_dict() for p in P.arithmetic(120, seed=4)]
+    assert [p.problem for p in a] != [p.problem for p in P.arithmetic(120, seed=5)]
+    assert len({P.problem_hash(p.problem) for p in a}) == len({p.id for p in a}) == 120
+    # "groups" has 640 texts: 100 draws of it repeat some, which the draw must skip
+    assert len({P.problem_hash(p.problem) for p in P.arithmetic(600, seed=4)}) == 600
+    assert {p.meta["template"] for p in a} == {"more", "left", "groups", "share", "more_then_less", "packs"}
+    for p in a:
+        assert p.source == "arithmetic/v1" and p.id.startswith("arithmetic-4-")
+        steps = _EQ.findall(p.solution or "")
+        assert 1 <= len(steps) <= 2, p.solution
+        for x, op, y, z in steps:
+            x_, y_, z_ = int(x), int(y), int(z)
+            assert max(x_, y_) < 50, p.problem
+            got = {"+": x_ + y_, "-": x_ - y_, "*": x_ * y_, "/": x_ // y_ if y_ and x_ % y_ == 0 else None}[op]
+            assert got == z_, (p.id, x, op, y, z)
+        assert steps[-1][3] == p.answer and int(p.answer) >= 0
+    assert P.arithmetic(0, 1) == []
+    with pytest.raises(InputError, match="arithmetic: n must be >= 0"):
+        P.arithmetic(-1, 0)
+
+
+def test_arithmetic_reference_traces_pass_the_answer_check() -> None:
+    """A library built from the family keeps reference traces only when `answers.check` accepts them: all do."""
+    from kvgraft.generalization import answers
+    from kvgraft.generalization.library import reference_trace
+
+    assert all(answers.check(reference_trace(p), p.answer) for p in P.arithmetic(60, seed=0))
+
+
 def test_problem_hash_normalizes() -> None:
     assert P.problem_hash("Janet’s  ducks\nlay 16 eggs.") == P.problem_hash("janet's ducks lay 16 EGGS.")
     assert P.problem_hash("lay 16 eggs") != P.problem_hash("lay 17 eggs")

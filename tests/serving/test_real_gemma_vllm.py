@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from test_vllm import build_and_serve
-from test_vllm_gemma import during, same_tokens
+from test_vllm_gemma import during, prefix_hit, same_tokens
 
 pytestmark = pytest.mark.gemma
 SCENARIOS = Path(__file__).resolve().parents[1] / "vllm_real_gemma.py"
@@ -40,12 +40,7 @@ def test_an_entry_past_the_window_is_grafted_whole(gemma: Served) -> None:
 
 
 def test_prefix_hit(gemma: Served) -> None:
-    results, log, run = gemma
-    total = len(plan(run)["tokens"]["a"])
-    assert results["f/connector"]["num_cached_tokens"] == 32
-    (line,) = [x for x in during(log, "f/connector") if "kvgraft: grafted" in x]
-    assert f"entry=a tokens=[0, 32) of {total} " in line, line
-    same_tokens(results, "f/connector", "f/plain")
+    prefix_hit(gemma, "f")
 
 
 def test_a_tampered_entry_is_refused_and_prefilled(gemma: Served) -> None:

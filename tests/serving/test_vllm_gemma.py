@@ -63,14 +63,21 @@ def test_a_graft_reaches_attention_planted_values_change_the_continuation(gemma:
     assert graft["first_logprob"] != plain["first_logprob"] and graft["token_ids"] != plain["token_ids"]
 
 
+def prefix_hit(served: Served, name: str) -> str:
+    """Prompt `name` starts with entry "a"'s first 52 tokens: its first 32-token block is grafted, vLLM computes the
+    rest, and the tokens are a plain prefill's. Returns the graft's log line."""
+    results, log, run = served
+    total = len(plan(run)["tokens"]["a"])
+    assert results[f"{name}/connector"]["num_cached_tokens"] == 32
+    (line,) = [x for x in during(log, f"{name}/connector") if "kvgraft: grafted" in x]
+    assert f"entry=a tokens=[0, 32) of {total} " in line, line
+    same_tokens(results, f"{name}/connector", f"{name}/plain")
+    return line
+
+
 def test_prefix_hit_miss_and_a_window_that_cannot_give_a_prefix(gemma: Served) -> None:
     results, log, run = gemma
-    total = len(plan(run)["tokens"]["a"])
-    # hit: "f" starts with entry "a"'s first 52 tokens: its first block is grafted, vLLM computes the rest
-    assert results["g3/f/connector"]["num_cached_tokens"] == 32
-    (line,) = [x for x in during(log, "g3/f/connector") if "kvgraft: grafted" in x]
-    assert f"entry=a tokens=[0, 32) of {total} (rows of the entry's recorded one-shot prefill" in line, line
-    same_tokens(results, "g3/f/connector", "g3/f/plain")
+    assert "(rows of the entry's recorded one-shot prefill" in prefix_hit(gemma, "g3/f")
     # miss: "d" is in no release
     assert results["g3/d/connector"]["num_cached_tokens"] == 0
     assert not [x for x in during(log, "g3/d/connector") if "kvgraft: grafted" in x or "refused" in x]

@@ -60,6 +60,17 @@ def test_the_schemas_list_the_registrys_built_in_kinds() -> None:
     assert builtins[-1] == "claims"  # it reads what the checks before it measured
 
 
+def test_the_schemas_registry_parts_are_generated_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    """schemas/audit-report.v1.json's kind list and per-kind rules, and audit-plan.v1.json's checks tables, are
+    what kvgraft.audit.checks.schemas generates from the registry."""
+    from kvgraft.audit.checks import schemas
+
+    assert schemas.main(["--check"]) == 0, capsys.readouterr().out
+    report = schemas.report_schema()
+    rules = [r["if"]["properties"]["kind"]["const"] for r in report["$defs"]["check"]["allOf"][1:]]
+    assert rules == [k.name for k in registry.BUILTIN]
+
+
 def test_seal_stamps_the_status_by_the_kinds_rule_and_validates_by_its_schema() -> None:
     with pytest.raises(InputError, match="no check kind 'magic' is registered"):
         registry.seal("magic", {})

@@ -13,7 +13,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from kvgraft.audit import face
-from kvgraft.audit.checks import kinds
+from kvgraft.audit.checks import kinds, view
 from kvgraft.audit.checks.claims import ClaimsData
 from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
@@ -40,7 +40,7 @@ def check_renderables(kind: str, data: dict[str, Any], console: Console) -> list
     """One check's details: the view `audit recompute` and `audit determinism` print on their own, and
     `report show --detail NAME` prints for a check of a report."""
     k = kinds().get(kind)
-    return k.details(plain_tree(data), console) if k is not None else []
+    return k.details(view(k, plain_tree(data)), console) if k is not None else []
 
 
 def _check_details(c: dict[str, Any], console: Console) -> list[RenderableType]:

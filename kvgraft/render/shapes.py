@@ -93,26 +93,6 @@ class Entries(TypedDict):
     entries: list[RecomputeEntry]
 
 
-# --- determinism: byte classes ----------------------------------------------------------------------------------------
-
-# Functional form: a condition's byte class is its member `class`, a Python keyword.
-Condition = TypedDict("Condition", {
-    "name": str, "class": NotRequired[str], "condition": NotRequired[dict[str, object]],
-    "max_ulp": NotRequired[int | None], "max_abs": NotRequired[float | str], "kl": NotRequired[float]})
-
-
-class ClassRow(TypedDict):
-    entry: str
-    classes: list[str | int]
-
-
-class ByteClasses(TypedDict):
-    """What the byte-class tables read of a determinism matrix."""
-
-    conditions: list[Condition]
-    rows: NotRequired[list[ClassRow]]
-
-
 # --- verify ----------------------------------------------------------------------------------------------------------
 
 

@@ -10,8 +10,6 @@ from typing import NotRequired, TypedDict
 
 from kvgraft.render.shapes import (
     Accuracy,
-    ByteClasses,
-    Condition,
     Controls,
     Entries,
     Layer,
@@ -20,6 +18,7 @@ from kvgraft.render.shapes import (
     VerifyResult,
 )
 from kvgraft.render.text import num as _num
+from kvgraft.results.determinism import Condition, DeterminismData
 
 # Heat-map palette, low to high divergence.
 HEAT = ["#fde68a", "#fcbf49", "#f77f00", "#e4572e", "#c1121f", "#780000"]
@@ -199,16 +198,16 @@ def _first_difference(entry: RecomputeEntry) -> str:
         where += f": {fd['detail']}"
     return where
 
-def determinism_model(data: ByteClasses) -> ByteClassView:
+def determinism_model(data: DeterminismData) -> ByteClassView:
     """Conditions with their class and colour index, and the optional per-entry rows."""
-    conds = data["conditions"]
-    order = list(dict.fromkeys(label for x in conds if (label := x.get("class")) is not None))
+    conds = data.conditions
+    order = list(dict.fromkeys(x.class_ for x in conds if x.class_ is not None))
     colour = {label: CLASS_COLORS[i % len(CLASS_COLORS)] for i, label in enumerate(order)}
     rows: list[ClassCells] = []
-    for row in data.get("rows", []):
-        labels = [str(x) for x in row["classes"]]
+    for row in data.rows or []:
+        labels = [str(x) for x in row.classes]
         row_order = list(dict.fromkeys(labels))
-        rows.append({"entry": row["entry"],
+        rows.append({"entry": row.entry,
                      "cells": [(lab, CLASS_COLORS[row_order.index(lab) % len(CLASS_COLORS)]) for lab in labels]})
     return {"conditions": conds, "colour": colour, "classes": len(order), "rows": rows}
 

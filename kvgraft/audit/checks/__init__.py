@@ -163,6 +163,12 @@ def kind(name: str) -> CheckKind:
     return known[name]
 
 
+def view(k: CheckKind, data: dict[str, Any]) -> Any:
+    """A check's data as its kind's face, details and html take it: its typed data model, else the dict. The
+    data passed the kind's schema (validate_report, seal), which is generated from that model: it builds."""
+    return k.typed.data.model_validate(data) if k.typed is not None else data
+
+
 def status(name: str, result: dict[str, Any]) -> str:
     """The status of one audit result, by its kind's rule."""
     s = kind(name).status(result)

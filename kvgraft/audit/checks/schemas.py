@@ -1,6 +1,7 @@
-"""The parts of the audit schemas that the check registry decides, generated from it: the report schema's kind
-list and its rule per built-in kind (the check's `data` is that kind's report data, by `$ref` to the kind's own
-schema file), and the plan schema's `checks` tables in the registry's order.
+"""The schemas the check registry decides, generated from it: each typed kind's own schema file (from its models,
+kvgraft.results.<kind>), the report schema's kind list and its rule per built-in kind (the check's `data` is
+that kind's report data, by `$ref` to the `data` part of the kind's schema file), and the plan schema's `checks`
+tables in the registry's order.
 
 `python -m kvgraft.audit.checks.schemas --write` rewrites a file whose generated parts differ from the
 registry; `--check` (what tests/audit/test_check_kinds.py runs) names the files that differ and exits 1.
@@ -14,19 +15,22 @@ import sys
 from typing import Any
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
+from kvgraft.audit.checks.kind import CheckKind
 from kvgraft.schema import load_schema, schema_dir
 
 REPORT = "audit-report.v1.json"
 PLAN = "audit-plan.v1.json"
 # The report schema's own $defs for the kinds whose report data has no model yet (their shape is written there).
-_REPORT_DEFS = {"verify": "verify", "recompute": "recompute", "determinism": "determinism",
-                "generalization": "generalization", "controls": "controls", "claims": "claims_check"}
+_REPORT_DEFS = {"verify": "verify", "recompute": "recompute", "generalization": "generalization",
+                "controls": "controls", "claims": "claims_check"}
 
 
-def data_ref(name: str, schema: str) -> str:
-    """Where the report schema finds a built-in kind's report data: the `data` part of the kind's result schema,
+def data_ref(k: CheckKind) -> str:
+    """Where the report schema finds a built-in kind's report data: the `data` part of the kind's schema file,
     or (a kind with no model yet) the report schema's own $defs."""
-    return f"#/$defs/{_REPORT_DEFS[name]}" if name in _REPORT_DEFS else f"{schema}#/$defs/data"
+    if k.typed is not None:
+        return f"{k.typed.file}#/$defs/data"
+    return f"#/$defs/{_REPORT_DEFS[k.name]}"
 
 
 def report_schema() -> dict[str, Any]:
@@ -38,8 +42,11 @@ def report_schema() -> dict[str, Any]:
     skipped = {"if": {"properties": {"status": {"const": "skipped"}}}, "then": {"required": ["reason"]}}
     check["allOf"] = [skipped] + [
         {"if": {"properties": {"kind": {"const": k.name}}},
-         "then": {"properties": {"data": {"$ref": data_ref(k.name, k.schema)}}}}
+         "then": {"properties": {"data": {"$ref": data_ref(k)}}}}
         for k in BUILTIN if isinstance(k.schema, str)]
+    # A $defs entry no part refers to (a typed kind's shape, now in its own file) is dropped: one copy of each.
+    text = json.dumps(doc)
+    doc["$defs"] = {name: d for name, d in doc["$defs"].items() if f'"#/$defs/{name}"' in text}
     return doc
 
 
@@ -56,7 +63,8 @@ def plan_schema() -> dict[str, Any]:
 
 
 def generated() -> dict[str, dict[str, Any]]:
-    return {REPORT: report_schema(), PLAN: plan_schema()}
+    kinds = {k.typed.file: k.typed.schema() for k in BUILTIN if k.typed is not None}
+    return {**kinds, REPORT: report_schema(), PLAN: plan_schema()}
 
 
 def stale() -> list[str]:
@@ -71,9 +79,9 @@ def main(argv: list[str]) -> int:
             print(f"schemas/{name} differs from the check registry: run python -m kvgraft.audit.checks.schemas --write")
         return 1 if names else 0
     if argv == ["--write"]:
+        docs = generated()
         for name in stale():
-            doc = generated()[name]
-            (schema_dir() / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+            (schema_dir() / name).write_text(json.dumps(docs[name], indent=2, ensure_ascii=False) + "\n")
             print(f"wrote schemas/{name}")
         return 0
     print("usage: python -m kvgraft.audit.checks.schemas --check | --write", file=sys.stderr)

@@ -1,0 +1,112 @@
+"""The models' base classes and the JSON Schema a kind's result file is generated from (Draft 2020-12).
+
+A kind's schema file holds two shapes: its result (the root: what the check writes, every member it writes
+required, no other member), and under `$defs/data` what a report's check of that kind must hold (what the
+renderers read; a report's `$ref` points there). A member that may be absent is `T | None = None` in a model and
+absent-or-T in the schema, never null; `nullable()` marks the few that may also be null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+BASE = "https://kvgraft.dev/schemas/"
+_NULLABLE = "x-kvgraft-nullable"  # read and removed by the generator: never in a published schema
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+class Data(BaseModel):
+    """What a reader needs of a report: members it does not know are ignored (and shown by name elsewhere)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class Result(Data):
+    """What a check writes: nothing else is accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def nullable(**kw: Any) -> Any:
+    """An optional member that, when present, may be null."""
+    return Field(default=None, json_schema_extra={_NULLABLE: True}, **kw)
+
+
+class _Generate(GenerateJsonSchema):
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def _tidy(node: Any) -> Any:
+    """A generated schema made plain: no titles or defaults, optional members not null (unless nullable), a
+    union of bare types as a list of types."""
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    node.pop("title", None)
+    if "default" in node:
+        default = node.pop("default")
+        if default is None and not node.pop(_NULLABLE, False) and "anyOf" in node:
+            node["anyOf"] = [b for b in node["anyOf"] if b != {"type": "null"}]
+    node.pop(_NULLABLE, None)
+    for key in ("properties", "$defs"):
+        if key in node:
+            node[key] = {name: _tidy(s) for name, s in node[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(node.get(key), dict):
+            node[key] = _tidy(node[key])
+    for key in _SCHEMA_LISTS:
+        if key in node:
+            node[key] = [_tidy(s) for s in node[key]]
+    branches = node.get("anyOf")
+    if branches is not None:
+        if len(branches) == 1:
+            node = {**{k: v for k, v in node.items() if k != "anyOf"}, **branches[0]}
+        elif all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+            del node["anyOf"]
+            node["type"] = [b["type"] for b in branches]
+    return node
+
+
+def _renamed(node: Any, old: str, new: str) -> Any:
+    if isinstance(node, dict):
+        return {k: (new if k == "$ref" and v == old else _renamed(v, old, new)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, old, new) for v in node]
+    return node
+
+
+def schema_file(file: str, title: str, result: type[Result], data: type[Data]) -> dict[str, Any]:
+    """The schema file of a kind: `result` at the root (its docstring the description), `data` at `$defs/data`."""
+    _, top = models_json_schema([(result, "validation"), (data, "validation")], ref_template="#/$defs/{model}",
+                                schema_generator=_Generate)
+    defs = {name: _tidy(s) for name, s in top["$defs"].items()}
+    root = defs.pop(result.__name__)
+    defs["data"] = defs.pop(data.__name__)
+    head = {"$schema": DRAFT, "$id": BASE + file, "title": title}
+    first = [k for k in ("description", "type", "required", "additionalProperties") if k in root]
+    ordered = {**head, **{k: root[k] for k in first}, **{k: v for k, v in root.items() if k not in first}, "$defs": defs}
+    out: dict[str, Any] = _renamed(ordered, f"#/$defs/{data.__name__}", "#/$defs/data")
+    if any(f"#/$defs/{result.__name__}" in str(v) for v in defs.values()):
+        raise AssertionError(f"{result.__name__} refers to itself: not a root")
+    return out
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A kind's typed result: its schema file under schemas/ (generated from these models), the result a check
+    writes, and the data a report's check holds, which the kind's face, details and HTML read."""
+
+    file: str
+    title: str
+    result: type[Result]
+    data: type[Data]
+
+    def schema(self) -> dict[str, Any]:
+        return schema_file(self.file, self.title, self.result, self.data)

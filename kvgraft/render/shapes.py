@@ -93,34 +93,6 @@ class Entries(TypedDict):
     entries: list[RecomputeEntry]
 
 
-# --- verify ----------------------------------------------------------------------------------------------------------
-
-
-class Signature(TypedDict, total=False):
-    status: str
-    method: str | None
-    key_id: str | None
-    identity: str | None
-    issuer: str | None
-    bundle: str | None
-
-
-class VerifyResult(TypedDict):
-    """$defs/verify: a verify result, or any object with `ok`."""
-
-    ok: bool
-    error: NotRequired[str | None]
-    details: NotRequired[list[str]]
-    root_digest: NotRequired[str]
-    entries: NotRequired[int]
-    files: NotRequired[int]
-    tensors: NotRequired[int]
-    bytes_hashed: NotRequired[int]
-    deep: NotRequired[bool]
-    signature: NotRequired[Signature]
-    warnings: NotRequired[list[str]]
-
-
 # --- controls --------------------------------------------------------------------------------------------------------
 
 

@@ -15,10 +15,10 @@ from kvgraft.render.shapes import (
     Layer,
     Readings,
     RecomputeEntry,
-    VerifyResult,
 )
 from kvgraft.render.text import num as _num
 from kvgraft.results.determinism import Condition, DeterminismData
+from kvgraft.results.verify import VerifyData
 
 # Heat-map palette, low to high divergence.
 HEAT = ["#fde68a", "#fcbf49", "#f77f00", "#e4572e", "#c1121f", "#780000"]
@@ -212,19 +212,19 @@ def determinism_model(data: DeterminismData) -> ByteClassView:
     return {"conditions": conds, "colour": colour, "classes": len(order), "rows": rows}
 
 
-def verify_lines(data: VerifyResult) -> tuple[str, list[str]]:
+def verify_lines(data: VerifyData) -> tuple[str, list[str]]:
     """(result, details) of a verify check's data (a verify result)."""
-    result = "ok" if data.get("ok") else f"failed: {data.get('error') or 'see details'}"
-    details = list(data.get("details", []))
-    for label, value in (("root digest", data.get("root_digest")), ("entries", data.get("entries")),
-                         ("files checked", data.get("files")), ("tensors", data.get("tensors")),
-                         ("bytes hashed", data.get("bytes_hashed")), ("deep (every tensor re-hashed)", data.get("deep"))):
+    result = "ok" if data.ok else f"failed: {data.error or 'see details'}"
+    details = list(data.details or [])
+    for label, value in (("root digest", data.root_digest), ("entries", data.entries), ("files checked", data.files),
+                         ("tensors", data.tensors), ("bytes hashed", data.bytes_hashed),
+                         ("deep (every tensor re-hashed)", data.deep)):
         if value is not None:  # the schema gives none of them null: present and not None are one
             details.append(f"{label}: {_num(value)}")
-    sig = data.get("signature")
+    sig = data.signature
     if sig is not None:
-        who = sig.get("identity") or sig.get("key_id") or ""
-        details.append(f"signature: {sig.get('status')} {sig.get('method') or ''} {who}".strip())
+        who = sig.identity or sig.key_id or ""
+        details.append(f"signature: {sig.status} {sig.method or ''} {who}".strip())
     return result, details
 
 def acc_interval(a: Accuracy) -> tuple[float, float] | None:

@@ -1,7 +1,7 @@
 """The models' base classes and the JSON Schema a kind's result file is generated from (Draft 2020-12).
 
-A kind's schema file holds two shapes: its result (the root: what the check writes, every member it writes
-required, no other member), and under `$defs/data` what a report's check of that kind must hold (what the
+A kind's schema file holds two shapes: its result (the root: what the check writes, every member it always
+writes required), and under `$defs/data` what a report's check of that kind must hold (what the
 renderers read; a report's `$ref` points there). A member that may be absent is `T | None = None` in a model and
 absent-or-T in the schema, never null; `nullable()` marks the few that may also be null.
 """
@@ -21,14 +21,15 @@ _SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "co
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-class Data(BaseModel):
-    """What a reader needs of a report: members it does not know are ignored (and shown by name elsewhere)."""
+class Open(BaseModel):
+    """An object whose schema allows members it does not name (a report's data: a reader ignores what it does not
+    know, and the renderers list it by name)."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
 
-class Result(Data):
-    """What a check writes: nothing else is accepted."""
+class Closed(Open):
+    """An object whose schema accepts no member it does not name."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,7 +83,7 @@ def _renamed(node: Any, old: str, new: str) -> Any:
     return node
 
 
-def schema_file(file: str, title: str, result: type[Result], data: type[Data]) -> dict[str, Any]:
+def schema_file(file: str, title: str, result: type[Open], data: type[Open]) -> dict[str, Any]:
     """The schema file of a kind: `result` at the root (its docstring the description), `data` at `$defs/data`."""
     _, top = models_json_schema([(result, "validation"), (data, "validation")], ref_template="#/$defs/{model}",
                                 schema_generator=_Generate)
@@ -105,8 +106,8 @@ class Typed:
 
     file: str
     title: str
-    result: type[Result]
-    data: type[Data]
+    result: type[Open]
+    data: type[Open]
 
     def schema(self) -> dict[str, Any]:
         return schema_file(self.file, self.title, self.result, self.data)

@@ -6,13 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from kvgraft.results.base import Data, Result, Typed, nullable
+from kvgraft.results.base import Closed, Open, Typed, nullable
 
 SHA256 = r"^[0-9a-f]{64}$"
 Status = Literal["passed", "failed", "incomplete"]
 
 
-class Condition(Data):
+class Condition(Open):
     """A condition with its KV byte class (same class = byte-identical states)."""
 
     name: str
@@ -26,18 +26,18 @@ class Condition(Data):
     kl: float | None = None
 
 
-class ClassRow(Data):
+class ClassRow(Open):
     """One entry, with its class under each condition."""
 
     entry: str
     classes: list[str | int]
 
 
-class Environment(Data):
+class Environment(Open):
     device_name: str | None = nullable()
 
 
-class DeterminismData(Data):
+class DeterminismData(Open):
     """A determinism matrix as a report's check holds it: its conditions with their KV byte class; optionally
     `rows`, one per entry, with a class per condition."""
 
@@ -49,7 +49,7 @@ class DeterminismData(Data):
     environment: Environment | None = None
 
 
-class MatrixCondition(Result):
+class MatrixCondition(Closed):
     name: str
     condition: dict[str, Any]
     kv_digest: str = Field(pattern=SHA256)
@@ -60,7 +60,7 @@ class MatrixCondition(Result):
     kl: float
 
 
-class DeterminismResult(Result):
+class DeterminismResult(Closed):
     """One prefix prefilled under varied conditions. Each condition's KV digest is SHA-256 over the canonical JSON
     of the list of per-tensor SHA-256s in layer order; conditions with the same digest share a class letter (A =
     baseline). max_ulp is the largest ULP distance among elements whose values are finite, normal and of the same

@@ -10,13 +10,13 @@ from typing import NotRequired, TypedDict
 
 from kvgraft.render.shapes import (
     Accuracy,
-    Controls,
     Entries,
     Layer,
     Readings,
     RecomputeEntry,
 )
 from kvgraft.render.text import num as _num
+from kvgraft.results.controls import ControlsData
 from kvgraft.results.determinism import Condition, DeterminismData
 from kvgraft.results.verify import VerifyData
 
@@ -238,17 +238,15 @@ def acc_interval(a: Accuracy) -> tuple[float, float] | None:
 
     return wilson_interval(a["k"], a["n"], a.get("confidence", 0.95))
 
-def controls_rows(result: Controls) -> list[list[str]]:
+def controls_rows(result: ControlsData) -> list[list[str]]:
     """One row per control: what it expects, a vs graft, p, the leakage split, the detectable effect, shows?"""
     rows = []
-    for o in result["controls"]:
-        d = o["detectable"]
-        sp = o["split"]
-        split = (f"clean {sp['clean']['k']}/{sp['clean']['n']}, "
-                 f"contaminated {sp['contaminated']['k']}/{sp['contaminated']['n']}")
-        rows.append([o["name"], o["expect"], f"{o['baseline']['k']}/{o['n']}",
-                     f"{'b' if o['condition'] == 'own' else 'c'} {o['graft']['k']}/{o['n']}", f"{o['mcnemar']['p_exact']:.3g}",
-                     split, "-" if d["effect"] is None else f"{d['effect'] * 100:.0f} points", "yes" if o["shows"] else "NO"])
+    for o in result.controls:
+        d, sp = o.detectable, o.split
+        split = f"clean {sp.clean.k}/{sp.clean.n}, contaminated {sp.contaminated.k}/{sp.contaminated.n}"
+        rows.append([o.name, o.expect, f"{o.baseline.k}/{o.n}", f"{'b' if o.condition == 'own' else 'c'} {o.graft.k}/{o.n}",
+                     f"{o.mcnemar.p_exact:.3g}", split, "-" if d.effect is None else f"{d.effect * 100:.0f} points",
+                     "yes" if o.shows else "NO"])
     return rows
 
 

@@ -9,13 +9,15 @@ absent-or-T in the schema, never null; `nullable()` marks the few that may also 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BASE = "https://kvgraft.dev/schemas/"
+# A JSON object whose members the schema leaves open (a condition's settings, an environment).
+JsonObject = Annotated[dict[str, JsonValue], WithJsonSchema({"type": "object"})]
 _NULLABLE = "x-kvgraft-nullable"  # read and removed by the generator: never in a published schema
 _SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -94,9 +96,34 @@ def schema_file(file: str, title: str, result: type[Open], data: type[Open]) -> 
     first = [k for k in ("description", "type", "required", "additionalProperties") if k in root]
     ordered = {**head, **{k: root[k] for k in first}, **{k: v for k, v in root.items() if k not in first}, "$defs": defs}
     out: dict[str, Any] = _renamed(ordered, f"#/$defs/{data.__name__}", "#/$defs/data")
+    out["$defs"] = reachable(out, also=("data",))  # `data` is referred to from the report schema
     if any(f"#/$defs/{result.__name__}" in str(v) for v in defs.values()):
         raise AssertionError(f"{result.__name__} refers to itself: not a root")
     return out
+
+
+def _refs(node: Any) -> set[str]:
+    """The names of this document's $defs that `node` refers to."""
+    if isinstance(node, dict):
+        own = {node["$ref"][len("#/$defs/"):]} if str(node.get("$ref", "")).startswith("#/$defs/") else set()
+        return own.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def reachable(doc: dict[str, Any], also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The $defs entries the schema refers to, directly or through another (and those named `also`, which other
+    files refer to)."""
+    defs = doc["$defs"]
+    seen: set[str] = set()
+    todo = _refs({k: v for k, v in doc.items() if k != "$defs"}) | set(also)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo |= _refs(defs[name])
+    return {name: d for name, d in defs.items() if name in seen}
 
 
 @dataclass(frozen=True)

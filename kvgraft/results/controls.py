@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from kvgraft.results.base import Closed, Open, Typed, nullable
+from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
 from kvgraft.results.stats import KN, Count, Detectable, Fraction
 
 Status = Literal["passed", "failed", "incomplete"]
@@ -124,7 +124,7 @@ class ControlsResult(Closed):
     model: str
     library: Library
     generator: Generator
-    settings: dict[str, Any]
+    settings: JsonObject
     controls: list[PlantedControl]
     statements: list[str]
     seconds: float = Field(ge=0)

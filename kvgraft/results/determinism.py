@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kvgraft.results.base import Closed, Open, Typed, nullable
+from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
 
 SHA256 = r"^[0-9a-f]{64}$"
 Status = Literal["passed", "failed", "incomplete"]
@@ -17,7 +17,7 @@ class Condition(Open):
 
     name: str
     class_: str | None = Field(None, alias="class")
-    condition: dict[str, Any] | None = None
+    condition: JsonObject | None = None
     kv_digest: str | None = Field(None, pattern=SHA256)
     identical_to_baseline: bool | None = None
     max_ulp: int | None = nullable(ge=0)
@@ -51,7 +51,7 @@ class DeterminismData(Open):
 
 class MatrixCondition(Closed):
     name: str
-    condition: dict[str, Any]
+    condition: JsonObject
     kv_digest: str = Field(pattern=SHA256)
     class_: str = Field(alias="class")
     identical_to_baseline: bool
@@ -74,7 +74,7 @@ class DeterminismResult(Closed):
     model: str
     length: int = Field(ge=1)
     baseline: str
-    environment: dict[str, Any]
+    environment: JsonObject
     conditions: list[MatrixCondition]
     notes: list[str]
 

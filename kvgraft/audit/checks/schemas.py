@@ -16,6 +16,7 @@ from typing import Any
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
 from kvgraft.audit.checks.kind import CheckKind
+from kvgraft.results.base import reachable
 from kvgraft.schema import load_schema, schema_dir
 
 REPORT = "audit-report.v1.json"
@@ -44,32 +45,9 @@ def report_schema() -> dict[str, Any]:
         {"if": {"properties": {"kind": {"const": k.name}}},
          "then": {"properties": {"data": {"$ref": data_ref(k)}}}}
         for k in BUILTIN if isinstance(k.schema, str)]
-    doc["$defs"] = _reachable(doc)
+    # a typed kind's old shape, now in its own file, is dropped: one copy of each shape
+    doc["$defs"] = reachable(doc)
     return doc
-
-
-def _refs(node: Any) -> set[str]:
-    """The names of this document's $defs that `node` refers to."""
-    if isinstance(node, dict):
-        own = {node["$ref"][len("#/$defs/"):]} if str(node.get("$ref", "")).startswith("#/$defs/") else set()
-        return own.union(*(_refs(v) for v in node.values()))
-    if isinstance(node, list):
-        return set().union(*(_refs(v) for v in node))
-    return set()
-
-
-def _reachable(doc: dict[str, Any]) -> dict[str, Any]:
-    """The $defs entries the schema refers to, directly or through another: a typed kind's old shape, now in its
-    own file, is dropped (one copy of each shape)."""
-    defs = doc["$defs"]
-    seen: set[str] = set()
-    todo = _refs({k: v for k, v in doc.items() if k != "$defs"})
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo |= _refs(defs[name])
-    return {name: d for name, d in defs.items() if name in seen}
 
 
 def plan_schema() -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The shapes of the results the renderers' parts read, as TypedDicts: dicts at runtime (so a result serializes
-to its published schema unchanged), checked member by member by mypy.
+"""The shapes the renderers' parts read of the results not yet typed by a model (recompute, generalization; the
+others are kvgraft.results' models), as TypedDicts: dicts at runtime, checked member by member by mypy.
 
 Each mirrors the part of schemas/audit-report.v1.json (and of the kind's result schema, which is stricter) that
 guarantees it: `Required` where the schema requires the member, `NotRequired` where a report may lack it, and a
@@ -91,64 +91,3 @@ class Entries(TypedDict):
     """What the per-entry rows and the heat map read of a recompute result."""
 
     entries: list[RecomputeEntry]
-
-
-# --- controls --------------------------------------------------------------------------------------------------------
-
-
-class PValue(TypedDict):
-    p_exact: float
-
-
-class Split(TypedDict):
-    clean: KN
-    contaminated: KN
-
-
-class Control(TypedDict):
-    """$defs/controls: one planted effect and what the audit found of it."""
-
-    name: str
-    expect: str
-    condition: str  # own | other
-    n: int
-    baseline: KN
-    graft: KN
-    mcnemar: PValue
-    detectable: Detectable
-    split: Split
-    shows: bool
-    significant: NotRequired[bool]
-
-
-class Controls(TypedDict):
-    controls: list[Control]
-    statements: NotRequired[list[str]]
-
-
-# --- claims ----------------------------------------------------------------------------------------------------------
-
-
-class Finding(TypedDict):
-    check: str
-    verdict: str
-    detail: str
-
-
-class Claim(TypedDict):
-    """A claim's verdict, as a claims check and a report's `claims` hold it."""
-
-    id: str
-    verdict: str
-    claimed: NotRequired[str]
-    reason: NotRequired[str]
-    findings: NotRequired[list[Finding]]
-
-
-class Reading(TypedDict):
-    summary: str
-    figures: dict[str, float]
-
-
-class Readings(TypedDict):
-    readings: NotRequired[list[Reading]]

@@ -12,10 +12,10 @@ from kvgraft.render.shapes import (
     Accuracy,
     Entries,
     Layer,
-    Readings,
     RecomputeEntry,
 )
 from kvgraft.render.text import num as _num
+from kvgraft.results.claims import ClaimsData
 from kvgraft.results.controls import ControlsData
 from kvgraft.results.determinism import Condition, DeterminismData
 from kvgraft.results.verify import VerifyData
@@ -254,6 +254,6 @@ CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wi
                  "smallest difference detectable (80% power)", "shows it"]
 
 
-def readings_lines(result: Readings) -> list[str]:
+def readings_lines(result: ClaimsData) -> list[str]:
     """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
-    return [f"reading: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
+    return [f"reading: {r.summary}" for r in result.readings or [] if r.figures]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic.config import JsonDict
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -48,7 +49,7 @@ class _Generate(GenerateJsonSchema):
 
 def _tidy(node: Any) -> Any:
     """A generated schema made plain: no titles or defaults, optional members not null (unless nullable), a
-    union of bare types as a list of types."""
+    union of bare types as a list of types, a dict's key pattern a rule on every key."""
     if not isinstance(node, dict):
         return node
     node = dict(node)
@@ -67,6 +68,11 @@ def _tidy(node: Any) -> Any:
     for key in _SCHEMA_LISTS:
         if key in node:
             node[key] = [_tidy(s) for s in node[key]]
+    patterns = node.pop("patternProperties", None)
+    if patterns is not None:  # a dict whose keys are constrained: every key must match (no other key passes)
+        ((pattern, value),) = patterns.items()
+        node["propertyNames"] = {"pattern": pattern}
+        node["additionalProperties"] = _tidy(value)
     branches = node.get("anyOf")
     if branches is not None:
         if len(branches) == 1:
@@ -85,20 +91,21 @@ def _renamed(node: Any, old: str, new: str) -> Any:
     return node
 
 
-def schema_file(file: str, title: str, result: type[Open], data: type[Open]) -> dict[str, Any]:
-    """The schema file of a kind: `result` at the root (its docstring the description), `data` at `$defs/data`."""
-    _, top = models_json_schema([(result, "validation"), (data, "validation")], ref_template="#/$defs/{model}",
-                                schema_generator=_Generate)
+def schema_file(file: str, title: str, result: type[Open], data: type[Open], *, root: JsonDict | None = None,
+                also: tuple[type[Open], ...] = ()) -> dict[str, Any]:
+    """The schema file of a kind: `result` at the root (its docstring the description), `data` at `$defs/data`.
+    A file holding more than one document names them in `also` and says at `root` which is which."""
+    models = [(m, "validation") for m in (result, data, *also)]
+    _, top = models_json_schema(models, ref_template="#/$defs/{model}", schema_generator=_Generate)  # type: ignore[arg-type]
     defs = {name: _tidy(s) for name, s in top["$defs"].items()}
-    root = defs.pop(result.__name__)
+    if root is None:
+        root = defs.pop(result.__name__)
     defs["data"] = defs.pop(data.__name__)
     head = {"$schema": DRAFT, "$id": BASE + file, "title": title}
     first = [k for k in ("description", "type", "required", "additionalProperties") if k in root]
     ordered = {**head, **{k: root[k] for k in first}, **{k: v for k, v in root.items() if k not in first}, "$defs": defs}
     out: dict[str, Any] = _renamed(ordered, f"#/$defs/{data.__name__}", "#/$defs/data")
     out["$defs"] = reachable(out, also=("data",))  # `data` is referred to from the report schema
-    if any(f"#/$defs/{result.__name__}" in str(v) for v in defs.values()):
-        raise AssertionError(f"{result.__name__} refers to itself: not a root")
     return out
 
 
@@ -135,6 +142,8 @@ class Typed:
     title: str
     result: type[Open]
     data: type[Open]
+    root: JsonDict | None = None  # a file of more than one document: which is which (else the result is the root)
+    also: tuple[type[Open], ...] = ()  # the file's other documents
 
     def schema(self) -> dict[str, Any]:
-        return schema_file(self.file, self.title, self.result, self.data)
+        return schema_file(self.file, self.title, self.result, self.data, root=self.root, also=self.also)

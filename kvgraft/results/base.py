@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 from pydantic.config import JsonDict
-from pydantic.json_schema import GenerateJsonSchema, models_json_schema
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BASE = "https://kvgraft.dev/schemas/"
@@ -92,7 +92,7 @@ def _renamed(node: Any, old: str, new: str) -> Any:
 
 
 def schema_file(file: str, title: str, result: type[Open], data: type[Open], *, root: JsonDict | None = None,
-                also: tuple[type[Open], ...] = ()) -> dict[str, Any]:
+                also: tuple[type[Open], ...] = ()) -> JsonSchemaValue:
     """The schema file of a kind: `result` at the root (its docstring the description), `data` at `$defs/data`.
     A file holding more than one document names them in `also` and says at `root` which is which."""
     models = [(m, "validation") for m in (result, data, *also)]
@@ -104,7 +104,7 @@ def schema_file(file: str, title: str, result: type[Open], data: type[Open], *, 
     head = {"$schema": DRAFT, "$id": BASE + file, "title": title}
     first = [k for k in ("description", "type", "required", "additionalProperties") if k in root]
     ordered = {**head, **{k: root[k] for k in first}, **{k: v for k, v in root.items() if k not in first}, "$defs": defs}
-    out: dict[str, Any] = _renamed(ordered, f"#/$defs/{data.__name__}", "#/$defs/data")
+    out: JsonSchemaValue = _renamed(ordered, f"#/$defs/{data.__name__}", "#/$defs/data")
     out["$defs"] = reachable(out, also=("data",))  # `data` is referred to from the report schema
     return out
 
@@ -119,7 +119,7 @@ def _refs(node: Any) -> set[str]:
     return set()
 
 
-def reachable(doc: dict[str, Any], also: tuple[str, ...] = ()) -> dict[str, Any]:
+def reachable(doc: JsonSchemaValue, also: tuple[str, ...] = ()) -> JsonSchemaValue:
     """The $defs entries the schema refers to, directly or through another (and those named `also`, which other
     files refer to)."""
     defs = doc["$defs"]
@@ -145,5 +145,5 @@ class Typed:
     root: JsonDict | None = None  # a file of more than one document: which is which (else the result is the root)
     also: tuple[type[Open], ...] = ()  # the file's other documents
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> JsonSchemaValue:
         return schema_file(self.file, self.title, self.result, self.data, root=self.root, also=self.also)

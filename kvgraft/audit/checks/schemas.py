@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from typing import Any
+
+from pydantic.json_schema import JsonSchemaValue
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
 from kvgraft.audit.checks.kind import CheckKind
@@ -33,7 +34,7 @@ def data_ref(k: CheckKind) -> str:
     return f"#/$defs/{_REPORT_DEFS[k.name]}"
 
 
-def report_schema() -> dict[str, Any]:
+def report_schema() -> JsonSchemaValue:
     doc = copy.deepcopy(load_schema(REPORT))
     check = doc["$defs"]["check"]
     kind = check["properties"]["kind"]
@@ -49,7 +50,7 @@ def report_schema() -> dict[str, Any]:
     return doc
 
 
-def plan_schema() -> dict[str, Any]:
+def plan_schema() -> JsonSchemaValue:
     """The plan's `checks`: a table per built-in kind, in the registry's order (a kind's settings are written in
     the file; a kind with none written takes `enabled` alone), and any registered name for a plugin's."""
     doc = copy.deepcopy(load_schema(PLAN))
@@ -61,7 +62,7 @@ def plan_schema() -> dict[str, Any]:
     return doc
 
 
-def generated() -> dict[str, dict[str, Any]]:
+def generated() -> dict[str, JsonSchemaValue]:
     kinds = {k.typed.file: k.typed.schema() for k in BUILTIN if k.typed is not None}
     return {**kinds, REPORT: report_schema(), PLAN: plan_schema()}
 

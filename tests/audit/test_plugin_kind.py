@@ -84,6 +84,8 @@ def _plan(tmp_path: Path, tiny_dir: Callable[[str], Path], checks: str) -> Path:
 def _audit_and_read(tmp_path: Path, tiny_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """`audit run` on a plan naming the toy kind, and everything a reader sees of it."""
     from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
 
     from kvgraft.cli import _base
     from kvgraft.report.document import load_report
@@ -93,8 +95,12 @@ def _audit_and_read(tmp_path: Path, tiny_dir: Callable[[str], Path], monkeypatch
     assert res.exit_code == errors.EXIT_OK, res.output
     out = tmp_path / "out"
     report = json.loads((out / "report.json").read_text())
+    # the JSON report is valid against the report schema, its kinds' `data` resolved in the schema files beside it
+    files = [json.loads(p.read_text()) for p in sorted((ROOT / "schemas").glob("*.json"))]
+    registry_ = Registry().with_resources((s["$id"], Resource.from_contents(s, default_specification=DRAFT202012))
+                                          for s in files)
     schema = json.loads((ROOT / "schemas" / "audit-report.v1.json").read_text())
-    Draft202012Validator(schema).validate(report)  # the JSON report is valid against the report schema
+    Draft202012Validator(schema, registry=registry_).validate(report)
     assert load_report(out / "report.json") == report  # and against what the schema cannot say
     toy = next(c for c in report["checks"] if c["kind"] == "toy")
     assert toy == {"name": "toy", "kind": "toy", "status": "passed", "summary": "the toy counted 2 entries",

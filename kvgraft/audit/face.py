@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from kvgraft.audit.checks import kinds
+from kvgraft.audit.checks import kinds, view
 from kvgraft.render.figures import Face
 from kvgraft.render.text import STATUS_MARK, STATUS_STYLE, WORDS, hanging, styled
 from kvgraft.signing.verify import signature_sentence
@@ -27,7 +27,7 @@ def face(check: dict[str, Any]) -> Face:
         return Face(check["summary"])
     # The report passed validate_report: its data has every member the kind's face reads (a report that lacks
     # one is refused when it is loaded, naming the member), so no shape error is caught here.
-    return kind.face(check["data"])
+    return kind.face(view(kind, check["data"]))
 
 
 def audited(report: dict[str, Any]) -> list[tuple[str, str]]:

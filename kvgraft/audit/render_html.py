@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from kvgraft.audit import face
-from kvgraft.audit.checks import kinds
+from kvgraft.audit.checks import kinds, view
 from kvgraft.render.html import HTML_COLOR, as_json, badge, esc, kv_html, table
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -79,7 +79,7 @@ def to_html(report: dict[str, Any]) -> str:
                    f'<span class="muted">{esc(c["kind"])}</span></h3>', f"<p>{esc(c['summary'])}</p>"]
         kind = kinds().get(c["kind"])
         if kind is not None and c["data"]:
-            section.append(kind.html(c["data"]))
+            section.append(kind.html(view(kind, c["data"])))
         rest = {k: v for k, v in c["data"].items() if k not in (kind.known_data if kind is not None else ())}
         if rest:
             section.append(f"<details><summary>more data</summary><pre>{esc(as_json(rest))}</pre></details>")

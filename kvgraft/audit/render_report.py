@@ -7,32 +7,33 @@ Each kind's details come from its module in the check registry (kvgraft.audit.ch
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.text import Text
 
 from kvgraft.audit import face
-from kvgraft.audit.checks import kinds
-from kvgraft.audit.checks.claims import ClaimsData
+from kvgraft.audit.checks import kinds, view
 from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
 from kvgraft.render.text import STATUS_STYLE, hanging, plain_tree, styled
 from kvgraft.render.views import readings_lines
+from kvgraft.results.claims import ClaimsCheck, ClaimsData, ClaimVerdict
 
 
 def claims_check_renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (`audit claims`, kvgraft.claims.checker.check)."""
-    result = plain_tree(result)
-    shown = cast("ClaimsData", result)  # sealed by the CLI: valid against schemas/claims.v1.json
-    title = f"claims of {result['source'].get('title', result['claims_file']['path'])}"
+    plain = plain_tree(result)
+    checked = ClaimsCheck.model_validate(plain)  # sealed by the CLI: valid against schemas/claims.v1.json
+    shown = ClaimsData.model_validate(plain)
+    title = f"claims of {checked.source.get('title', checked.claims_file.path)}"  # the claims file's source, as written
     out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(shown)]
-    out.append(claims_view(console, result["claims"], title))
-    counts = ", ".join(f"{n} {k}" for k, n in result["counts"].items() if n)
-    status = result.get("status", "failed" if result["failed"] else "passed")
+    out.append(claims_view(console, shown.claims or [], title))
+    counts = ", ".join(f"{n} {k}" for k, n in checked.counts.model_dump(by_alias=True).items() if n)
+    status = checked.status or ("failed" if checked.failed else "passed")
     out.append(Text(f"{status.upper()}: {counts}", style=STATUS_STYLE.get(status, "bold")))
-    if result["unused_measurements"]:
-        out.append(Text("measurements no claim uses: " + ", ".join(result["unused_measurements"]), style="yellow"))
+    if checked.unused_measurements:
+        out.append(Text("measurements no claim uses: " + ", ".join(checked.unused_measurements), style="yellow"))
     return out
 
 
@@ -40,7 +41,7 @@ def check_renderables(kind: str, data: dict[str, Any], console: Console) -> list
     """One check's details: the view `audit recompute` and `audit determinism` print on their own, and
     `report show --detail NAME` prints for a check of a report."""
     k = kinds().get(kind)
-    return k.details(plain_tree(data), console) if k is not None else []
+    return k.details(view(k, plain_tree(data)), console) if k is not None else []
 
 
 def _check_details(c: dict[str, Any], console: Console) -> list[RenderableType]:
@@ -69,7 +70,7 @@ def detail_renderables(report: dict[str, Any], name: str, console: Console) -> l
         if name in (c["name"], "all"):
             out += [*_check_details(c, console), Text("")]
     if name in ("claims", "all") and face.claims_outside_checks(report):
-        out += [claims_view(console, report["claims"]), Text("")]
+        out += [claims_view(console, [ClaimVerdict.model_validate(c) for c in report["claims"]]), Text("")]
     if name in ("ledger", "all") and report.get("ledger"):
         out.append(mapping_view(console, "token ledger", report["ledger"]))
     return out

@@ -1,4 +1,5 @@
-"""The `audit` commands on a release and on claims: `audit recompute`, `audit sample`, `audit determinism`, `audit claims`.
+"""The `audit` commands on a release and on claims: `audit recompute`, `audit sample`, `audit determinism`, `audit claims`;
+`audit kinds`, the check kinds installed.
 
 (`audit run` is in audit_run.py, `audit generalization` in generalization.py.)
 """
@@ -291,3 +292,19 @@ def determinism_cmd(
         for r in check_renderables("determinism", result, out):
             out.print(r)
     exit_with(result["status"])
+
+
+@audit_app.command("kinds")
+@handled
+def kinds_cmd(as_json: JsonOpt = False) -> None:
+    """List the check kinds installed (built-in and from the entry-point group kvgraft.check_kinds), in the order
+    an audit runs them: each kind's name, the package that provides it and its version."""
+    from kvgraft.audit.checks import installed
+
+    found = installed()
+    if as_json:
+        echo_json({"kinds": [{"name": k.name, "package": k.package, "version": k.version} for k in found]})
+        return
+    width = max(len(k.name) for k in found)
+    for k in found:
+        out.print(f"{k.name:<{width}}  {k.package} {k.version or '(version unknown)'}", highlight=False)

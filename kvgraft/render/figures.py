@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvgraft.render.shapes import Detectable
 from kvgraft.render.text import num
 
 
@@ -19,17 +18,18 @@ def points(effect: float) -> str:
     return f"{num(effect * 100, '.0f')} points"
 
 
-def detectable(det: Detectable) -> str:
-    """What `kvgraft.generalization.stats.detectable_effect` measured, said as what it is."""
-    n, power, effect = det["n"], det.get("power", 0.8), det["effect"]
+def detectable(n: int, effect: float | None, power: float | None = None) -> str:
+    """What `kvgraft.generalization.stats.detectable_effect` measured (at n, the smallest difference `effect` a test
+    finds with `power`, 0.8 when not recorded), said as what it is."""
     if effect is None:
         return f"at n = {n} no difference can be significant"
-    return f"smallest difference detectable at n = {n} with {power:.0%} power: {points(effect)}"
+    return f"smallest difference detectable at n = {n} with {0.8 if power is None else power:.0%} power: {points(effect)}"
 
 
-def null_meaning(dets: list[Detectable]) -> str:
-    """One line: what the non-significant results among these say, and what they do not."""
-    sized = [(e, d["n"]) for d in dets if (e := d["effect"]) is not None]
+def null_meaning(dets: list[tuple[int, float | None]]) -> str:
+    """One line: what the non-significant results among these (n, smallest detectable difference) say, and what
+    they do not."""
+    sized = [(e, n) for n, e in dets if e is not None]
     if not sized:
         return "not significant here means nothing: at these sizes no difference could have been significant"
     effect, n = max(sized, key=lambda d: d[0])

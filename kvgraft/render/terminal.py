@@ -8,9 +8,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.render.shapes import Accuracy, Claim, Entries, Finding
+from kvgraft.render.shapes import Accuracy, Entries
 from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
 from kvgraft.render.views import HEAT, acc_interval, heatmap_model
+from kvgraft.results.claims import ClaimVerdict, ShownFinding
 
 
 def heatmap_text(data: Entries, columns: int = 80) -> RenderableType:
@@ -103,14 +104,14 @@ def mapping_view(console: Console, title: str, mapping: dict[str, Any]) -> Rende
     return styled(kv_lines(console.width, title, rows), WORDS)
 
 
-def claims_view(console: Console, claims: list[Claim], title: str = "claims") -> RenderableType:
+def claims_view(console: Console, claims: list[ClaimVerdict], title: str = "claims") -> RenderableType:
     """One paragraph per claim: id, verdict, what was claimed, and each finding behind the verdict."""
     lines = [title]
     for c in claims:
         lines.append("")
-        lines += hanging(f"{c['id']}  {c['verdict']}", c.get("claimed", ""), console.width, indent=0)
-        for f in c.get("findings", []) or [Finding(check="reason", verdict=c["verdict"], detail=c.get("reason", ""))]:
-            lines += hanging("", f"· {f['check']} ({f['verdict']}): {f['detail']}", console.width)
+        lines += hanging(f"{c.id}  {c.verdict}", c.claimed or "", console.width, indent=0)
+        for f in c.findings or [ShownFinding(check="reason", verdict=c.verdict, detail=c.reason or "")]:
+            lines += hanging("", f"· {f.check} ({f.verdict}): {f.detail}", console.width)
     return styled(lines, WORDS)
 
 

@@ -105,6 +105,11 @@ def kn(a: KN | None) -> str:
     return f"{a['k']}/{a['n']}" if a and a.get("n") else "-"
 
 
+def ratio(k: int, n: int) -> str:
+    """k/n, "-" when n is 0."""
+    return f"{k}/{n}" if n else "-"
+
+
 def hanging(label: str, value: str, width: int, *, indent: int = 2, label_width: int = 0) -> list[str]:
     """`label value` wrapped to `width`, continuation lines aligned under the value.
 

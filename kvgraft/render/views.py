@@ -10,16 +10,15 @@ from typing import NotRequired, TypedDict
 
 from kvgraft.render.shapes import (
     Accuracy,
-    ByteClasses,
-    Condition,
-    Controls,
     Entries,
     Layer,
-    Readings,
     RecomputeEntry,
-    VerifyResult,
 )
 from kvgraft.render.text import num as _num
+from kvgraft.results.claims import ClaimsData
+from kvgraft.results.controls import ControlsData
+from kvgraft.results.determinism import Condition, DeterminismData
+from kvgraft.results.verify import VerifyData
 
 # Heat-map palette, low to high divergence.
 HEAT = ["#fde68a", "#fcbf49", "#f77f00", "#e4572e", "#c1121f", "#780000"]
@@ -199,33 +198,33 @@ def _first_difference(entry: RecomputeEntry) -> str:
         where += f": {fd['detail']}"
     return where
 
-def determinism_model(data: ByteClasses) -> ByteClassView:
+def determinism_model(data: DeterminismData) -> ByteClassView:
     """Conditions with their class and colour index, and the optional per-entry rows."""
-    conds = data["conditions"]
-    order = list(dict.fromkeys(label for x in conds if (label := x.get("class")) is not None))
+    conds = data.conditions
+    order = list(dict.fromkeys(x.class_ for x in conds if x.class_ is not None))
     colour = {label: CLASS_COLORS[i % len(CLASS_COLORS)] for i, label in enumerate(order)}
     rows: list[ClassCells] = []
-    for row in data.get("rows", []):
-        labels = [str(x) for x in row["classes"]]
+    for row in data.rows or []:
+        labels = [str(x) for x in row.classes]
         row_order = list(dict.fromkeys(labels))
-        rows.append({"entry": row["entry"],
+        rows.append({"entry": row.entry,
                      "cells": [(lab, CLASS_COLORS[row_order.index(lab) % len(CLASS_COLORS)]) for lab in labels]})
     return {"conditions": conds, "colour": colour, "classes": len(order), "rows": rows}
 
 
-def verify_lines(data: VerifyResult) -> tuple[str, list[str]]:
+def verify_lines(data: VerifyData) -> tuple[str, list[str]]:
     """(result, details) of a verify check's data (a verify result)."""
-    result = "ok" if data.get("ok") else f"failed: {data.get('error') or 'see details'}"
-    details = list(data.get("details", []))
-    for label, value in (("root digest", data.get("root_digest")), ("entries", data.get("entries")),
-                         ("files checked", data.get("files")), ("tensors", data.get("tensors")),
-                         ("bytes hashed", data.get("bytes_hashed")), ("deep (every tensor re-hashed)", data.get("deep"))):
+    result = "ok" if data.ok else f"failed: {data.error or 'see details'}"
+    details = list(data.details or [])
+    for label, value in (("root digest", data.root_digest), ("entries", data.entries), ("files checked", data.files),
+                         ("tensors", data.tensors), ("bytes hashed", data.bytes_hashed),
+                         ("deep (every tensor re-hashed)", data.deep)):
         if value is not None:  # the schema gives none of them null: present and not None are one
             details.append(f"{label}: {_num(value)}")
-    sig = data.get("signature")
+    sig = data.signature
     if sig is not None:
-        who = sig.get("identity") or sig.get("key_id") or ""
-        details.append(f"signature: {sig.get('status')} {sig.get('method') or ''} {who}".strip())
+        who = sig.identity or sig.key_id or ""
+        details.append(f"signature: {sig.status} {sig.method or ''} {who}".strip())
     return result, details
 
 def acc_interval(a: Accuracy) -> tuple[float, float] | None:
@@ -239,17 +238,15 @@ def acc_interval(a: Accuracy) -> tuple[float, float] | None:
 
     return wilson_interval(a["k"], a["n"], a.get("confidence", 0.95))
 
-def controls_rows(result: Controls) -> list[list[str]]:
+def controls_rows(result: ControlsData) -> list[list[str]]:
     """One row per control: what it expects, a vs graft, p, the leakage split, the detectable effect, shows?"""
     rows = []
-    for o in result["controls"]:
-        d = o["detectable"]
-        sp = o["split"]
-        split = (f"clean {sp['clean']['k']}/{sp['clean']['n']}, "
-                 f"contaminated {sp['contaminated']['k']}/{sp['contaminated']['n']}")
-        rows.append([o["name"], o["expect"], f"{o['baseline']['k']}/{o['n']}",
-                     f"{'b' if o['condition'] == 'own' else 'c'} {o['graft']['k']}/{o['n']}", f"{o['mcnemar']['p_exact']:.3g}",
-                     split, "-" if d["effect"] is None else f"{d['effect'] * 100:.0f} points", "yes" if o["shows"] else "NO"])
+    for o in result.controls:
+        d, sp = o.detectable, o.split
+        split = f"clean {sp.clean.k}/{sp.clean.n}, contaminated {sp.contaminated.k}/{sp.contaminated.n}"
+        rows.append([o.name, o.expect, f"{o.baseline.k}/{o.n}", f"{'b' if o.condition == 'own' else 'c'} {o.graft.k}/{o.n}",
+                     f"{o.mcnemar.p_exact:.3g}", split, "-" if d.effect is None else f"{d.effect * 100:.0f} points",
+                     "yes" if o.shows else "NO"])
     return rows
 
 
@@ -257,6 +254,6 @@ CONTROLS_HEAD = ["control", "expected", "a: no graft", "graft", "McNemar p", "wi
                  "smallest difference detectable (80% power)", "shows it"]
 
 
-def readings_lines(result: Readings) -> list[str]:
+def readings_lines(result: ClaimsData) -> list[str]:
     """One line per benchmark: the reading of its accuracy figures the claims are judged under."""
-    return [f"reading: {r['summary']}" for r in result.get("readings", []) if r["figures"]]
+    return [f"reading: {r.summary}" for r in result.readings or [] if r.figures]

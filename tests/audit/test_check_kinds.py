@@ -23,7 +23,7 @@ PARTS = [f.name for f in dataclasses.fields(CheckKind)]
 
 
 def test_the_protocol_has_every_part_of_a_check_kind() -> None:
-    assert PARTS == ["name", "schema", "status", "stamps_status", "run", "face", "details", "html", "known_data"]
+    assert PARTS == ["name", "schema", "status", "stamps_status", "run", "face", "details", "html", "known_data", "typed"]
 
 
 @pytest.mark.parametrize("name", list(registry.KINDS))
@@ -39,6 +39,10 @@ def test_every_kind_implements_every_part_in_its_own_module(name: str, part: str
         assert isinstance(value, bool)
     elif part == "known_data":
         assert isinstance(value, tuple) and value and all(isinstance(k, str) for k in value)
+    elif part == "typed":
+        # its models in kvgraft.results.<kind>, generating the kind's own schema file (None: not typed yet)
+        assert value is None or (value.file == kind.schema and value.data.__module__ == f"kvgraft.results.{name}"
+                                 and value.result.__module__ == f"kvgraft.results.{name}"), value
     else:
         # a callable of the kind's own module: one place per kind, not a shared default or a placeholder
         assert callable(value), f"{name}.{part} is not implemented"
@@ -58,6 +62,17 @@ def test_the_schemas_list_the_registrys_built_in_kinds() -> None:
     assert list(checks["properties"]) == builtins
     assert checks["propertyNames"]["pattern"] == kind["pattern"]
     assert builtins[-1] == "claims"  # it reads what the checks before it measured
+
+
+def test_the_schemas_registry_parts_are_generated_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    """schemas/audit-report.v1.json's kind list and per-kind rules, and audit-plan.v1.json's checks tables, are
+    what kvgraft.audit.checks.schemas generates from the registry."""
+    from kvgraft.audit.checks import schemas
+
+    assert schemas.main(["--check"]) == 0, capsys.readouterr().out
+    report = schemas.report_schema()
+    rules = [r["if"]["properties"]["kind"]["const"] for r in report["$defs"]["check"]["allOf"][1:]]
+    assert rules == [k.name for k in registry.BUILTIN]
 
 
 def test_seal_stamps_the_status_by_the_kinds_rule_and_validates_by_its_schema() -> None:
@@ -107,9 +122,10 @@ def test_every_part_renders_the_example_report() -> None:
         if kind is None or not c["data"]:
             continue
         seen.add(c["kind"])
-        assert kind.face(c["data"]).verdict
-        assert kind.details(c["data"], console)
-        assert isinstance(kind.html(c["data"]), str)
+        data = registry.view(kind, c["data"])  # as the registry hands it over: a typed kind's model
+        assert kind.face(data).verdict
+        assert kind.details(data, console)
+        assert isinstance(kind.html(data), str)
     assert seen == {"verify", "recompute", "determinism", "generalization"}
 
 

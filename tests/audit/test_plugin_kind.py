@@ -84,6 +84,8 @@ def _plan(tmp_path: Path, tiny_dir: Callable[[str], Path], checks: str) -> Path:
 def _audit_and_read(tmp_path: Path, tiny_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """`audit run` on a plan naming the toy kind, and everything a reader sees of it."""
     from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
 
     from kvgraft.cli import _base
     from kvgraft.report.document import load_report
@@ -93,8 +95,12 @@ def _audit_and_read(tmp_path: Path, tiny_dir: Callable[[str], Path], monkeypatch
     assert res.exit_code == errors.EXIT_OK, res.output
     out = tmp_path / "out"
     report = json.loads((out / "report.json").read_text())
+    # the JSON report is valid against the report schema, its kinds' `data` resolved in the schema files beside it
+    files = [json.loads(p.read_text()) for p in sorted((ROOT / "schemas").glob("*.json"))]
+    registry_ = Registry().with_resources((s["$id"], Resource.from_contents(s, default_specification=DRAFT202012))
+                                          for s in files)
     schema = json.loads((ROOT / "schemas" / "audit-report.v1.json").read_text())
-    Draft202012Validator(schema).validate(report)  # the JSON report is valid against the report schema
+    Draft202012Validator(schema, registry=registry_).validate(report)
     assert load_report(out / "report.json") == report  # and against what the schema cannot say
     toy = next(c for c in report["checks"] if c["kind"] == "toy")
     assert toy == {"name": "toy", "kind": "toy", "status": "passed", "summary": "the toy counted 2 entries",
@@ -183,3 +189,67 @@ def test_a_plugin_result_is_sealed_against_the_kinds_own_schema(fresh_registry: 
     assert registry.seal("toy", {"kind": "toy", "entries": 0, "word": "w"})["status"] == "incomplete"
     with pytest.raises(SchemaError):
         registry.seal("toy", {"kind": "toy", "entries": 1, "word": "w", "extra": 1})
+
+
+def _kvgraft_metadata(site: Path, monkeypatch: pytest.MonkeyPatch, lines: str) -> None:
+    """kvgraft's own distribution metadata on sys.path ahead of any other, with `lines` as its check kinds."""
+    info = site / "kvgraft-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvgraft\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINTS}]\n{lines}")
+    monkeypatch.syspath_prepend(str(site))
+
+
+def test_the_built_in_kinds_are_the_entry_points_pyproject_declares() -> None:
+    """The declared list the registry loads is pyproject's entry-point table, in the order an audit runs them."""
+    import tomllib
+
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][registry.ENTRY_POINTS]
+    assert list(table.items()) == list(registry.BUILTIN_ENTRY_POINTS)
+    assert [k.name for k in registry.BUILTIN] == ["verify", "recompute", "determinism", "generalization", "controls",
+                                                  "claims"]
+
+
+@pytest.mark.parametrize("installed", [
+    "".join(f"{n} = {v}\n" for n, v in registry.BUILTIN_ENTRY_POINTS),  # installed metadata of this source
+    "verify = kvgraft.audit.checks.verify:KIND\n",  # an older install's: stale
+    "",  # none declared
+])
+def test_kvgrafts_own_entry_points_are_registered_once_whatever_its_metadata_says(
+        fresh_registry: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed: str) -> None:
+    _kvgraft_metadata(tmp_path / "kvgraft-site", monkeypatch, installed)
+    _entry_point(tmp_path / "site", monkeypatch, f"{__name__}:TOY_FROM_ENTRY_POINT")
+    assert list(registry.kinds()) == [*(n for n, _ in registry.BUILTIN_ENTRY_POINTS), "toy"]
+    assert all(registry.KINDS[k.name] is k for k in registry.BUILTIN)
+
+
+def test_another_package_cannot_take_a_built_in_kinds_name(fresh_registry: None, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _entry_point(tmp_path / "site", monkeypatch, "kvgraft.audit.checks.verify:KIND", "verify")
+    with pytest.raises(InputError, match="'verify' is registered already"):
+        registry.kinds()
+
+
+def test_audit_kinds_lists_each_kind_its_package_and_version(fresh_registry: None, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgraft import __version__
+
+    _entry_point(tmp_path / "site", monkeypatch, f"{__name__}:TOY_FROM_ENTRY_POINT")
+    res = runner.invoke(app, ["audit", "kinds", "--json"])
+    assert res.exit_code == errors.EXIT_OK, res.output
+    listed = json.loads(res.stdout)["kinds"]
+    assert listed == [*({"name": n, "package": "kvgraft", "version": __version__} for n, _ in registry.BUILTIN_ENTRY_POINTS),
+                      {"name": "toy", "package": "kvgraft-toy-plugin", "version": "0.1"}]
+    shown = runner.invoke(app, ["audit", "kinds"])
+    assert shown.exit_code == errors.EXIT_OK, shown.output
+    lines = shown.stdout.splitlines()
+    assert [line.split() for line in lines] == [[k["name"], k["package"], k["version"]] for k in listed]
+
+
+def test_audit_kinds_names_the_package_of_a_kind_a_program_registered(fresh_registry: None) -> None:
+    import dataclasses
+
+    registry.register(dataclasses.replace(TOY, name="toy2"))
+    found = {k.name: k for k in registry.installed()}
+    # defined in this test module: no installed distribution provides it
+    assert (found["toy2"].package, found["toy2"].version) == (__name__.split(".")[0], None)

@@ -59,9 +59,10 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
     assert r["status"] == ("passed" if all(c["shows"] for c in r["controls"]) else "incomplete")
     assert any(not c["shows"] for c in (replay, related)) and r["status"] == "incomplete"
     assert all("detectable" in c and c["detectable"]["n"] == 6 for c in r["controls"])
-    from kvgraft.audit.checks import KINDS
+    from kvgraft.audit.checks import KINDS, view
 
-    face = KINDS["controls"].face(r)  # what a report shows of it: each control, and that one does NOT show its effect
+    # what a report shows of it: each control, and that one does NOT show its effect
+    face = KINDS["controls"].face(view(KINDS["controls"], r))
     lines = [f for f in face.figures if f.split(":")[0] in ("replay", "related", "null")]
     assert len(lines) == 3 and "does NOT show it" in " ".join(face.figures)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from kvgraft.audit.checks import KINDS
+from kvgraft.audit.checks import KINDS, view
 from kvgraft.audit.render_html import to_html
 from kvgraft.audit.render_report import print_report
 from kvgraft.generalization import stats
@@ -39,7 +39,7 @@ def expected(n: int) -> tuple[str, str]:
 
 
 def test_controls_face_words_the_power_figure_and_the_null() -> None:
-    face = KINDS["controls"].face(controls_data())
+    face = KINDS["controls"].face(view(KINDS["controls"], controls_data()))
     text = " ".join(face.figures)
     power, null = expected(20)
     assert text.count(power) == 2

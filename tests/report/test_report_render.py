@@ -173,11 +173,11 @@ def test_face_each_check_once_nothing_cut(example: dict[str, Any], width: int) -
     flat = " ".join(text.split())  # the failing entry, sized and located
     assert "aime25-II-07 differs: max |diff| 0.000124" in flat and "; first difference layer 9" in flat
     assert "FAILED:" in lines[1] and "--detail NAME" in text
-    from kvgraft.audit.checks import KINDS
+    from kvgraft.audit.checks import KINDS, view
 
     for c in example["checks"]:  # called directly: the face's fallback to the summary must not hide a bug
         if c["kind"] in KINDS and c["status"] != "skipped":
-            assert KINDS[c["kind"]].face(c["data"]).verdict
+            assert KINDS[c["kind"]].face(view(KINDS[c["kind"]], c["data"])).verdict
 
 
 def test_details_never_cut_at_80_columns(example: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NotRequired
+from typing import Any
 
 from rich.console import Console, RenderableType
 
@@ -10,17 +10,10 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face
 from kvgraft.render.html import esc
-from kvgraft.render.shapes import Claim, Readings
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
-
-
-class ClaimsData(Readings):
-    """What the face, details and HTML read of a report check's `data` ($defs/claims_check of the report schema)."""
-
-    counts: NotRequired[dict[str, int]]
-    claims: NotRequired[list[Claim]]
+from kvgraft.results.claims import TYPED, ClaimsData
 
 
 def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,16 +59,16 @@ def status(result: dict[str, Any]) -> str:
 
 
 def face(data: ClaimsData) -> Face:
-    counts = ", ".join(f"{n} {k}" for k, n in data.get("counts", {}).items() if n)
-    claims = data.get("claims", [])
-    bad = [c for c in claims if c.get("verdict") in ("contradicted", "inconsistent")]
+    counts = ", ".join(f"{n} {k}" for k, n in (data.counts or {}).items() if n)
+    claims = data.claims or []
+    bad = [c for c in claims if c.verdict in ("contradicted", "inconsistent")]
     verdict = f"{len(claims)} claims: {counts or 'none'}" + ("" if bad else "; none contradicted or inconsistent")
-    return Face(verdict, [f"reading: {r['summary']}" for r in data.get("readings", []) if r["figures"]])
+    return Face(verdict, readings_lines(data))
 
 
 def details(data: ClaimsData, console: Console) -> list[RenderableType]:
     out: list[RenderableType] = [styled(hanging("", line, console.width, indent=0)) for line in readings_lines(data)]
-    return [*out, claims_view(console, data.get("claims", []))]
+    return [*out, claims_view(console, data.claims or [])]
 
 
 def html(data: ClaimsData) -> str:
@@ -85,4 +78,5 @@ def html(data: ClaimsData) -> str:
 KIND = CheckKind(
     name="claims", schema="claims.v1.json", status=status, stamps_status=True, run=run, face=face,
     details=details, html=html,
-    known_data=("readings", "claims", "counts", "failed", "status", "format", "format_version", "kvgraft_version"))
+    known_data=("readings", "claims", "counts", "failed", "status", "format", "format_version", "kvgraft_version"),
+    typed=TYPED)

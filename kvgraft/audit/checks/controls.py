@@ -10,10 +10,10 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face, detectable, null_meaning
 from kvgraft.render.html import esc, table
-from kvgraft.render.shapes import Controls, Detectable
-from kvgraft.render.text import hanging, kn, num, styled
+from kvgraft.render.text import hanging, num, ratio, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import CONTROLS_HEAD, controls_rows
+from kvgraft.results.controls import TYPED, ControlsData
 
 
 def run(ctx: Context, kc: dict[str, Any]) -> Ran:
@@ -42,33 +42,33 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"
 
 
-def face(data: Controls) -> Face:
-    controls = data["controls"]
-    shows = sum(1 for c in controls if c.get("shows"))
+def face(data: ControlsData) -> Face:
+    controls = data.controls
+    shows = sum(1 for c in controls if c.shows)
     verdict = f"{shows}/{len(controls)} controls show what they expect (an effect where one is planted, none where not)"
     figures = []
-    nulls: list[Detectable] = []
+    nulls: list[tuple[int, float | None]] = []
     for c in controls:
-        graft = "b" if c.get("condition") == "own" else "c"
-        det = c["detectable"]
-        power = f" ({detectable(det)})" if det else ""
-        if det and not c.get("significant", True):
-            nulls.append(det)
-        figures.append(f"{c['name']}: {graft} {kn(c['graft'])} vs a {kn(c['baseline'])}, p = {num(c['mcnemar']['p_exact'])}: "
-                       f"{'shows it' if c.get('shows') else 'does NOT show it'}{power}")
+        graft = "b" if c.condition == "own" else "c"
+        det = c.detectable
+        power = f" ({detectable(det.n, det.effect, det.power)})"
+        if c.significant is False:
+            nulls.append((det.n, det.effect))
+        figures.append(f"{c.name}: {graft} {ratio(c.graft.k, c.graft.n)} vs a {ratio(c.baseline.k, c.baseline.n)}, "
+                       f"p = {num(c.mcnemar.p_exact)}: {'shows it' if c.shows else 'does NOT show it'}{power}")
     if nulls:
         figures.append(null_meaning(nulls))
     return Face(verdict, figures)
 
 
-def details(data: Controls, console: Console) -> list[RenderableType]:
+def details(data: ControlsData, console: Console) -> list[RenderableType]:
     rows = controls_rows(data)
     out = [text_table(console, "controls: planted effects on a generated fact library", CONTROLS_HEAD, rows)]
-    return out + [styled(hanging("•", s, console.width, indent=0)) for s in data.get("statements", [])]
+    return out + [styled(hanging("•", s, console.width, indent=0)) for s in data.statements or []]
 
 
-def html(data: Controls) -> str:
-    notes = "".join(f"<li>{esc(x)}</li>" for x in data.get("statements", []))
+def html(data: ControlsData) -> str:
+    notes = "".join(f"<li>{esc(x)}</li>" for x in data.statements or [])
     return table(CONTROLS_HEAD, [[esc(x) for x in row] for row in controls_rows(data)]) + f"<ul>{notes}</ul>"
 
 
@@ -76,4 +76,4 @@ KIND = CheckKind(
     name="controls", schema="controls-result.v1.json", status=status, stamps_status=True, run=run, face=face,
     details=details, html=html,
     known_data=("controls", "statements", "status", "kind", "format_version", "kvgraft_version", "model", "library",
-                "generator", "settings", "seconds", "decode_tokens"))
+                "generator", "settings", "seconds", "decode_tokens"), typed=TYPED)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from rich.console import Console, RenderableType
 
@@ -11,23 +11,10 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face
 from kvgraft.render.html import esc, table
-from kvgraft.render.shapes import ByteClasses
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import determinism_model
-
-
-class Environment(TypedDict, total=False):
-    device_name: str | None
-
-
-class DeterminismData(ByteClasses):
-    """What the face, details and HTML read of a report check's `data` ($defs/determinism of the report schema)."""
-
-    baseline: NotRequired[str]
-    length: NotRequired[int]
-    notes: NotRequired[list[str]]
-    environment: NotRequired[Environment]
+from kvgraft.results.determinism import TYPED, DeterminismData
 
 
 def run(ctx: Context, dc: dict[str, Any]) -> Ran:
@@ -47,15 +34,15 @@ def status(result: dict[str, Any]) -> str:
 
 
 def face(data: DeterminismData) -> Face:
-    conds = data["conditions"]
+    conds = data.conditions
     classes: dict[str, list[str]] = {}
     for c in conds:
-        classes.setdefault(c.get("class", "?"), []).append(c["name"])
-    device = data.get("environment", Environment()).get("device_name")
+        classes.setdefault(c.class_ or "?", []).append(c.name)
+    device = data.environment.device_name if data.environment is not None else None
     where = f" on {device}" if device else ""
     verdict = (f"{len(classes)} distinct KV byte classes among {len(conds)} conditions{where} "
                "(it describes; it fails nothing)")
-    baseline = data.get("baseline", "")
+    baseline = data.baseline or ""
     figures = []
     for label, names in classes.items():
         if baseline in names:
@@ -70,16 +57,15 @@ def details(data: DeterminismData, console: Console) -> list[RenderableType]:
     m = determinism_model(data)
     out: list[RenderableType] = []
     if m["conditions"]:
-        rows = [[x["name"], x.get("class", "?"), num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl"))]
-                for x in m["conditions"]]
+        rows = [[x.name, x.class_ or "?", num(x.max_ulp), num(x.max_abs), num(x.kl)] for x in m["conditions"]]
         out.append(text_table(console, f"KV byte classes: {m['classes']} among {len(m['conditions'])} conditions "
                                        "(same class = same bytes)", ["condition", "class", "max ULP", "max |diff|", "KL"],
                               rows))
     if m["rows"]:
-        headers = ["entry"] + [str(x["name"]) for x in m["conditions"]]
+        headers = ["entry"] + [x.name for x in m["conditions"]]
         rows = [[row["entry"]] + [lab for lab, _ in row["cells"]] for row in m["rows"]]
         out.append(text_table(console, "per entry (same letter in a row = same bytes)", headers, rows))
-    return out + [styled(hanging("•", n, console.width, indent=0)) for n in data.get("notes", [])]
+    return out + [styled(hanging("•", n, console.width, indent=0)) for n in data.notes or []]
 
 
 def html(data: DeterminismData) -> str:
@@ -90,18 +76,18 @@ def html(data: DeterminismData) -> str:
         return f'<span class="mono" style="background:{colour};padding:1px 8px;border-radius:3px">{esc(label)}</span>'
 
     if m["conditions"]:
-        rows = [[esc(x["name"]), chip(str(x.get("class", "?")), m["colour"].get(str(x.get("class", "?")), "#ddd")),
-                 num(x.get("max_ulp")), num(x.get("max_abs")), num(x.get("kl")),
-                 f'<code>{esc(json.dumps(x.get("condition", {}), sort_keys=True))}</code>' if x.get("condition") else ""]
+        rows = [[esc(x.name), chip(x.class_ or "?", m["colour"].get(x.class_ or "?", "#ddd")),
+                 num(x.max_ulp), num(x.max_abs), num(x.kl),
+                 f'<code>{esc(json.dumps(x.condition, sort_keys=True))}</code>' if x.condition else ""]
                 for x in m["conditions"]]
         out += (f'<p class="muted">{m["classes"]} KV byte classes among {len(m["conditions"])} conditions; '
                 "same class = byte-identical states.</p>")
         out += table(["condition", "class", "max ULP", "max |diff|", "KL", "settings"], rows, num=(2, 3, 4))
     if m["rows"]:
-        headers = ["entry"] + [str(x["name"]) for x in m["conditions"]]
+        headers = ["entry"] + [x.name for x in m["conditions"]]
         out += "<h3>per entry (same label in a row = same bytes)</h3>" + table(
             headers, [[esc(row["entry"])] + [chip(lab, col) for lab, col in row["cells"]] for row in m["rows"]])
-    notes = data.get("notes", [])
+    notes = data.notes or []
     if notes:
         out += "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
     return out
@@ -109,4 +95,4 @@ def html(data: DeterminismData) -> str:
 
 KIND = CheckKind(
     name="determinism", schema="determinism-result.v1.json", status=status, stamps_status=True, run=run, face=face,
-    details=details, html=html, known_data=("conditions", "rows", "notes", "baseline", "length"))
+    details=details, html=html, known_data=("conditions", "rows", "notes", "baseline", "length"), typed=TYPED)

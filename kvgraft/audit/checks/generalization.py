@@ -191,9 +191,9 @@ def face(data: GeneralizationData) -> Face:
         sig = "significant" if c.get("significant") else "not significant"
         det = c.get("detectable")
         n = c.get("n")
-        power = f"; {detectable(det)}" if det else ""
+        power = f"; {detectable(det['n'], det['effect'], det.get('power'))}" if det else ""
         if det and n and not c.get("significant"):
-            nulls.append(det)
+            nulls.append((det["n"], det["effect"]))
         figures.append(f"{c['name']}: {SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
                        f"{SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
                        f"{sig} at {m.get('alpha', 0.05)}{power}")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from kvgraft.audit.context import Context
     from kvgraft.render.figures import Face
+    from kvgraft.results.base import Typed
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,15 @@ class CheckKind:
     status: Callable[[dict[str, Any]], str]  # passed | failed | incomplete, from its result alone
     stamps_status: bool  # whether its result carries its status as a member (verify's document does not)
     run: Callable[[Context, dict[str, Any]], Ran]  # run it under a plan's settings (audit run, or a one-check command)
-    # face, details and html each take the kind's own TypedDict of its report data (RecomputeData, …): `Any` here,
-    # at the registry boundary, is where that data enters typed. It is sound because data reaches them only from a
-    # report that passed validate_report (load_report, new_report) or a result that passed seal, and the report
-    # schema's $defs for the kind require every member the TypedDict marks Required.
+    # face, details and html each take the kind's report data: its `typed` data model when it has one (the
+    # registry's `view` builds it), else its own TypedDict (RecomputeData, …). `Any` here, at the registry
+    # boundary, is where that data enters typed: data reaches them only from a report that passed validate_report
+    # (load_report, new_report) or a result that passed seal, and the report schema's rule for the kind (a $ref to
+    # the data part of the kind's schema file, or its own $defs) requires every member the type requires.
     face: Callable[[Any], Face]  # its verdict line and deciding figures, from the report check's data
     details: Callable[[Any, Console], list[RenderableType]]  # terminal details (`report show --detail`)
     html: Callable[[Any], str]  # its details section of the HTML page
     known_data: tuple[str, ...]  # the data members details and HTML draw; others are listed by name, not dropped
+    # Its typed result (kvgraft.results.<kind>): the models its schema file is generated from; face, details and
+    # html then take the report data as that model (the registry's `view`). None: they take the data as a dict.
+    typed: Typed | None = None

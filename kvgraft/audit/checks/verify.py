@@ -11,9 +11,9 @@ from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.render.figures import Face
 from kvgraft.render.html import esc
-from kvgraft.render.shapes import Signature, VerifyResult
 from kvgraft.render.text import hanging, num
 from kvgraft.render.views import verify_lines
+from kvgraft.results.verify import TYPED, ShownSignature, VerifyData
 
 
 def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
@@ -33,29 +33,28 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if result["ok"] else "failed"
 
 
-def face(data: VerifyResult) -> Face:
-    if not data.get("ok"):
-        return Face(f"release refused: {data.get('error') or 'see details'}")
-    verdict = (f"release intact: {num(data.get('entries'))} entries, {num(data.get('files'))} files, "
-               f"{num(data.get('tensors'))} tensors, {num(data.get('bytes_hashed'))} bytes hashed against its manifest"
-               + ("; every tensor re-hashed" if data.get("deep") else ""))
-    sig = data.get("signature", Signature())
-    if sig.get("status") == "verified":
-        who = (f"key {sig.get('key_id')}" if sig.get("method") == "key"
-               else f"{sig.get('identity')} via {sig.get('issuer')} (Sigstore)")
+def face(data: VerifyData) -> Face:
+    if not data.ok:
+        return Face(f"release refused: {data.error or 'see details'}")
+    verdict = (f"release intact: {num(data.entries)} entries, {num(data.files)} files, "
+               f"{num(data.tensors)} tensors, {num(data.bytes_hashed)} bytes hashed against its manifest"
+               + ("; every tensor re-hashed" if data.deep else ""))
+    sig = data.signature or ShownSignature()
+    if sig.status == "verified":
+        who = f"key {sig.key_id}" if sig.method == "key" else f"{sig.identity} via {sig.issuer} (Sigstore)"
         signed = f"signature verified: {who}"
     else:
-        signed = "signature not checked" + ("" if sig.get("bundle") else ": the release is unsigned")
-    return Face(verdict, [signed] + [f"warning: {w}" for w in data.get("warnings", [])])
+        signed = "signature not checked" + ("" if sig.bundle else ": the release is unsigned")
+    return Face(verdict, [signed] + [f"warning: {w}" for w in data.warnings or []])
 
 
-def details(data: VerifyResult, console: Console) -> list[RenderableType]:
+def details(data: VerifyData, console: Console) -> list[RenderableType]:
     result, lines = verify_lines(data)
-    out: list[RenderableType] = [Text(f"result: {result}", style="green" if data.get("ok") else "red")]
+    out: list[RenderableType] = [Text(f"result: {result}", style="green" if data.ok else "red")]
     return out + [Text("\n".join(hanging("", d, console.width))) for d in lines]
 
 
-def html(data: VerifyResult) -> str:
+def html(data: VerifyData) -> str:
     result, lines = verify_lines(data)
     out = f"<p>result: <b>{esc(result)}</b></p>"
     if lines:
@@ -67,4 +66,4 @@ KIND = CheckKind(
     name="verify", schema="verify-result.v1.json", status=status, stamps_status=False, run=run, face=face,
     details=details, html=html,
     known_data=("ok", "error", "details", "root_digest", "entries", "files", "tensors", "bytes_hashed", "deep",
-                "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"))
+                "signature", "format", "format_version", "kvgraft_version", "exit_code", "release"), typed=TYPED)

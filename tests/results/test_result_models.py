@@ -1,0 +1,112 @@
+"""Typed results: each typed kind's schema file is what its models generate, the report schema refers to the kind's
+data by `$ref` (no copy), the schema's nulls are the models' own, and the kind's renderers read attributes."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgraft.audit import checks as registry
+from kvgraft.errors import SchemaError
+from kvgraft.schema import load_schema, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tests" / "fixtures" / "report-example.json"
+TYPED = [k for k in registry.BUILTIN if k.typed is not None]
+
+
+def test_the_small_kinds_are_typed() -> None:
+    assert [k.name for k in TYPED] == ["verify", "determinism", "controls", "claims"]
+
+
+@pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)
+def test_a_typed_kinds_schema_file_is_what_its_models_generate(kind: registry.CheckKind) -> None:
+    assert kind.typed is not None
+    assert json.loads((ROOT / "schemas" / kind.schema).read_text()) == kind.typed.schema(), (
+        f"schemas/{kind.schema} differs from its models: python -m kvgraft.audit.checks.schemas --write")
+
+
+@pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)
+def test_the_report_refers_to_a_typed_kinds_data_and_holds_no_copy(kind: registry.CheckKind) -> None:
+    report = load_schema("audit-report.v1.json")
+    rule = next(r for r in report["$defs"]["check"]["allOf"] if r["if"]["properties"].get("kind") == {"const": kind.name})
+    assert rule["then"]["properties"]["data"] == {"$ref": f"{kind.schema}#/$defs/data"}
+    assert kind.name not in report["$defs"]
+    data = load_schema(kind.schema)["$defs"]["data"]
+    assert all(d != data for d in report["$defs"].values())
+
+
+def _example() -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(EXAMPLE.read_text())
+    return report
+
+
+def _data(report: dict[str, Any], kind: str) -> dict[str, Any]:
+    data: dict[str, Any] = next(c for c in report["checks"] if c["kind"] == kind)["data"]
+    return data
+
+
+@pytest.mark.parametrize(("kind", "edit", "valid"), [
+    ("determinism", lambda d: d["conditions"][0].update(max_ulp=None), True),  # nullable: null when dtypes differ
+    ("determinism", lambda d: d.update(baseline=None), False),  # optional: absent, or a string
+    ("determinism", lambda d: d["conditions"][0].update({"class": None}), False),
+    ("determinism", lambda d: d["conditions"][0].update(max_abs="Infinity"), True),
+    ("determinism", lambda d: d["conditions"][0].update(max_abs=-1.0), False),
+    ("determinism", lambda d: d.pop("conditions"), False),
+    ("verify", lambda d: d.update(error=None), True),
+    ("verify", lambda d: d.update(files=None), False),
+    ("verify", lambda d: d["signature"].update(method=None), True),
+    ("verify", lambda d: d.pop("ok"), False),
+    ("verify", lambda d: d.update(unknown_member=1), True),  # a reader ignores what it does not know
+])
+def test_the_report_schema_takes_its_nulls_and_members_from_the_models(kind: str, edit: Any, valid: bool) -> None:
+    report = _example()
+    edit(_data(report, kind))
+    if valid:
+        validate(report, "audit-report.v1.json", "report")
+        registry.view(registry.KINDS[kind], _data(report, kind))  # and the model reads it
+    else:
+        with pytest.raises(SchemaError):
+            validate(report, "audit-report.v1.json", "report")
+
+
+def test_a_result_is_closed_and_its_rules_kept() -> None:
+    """A verify result that says ok with a failing exit code, or that adds a member to its signature, is refused."""
+    signature = {"status": "not checked", "method": None, "bundle": None, "bundle_sha256": None, "key_id": None,
+                 "identity": None, "issuer": None}
+    result = {"format": "kvgraft-verify-result", "format_version": 1, "kvgraft_version": "0.1.0", "ok": True,
+              "exit_code": 0, "error": None, "release": "r/", "root_digest": "a" * 64, "manifest_sha256": "b" * 64,
+              "model": {"spec": "m", "identity_sha256": "c" * 64}, "entries": 1, "files": 2, "tensors": 2,
+              "bytes_hashed": 10, "seconds": 0.1, "deep": False, "statement": False, "signature": signature}
+    validate(result, "verify-result.v1.json", "result")
+    for edit in (lambda r: r.update(exit_code=1), lambda r: r["signature"].update(extra=1),
+                 lambda r: r.update(ok=False), lambda r: r.pop("root_digest")):
+        bad = copy.deepcopy(result)
+        edit(bad)
+        with pytest.raises(SchemaError):
+            validate(bad, "verify-result.v1.json", "result")
+
+
+def test_a_typed_kinds_model_reads_its_members() -> None:
+    data = _data(_example(), "determinism")
+    typed = registry.view(registry.KINDS["determinism"], data)
+    assert [c.class_ for c in typed.conditions] == [c["class"] for c in data["conditions"]]
+    assert typed.rows[0].entry == data["rows"][0]["entry"]
+
+
+@pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)
+def test_a_typed_kinds_renderers_read_attributes(kind: registry.CheckKind) -> None:
+    """No `.get` or `["member"]` on the data in its face, details and html: the model says what is there."""
+    tree = ast.parse(inspect.getsource(inspect.getmodule(kind.face)))  # type: ignore[arg-type]
+    drawing = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("face", "details", "html")]
+    assert len(drawing) == 3
+    found = [f"{f.name}:{n.lineno}" for f in drawing for n in ast.walk(f)
+             if (isinstance(n, ast.Attribute) and n.attr == "get" and isinstance(n.value, ast.Name) and n.value.id == "data")
+             or (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "data")]
+    assert not found, found

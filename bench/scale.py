@@ -395,11 +395,11 @@ def large(args: argparse.Namespace) -> None:
         v = child("verify-all", big)
         rate = float(v["bytes_hashed"]) / float(v["seconds"])  # type: ignore[arg-type]
         rows.append((floor, rate, v))
-        print(f"round {r + 1}   floor (read + hash, {cores} threads) {floor / GB:.2f} GB/s; kvgraft verify {rate / GB:.2f} GB/s "
+        print(f"repeat {r + 1}  floor (read + hash, {cores} threads) {floor / GB:.2f} GB/s; kvgraft verify {rate / GB:.2f} GB/s "
               f"({float(v['seconds']):.1f} s) = {rate / floor:.0%} of the floor, {rate / (cores * one):.0%} of the limit")  # type: ignore[arg-type]
     if rows:
         floor, rate, _ = max(rows, key=lambda x: x[1] / x[0])
-        print(f"verify    best round: {rate / GB:.2f} GB/s = {rate / floor:.0%} of the read + hash floor "
+        print(f"verify    best repeat: {rate / GB:.2f} GB/s = {rate / floor:.0%} of the read + hash floor "
               f"({floor / GB:.2f} GB/s), {rate / (cores * one):.0%} of the hashing limit")
     probe = "e000001"
     for name in ("startup", "verify-one", "graft-one"):
@@ -467,7 +467,7 @@ def main() -> None:
     g.add_argument("--entry-mib", type=int, default=96)
     g.add_argument("--dir", default="/tmp/kvgraft-bench-scale")
     g.add_argument("--repeat", type=int, default=2)
-    g.add_argument("--only-steps", action="store_true", help="skip the verify-of-everything rounds")
+    g.add_argument("--only-steps", action="store_true", help="skip the verify-of-everything repeats")
     x = sub.add_parser("index")
     x.add_argument("--entries", type=int, default=100_000)
     x.add_argument("--layers", type=int, default=48)

@@ -10,13 +10,13 @@ tokenizer) and a release of ENTRIES entries of TOKENS tokens captured with 1 tor
 2. a local Ray instance (3 logical CPUs, so that a 1-worker pool and a 2-worker pool can both stay up;
    only one of them works at a time, the machine has 2 cores);
 3. pool A: 1 worker, pool B: 2 workers, each an actor holding the model, 1 torch thread per actor;
-   one untimed warm-up audit per pool, then REPEAT interleaved rounds (A, B) of the whole audit,
+   one untimed warm-up audit per pool, then REPEAT interleaved repeats (A, B) of the whole audit,
    wall time from submitting the first entry to the last result (actors already started).
 
-Speed-up = A's time / B's time (best of the rounds, median also printed; target >= 1.6x). The results of
+Speed-up = A's time / B's time (best of the repeats, median also printed; target >= 1.6x). The results of
 A, B and local must be identical apart from timing and placement (kvgraft.execution.executor.comparable). Printed
 too: actor start-up time, the CPU seconds the workers used, and the CPU seconds every other process used
-meanwhile (Ray's daemons, other work): this benchmark wants a quiet machine, so before each round it
+meanwhile (Ray's daemons, other work): this benchmark wants a quiet machine, so before each repeat it
 waits up to QUIET_WAIT seconds for the machine to be idle (under 0.25 busy CPUs over 2 s).
 """
 
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/kvgraft-bench-scale-out"))
-    ap.add_argument("--quiet-wait", type=float, default=120.0, help="Before each round, wait up to S seconds for the "
+    ap.add_argument("--quiet-wait", type=float, default=120.0, help="Before each repeat, wait up to S seconds for the "
                                                                        "machine to be idle (other processes may share it).")
     ap.add_argument("--local-only", action="store_true", help="Stop after step 1 (no Ray): the release and the "
                                                                   "in-process reference audit only.")
@@ -155,12 +155,12 @@ def main() -> None:
     results: dict[int, dict[str, Any]] = {}
     for r in range(args.repeat):
         waited, busy = wait_quiet(args.quiet_wait)
-        print(f"round {r + 1}   waited {waited:.0f} s for a quiet machine: {busy:.2f} CPUs busy before the round")
+        print(f"repeat {r + 1}  waited {waited:.0f} s for a quiet machine: {busy:.2f} CPUs busy before the repeat")
         for n in (1, 2):
             wall, results[n], ours, others = timed(pools[n])
             walls[n].append(wall)
             others_cpus[n].append(others / wall)
-            print(f"round {r + 1}   {n} worker(s): {wall:.2f} s; workers + driver used {ours / wall:.2f} CPUs, "
+            print(f"repeat {r + 1}  {n} worker(s): {wall:.2f} s; workers + driver used {ours / wall:.2f} CPUs, "
                   f"other processes {others / wall:.2f} CPUs")
     for p in pools.values():
         p.close()
@@ -183,7 +183,7 @@ def main() -> None:
           f"entries per worker {spread[0]} + {spread[1]}")
     print(f"speed-up  {speedup:.2f}x best-of-{args.repeat}, {speedup_med:.2f}x median (target >= 1.6x): "
           f"{'MET' if speedup >= 1.6 else 'NOT MET'}")
-    print(f"paired    per round (1 worker / 2 workers): {fmt(paired)}; in the {len(quiet)} round(s) where other processes "
+    print(f"paired    per repeat (1 worker / 2 workers): {fmt(paired)}; in the {len(quiet)} repeat(s) where other processes "
           f"used < 0.25 CPUs: " + (f"median {statistics.median(quiet):.2f}x" if quiet else "none"))
     print(f"results   1 worker, 2 workers and local identical apart from timing and placement: {same}")
     if not same:

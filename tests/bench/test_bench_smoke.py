@@ -317,7 +317,7 @@ def test_scale_out_one_and_two_ray_workers_agree(tmp_path: Path) -> None:
     speed = re.search(rf"^speed-up  {NUMBER}x best-of-1, {NUMBER}x median", out, re.M)
     assert speed, out
     _finite_positive(float(speed[1]), float(speed[2]))
-    assert float(speed[1]) == float(speed[2]), out  # one round: its best is its median
+    assert float(speed[1]) == float(speed[2]), out  # one repeat: its best is its median
 
 
 def test_graft_vs_recompute_ratios_are_its_printed_times(tiny_dir: Callable[[str], Path]) -> None:
@@ -402,9 +402,9 @@ def test_scale_large_ratios_are_its_printed_figures(tmp_path: Path) -> None:
     rel = re.search(rf"^releases  large: 2 entries x 16 tokens \(48 layers x \[1, 8, 16, 256\] bfloat16, random\), "
                     rf"{NUMBER} GB; small: 2 entries, {NUMBER} GB$", out, re.M)
     h = re.search(rf"^hashing   one core {NUMBER} GB/s in memory; limit (\d+) x = {NUMBER} GB/s$", out, re.M)
-    r = re.search(rf"^round 1   floor \(read \+ hash, (\d+) threads\) {NUMBER} GB/s; kvgraft verify {NUMBER} GB/s "
+    r = re.search(rf"^repeat 1  floor \(read \+ hash, (\d+) threads\) {NUMBER} GB/s; kvgraft verify {NUMBER} GB/s "
                   rf"\({NUMBER} s\) = (\d+)% of the floor, (\d+)% of the limit$", out, re.M)
-    best = re.search(rf"^verify    best round: {NUMBER} GB/s = (\d+)% of the read \+ hash floor \({NUMBER} GB/s\), "
+    best = re.search(rf"^verify    best repeat: {NUMBER} GB/s = (\d+)% of the read \+ hash floor \({NUMBER} GB/s\), "
                      rf"(\d+)% of the hashing limit$", out, re.M)
     assert rel and h and r and best, out
     one, cores, limit = float(h[1]), int(h[2]), float(h[3])
@@ -413,7 +413,7 @@ def test_scale_large_ratios_are_its_printed_figures(tmp_path: Path) -> None:
     _finite_positive(one, floor, rate, float(r[4]))
     assert _quotient(float(r[5]), rate, floor, 0.01, 1, scale=100), out
     assert _quotient(float(r[6]), rate, limit, 0.01, 1, scale=100), out
-    # one round: the best is that round
+    # one repeat: the best is that repeat
     assert (best[1], best[2], best[3], best[4]) == (r[3], r[5], r[2], r[6]), out
     steps = re.findall(rf"^(\S+) +{NUMBER} s on {NUMBER} GB vs {NUMBER} s on {NUMBER} GB: {NUMBER}x; "
                        r"peak RSS (\d+) / (\d+) MB$", out, re.M)

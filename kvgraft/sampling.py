@@ -101,6 +101,11 @@ def draw(root: str, nonce: str, population: int, size: int, option: str = "--sam
     return heapq.nsmallest(size, range(population), key=_ranking(root, nonce))
 
 
+def drawn_ids(root: str, nonce: str, ids: Sequence[str], size: int, option: str = "--sample") -> list[str]:
+    """The ids of the `size` entries `draw` picks, in the order drawn: what `audit sample` lists and `pull --sample` pulls."""
+    return [str(ids[i]) for i in draw(root, nonce, len(ids), size, option)]
+
+
 def sample_record(root: str, nonce: str, ids: Sequence[str], tokens: Sequence[int], size: int, *,
                   nonce_source: str) -> dict[str, Any]:
     """What a result records of its sample: enough for anyone with the release to re-derive it. `ids` and

@@ -190,8 +190,8 @@ def sample_cmd(
     if check is None:
         if nonce is None or size is None:
             raise InputError("pass --nonce and --size, or --check RESULT.json")
-        for i in sampling.draw(root, sampling.check_nonce(nonce), len(ids), size, option="--size"):
-            say(ids[i])
+        for drawn in sampling.drawn_ids(root, sampling.check_nonce(nonce), ids, size, option="--size"):
+            say(drawn)
         return
     doc = load_file(check)
     recorded = _recorded_sample(doc, check)

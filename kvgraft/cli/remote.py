@@ -53,9 +53,7 @@ def pull_cmd(
     drawn = None
     ids = list(entry or [])
     if sample is not None and nonce is not None:
-        everyone = rel.entry_ids()
-        ids = [everyone[i] for i in sampling.draw(str(rel.manifest["root_digest"]), sampling.check_nonce(nonce),
-                                                  len(everyone), sample)]
+        ids = sampling.drawn_ids(str(rel.manifest["root_digest"]), sampling.check_nonce(nonce), rel.entry_ids(), sample)
         drawn = {"method": sampling.METHOD, "nonce": nonce, "size": sample}
     made = subset.pull(rel, ids, out_dir, origin=redact(release), sample=drawn, overwrite=overwrite)
     result = verify_release(out_dir, policy=policy)  # the subset, verified as anyone given it will verify it

@@ -147,7 +147,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 def _run_on(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, out_dir: Path | None,
             device: str | None, say: Progress, executor: dict[str, Any] | None) -> Outcome:
-    from kvgraft.execution.executor import ModelSpec, from_options, plan_options
+    from kvgraft.execution.executor import from_options, plan_options
     from kvgraft.inference.reapply import Conditions
 
     o = plan_options(plan.doc.get("executor"), executor)

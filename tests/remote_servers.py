@@ -26,6 +26,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 
+def quiet(stderr: str) -> str:
+    """A command's stderr without its progress lines: a loaded machine may take long enough over a fetch to print
+    one, and it is not an error (an error line is kept)."""
+    return "\n".join(line for line in stderr.strip().splitlines() if not line.startswith("kvgraft: fetching ")).strip()
+
+
 @dataclass
 class Fault:
     """What to do instead of answering a request whose path contains `match`, `times` times (-1: always).

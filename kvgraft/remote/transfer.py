@@ -37,11 +37,12 @@ MAX_PAUSE = 5.0
 
 class Meter:
     """Progress of long fetches on stderr: bytes, rate, time left. Silent for the first `after` seconds (a
-    short fetch prints nothing); then a line every `every` seconds, rewritten in place on a terminal."""
+    short fetch prints nothing) and for less than `least` bytes in all (a slow machine's small file would read
+    "0.0 of 0.0 MiB"); then a line every `every` seconds, rewritten in place on a terminal."""
 
     def __init__(self, label: str, total: int, *, stream: TextIO | None = None, after: float = 2.0,
-                 every: float | None = None) -> None:
-        self.label, self.total, self.done = label, total, 0
+                 every: float | None = None, least: int = 2**20) -> None:
+        self.label, self.total, self.done, self.least = label, total, 0, least
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.after, self.every = after, every if every is not None else (0.5 if self.tty else 10.0)
@@ -53,7 +54,8 @@ class Meter:
         with self._lock:
             self.done += n
             now = time.monotonic()
-            if now - self.started < self.after or (self.shown_at is not None and now - self.shown_at < self.every):
+            early = now - self.started < self.after or (self.shown_at is not None and now - self.shown_at < self.every)
+            if early or self.total < self.least:
                 return
             self.shown_at = now
             self._show(now)

@@ -106,13 +106,14 @@ def test_a_long_fetch_prints_bytes_rate_and_time_left_and_a_short_one_nothing() 
 
     from kvgraft.remote.transfer import Meter
 
-    quiet, loud = io.StringIO(), io.StringIO()
+    quiet, small, loud = io.StringIO(), io.StringIO(), io.StringIO()
     Meter("https://example.org/rel/entries/a", 8 * 2**20, stream=quiet).add(2**20)  # within its first 2 s
+    Meter("https://example.org/rel/index/00001.json", 2**20 - 1, stream=small, after=0, every=0).add(2**19)
     meter = Meter("https://example.org/rel/entries/a", 8 * 2**20, stream=loud, after=0, every=0)
     meter.add(2 * 2**20)
     meter.add(2 * 2**20)
     lines = loud.getvalue().splitlines()
-    assert quiet.getvalue() == ""
+    assert quiet.getvalue() == "" and small.getvalue() == ""  # under 1 MiB in all: nothing, however slow
     assert len(lines) == 2 and lines[1].startswith("kvgraft: fetching https://example.org/rel/entries/a: 4.0 of 8.0 MiB, ")
     assert lines[1].endswith(" s left") and " MiB/s, " in lines[1]
 

@@ -18,7 +18,7 @@ from kvgraft.cli import app
 from kvgraft.release.format import Release
 from kvgraft.remote.store import Settings
 
-from remote_servers import Fault, FolderServer, folder_server
+from remote_servers import Fault, FolderServer, folder_server, quiet
 
 runner = CliRunner()
 CHUNK = 512
@@ -31,7 +31,7 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def verify(url: str, pub: Path, *more: str) -> tuple[int, str]:
     res = runner.invoke(app, ["verify", url, "--entry", "rec-002", "--key", str(pub), *more])
-    return res.exit_code, res.stderr.strip()
+    return res.exit_code, quiet(res.stderr)
 
 
 def asked(server: FolderServer, suffix: str) -> list[str | None]:

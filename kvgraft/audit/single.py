@@ -160,12 +160,13 @@ class GeneralizationSettings:
     model: str = "smollm2-135m"
     conditions: Conditions = DEFAULT_CONDITIONS
     out: Path | None = None
+    preamble: str = ""
 
     def check_settings(self) -> dict[str, Any]:
         """The generalization check's settings (kvgraft.audit.checks.generalization), as a plan would give them."""
         return {k: getattr(self, k) for k in ("synthetic", "policy", "max_new_tokens", "samples", "temperature", "source",
                                               "limit", "library_fraction", "salt", "synthetic_seed", "seed", "force",
-                                              "budget")}
+                                              "budget", "preamble")}
 
 
 def generalization(s: GeneralizationSettings, *, policy: Policy, executor: ExecutorOptions, load: Load,

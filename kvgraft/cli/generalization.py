@@ -117,6 +117,9 @@ SamplesOpt = Annotated[int, typer.Option("--samples", help="Samples per query (n
 QueryTemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy.")]
 QuerySampleSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the samples and the bootstrap.")]
 BudgetOpt = Annotated[int | None, typer.Option("--budget", help="Decode-token budget per query (default: condition a's).")]
+PreambleOpt = Annotated[str, typer.Option(
+    "--preamble", help="Text put before every query in every condition alike, e.g. worked examples for a base model "
+    "that otherwise writes no answer line (recorded in the result).")]
 GraftForceOpt = Annotated[bool, typer.Option("--force", help="Graft even into a model of another identity.")]
 
 
@@ -127,11 +130,12 @@ def generalization_cmd(
     synthetic_seed: QuerySeedOpt = 1, salt: SplitSaltOpt = None, library_fraction: SplitFractionOpt = None,
     policy: PolicyOpt = "nearest", max_new_tokens: QueryTokensOpt = 64, samples: SamplesOpt = 1,
     temperature: QueryTemperatureOpt = 0.0, seed: QuerySampleSeedOpt = 0, budget: BudgetOpt = None,
-    force: GraftForceOpt = False, model: ModelOpt = "smollm2-135m", device: DeviceOpt = "auto", dtype: DtypeOpt = "float32",
-    attn: AttnOpt = "sdpa", threads: ThreadsOpt = None, json_out: OutOpt = None, as_json: JsonOpt = False,
-    quiet: QuietOpt = False, executor: ExecutorOpt = "local", ray_address: RayAddressOpt = None, ship: ShipOpt = False,
-    workers: WorkersOpt = None, key: KeysOpt = None, identity: IdentityOpt = None, issuer: IssuerOpt = None,
-    offline: OfflineOpt = False, oms_signature: OmsSignatureOpt = None, require_signature: RequireSignatureOpt = False,
+    preamble: PreambleOpt = "", force: GraftForceOpt = False, model: ModelOpt = "smollm2-135m", device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32", attn: AttnOpt = "sdpa", threads: ThreadsOpt = None, json_out: OutOpt = None,
+    as_json: JsonOpt = False, quiet: QuietOpt = False, executor: ExecutorOpt = "local", ray_address: RayAddressOpt = None,
+    ship: ShipOpt = False, workers: WorkersOpt = None, key: KeysOpt = None, identity: IdentityOpt = None,
+    issuer: IssuerOpt = None, offline: OfflineOpt = False, oms_signature: OmsSignatureOpt = None,
+    require_signature: RequireSignatureOpt = False,
 ) -> None:
     """`audit generalization` (GENERALIZATION_HELP): kvgraft.audit.single.generalization, its result rendered."""
     from kvgraft.audit import single
@@ -142,7 +146,7 @@ def generalization_cmd(
 
     settings = single.GeneralizationSettings(
         library_dir, source, limit, synthetic_n, synthetic_seed, salt, library_fraction, policy, max_new_tokens, samples,
-        temperature, seed, budget, force, model, Conditions(device, dtype, attn, threads), json_out)
+        temperature, seed, budget, force, model, Conditions(device, dtype, attn, threads), json_out, preamble)
     trust = Trust(key, identity, issuer, offline, oms_signature, require_signature)
     result = single.generalization(settings, policy=trust.policy, executor=ExecutorOptions(executor, ray_address, workers,
                                    ship), load=load_model, progress=lambda: _auditing(quiet))

@@ -11,9 +11,11 @@ Conditions, on the same queries with the same decoding (greedy unless `samples` 
   the output tokens must equal those of (b) / (c) exactly; every query is checked and mismatches are
   reported.
 
-The query prompt is ``"\\nProblem: {problem}\\nSolution:"`` (no special tokens) after the grafted prefix,
-the same text without one, after the tokens the release's schedule starts a sequence with (a tokenizer's
-beginning-of-sequence token, as every entry begins with it). Decoding stops at EOS, at `max_new_tokens`, or
+The query prompt is ``"\\n" + preamble + "Problem: {problem}\\nSolution:"`` (no special tokens) after the
+grafted prefix, the same text without one, after the tokens the release's schedule starts a sequence with (a
+tokenizer's beginning-of-sequence token, as every entry begins with it). The preamble (empty by default; a base
+model that writes prose instead of an answer line is shown worked examples there) is a recorded setting, the same
+text in every condition, so it moves no condition against another. Decoding stops at EOS, at `max_new_tokens`, or
 once an "Answer: …" line is complete; `answers.check` decides correctness.
 
 `--policy` chooses what runs: ``none`` only (a); ``exact`` adds (b) and its (d) (the own entry found by
@@ -47,7 +49,7 @@ from kvgraft.generalization.conditions import AS_TEXT, CONDITIONS, GRAFTED, LABE
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.leakage import NGRAM, leakage_for
 from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
-from kvgraft.generalization.problems import GENERATED, Problem, problem_hash, split, synthetic
+from kvgraft.generalization.problems import GENERATED, Problem, normalize_text, problem_hash, split, synthetic
 from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
@@ -64,12 +66,13 @@ SCHEMA = "generalization-result.v1.json"
 
 GROUPS = ("library", "held_out", "synthetic")
 ONE_SHOT = Schedule()
+MAX_PREAMBLE = 16_384  # characters: a few worked examples, not a library
 MEMORY_METHOD = "VmHWM of /proc/self/status after writing '5' to /proc/self/clear_refs (whole process, weights included)"
 
 
-def query_text(problem: str) -> str:
-    """The prompt fed after the grafted prefix (or alone): '\\nProblem: …\\nSolution:'."""
-    return "\n" + prompt_text(problem)
+def query_text(problem: str, preamble: str = "") -> str:
+    """The prompt fed after the grafted prefix (or alone): '\\n' + preamble + 'Problem: …\\nSolution:'."""
+    return "\n" + preamble + prompt_text(problem)
 
 
 # ---------------------------------------------------------------- settings, queries, tasks
@@ -88,6 +91,7 @@ class Settings:
     track_memory: bool = True
     n_boot: int = 10_000
     text_conditions: bool = True  # (d): run the grafted entries again as prompt text and compare token for token
+    preamble: str = ""  # text before every query, in every condition alike (worked examples for a base model)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -102,6 +106,8 @@ class Settings:
             raise InputError(f"--policy {self.policy}: expected one of {', '.join(POLICIES)}")
         if self.budget is not None and self.budget < 1:
             raise InputError(f"--budget must be >= 1, got {self.budget}")
+        if len(self.preamble) > MAX_PREAMBLE:
+            raise InputError(f"the query preamble is {len(self.preamble)} characters; at most {MAX_PREAMBLE}")
 
     @property
     def decoding(self) -> str:
@@ -215,7 +221,7 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
     entry = release.release.entry(task.entry_id) if task.entry_id is not None else None
     if cond != "none" and entry is None:
         raise InputError(f"condition {cond} needs a library entry for query {q.id!r}")
-    prompt_ids = encode(lm, query_text(q.problem))
+    prompt_ids = encode(lm, query_text(q.problem, settings.preamble))
     # Without a prefix the query starts the sequence: it gets the tokens the release's schedule puts at the start of
     # one (Gemma's <bos>, nothing for SmolLM2), as every grafted entry and its prompt text (d) begin with them.
     start = [] if cond != "none" else encode(lm, "", add_special_tokens=Schedule.from_dict(
@@ -606,6 +612,10 @@ def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]],
                           f"{', '.join(foreign[:10])}")
     if energy and energy.get("is_estimate"):
         statements.append(f"energy figures are an ESTIMATE, not a measurement: {energy.get('note', '')}")
+    if settings.preamble:
+        statements.append(f"every query, in every condition, was asked after the same preamble of "
+                          f"{len(settings.preamble)} characters (settings.preamble): the accuracies are those of "
+                          "queries asked after it")
     if settings.samples > 1:
         statements.append(f"{settings.samples} samples per query ({settings.decoding}); k/n, Wilson intervals and McNemar "
                           "use the first sample of each query, pass@1 averages all samples")
@@ -669,6 +679,11 @@ def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], setti
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
     from kvgraft.execution.executor import LocalExecutor
 
+    shown = [q.problem.id for q in queries if settings.preamble and
+             normalize_text(q.problem.problem) in normalize_text(settings.preamble)]
+    if shown:  # its answer would be in front of the model in every condition
+        raise InputError(f"the query preamble holds the problem of query {shown[0]!r}"
+                         f"{f' and {len(shown) - 1} more' if len(shown) > 1 else ''}: give it examples of other problems")
     ex = executor or LocalExecutor()
     forced = check_model(rel, lm, force=settings.force)
     library = Library(rel)

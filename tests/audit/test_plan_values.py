@@ -58,6 +58,8 @@ BAD: dict[str, tuple[str, str, str]] = {  # name: (head, body, what the one line
     "length 10^12": ("", "[checks.determinism]\nlength = 1000000000000", "checks.determinism.length"),
     "max_minutes nan": ("", "[checks.verify]\n[limits]\nmax_minutes = nan", "limits.max_minutes: nan is not a finite"),
     "temperature inf": ("", "[checks.generalization]\ntemperature = inf", "inf is not a finite number"),
+    "preamble too long": ("", "[checks.generalization]\npreamble = \"" + "x" * 16_385 + "\"",
+                          "checks.generalization.preamble"),
     "a date": ("", "[executor]\nwhen = 1979-05-27", "a TOML date value"),
     "out empty": ('out = ""', "[checks.verify]", "$.out: '' should be non-empty"),
     "out /proc": ('out = "/proc/sys/x"', "[checks.verify]", "a pseudo file system"),

@@ -134,6 +134,43 @@ def test_no_graft_starts_the_sequence_as_every_entry_does(tiny_lm: Callable[[str
     assert run["samples"][0]["token_ids"] == library.decode(lm, cache, logits, max_new_tokens=4).token_ids
 
 
+PREAMBLE = "Problem: Tom has 3 cups and buys 4 more. How many cups does he have?\nSolution: 3 + 4 = 7.\nAnswer: 7\n\n"
+
+
+def test_a_preamble_is_asked_before_every_query_in_every_condition(
+        tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
+    """A base model that writes no answer line is shown worked examples before the query: the same text in every
+    condition (so it moves none against another), recorded in the result, and (d) still reproduces the graft."""
+    from kvgraft.inference.runtime import encode, new_cache, prefill
+
+    lm, rel, _ = tiny_library
+    q = gen.Query(PROBLEMS[1], "library")
+    settings = gen.Settings(max_new_tokens=4, track_memory=False, n_boot=100, preamble=PREAMBLE)
+    asked = encode(lm, gen.query_text(q.problem.problem, PREAMBLE))
+    assert len(asked) > len(encode(lm, gen.query_text(q.problem.problem))) + 10
+    for task in gen.plan(gen.Library(rel), [q], settings):
+        run = gen.run_query(lm, rel, task, settings)
+        assert run["tokens"]["prompt"] == len(asked), task.condition
+        if task.condition == "none":
+            cache, logits = prefill(lm, asked, Schedule(), new_cache(lm))
+            assert run["samples"][0]["token_ids"] == library.decode(lm, cache, logits, max_new_tokens=4).token_ids
+    result = gen.audit(lm, rel, [q], settings)
+    assert result["settings"]["preamble"] == PREAMBLE
+    assert all(eq["equal"] == eq["n"] for eq in result["equality"].values())
+    assert any("after the same preamble of" in s for s in result["statements"])
+    validate(result, gen.SCHEMA, "result with a preamble")
+
+
+def test_a_preamble_holding_a_query_s_problem_is_refused(tiny_library: tuple[Any, VerifiedRelease, Path]) -> None:
+    from kvgraft.errors import InputError
+
+    lm, rel, _ = tiny_library
+    q = gen.Query(PROBLEMS[1], "library")
+    shown = f"Problem: {q.problem.problem.upper()}\nSolution: {q.problem.solution}\nAnswer: {q.problem.answer}\n\n"
+    with pytest.raises(InputError, match=f"holds the problem of query {q.problem.id!r}"):
+        gen.audit(lm, rel, [q], gen.Settings(max_new_tokens=2, preamble=PREAMBLE + shown))
+
+
 def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) -> None:
     short = [Problem("s-pens", "A box holds 8 pens. How many pens are in 7 boxes?", "56", "7 * 8 = 56 pens.", "test"),
              Problem("s-apples", "Mia has 12 apples and gives away 5. How many are left?", "7", "12 - 5 = 7 apples.", "test")]

@@ -92,7 +92,7 @@ class GeneralizationData(TypedDict):
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
-    """Under a plan's `[checks.generalization]` (synthetic, policy, max_new_tokens, samples, temperature), and
+    """Under a plan's `[checks.generalization]` (synthetic, policy, max_new_tokens, samples, temperature, preamble), and
     what `audit generalization` sets beyond a plan: source, limit, library_fraction, salt (of the split; default
     the library's), synthetic_seed, seed, force, budget, progress."""
     from kvgraft.generalization import audit as gen
@@ -100,7 +100,8 @@ def run(ctx: Context, gc: dict[str, Any]) -> Ran:
     ctx.say("generalization audit: conditions a-d on library, held-out and synthetic problems")
     settings = gen.Settings(max_new_tokens=gc.get("max_new_tokens", 64), policy=gc.get("policy", "nearest"),
                             samples=gc.get("samples", 1), temperature=gc.get("temperature", 0.0),
-                            seed=gc.get("seed", 0), force=gc.get("force", False), budget=gc.get("budget"))
+                            seed=gc.get("seed", 0), force=gc.get("force", False), budget=gc.get("budget"),
+                            preamble=gc.get("preamble", ""))
     # The queries before the model: a source that does not load is refused before anything heavy starts.
     queries, prepared = gen.prepare(ctx.release, source=gc.get("source"), limit=gc.get("limit"),
                                     library_fraction=gc.get("library_fraction"), salt=gc.get("salt"),

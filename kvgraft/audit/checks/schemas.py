@@ -17,6 +17,7 @@ from pydantic.json_schema import JsonSchemaValue
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
 from kvgraft.audit.checks.kind import CheckKind
+from kvgraft.results import compare
 from kvgraft.results.base import reachable
 from kvgraft.schema import load_schema, schema_dir
 
@@ -64,7 +65,8 @@ def plan_schema() -> JsonSchemaValue:
 
 def generated() -> dict[str, JsonSchemaValue]:
     kinds = {k.typed.file: k.typed.schema() for k in BUILTIN if k.typed is not None}
-    return {**kinds, REPORT: report_schema(), PLAN: plan_schema()}
+    return {**kinds, REPORT: report_schema(), PLAN: plan_schema(),
+            compare.FILE: compare.schema()}
 
 
 def stale() -> list[str]:

@@ -30,8 +30,9 @@ def _short(text: str, n: int = 12) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _machine(env: dict[str, JsonValue]) -> str:
-    return " ".join(str(env[k]) for k in ("device_name", "dtype", "attn_implementation") if env.get(k)) or "-"
+def _machine(r: Replication) -> str:
+    shown = ("device_name", "dtype", "attn_implementation")
+    return " ".join(str(r.environment[k]) for k in shown if r.environment.get(k)) or "-"
 
 
 def _recompute_cell(rc: Recomputed | None) -> tuple[str, str]:
@@ -58,7 +59,7 @@ def renderables(result: ReportCompare, console: Console, *, details: bool = Fals
         reps = g.replications
         out.append(styled(hanging("release", f"{g.release_root_digest} · model {g.model} "
                                              f"(identity {g.model_identity})", width, indent=0)))
-        rows = [[str(r.index), _short(signer(r.signer).removeprefix("key "), 13), _short(_machine(r.environment), 18),
+        rows = [[str(r.index), _short(signer(r.signer).removeprefix("key "), 13), _short(_machine(r), 18),
                  *_recompute_cell(r.recompute), r.verdict] for r in reps]
         out.append(text_table(console, "", ["#", "signer", "machine", "recompute", "bound", "verdict"], rows))
         lines: list[str] = []
@@ -175,7 +176,7 @@ def to_html(result: ReportCompare) -> str:
         reps = g.replications
         body.append(f"<h2>Release <code>{esc(g.release_root_digest)}</code></h2>"
                     f"<p>model {esc(g.model)}, identity <code>{esc(g.model_identity)}</code></p>")
-        rows = [[str(r.index), f"<code>{esc(signer(r.signer))}</code>", esc(_machine(r.environment)),
+        rows = [[str(r.index), f"<code>{esc(signer(r.signer))}</code>", esc(_machine(r)),
                  esc(r.environment.get("torch", "-")), esc(signature_sentence(r.release_signature)),
                  *[esc(x) for x in _recompute_cell(r.recompute)], badge(r.verdict)] for r in reps]
         body.append(table(["#", "signer", "machine", "torch", "release signature", "recompute", "bound", "verdict"], rows))

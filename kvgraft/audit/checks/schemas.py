@@ -1,7 +1,8 @@
 """The schemas the check registry decides, generated from it: each typed kind's own schema file (from its models,
 kvgraft.results.<kind>), the report schema's kind list and its rule per built-in kind (the check's `data` is
 that kind's report data, by `$ref` to the `data` part of the kind's schema file), and the plan schema's `checks`
-tables in the registry's order.
+tables in the registry's order. The report compare result's schema file is generated here too, from its models
+(kvgraft.results.compare).
 
 `python -m kvgraft.audit.checks.schemas --write` rewrites a file whose generated parts differ from the
 registry; `--check` (what tests/audit/test_check_kinds.py runs) names the files that differ and exits 1.

@@ -63,7 +63,7 @@ def report_verify_cmd(
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
     result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
     if as_json:
-        echo_json(result.as_dict())
+        echo_json(result.as_json())
         return
     from kvgraft.signing.verify import signature_sentence
 

@@ -181,10 +181,13 @@ def _conditions(data: dict[str, Any], entry: dict[str, Any], report: dict[str, A
 
 @dataclass(frozen=True)
 class _Replicated:
-    """One trusted replication: what the result shows of it, and its recompute entries and their recorded
-    conditions by entry id, which the group's comparison reads."""
+    """One trusted replication: what the result shows of it, what it audited (release root digest and model
+    identity: its group), and its recompute entries and their recorded conditions by entry id, which the group's
+    comparison reads."""
 
     shown: results.Replication
+    audited: tuple[str, str]
+    model: str | None
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     conditions: dict[str, JsonObject] = field(default_factory=dict)
 
@@ -201,6 +204,8 @@ def _condition(a: dict[str, Any]) -> results.Condition:
 def _replication(index: int, source: str, signer: results.Signer, report: dict[str, Any]) -> _Replicated:
     env = report.get("environment") or {}
     data = _recompute(report)
+    model = report.get("model") or {}
+    audited = (str(report["release_root_digest"]), str((model.get("identity") or {}).get("sha256") or "unknown"))
     shown = {
         "index": index, "source": source, "signer": signer, "created": report["created"],
         "plan": report["plan"]["name"], "verdict": report["verdict"]["status"],
@@ -217,7 +222,7 @@ def _replication(index: int, source: str, signer: results.Signer, report: dict[s
         "recompute": None,
     }
     if data is None:
-        return _Replicated(results.Replication.model_validate(shown))
+        return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"))
     population = _rederived(data, str(report["release_root_digest"]), source)
     entries = {e["id"]: e for e in data["entries"]}
     failing = sum(1 for e in entries.values() if _verdict(e) == "inconsistent")
@@ -226,7 +231,7 @@ def _replication(index: int, source: str, signer: results.Signer, report: dict[s
         require=data.get("require"), verdict=data.get("verdict"), population=population, sampled=len(entries),
         nonce=(data.get("sample") or {}).get("nonce"), byte_exact=sum(1 for e in entries.values() if e["byte_exact"]),
         inconsistent=failing, stated_bound=own, bound=sampling.upper_bound(failing, len(entries), population))
-    return _Replicated(results.Replication.model_validate(shown), entries,
+    return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"), entries,
                        {i: _conditions(data, e, report) for i, e in entries.items()})
 
 
@@ -364,10 +369,10 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                     if not allow_unverified:
                         raise
                     unverified.append(results.Unverified(source=shown, reason=said(exc)))
-            reps: list[tuple[dict[str, Any], _Replicated]] = []
+            reps: list[_Replicated] = []
             for shown, signer, report in trusted:
                 try:
-                    reps.append((report, _replication(len(reps) + 1, shown, signer, report)))
+                    reps.append(_replication(len(reps) + 1, shown, signer, report))
                 except VerificationError as exc:
                     if not allow_unverified:
                         raise
@@ -378,19 +383,16 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
     return _result(reps, unverified, confidence)
 
 
-def _result(reps: list[tuple[dict[str, Any], _Replicated]], unverified: list[results.Unverified],
-            confidence: float) -> results.ReportCompare:
-    keyed: dict[tuple[str, str], list[tuple[dict[str, Any], _Replicated]]] = {}
-    for report, rep in reps:
-        identity = ((report.get("model") or {}).get("identity") or {}).get("sha256") or "unknown"
-        keyed.setdefault((str(report["release_root_digest"]), str(identity)), []).append((report, rep))
+def _result(reps: list[_Replicated], unverified: list[results.Unverified], confidence: float) -> results.ReportCompare:
+    keyed: dict[tuple[str, str], list[_Replicated]] = {}
+    for rep in reps:
+        keyed.setdefault(rep.audited, []).append(rep)
     groups: list[results.Group] = []
-    for (root, identity), members in sorted(keyed.items(), key=lambda kv: -len(kv[1])):
-        group_reps = [rep for _, rep in members]
+    for (root, identity), group_reps in sorted(keyed.items(), key=lambda kv: -len(kv[1])):
         entries = _entries(group_reps)
         checks, claims = _tally(group_reps)
         groups.append(results.Group(
-            release_root_digest=root, model_identity=identity, model=(members[0][0].get("model") or {}).get("spec"),
+            release_root_digest=root, model_identity=identity, model=group_reps[0].model,
             replications=[r.shown for r in group_reps], entries=entries,
             disagreements=results.Disagreements(explained=sum(e.status == "explained" for e in entries),
                                                 unexplained=sum(e.status == "unexplained" for e in entries)),

@@ -36,7 +36,14 @@ def stated_decimals(value: float | int) -> int:
 # --- a claims file ----------------------------------------------------------------------------------------------------
 
 
-class Source(Closed):
+class Table(Closed):
+    """A table of a claims file. Its patterns are matched as the schema's are (Python's `re`, where `$` also
+    matches before a final newline), so the model accepts what schemas/claims.v1.json accepts."""
+
+    model_config = ConfigDict(regex_engine="python-re")
+
+
+class Source(Table):
     title: str = Field(min_length=1)
     authors: str | None = None
     url: str | None = None
@@ -44,7 +51,7 @@ class Source(Closed):
     note: str | None = None
 
 
-class Benchmark(Closed):
+class Benchmark(Table):
     name: str | None = None
     size: int = Field(ge=1, le=10_000_000)
     unit: str | None = None
@@ -55,7 +62,7 @@ class Benchmark(Closed):
     note: str | None = None
 
 
-class Bound(Closed):
+class Bound(Table):
     relation: Literal["unsolved-by", "solved-by"]
     claim: Id
 
@@ -71,7 +78,7 @@ _BY_KIND: JsonDict = {"allOf": [
     _when("context", ["from_tokens", "to_tokens"])]}
 
 
-class Claim(Closed):
+class Claim(Table):
     """One [[claims]] table of a claims file."""
 
     model_config = ConfigDict(json_schema_extra=_BY_KIND)
@@ -115,7 +122,7 @@ class Claim(Closed):
         return stated_decimals(value)
 
 
-class ClaimsFile(Closed):
+class ClaimsFile(Table):
     format: Literal["kvgraft-claims"]
     format_version: Literal[1]
     source: Source

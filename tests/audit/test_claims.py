@@ -348,6 +348,49 @@ def test_bad_claims_files(tmp_path: Path, edit: tuple[str, str], message: str) -
         checked(write(tmp_path, "c.toml", GENERIC.replace(*edit, 1)))
 
 
+def _one_step_edits(text: str) -> list[str]:
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        out.append("\n".join(lines[:i] + lines[i + 1:]))
+        if "=" in line and not line.startswith("["):
+            key = line.split("=", 1)[0]
+            for value in ("0", "-1", "1e9", "2.5", "true", '"x"', '"x\\n"', '""', "[]", "{}"):
+                out.append("\n".join(lines[:i] + [f"{key}= {value}"] + lines[i + 1:]))
+    return out
+
+
+def test_the_model_accepts_what_the_schema_accepts() -> None:
+    """The claims file's models are the schema's source, and `parse` validates by the schema, then reads the
+    document as the models: on the suite's file and every one-step edit of it, what the schema accepts the models
+    accept too (so a file is refused by the schema's message, never by a model's)."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from kvgraft.results.claims import ClaimsFile
+
+    compared = 0
+    for text in [GENERIC, *_one_step_edits(GENERIC)]:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue
+        try:
+            validate(doc, claims.CLAIMS_SCHEMA, "doc")
+            by_schema = True
+        except SchemaError:
+            by_schema = False
+        try:
+            ClaimsFile.model_validate(doc)
+            by_model = True
+        except ValidationError:
+            by_model = False
+        assert by_model or not by_schema, text
+        compared += by_schema
+    assert compared > 50
+
+
 def test_schema_error_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(SchemaError) as info:
         checked(write(tmp_path, "c.toml", GENERIC.replace("percent = 62.5", "percent = 162.5")))

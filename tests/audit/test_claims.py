@@ -356,7 +356,7 @@ def _one_step_edits(text: str) -> list[str]:
         if "=" in line and not line.startswith("["):
             key = line.split("=", 1)[0]
             for value in ("0", "-1", "1e9", "2.5", "true", '"x"', '"x\\n"', '""', "[]", "{}"):
-                out.append("\n".join(lines[:i] + [f"{key}= {value}"] + lines[i + 1:]))
+                out.append("\n".join([*lines[:i], f"{key}= {value}", *lines[i + 1:]]))
     return out
 
 

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from pydantic import JsonValue, ValidationError
 
 from kvgraft import __version__
 from kvgraft._internal.digest import sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, loads_strict, read_bounded
-from kvgraft.claims.kinds import KINDS, ClaimsFile, Finding, References, ValueType
+from kvgraft.claims.kinds import KINDS, Claim, ClaimsFile, Finding, References, ValueType
 from kvgraft.errors import InputError
+from kvgraft.results import claims as results
+from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate
 
 CLAIMS_SCHEMA = "claims.v1.json"
 CLAIMS_FORMAT = "kvgraft-claims"
-CHECK_FORMAT = "kvgraft-claims-check"
+CHECK_FORMAT: Final = "kvgraft-claims-check"
 MAX_CLAIMS_BYTES = 4 * 1024 * 1024
 METADATA_KEYS = ("note", "source", "format", "format_version")
 # Claim verdicts, most severe first; the report (kvgraft.report.document) counts claims by the same words.
@@ -55,34 +59,36 @@ def load(path: Path) -> ClaimsFile:
     return parse(doc, str(path), sha256_hex(data))
 
 
-def parse(doc: dict[str, Any], where: str, sha256: str | None = None) -> ClaimsFile:
+def parse(doc: object, where: str, sha256: str | None = None) -> ClaimsFile:
     """Validate a parsed claims document: schema, then references between claims and benchmarks."""
     validate(doc, CLAIMS_SCHEMA, where)
-    if doc.get("format") != CLAIMS_FORMAT:
-        raise InputError(f"{where}: format is {doc.get('format')!r}, expected {CLAIMS_FORMAT!r}")
-    cf = ClaimsFile(where, sha256, doc)
-    refs = References(where, {c["id"]: c for c in cf.claims})
+    if not isinstance(doc, dict) or doc.get("format") != CLAIMS_FORMAT:
+        fmt = doc.get("format") if isinstance(doc, dict) else None
+        raise InputError(f"{where}: format is {fmt!r}, expected {CLAIMS_FORMAT!r}")
+    try:
+        cf = ClaimsFile(where, sha256, results.ClaimsFile.model_validate(doc), dict(doc["source"]))
+    except ValidationError as exc:  # the schema is generated from the model: a document one accepts, both do
+        raise InputError(f"{where}: {exc}") from None
+    refs = References(where, {c.id: c for c in cf.claims})
     seen: set[str] = set()
     for c in cf.claims:
-        cid = c["id"]
-        if cid in seen:
-            raise InputError(f"{where}: claim id {cid!r} appears twice")
-        seen.add(cid)
-        bench = c.get("benchmark")
-        if bench is not None and bench not in cf.benchmarks:
-            refs.fail(c, f"unknown benchmark {bench!r}")
-        roles = KINDS[c["kind"]].roles
-        for role in c.get("measure", {}):
+        if c.id in seen:
+            raise InputError(f"{where}: claim id {c.id!r} appears twice")
+        seen.add(c.id)
+        if c.benchmark is not None and c.benchmark not in cf.benchmarks:
+            refs.fail(c, f"unknown benchmark {c.benchmark!r}")
+        roles = KINDS[c.kind].roles
+        for role in c.measure or {}:
             if role not in roles:
-                refs.fail(c, f"measure role {role!r} does not apply to a {c['kind']} claim (roles: {', '.join(roles)})")
+                refs.fail(c, f"measure role {role!r} does not apply to a {c.kind} claim (roles: {', '.join(roles)})")
     for c in cf.claims:
-        KINDS[c["kind"]].references(c, refs)
-        for b in c.get("bounds", []):  # the schema allows bounds on any kind, so every kind's are checked
-            refs.accuracy(c, b["claim"], f"bound {b['relation']}")
+        KINDS[c.kind].references(c, refs)
+        for b in c.bounds or []:  # the schema allows bounds on any kind, so every kind's are checked
+            refs.accuracy(c, b.claim, f"bound {b.relation}")
     return cf
 
 
-def load_measured(path: Path) -> tuple[dict[str, Any], str]:
+def load_measured(path: Path) -> tuple[JsonObject, str]:
     """A measured-results JSON object and the SHA-256 of its bytes."""
     data = read_bounded(path, MAX_JSON_BYTES, "JSON")
     doc = loads_strict(data, str(path))
@@ -94,35 +100,36 @@ def load_measured(path: Path) -> tuple[dict[str, Any], str]:
 # --- measurements ----------------------------------------------------------------------------------------------
 
 
-def _typed(measured: dict[str, Any], key: str, value_type: ValueType, where: str) -> Any:
+def _typed(measured: JsonObject, key: str, value_type: ValueType, where: str) -> JsonValue:
     value = measured[key]
     if not value_type.accepts(value):
         raise InputError(f"{where}: measurement {key!r} must be {value_type.must_be}")
     return value
 
 
-def measured_findings(cf: ClaimsFile, c: dict[str, Any], measured: dict[str, Any], where: str) -> list[Finding]:
-    kind = KINDS[c["kind"]]
-    keys = {role: key for role, key in c.get("measure", {}).items() if key in measured}
-    if not c.get("measure"):
-        return [Finding("measurement", "not-testable", c.get("untestable", "the claim names no measurement"))]
+def measured_findings(cf: ClaimsFile, c: Claim, measured: JsonObject, where: str) -> list[Finding]:
+    kind = KINDS[c.kind]
+    if not c.measure:
+        return [Finding("measurement", "not-testable",
+                        c.untestable if c.untestable is not None else "the claim names no measurement")]
+    keys = {role: key for role, key in c.measure.items() if key in measured}
     if not keys:
-        wanted = ", ".join(c["measure"].values())
+        wanted = ", ".join(c.measure.values())
         reason = f"no measurement of {wanted} in {where}"
-        if c.get("untestable"):
-            reason += f"; {c['untestable']}"
+        if c.untestable:
+            reason += f"; {c.untestable}"
         return [Finding("measurement", "not-testable", reason)]
     values = {role: _typed(measured, key, kind.roles[role], where) for role, key in keys.items()}
     return kind.measured(c, values, measured)
 
 
-def measured_from_recompute(result: dict[str, Any]) -> dict[str, Any]:
+def measured_from_recompute(result: dict[str, Any]) -> JsonObject:
     """Measurements an exactness claim names, from a recompute result (schemas/recompute-result.v1.json):
     `restore_byte_identical` (every entry byte-exact) and `kl_max` (largest matched-schedule KL)."""
     entries = result.get("entries", [])
     if not entries:
         raise InputError("recompute result: no entries, nothing was measured")
-    out: dict[str, Any] = {"restore_byte_identical": all(bool(e["byte_exact"]) for e in entries),
+    out: JsonObject = {"restore_byte_identical": all(bool(e["byte_exact"]) for e in entries),
                            "kl_max": max(float(e["matched"]["kl_max"]) for e in entries)}
     if "verdict" in result:
         env = result["environment"]["current"]
@@ -145,64 +152,62 @@ def measured_from_recompute(result: dict[str, Any]) -> dict[str, Any]:
 # --- the check -------------------------------------------------------------------------------------------------
 
 
-def internal_findings(cf: ClaimsFile, claim: dict[str, Any]) -> list[Finding]:
-    return KINDS[claim["kind"]].internal(cf, claim)
+def internal_findings(cf: ClaimsFile, claim: Claim) -> list[Finding]:
+    return KINDS[claim.kind].internal(cf, claim)
 
 
-def claimed_summary(cf: ClaimsFile, c: dict[str, Any]) -> str:
-    return KINDS[c["kind"]].claimed(cf, c)
+def claimed_summary(cf: ClaimsFile, c: Claim) -> str:
+    return KINDS[c.kind].claimed(cf, c)
 
 
-def claim_verdict(c: dict[str, Any], findings: list[Finding]) -> tuple[str, str]:
+def claim_verdict(c: Claim, findings: list[Finding]) -> tuple[str, str]:
     """(verdict, reason): the first finding in _PRECEDENCE order decides; needs-measurement counts as not-testable."""
     if not findings:
-        return "not-testable", c.get("untestable") or "no internal check applies and no measurement was given"
+        return "not-testable", c.untestable or "no internal check applies and no measurement was given"
     ranked = sorted(findings, key=lambda f: _RANK["not-testable" if f.verdict == "needs-measurement" else f.verdict])
     top = ranked[0]
     verdict = "not-testable" if top.verdict == "needs-measurement" else top.verdict
     reason = "; ".join(dict.fromkeys(f.detail for f in ranked if f.verdict == top.verdict))
-    if verdict == "not-testable" and c.get("untestable") and c["untestable"] not in reason:
-        reason = f"{reason}; {c['untestable']}"
+    if verdict == "not-testable" and c.untestable and c.untestable not in reason:
+        reason = f"{reason}; {c.untestable}"
     return verdict, reason
 
 
-def check(cf: ClaimsFile, measured: dict[str, Any] | None = None, measured_where: str = "measured results",
-          measured_sha256: str | None = None) -> dict[str, Any]:
-    """Check every claim; the result is valid against schemas/claims.v1.json."""
-    results = []
+def check(cf: ClaimsFile, measured: JsonObject | None = None, measured_where: str = "measured results",
+          measured_sha256: str | None = None) -> results.ClaimsCheck:
+    """Check every claim; the result's `as_json()` is valid against schemas/claims.v1.json."""
+    checked = []
     used: set[str] = set()
     for c in cf.claims:
         findings = internal_findings(cf, c)
+        measure = c.measure or {}
         if measured is not None:
             findings += measured_findings(cf, c, measured, measured_where)
-            used.update(k for k in c.get("measure", {}).values() if k in measured)
+            used.update(k for k in measure.values() if k in measured)
         elif not findings:
-            keys = ", ".join(c.get("measure", {}).values())
-            reason = c.get("untestable") or (f"needs measurement: {keys} (pass --measured)" if keys else "names no measurement")
+            keys = ", ".join(measure.values())
+            reason = c.untestable or (f"needs measurement: {keys} (pass --measured)" if keys else "names no measurement")
             findings.append(Finding("measurement", "not-testable", reason))
         verdict, reason = claim_verdict(c, findings)
-        results.append({"id": c["id"], "kind": c["kind"], "text": c["text"], "claimed": claimed_summary(cf, c),
-                        "verdict": verdict, "reason": reason, "findings": [f.as_dict() for f in findings]})
+        checked.append(results.CheckedClaim.model_validate({
+            "id": c.id, "kind": c.kind, "text": c.text, "claimed": claimed_summary(cf, c), "verdict": verdict,
+            "reason": reason, "findings": [f.result() for f in findings]}))
     counts = {v: 0 for v in CLAIM_VERDICTS}
-    for r in results:
-        counts[r["verdict"]] += 1
-    result: dict[str, Any] = {
-        "format": CHECK_FORMAT,
-        "format_version": 1,
-        "kvgraft_version": __version__,
-        "claims_file": {"path": cf.path, "sha256": cf.sha256},
-        "source": cf.doc.get("source", {}),
-        "measured_file": None if measured is None else {"path": measured_where, "sha256": measured_sha256},
-        "readings": [br.as_dict() for br in cf.readings.values()],
-        "claims": results,
-        "counts": counts,
-        "unused_measurements": sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
-        "failed": any(counts[v] for v in FAILING_CLAIM_VERDICTS),
-    }
-    return result
+    for r in checked:
+        counts[r.verdict] += 1
+    return results.ClaimsCheck(
+        format=CHECK_FORMAT, format_version=1, kvgraft_version=__version__,
+        claims_file=results.FileRef(path=cf.path, sha256=cf.sha256),
+        source=cf.source,
+        measured_file=None if measured is None else results.FileRef(path=measured_where, sha256=measured_sha256),
+        readings=[br.result() for br in cf.readings.values()],
+        claims=checked,
+        counts=results.Counts.model_validate(counts),
+        unused_measurements=sorted(k for k in (measured or {}) if k not in used and k not in METADATA_KEYS),
+        failed=any(counts[v] for v in FAILING_CLAIM_VERDICTS))
 
 
-def check_files(claims_path: Path, measured_path: Path | None = None) -> dict[str, Any]:
+def check_files(claims_path: Path, measured_path: Path | None = None) -> results.ClaimsCheck:
     cf = load(claims_path)
     if measured_path is None:
         return check(cf)

@@ -9,11 +9,12 @@ problems) are then judged under that reading, with the test and the definitions 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
 
 from kvgraft.generalization.stats import mcnemar_exact
+from kvgraft.results import claims as results
+from kvgraft.results.base import JsonObject
 
 MAX_SAMPLES = 16  # the most samples per problem tried when a benchmark does not state its reading
 
@@ -32,8 +33,11 @@ class Reading:
         base = "single sample" if self.samples == 1 else f"avg@{self.samples}"
         return base if self.runs == 1 else f"{base}, mean of {self.runs} runs"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"name": self.name, "samples_per_problem": self.samples, "runs": self.runs}
+
+    def result(self) -> results.Reading:
+        return results.Reading(name=self.name, samples_per_problem=self.samples, runs=self.runs)
 
 
 @dataclass(frozen=True)
@@ -143,33 +147,34 @@ class BenchmarkReading:
             text += f"; {', '.join(more)} also fit (multiples add nothing the figures show)"
         return text
 
-    def as_dict(self) -> dict[str, Any]:
+    def result(self) -> results.BenchmarkReading:
         considered = []
         for r in self.considered():
             total = r.per_problem * self.n
-            considered.append({**r.as_dict(), "fits_all": self.fits_all(r),
-                               "fractions": {f.claim: {"k": self.k(f.claim, r)[0], "n": total, "fits": self.k(f.claim, r)[1]}
-                                             for f in self.figures}})
-        return {"benchmark": self.benchmark, "name": self.name, "size": self.n,
-                "figures": {f.claim: float(f.percent) for f in self.figures},
-                "stated": None if self.stated is None else self.stated.as_dict(),
-                "fits": [r.as_dict() for r in self.fits],
-                "chosen": None if self.chosen is None else self.chosen.as_dict(),
-                "considered": considered, "summary": self.summary()}
+            considered.append(results.Considered(
+                name=r.name, samples_per_problem=r.samples, runs=r.runs, fits_all=self.fits_all(r),
+                fractions={f.claim: {"k": self.k(f.claim, r)[0], "n": total, "fits": self.k(f.claim, r)[1]}
+                           for f in self.figures}))
+        return results.BenchmarkReading(
+            benchmark=self.benchmark, name=self.name, size=self.n,
+            figures={f.claim: float(f.percent) for f in self.figures},
+            stated=None if self.stated is None else self.stated.result(), fits=[r.result() for r in self.fits],
+            chosen=None if self.chosen is None else self.chosen.result(), considered=considered,
+            summary=self.summary())
 
 
-def read_benchmark(benchmark: str, spec: dict[str, Any], figures: list[Figure]) -> BenchmarkReading:
+def read_benchmark(benchmark: str, spec: results.Benchmark, figures: list[Figure]) -> BenchmarkReading:
     """Every reading that fits all `figures`, smallest first: the stated one only, when the file states one."""
-    n = int(spec["size"])
-    runs = int(spec.get("runs", 1))
+    n = spec.size
+    runs = spec.runs if spec.runs is not None else 1
     stated = None
-    if "samples_per_problem" in spec:
-        stated = Reading(int(spec["samples_per_problem"]), runs)
+    if spec.samples_per_problem is not None:
+        stated = Reading(spec.samples_per_problem, runs)
         candidates = [stated]
     else:
         candidates = [Reading(s, runs) for s in range(1, MAX_SAMPLES + 1)]
     fits = [r for r in candidates if fit(figures, n, r) is not None] if figures else candidates[:1]
-    return BenchmarkReading(benchmark, spec.get("name", benchmark), n, figures, stated, fits)
+    return BenchmarkReading(benchmark, spec.name if spec.name is not None else benchmark, n, figures, stated, fits)
 
 
 # --- dependent claims under one reading ------------------------------------------------------------------------
@@ -180,7 +185,19 @@ def majority(per_problem: int) -> int:
     return per_problem // 2 + 1
 
 
-def count_limits(relation: str, k: int, n: int, reading: Reading) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Limit:
+    """The most problems a count can reach under one definition of unsolved (or solved)."""
+
+    definition: str
+    samples_needed: int
+    limit: int
+
+    def as_json(self, count: int) -> JsonObject:
+        return {**asdict(self), "possible": count <= self.limit}
+
+
+def count_limits(relation: str, k: int, n: int, reading: Reading) -> list[Limit]:
     """The most problems that can be unsolved (or solved) when k of n*per_problem samples are right, under each
     definition the reading allows: with one sample per problem there is one definition."""
     per = reading.per_problem
@@ -188,13 +205,28 @@ def count_limits(relation: str, k: int, n: int, reading: Reading) -> list[dict[s
     pool = total - k if relation == "unsolved-by" else k
     word = "wrong" if relation == "unsolved-by" else "right"
     if per == 1:
-        return [{"definition": f"{word} (one sample per problem)", "samples_needed": 1, "limit": min(n, pool)}]
+        return [Limit(f"{word} (one sample per problem)", 1, min(n, pool))]
     defs = [(f"{word} in all {per} samples", per), (f"{word} in a majority ({majority(per)} or more) of the {per} samples",
                                                      majority(per))]
-    return [{"definition": d, "samples_needed": need, "limit": min(n, pool // need)} for d, need in defs]
+    return [Limit(d, need, min(n, pool // need)) for d, need in defs]
 
 
-def sign_test_bounds(kb: int, kt: int, n: int, reading: Reading, alpha: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SignTest:
+    """What the aggregates alone say about a paired sign test on per-problem pass rates."""
+
+    extra_right_samples: int
+    fewest_problems: int
+    most_problems: int
+    p_concentrated: float
+    p_spread: float
+    problems_needed: int | None
+
+    def as_json(self) -> JsonObject:
+        return asdict(self)
+
+
+def sign_test_bounds(kb: int, kt: int, n: int, reading: Reading, alpha: float) -> SignTest:
     """What the aggregates alone say about a paired sign test on per-problem pass rates: the extra right samples
     d = kt - kb fall on at least ceil(d/per_problem) problems and at most min(d, n, wrong baseline samples)."""
     per = reading.per_problem
@@ -202,6 +234,4 @@ def sign_test_bounds(kb: int, kt: int, n: int, reading: Reading, alpha: float) -
     fewest = -(-d // per)
     most = min(d, n, per * n - kb)
     needed = next((m for m in range(1, n + 1) if mcnemar_exact(0, m) < alpha), None)
-    return {"extra_right_samples": d, "fewest_problems": fewest, "most_problems": most,
-            "p_concentrated": mcnemar_exact(0, fewest), "p_spread": mcnemar_exact(0, most),
-            "problems_needed": needed}
+    return SignTest(d, fewest, most, mcnemar_exact(0, fewest), mcnemar_exact(0, most), needed)

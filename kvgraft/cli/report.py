@@ -63,7 +63,7 @@ def report_verify_cmd(
     trust = SigstoreTrust(staging=staging, offline=offline, trusted_root=trusted_root)
     result = verify_report(report, key=key, identity=identity, issuer=issuer, trust=trust, release=release)
     if as_json:
-        echo_json(result.as_dict())
+        echo_json(result.as_json())
         return
     from kvgraft.signing.verify import signature_sentence
 
@@ -120,13 +120,13 @@ def compare_cmd(
                                                                     trusted_root=trusted_root))
     result = compare(reports, trust, allow_unverified=allow_unverified)
     if json_out is not None:
-        write_json(json_out, result)
+        write_json(json_out, result.as_json())
     if html_out is not None:
         write_atomic(html_out, to_html(result).encode())
     if as_json:
-        echo_json(result)
+        echo_json(result.as_json())
     else:
         for r in renderables(result, out, details=details):
             out.print(r)
-    if result["status"] == "disagree":
+    if result.status == "disagree":
         raise typer.Exit(EXIT_DISAGREE)

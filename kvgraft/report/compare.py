@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvgraft import __version__, errors, sampling
 from kvgraft._internal import jsonio
 from kvgraft.errors import Error, InputError, VerificationError
 from kvgraft.inference.environment import SENSITIVE
 from kvgraft.report.signing import bundle_path, verify_report
+from kvgraft.results import compare as results
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.sigstore import SigstoreTrust
 
-FORMAT = "kvgraft-report-compare"
-FORMAT_VERSION = 1
-SCHEMA = "report-compare.v1.json"
+SCHEMA = results.FILE
 REPORT_NAME = "report.json"
 MAX_REPORTS = 256
 FAIL_MEANS = "inconsistent (outside the noise bound) in a trusted replication"
@@ -116,13 +116,13 @@ def _remote(source: str, into: Path, shown_as: dict[str, str]) -> list[tuple[str
     return got
 
 
-def _signer(path: Path, shown: str, trust: Trust) -> dict[str, Any]:
+def _signer(path: Path, shown: str, trust: Trust) -> results.Signer:
     """Verify one report (signature, signed digest, binding) under `trust`; who signed it."""
     from kvgraft.signing import attest, keys
 
     if not trust.keys:
         verify_report(path, identity=trust.identity, issuer=trust.issuer, trust=trust.sigstore)
-        return {"method": "sigstore", "key_id": None, "identity": trust.identity, "issuer": trust.issuer}
+        return results.Signer(method="sigstore", key_id=None, identity=trust.identity, issuer=trust.issuer)
     bpath = bundle_path(path)
     if jsonio.stat_or_none(bpath) is None:
         raise VerificationError(f"{shown}: report is unsigned (no {bpath.name})")
@@ -131,7 +131,7 @@ def _signer(path: Path, shown: str, trust: Trust) -> dict[str, Any]:
     if hint not in trusted:
         raise VerificationError(f"{shown}: signed by key {hint}, none of the trusted keys ({', '.join(sorted(trusted))})")
     v = verify_report(path, key=trusted[hint])
-    return {"method": "key", "key_id": v.signer, "identity": None, "issuer": None}
+    return results.Signer(method="key", key_id=v.signer, identity=None, issuer=None)
 
 
 # ------------------------------------------------------------------------------------------------ one replication
@@ -173,44 +173,66 @@ def _rederived(data: dict[str, Any], root: str, shown: str) -> int:
     return population
 
 
-def _conditions(data: dict[str, Any], entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+def _conditions(data: dict[str, Any], entry: dict[str, Any], report: dict[str, Any]) -> JsonObject:
     env = (entry.get("placement") or {}).get("environment") or (data.get("environment") or {}).get("current") \
         or report.get("environment") or {}
     return {k: env.get(k) for k in SENSITIVE if k in env}
 
 
-def _replication(index: int, source: str, signer: dict[str, Any] | None, report: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Replicated:
+    """One trusted replication: what the result shows of it, what it audited (release root digest and model
+    identity: its group), and its recompute entries and their recorded conditions by entry id, which the group's
+    comparison reads."""
+
+    shown: results.Replication
+    audited: tuple[str, str]
+    model: str | None
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conditions: dict[str, JsonObject] = field(default_factory=dict)
+
+    @property
+    def index(self) -> int:
+        return self.shown.index
+
+
+def _condition(a: dict[str, Any]) -> results.Condition:
+    return results.Condition.model_validate({"name": a["name"], "k": a["k"], "n": a["n"],
+                                             **({"interval": a["interval"]} if "interval" in a else {})})
+
+
+def _replication(index: int, source: str, signer: results.Signer, report: dict[str, Any]) -> _Replicated:
     env = report.get("environment") or {}
     data = _recompute(report)
-    rep: dict[str, Any] = {
+    model = report.get("model") or {}
+    audited = (str(report["release_root_digest"]), str((model.get("identity") or {}).get("sha256") or "unknown"))
+    shown = {
         "index": index, "source": source, "signer": signer, "created": report["created"],
         "plan": report["plan"]["name"], "verdict": report["verdict"]["status"],
         "release_signature": report.get("release_signature"),
         "environment": {k: env.get(k) for k in ("device", "device_name", "cpu_isa", "dtype", "attn_implementation",
                                                 "threads", "torch", "transformers", "platform") if k in env},
         "executor": (data or {}).get("executor"),
-        "checks": [{"name": c["name"], "kind": c["kind"], "status": c["status"], "summary": c["summary"].splitlines()}
-                   for c in report["checks"]],
+        "checks": [results.ShownCheck(name=c["name"], kind=c["kind"], status=c["status"],
+                                      summary=c["summary"].splitlines()) for c in report["checks"]],
         "claims": {c["id"]: c["verdict"] for c in report.get("claims", [])},
-        "generalization": [{"name": a["name"], "k": a["k"], "n": a["n"], **({"interval": a["interval"]}
-                                                                          if "interval" in a else {})}
-                           for c in report["checks"] if c["kind"] == "generalization" and c["status"] != "skipped"
+        "generalization": [_condition(a) for c in report["checks"]
+                           if c["kind"] == "generalization" and c["status"] != "skipped"
                            for a in (c.get("data") or {}).get("conditions", [])],
         "recompute": None,
     }
-    if data is not None:
-        population = _rederived(data, str(report["release_root_digest"]), source)
-        entries = {e["id"]: e for e in data["entries"]}
-        failing = sum(1 for e in entries.values() if _verdict(e) == "inconsistent")
-        own = (data.get("bound") or {}).get("max_failing_entries")
-        rep["recompute"] = {
-            "require": data.get("require"), "verdict": data.get("verdict"), "population": population,
-            "sampled": len(entries), "nonce": (data.get("sample") or {}).get("nonce"),
-            "byte_exact": sum(1 for e in entries.values() if e["byte_exact"]), "inconsistent": failing,
-            "stated_bound": own, "bound": sampling.upper_bound(failing, len(entries), population)}
-        rep["_entries"] = entries
-        rep["_conditions"] = {i: _conditions(data, e, report) for i, e in entries.items()}
-    return rep
+    if data is None:
+        return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"))
+    population = _rederived(data, str(report["release_root_digest"]), source)
+    entries = {e["id"]: e for e in data["entries"]}
+    failing = sum(1 for e in entries.values() if _verdict(e) == "inconsistent")
+    own = (data.get("bound") or {}).get("max_failing_entries")
+    shown["recompute"] = results.Recomputed(
+        require=data.get("require"), verdict=data.get("verdict"), population=population, sampled=len(entries),
+        nonce=(data.get("sample") or {}).get("nonce"), byte_exact=sum(1 for e in entries.values() if e["byte_exact"]),
+        inconsistent=failing, stated_bound=own, bound=sampling.upper_bound(failing, len(entries), population))
+    return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"), entries,
+                       {i: _conditions(data, e, report) for i, e in entries.items()})
 
 
 def _verdict(entry: dict[str, Any]) -> str:
@@ -220,83 +242,86 @@ def _verdict(entry: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ a group
 
 
-def _location(entry: dict[str, Any]) -> dict[str, Any]:
+def _location(replication: int, entry: dict[str, Any]) -> results.Location:
     """Where a replication found the entry's fresh bytes differ from the stored ones: layers, first tensor, element."""
     layers = [row["index"] for row in entry.get("layers", [])
               if any(not (row.get(p) or {"equal": True})["equal"] for p in ("keys", "values")) or "layout_mismatch" in row]
     first = entry.get("first_difference") or {}
-    out: dict[str, Any] = {"layers": layers, "layer": first.get("layer"), "tensor": first.get("tensor"),
-                           "element": first.get("named") or first.get("location")}
+    out: JsonObject = {"replication": replication, "layers": layers, "layer": first.get("layer"),
+                       "tensor": first.get("tensor"), "element": first.get("named") or first.get("location")}
     tensor = next((row.get(first.get("tensor") or "") for row in entry.get("layers", [])
                    if row["index"] == first.get("layer")), None)
     if isinstance(tensor, dict) and isinstance(tensor.get("differing"), int):
         out["differing_elements"] = tensor["differing"]
         out["elements"] = tensor.get("elements")
-    return out
+    return results.Location.model_validate(out)
 
 
-def _entries(reps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _entries(reps: list[_Replicated]) -> list[results.Entry]:
     """Each entry two or more replications recomputed: their verdicts, and a disagreement located and labelled."""
     from kvgraft.inference.environment import differences
 
-    ids = sorted({i for r in reps for i in r.get("_entries", {})})
+    ids = sorted({i for r in reps for i in r.entries})
     rows = []
     for eid in ids:
-        had = [r for r in reps if eid in r.get("_entries", {})]
+        had = [r for r in reps if eid in r.entries]
         if len(had) < 2:
             continue
-        verdicts = {str(r["index"]): _verdict(r["_entries"][eid]) for r in had}
-        row: dict[str, Any] = {"id": eid, "verdicts": verdicts, "status": "agree", "why": None, "location": None}
+        verdicts = {str(r.index): _verdict(r.entries[eid]) for r in had}
+        status, why, location = "agree", None, None
         for a, b in itertools.combinations(had, 2):
-            va, vb = _verdict(a["_entries"][eid]), _verdict(b["_entries"][eid])
+            va, vb = _verdict(a.entries[eid]), _verdict(b.entries[eid])
             if va == vb:
                 continue
-            diff = differences(a["_conditions"][eid], b["_conditions"][eid])
+            diff = differences(a.conditions[eid], b.conditions[eid])
             odd = b if vb != "byte-exact" else a
-            pair = f"replication {a['index']} {va}, replication {b['index']} {vb}"
+            pair = f"replication {a.index} {va}, replication {b.index} {vb}"
             if diff and "inconsistent" not in (va, vb):
-                status, why = "explained", f"{pair}: recorded conditions differ (" + "; ".join(
+                found, said = "explained", f"{pair}: recorded conditions differ (" + "; ".join(
                     f"{k}: {x} vs {y}" for k, (x, y) in diff.items()) + ")"
             else:
-                status = "unexplained"
-                why = f"{pair}: " + ("under the same recorded conditions" if not diff else
-                                     "outside the noise bound, which no recorded condition explains")
-            if row["status"] != "unexplained":
-                row.update(status=status, why=why, location={"replication": odd["index"], **_location(odd["_entries"][eid])})
-        rows.append(row)
+                found = "unexplained"
+                said = f"{pair}: " + ("under the same recorded conditions" if not diff else
+                                      "outside the noise bound, which no recorded condition explains")
+            if status != "unexplained":
+                status, why, location = found, said, _location(odd.index, odd.entries[eid])
+        rows.append(results.Entry.model_validate({"id": eid, "verdicts": verdicts, "status": status, "why": why,
+                                                  "location": location}))
     return rows
 
 
-def _combined(reps: list[dict[str, Any]], confidence: float) -> dict[str, Any] | None:
+def _combined(reps: list[_Replicated], confidence: float) -> results.Bound | None:
     """The bound from the union of distinct entries the group's replications recomputed (each sample re-derived)."""
-    with_rc = [r for r in reps if r["recompute"] is not None]
+    with_rc = [(r, r.shown.recompute) for r in reps if r.shown.recompute is not None]
     if not with_rc:
         return None
-    populations = {r["recompute"]["population"] for r in with_rc}
+    populations = {rc.population for _, rc in with_rc}
     if len(populations) != 1:
         raise VerificationError(f"replications of one release state different entry counts: {sorted(populations)}")
     population = populations.pop()
-    union = {i for r in with_rc for i in r["_entries"]}
-    failing = {i for r in with_rc for i, e in r["_entries"].items() if _verdict(e) == "inconsistent"}
+    union = {i for r, _ in with_rc for i in r.entries}
+    failing = {i for r, _ in with_rc for i, e in r.entries.items() if _verdict(e) == "inconsistent"}
     d = sampling.upper_bound(len(failing), len(union), population, confidence)
-    return {"confidence": confidence, "population": population, "sampled": len(union), "failing": len(failing),
-            "fail_means": FAIL_MEANS, "max_failing_entries": d, "max_failing_fraction": d / population,
-            "method": sampling.BOUND_METHOD, "replications": [r["index"] for r in with_rc]}
+    return results.Bound(confidence=confidence, population=population, sampled=len(union), failing=len(failing),
+                         fail_means=FAIL_MEANS, max_failing_entries=d, max_failing_fraction=d / population,
+                         method=sampling.BOUND_METHOD, replications=[r.index for r, _ in with_rc])
 
 
-def _tally(reps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _tally(reps: list[_Replicated]) -> tuple[list[results.CheckTally], list[results.ClaimTally]]:
     """Each check's and each claim's verdict as k of N (N: the replications that ran it)."""
-    names = list(dict.fromkeys(c["name"] for r in reps for c in r["checks"]))
+    shown = [r.shown for r in reps]
+    names = list(dict.fromkeys(c.name for r in shown for c in r.checks))
     checks = []
     for name in names:
-        ran = [c["status"] for r in reps for c in r["checks"] if c["name"] == name]
-        checks.append({"name": name, "passed": ran.count("passed"), "of": len(ran)})
-    ids = list(dict.fromkeys(cid for r in reps for cid in r["claims"]))
+        ran = [c.status for r in shown for c in r.checks if c.name == name]
+        checks.append(results.CheckTally(name=name, passed=ran.count("passed"), of=len(ran)))
+    ids = list(dict.fromkeys(cid for r in shown for cid in r.claims))
     claims = []
     for cid in ids:
-        said = [r["claims"][cid] for r in reps if cid in r["claims"]]
-        claims.append({"id": cid, "supported": sum(v in ("supported", "consistent") for v in said), "of": len(said),
-                       "verdicts": {str(r["index"]): r["claims"][cid] for r in reps if cid in r["claims"]}})
+        said = [r.claims[cid] for r in shown if cid in r.claims]
+        claims.append(results.ClaimTally(id=cid, supported=sum(v in ("supported", "consistent") for v in said),
+                                         of=len(said), verdicts={str(r.index): r.claims[cid] for r in shown
+                                                                 if cid in r.claims}))
     return checks, claims
 
 
@@ -304,7 +329,7 @@ def _tally(reps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
-            confidence: float = sampling.CONFIDENCE) -> dict[str, Any]:
+            confidence: float = sampling.CONFIDENCE) -> results.ReportCompare:
     """Verify, group and compare the reports `sources` name (files, folders, http(s)://, hf://, s3:// locations).
 
     A report that fails verification raises VerificationError (exit 1) naming it, unless `allow_unverified`; then it
@@ -331,8 +356,8 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                 found += _remote(s, Path(tmp), shown_as) if is_remote(s) else _local(s)
                 if len(found) > MAX_REPORTS:
                     raise InputError(f"more than {MAX_REPORTS} reports named")
-            trusted: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-            unverified: list[dict[str, str]] = []
+            trusted: list[tuple[str, results.Signer, dict[str, Any]]] = []
+            unverified: list[results.Unverified] = []
             for shown, path in found:
                 try:
                     if not trust.given:
@@ -343,45 +368,40 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                 except VerificationError as exc:
                     if not allow_unverified:
                         raise
-                    unverified.append({"source": shown, "reason": said(exc)})
-            reps: list[tuple[dict[str, Any], dict[str, Any]]] = []
+                    unverified.append(results.Unverified(source=shown, reason=said(exc)))
+            reps: list[_Replicated] = []
             for shown, signer, report in trusted:
                 try:
-                    reps.append((report, _replication(len(reps) + 1, shown, signer, report)))
+                    reps.append(_replication(len(reps) + 1, shown, signer, report))
                 except VerificationError as exc:
                     if not allow_unverified:
                         raise
-                    unverified.append({"source": shown, "reason": said(exc)})
+                    unverified.append(results.Unverified(source=shown, reason=said(exc)))
         except Error as exc:
             exc.args = (said(exc),)  # named by the location given while the copies' names are known
             raise
     return _result(reps, unverified, confidence)
 
 
-def _result(reps: list[tuple[dict[str, Any], dict[str, Any]]], unverified: list[dict[str, str]],
-            confidence: float) -> dict[str, Any]:
-    keyed: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    for report, rep in reps:
-        identity = ((report.get("model") or {}).get("identity") or {}).get("sha256") or "unknown"
-        keyed.setdefault((str(report["release_root_digest"]), str(identity)), []).append((report, rep))
-    groups: list[dict[str, Any]] = []
-    for (root, identity), members in sorted(keyed.items(), key=lambda kv: -len(kv[1])):
-        group_reps = [rep for _, rep in members]
+def _result(reps: list[_Replicated], unverified: list[results.Unverified], confidence: float) -> results.ReportCompare:
+    keyed: dict[tuple[str, str], list[_Replicated]] = {}
+    for rep in reps:
+        keyed.setdefault(rep.audited, []).append(rep)
+    groups: list[results.Group] = []
+    for (root, identity), group_reps in sorted(keyed.items(), key=lambda kv: -len(kv[1])):
         entries = _entries(group_reps)
         checks, claims = _tally(group_reps)
-        groups.append({
-            "release_root_digest": root, "model_identity": identity,
-            "model": (members[0][0].get("model") or {}).get("spec"),
-            "replications": [{k: v for k, v in r.items() if not k.startswith("_")} for r in group_reps],
-            "entries": entries,
-            "disagreements": {"explained": sum(e["status"] == "explained" for e in entries),
-                              "unexplained": sum(e["status"] == "unexplained" for e in entries)},
-            "checks": checks, "claims": claims, "combined_bound": _combined(group_reps, confidence),
-            "pooled_generalization": None, "pooling": POOLING})
-    status = "disagree" if any(g["disagreements"]["unexplained"] for g in groups) else "agree"
-    result = {"format": FORMAT, "format_version": FORMAT_VERSION, "kvgraft_version": __version__, "status": status,
-              "trusted": len(reps), "unverified": unverified, "groups": groups}
+        groups.append(results.Group(
+            release_root_digest=root, model_identity=identity, model=group_reps[0].model,
+            replications=[r.shown for r in group_reps], entries=entries,
+            disagreements=results.Disagreements(explained=sum(e.status == "explained" for e in entries),
+                                                unexplained=sum(e.status == "unexplained" for e in entries)),
+            checks=checks, claims=claims, combined_bound=_combined(group_reps, confidence),
+            pooled_generalization=None, pooling=POOLING))
+    status: Literal["agree", "disagree"] = "disagree" if any(g.disagreements.unexplained for g in groups) else "agree"
+    result = results.ReportCompare(format="kvgraft-report-compare", format_version=1, kvgraft_version=__version__,
+                                   status=status, trusted=len(reps), unverified=unverified, groups=groups)
     from kvgraft.schema import validate
 
-    validate(result, SCHEMA, "report compare result")
+    validate(result.as_json(), SCHEMA, "report compare result")  # the schema is generated from the model
     return result

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, JsonValue
+
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.hashing import hash_file
+from kvgraft.results.base import Closed, JsonObject
 from kvgraft.signing import attest
 from kvgraft.signing.keys import PrivateKey, key_id, load_public_key
 from kvgraft.signing.keys import sign as key_sign
@@ -31,20 +34,63 @@ def bundle_path(report: Path) -> Path:
     return report.with_name(report.name.removesuffix(".json") + ".sigstore.json")
 
 
-def report_statement(report_path: Path, report: dict[str, Any], data: bytes | None = None) -> dict[str, Any]:
+class Digest(Closed):
+    sha256: str
+
+
+class Subject(Closed):
+    name: str
+    digest: Digest
+
+
+class ReportFile(Closed):
+    name: str
+    sha256: str
+    size: int
+
+
+class PlanRef(Closed):
+    name: str
+    sha256: str | None
+
+
+class ReportPredicate(Closed):
+    """What a report's signature says beside the digests: the verdict, what was audited, under which plan."""
+
+    report: ReportFile
+    verdict: str
+    release_root_digest: str | None
+    release_attestation_digest: str | None
+    plan: PlanRef
+    kvgraft_version: str
+
+
+class ReportStatement(Closed):
+    """The in-toto statement a report's signature is over."""
+
+    type: str = Field(alias="_type")
+    subject: list[Subject]
+    predicate_type: str = Field(alias="predicateType")
+    predicate: ReportPredicate
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def report_statement(report_path: Path, report: dict[str, Any], data: bytes | None = None) -> ReportStatement:
     """The statement over the report at `report_path`, or over `data`, the bytes about to be written there."""
     sha, size = hash_file(report_path) if data is None else (sha256_hex(data), len(data))
     binding = report["binding"]
-    subjects = [{"name": report_path.name, "digest": {"sha256": sha}}]
-    if binding.get("release_attestation_digest"):
-        subjects.append({"name": RELEASE_ATTESTATION, "digest": {"sha256": binding["release_attestation_digest"]}})
-    predicate = {"report": {"name": report_path.name, "sha256": sha, "size": size},
-                 "verdict": report["verdict"]["status"], "release_root_digest": binding.get("release_root_digest"),
-                 "release_attestation_digest": binding.get("release_attestation_digest"),
-                 "plan": {"name": report["plan"]["name"], "sha256": report["plan"].get("sha256")},
-                 "kvgraft_version": __version__}
-    return {"_type": attest.STATEMENT_TYPE, "subject": subjects, "predicateType": REPORT_PREDICATE_TYPE,
-            "predicate": predicate}
+    attested = binding.get("release_attestation_digest")
+    subjects = [Subject(name=report_path.name, digest=Digest(sha256=sha))]
+    if attested:
+        subjects.append(Subject(name=RELEASE_ATTESTATION, digest=Digest(sha256=attested)))
+    predicate = ReportPredicate(
+        report=ReportFile(name=report_path.name, sha256=sha, size=size), verdict=report["verdict"]["status"],
+        release_root_digest=binding.get("release_root_digest"), release_attestation_digest=attested,
+        plan=PlanRef(name=report["plan"]["name"], sha256=report["plan"].get("sha256")), kvgraft_version=__version__)
+    return ReportStatement.model_validate({"_type": attest.STATEMENT_TYPE, "subject": subjects,
+                                           "predicateType": REPORT_PREDICATE_TYPE, "predicate": predicate})
 
 
 def sign_report(report_path: Path, key: PrivateKey) -> Path:
@@ -70,13 +116,25 @@ def write_signed_report(report_path: Path, report: dict[str, Any], key: PrivateK
     return out
 
 
-def _write_bundle(report_path: Path, statement: dict[str, Any], key: PrivateKey) -> Path:
-    payload = attest.statement_bytes(statement)
+def _write_bundle(report_path: Path, statement: ReportStatement, key: PrivateKey) -> Path:
+    payload = attest.statement_bytes(statement.as_json())
     signature = key_sign(key, attest.pae(attest.PAYLOAD_TYPE, payload))
     out = bundle_path(report_path)
     bundle = attest.key_bundle(payload, signature, key_id(key))
     jsonio.write_atomic(out, (json.dumps(bundle, indent=2) + "\n").encode())
     return out
+
+
+class VerifiedJson(Closed):
+    """What `report verify --json` prints."""
+
+    ok: bool
+    signer: str
+    report_sha256: str
+    verdict: str
+    release_checked: bool
+    binding: JsonObject
+    release_signature: JsonObject | None
 
 
 @dataclass(frozen=True)
@@ -86,10 +144,11 @@ class ReportVerified:
     report_sha256: str
     release_checked: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"ok": True, "signer": self.signer, "report_sha256": self.report_sha256,
-                "verdict": self.report["verdict"]["status"], "release_checked": self.release_checked,
-                "binding": self.report["binding"], "release_signature": self.report.get("release_signature")}
+    def as_json(self) -> dict[str, JsonValue]:
+        return VerifiedJson(ok=True, signer=self.signer, report_sha256=self.report_sha256,
+                            verdict=self.report["verdict"]["status"], release_checked=self.release_checked,
+                            binding=self.report["binding"],
+                            release_signature=self.report.get("release_signature")).model_dump(mode="json")
 
 
 def verify_report(report_path: Path, *, key: Path | None = None, identity: str | None = None,
@@ -139,11 +198,12 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         from kvgraft.remote import open_source
 
         with open_source(release) as source:  # a release read from elsewhere: its folder, named by its URL
-            _bound_release(source.root, release, binding)
+            _bound_release(source.root, release, binding.get("release_attestation_digest"),
+                           binding.get("release_root_digest"))
     return ReportVerified(report, signer, sha, release is not None)
 
 
-def _bound_release(folder: Path, release: str | Path, binding: dict[str, Any]) -> None:
+def _bound_release(folder: Path, release: str | Path, attestation: str | None, root_digest: str | None) -> None:
     """The release a report is bound to: its attestation's digest and root digest are the ones the report audited."""
     from kvgraft.release.format import load_manifest
 
@@ -151,9 +211,8 @@ def _bound_release(folder: Path, release: str | Path, binding: dict[str, Any]) -
     if jsonio.stat_or_none(rb) is None:
         raise VerificationError(f"{release}: no {RELEASE_ATTESTATION}; the report is bound to a signed release")
     rsha, _ = hash_file(rb)
-    if rsha != binding.get("release_attestation_digest"):
-        raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited "
-                                f"({binding.get('release_attestation_digest')})")
+    if rsha != attestation:
+        raise VerificationError(f"{rb}: sha256 {rsha} is not the attestation the report audited ({attestation})")
     root = load_manifest(folder)["root_digest"]
-    if root != binding.get("release_root_digest"):
-        raise VerificationError(f"{release}: root digest {root} is not the audited {binding.get('release_root_digest')}")
+    if root != root_digest:
+        raise VerificationError(f"{release}: root digest {root} is not the audited {root_digest}")

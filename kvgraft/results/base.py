@@ -147,3 +147,17 @@ class Typed:
 
     def schema(self) -> JsonSchemaValue:
         return schema_file(self.file, self.title, self.result, self.data, root=self.root, also=self.also)
+
+
+def document_schema(file: str, title: str, model: type[Open]) -> JsonSchemaValue:
+    """The schema file of a document that is no check kind's result (no report data part): `model` at the root,
+    its docstring the description."""
+    _, top = models_json_schema([(model, "validation")], ref_template="#/$defs/{model}", schema_generator=_Generate)
+    defs = {name: _tidy(s) for name, s in top["$defs"].items()}
+    root = defs.pop(model.__name__)
+    head = {"$schema": DRAFT, "$id": BASE + file, "title": title}
+    first = [k for k in ("description", "type", "required", "additionalProperties") if k in root]
+    out: JsonSchemaValue = {**head, **{k: root[k] for k in first}, **{k: v for k, v in root.items() if k not in first},
+                            "$defs": defs}
+    out["$defs"] = reachable(out)
+    return out

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
 from pydantic.config import JsonDict
 
 from kvgraft.results.base import Closed, JsonObject, Open, Typed
@@ -17,12 +18,32 @@ Verdict = Literal["contradicted", "inconsistent", "unsupported", "supported", "c
 FindingVerdict = Literal["contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable",
                          "needs-measurement"]
 Status = Literal["passed", "failed", "incomplete"]
+# A number the checker shows as written: an int stays an int (80 is stated to 0 decimals, 80.0 to 1), so these
+# members are int or float, and the schema says number, with the bounds it always said.
+Percent = Annotated[int | float, Field(ge=0, le=100), WithJsonSchema({"type": "number", "minimum": 0, "maximum": 100})]
+Positive = Annotated[int | float, Field(gt=0), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})]
+Quantity = Annotated[int | float, Field(ge=0), WithJsonSchema({"type": "number", "minimum": 0})]
+
+
+def stated_decimals(value: float | int) -> int:
+    """Decimals a number was written with in the TOML (80.0 -> 1, 6574 -> 0)."""
+    if isinstance(value, int):
+        return 0
+    exponent = Decimal(repr(value)).as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
 
 
 # --- a claims file ----------------------------------------------------------------------------------------------------
 
 
-class Source(Closed):
+class Table(Closed):
+    """A table of a claims file. Its patterns are matched as the schema's are (Python's `re`, where `$` also
+    matches before a final newline), so the model accepts what schemas/claims.v1.json accepts."""
+
+    model_config = ConfigDict(regex_engine="python-re")
+
+
+class Source(Table):
     title: str = Field(min_length=1)
     authors: str | None = None
     url: str | None = None
@@ -30,7 +51,7 @@ class Source(Closed):
     note: str | None = None
 
 
-class Benchmark(Closed):
+class Benchmark(Table):
     name: str | None = None
     size: int = Field(ge=1, le=10_000_000)
     unit: str | None = None
@@ -41,7 +62,7 @@ class Benchmark(Closed):
     note: str | None = None
 
 
-class Bound(Closed):
+class Bound(Table):
     relation: Literal["unsolved-by", "solved-by"]
     claim: Id
 
@@ -57,7 +78,7 @@ _BY_KIND: JsonDict = {"allOf": [
     _when("context", ["from_tokens", "to_tokens"])]}
 
 
-class Claim(Closed):
+class Claim(Table):
     """One [[claims]] table of a claims file."""
 
     model_config = ConfigDict(json_schema_extra=_BY_KIND)
@@ -69,7 +90,7 @@ class Claim(Closed):
     condition: str | None = None
     note: str | None = None
     benchmark: Id | None = None
-    percent: float | None = Field(None, ge=0, le=100)
+    percent: Percent | None = None
     decimals: int | None = Field(None, ge=0, le=12, description="Decimals the number was stated with; default: as "
                                  "written.")
     baseline: Id | None = None
@@ -78,10 +99,10 @@ class Claim(Closed):
     count: Count | None = None
     unit: str | None = None
     bounds: list[Bound] | None = None
-    stated: float | None = Field(None, gt=0)
-    numerator: NonNeg | None = None
+    stated: Positive | None = None
+    numerator: Quantity | None = None
     numerator_label: str | None = None
-    denominator: NonNeg | None = None
+    denominator: Quantity | None = None
     denominator_label: str | None = None
     tolerance: NonNeg | None = None
     measure_tolerance: float | None = Field(None, ge=0, le=1)
@@ -93,8 +114,15 @@ class Claim(Closed):
                   Annotated[str, Field(min_length=1, max_length=256)]] | None = None
     untestable: str | None = Field(None, min_length=1, description="Why this toolkit cannot measure the claim.")
 
+    def places(self, number: Literal["percent", "stated"]) -> int:
+        """Decimals `number` is stated to: `decimals` when given, else as written."""
+        value = self.percent if number == "percent" else self.stated
+        if self.decimals is not None or value is None:
+            return self.decimals or 0
+        return stated_decimals(value)
 
-class ClaimsFile(Closed):
+
+class ClaimsFile(Table):
     format: Literal["kvgraft-claims"]
     format_version: Literal[1]
     source: Source
@@ -177,9 +205,13 @@ class ClaimsCheck(Closed):
     counts: Counts
     unused_measurements: list[str]
     failed: bool = Field(description="true when a claim is contradicted or inconsistent.")
-    status: Status | None = Field(None, description="failed when a claim is contradicted or inconsistent, incomplete "
+    status: Status | None = Field(default=None, description="failed when a claim is contradicted or inconsistent, incomplete "
                                   "when no claim could be judged (all not-testable), else passed; kvgraft.verdict maps "
                                   "it to the exit code.")
+
+    def as_json(self) -> dict[str, JsonValue]:
+        """The result as `audit claims --json` prints it: members never set (`status` before sealing) absent."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 # --- what a report's check holds --------------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ PREPRINT = Path(__file__).resolve().parents[2] / "audit" / "claims" / "kv-grafti
 
 @pytest.fixture(scope="module")
 def preprint() -> dict[str, Any]:
-    return claims.check_files(PREPRINT)
+    return checked(PREPRINT)
+
+
+def checked(path: Path, measured: Path | None = None) -> dict[str, Any]:
+    """The claims-check result as `audit claims --json` prints it."""
+    return claims.check_files(path, measured).as_json()
 
 
 def by_id(result: dict[str, Any], claim_id: str) -> dict[str, Any]:
@@ -39,16 +44,16 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_k_of_n_exact_and_not() -> None:
-    assert k_of_n(80.0, 30, 1)["ks"] == [24]
-    assert k_of_n(93.3, 30, 1)["ks"] == [28]
+    assert k_of_n(80.0, 30, 1).ks == [24]
+    assert k_of_n(93.3, 30, 1).ks == [28]
     info = k_of_n(89.2, 30, 1)
-    assert info["ks"] == [] and info["nearest_k"] == 27
-    assert info["multi_run"] == {"runs": 4, "k": 107, "n": 120, "percent": pytest.approx(89.1667, abs=1e-4)}
+    assert info.ks == [] and info.nearest_k == 27
+    assert info.as_json()["multi_run"] == {"runs": 4, "k": 107, "n": 120, "percent": pytest.approx(89.1667, abs=1e-4)}
     anchor = k_of_n(77.5, 30, 1)
-    assert anchor["ks"] == [] and anchor["nearest_k"] == 23 and anchor["multi_run"]["k"] == 93
+    assert anchor.ks == [] and anchor.nearest_k == 23 and anchor.multi_run is not None and anchor.multi_run.k == 93
     # 2/3 = 66.666..% rounds to 66.7 at one decimal but not to 66.67 at two... and is 66.67 at two decimals.
-    assert k_of_n(66.7, 3, 1)["ks"] == [2]
-    assert k_of_n(66.7, 3, 2)["ks"] == []
+    assert k_of_n(66.7, 3, 1).ks == [2]
+    assert k_of_n(66.7, 3, 2).ks == []
     assert stated_decimals(80.0) == 1 and stated_decimals(6574) == 0 and stated_decimals(0.125) == 3
 
 
@@ -150,7 +155,7 @@ def test_measured_supported_and_contradicted(tmp_path: Path) -> None:
         "restore_byte_identical": True, "kl_max": 0.0, "accuracy.12b.baseline": {"k": 24, "n": 30},
         "discordant.12b.baseline_vs_graft": {"baseline_only": 0, "treated_only": 10}, "token_ratio": 7000.5,
         "typo.key": 1, "note": "test"}))
-    r = claims.check_files(PREPRINT, good)
+    r = checked(PREPRINT, good)
     validate(r, claims.CLAIMS_SCHEMA, "result")
     assert by_id(r, "restore-exact")["verdict"] == "supported"
     assert by_id(r, "aime-12b-baseline")["verdict"] == "supported"
@@ -165,7 +170,7 @@ def test_measured_supported_and_contradicted(tmp_path: Path) -> None:
         "restore_byte_identical": False, "kl_max": 0.003, "accuracy.12b.baseline": {"k": 12, "n": 30},
         "discordant.12b.baseline_vs_graft": {"baseline_only": 3, "treated_only": 2}, "token_ratio": 25.0,
         "context.attended_tokens": 32768}))
-    r = claims.check_files(PREPRINT, bad)
+    r = checked(PREPRINT, bad)
     exact = by_id(r, "restore-exact")
     assert exact["verdict"] == "contradicted" and "0.003" in exact["reason"]
     acc = by_id(r, "aime-12b-baseline")
@@ -181,7 +186,7 @@ def test_measured_from_recompute() -> None:
     assert claims.measured_from_recompute(exact) == {"restore_byte_identical": True, "kl_max": 0.0}
     off = {"entries": [{"byte_exact": True, "matched": {"kl_max": 0.0}}, {"byte_exact": False, "matched": {"kl_max": 1e-6}}]}
     assert claims.measured_from_recompute(off) == {"restore_byte_identical": False, "kl_max": 1e-6}
-    r = claims.check(claims.load(PREPRINT), claims.measured_from_recompute(off))
+    r = claims.check(claims.load(PREPRINT), claims.measured_from_recompute(off)).as_json()
     assert by_id(r, "restore-exact")["verdict"] == "contradicted"
     with pytest.raises(InputError):
         claims.measured_from_recompute({"entries": []})
@@ -190,10 +195,10 @@ def test_measured_from_recompute() -> None:
 def test_measured_wrong_type_is_input_error(tmp_path: Path) -> None:
     p = write(tmp_path, "m.json", json.dumps({"accuracy.12b.baseline": 0.8}))
     with pytest.raises(InputError, match=r"accuracy\.12b\.baseline.*\"k\""):
-        claims.check_files(PREPRINT, p)
+        checked(PREPRINT, p)
     p = write(tmp_path, "m2.json", "[1, 2]")
     with pytest.raises(InputError, match="JSON object"):
-        claims.check_files(PREPRINT, p)
+        checked(PREPRINT, p)
 
 
 # --- generic: driven by the file, not by the paper ---------------------------------------------------------------
@@ -241,7 +246,7 @@ denominator = 3
 
 
 def test_generic_file_is_consistent(tmp_path: Path) -> None:
-    r = claims.check_files(write(tmp_path, "c.toml", GENERIC))
+    r = checked(write(tmp_path, "c.toml", GENERIC))
     assert r["failed"] is False
     assert {c["id"]: c["verdict"] for c in r["claims"]} == {
         "base": "consistent", "treated": "consistent", "gain": "consistent", "newly": "consistent", "ratio": "consistent"}
@@ -252,12 +257,24 @@ def test_generic_file_is_consistent(tmp_path: Path) -> None:
 
 
 def test_generic_file_catches_bad_ratio(tmp_path: Path) -> None:
-    r = claims.check_files(write(tmp_path, "c.toml", GENERIC.replace("stated = 33.3", "stated = 34.0")))
+    r = checked(write(tmp_path, "c.toml", GENERIC.replace("stated = 33.3", "stated = 34.0")))
     assert by_id(r, "ratio")["verdict"] == "inconsistent" and r["failed"] is True
 
 
+def test_numbers_keep_how_they_were_written(tmp_path: Path) -> None:
+    """A number written as an integer is stated to no decimals, shown and recorded as one; 90.0 to one decimal."""
+    r = checked(write(tmp_path, "c.toml", GENERIC))
+    assert by_id(r, "gain")["claimed"] == "62.5% -> 90%"
+    ratio = by_id(r, "ratio")
+    assert ratio["claimed"] == "≈33.3x (100 / 3)"
+    data = ratio["findings"][0]["data"]
+    assert type(data["numerator"]) is int and type(data["denominator"]) is int and type(data["stated"]) is float
+    r = checked(write(tmp_path, "d.toml", GENERIC.replace("percent = 90", "percent = 90.0")))
+    assert by_id(r, "gain")["claimed"] == "62.5% -> 90.0%"
+
+
 def test_stated_samples_per_problem_is_the_only_reading(tmp_path: Path) -> None:
-    r = claims.check_files(write(tmp_path, "c.toml", GENERIC.replace("size = 40", "size = 40\nsamples_per_problem = 4")))
+    r = checked(write(tmp_path, "c.toml", GENERIC.replace("size = 40", "size = 40\nsamples_per_problem = 4")))
     (b40,) = r["readings"]
     assert b40["stated"]["name"] == "avg@4" and [x["name"] for x in b40["considered"]] == ["avg@4"]
     assert "100/160 under avg@4" in by_id(r, "base")["reason"]
@@ -297,15 +314,15 @@ treated = "high"
 
 def test_inconsistent_only_when_no_reading_rescues(tmp_path: Path) -> None:
     # A stated single-sample reading: 77.5% is not k/30, and nothing else is tried.
-    r = claims.check_files(write(tmp_path, "a.toml", TWO_FIGURES.format(extra="samples_per_problem = 1", low=77.5)))
+    r = checked(write(tmp_path, "a.toml", TWO_FIGURES.format(extra="samples_per_problem = 1", low=77.5)))
     low = by_id(r, "low")
     assert low["verdict"] == "inconsistent" and "under the stated single sample" in low["reason"]
     assert by_id(r, "high")["verdict"] == "consistent" and r["failed"] is True
     # The same figures without a stated reading: avg@4 rescues 77.5%.
-    r = claims.check_files(write(tmp_path, "b.toml", TWO_FIGURES.format(extra="", low=77.5)))
+    r = checked(write(tmp_path, "b.toml", TWO_FIGURES.format(extra="", low=77.5)))
     assert r["readings"][0]["chosen"]["name"] == "avg@4" and r["failed"] is False
     # 50.1% is k/(30 s) for no s up to 16: inconsistent, and the gain is judged on the nearest single-sample fractions.
-    r = claims.check_files(write(tmp_path, "c.toml", TWO_FIGURES.format(extra="", low=50.1)))
+    r = checked(write(tmp_path, "c.toml", TWO_FIGURES.format(extra="", low=50.1)))
     assert r["readings"][0]["chosen"] is None
     low = by_id(r, "low")
     assert low["verdict"] == "inconsistent" and "no reading up to avg@16" in low["reason"]
@@ -314,7 +331,7 @@ def test_inconsistent_only_when_no_reading_rescues(tmp_path: Path) -> None:
 
 def test_count_beyond_every_definition_is_inconsistent(tmp_path: Path) -> None:
     text = PREPRINT.read_text().replace("count = 8\n", "count = 9\n", 1)
-    c = by_id(claims.check_files(write(tmp_path, "p.toml", text)), "unsolved-answered")
+    c = by_id(checked(write(tmp_path, "p.toml", text)), "unsolved-answered")
     assert c["verdict"] == "inconsistent"
     assert all(not d["possible"] for d in c["findings"][0]["data"]["readings"][0]["definitions"])
 
@@ -328,12 +345,55 @@ def test_count_beyond_every_definition_is_inconsistent(tmp_path: Path) -> None:
 ])
 def test_bad_claims_files(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
     with pytest.raises(InputError, match=message):
-        claims.check_files(write(tmp_path, "c.toml", GENERIC.replace(*edit, 1)))
+        checked(write(tmp_path, "c.toml", GENERIC.replace(*edit, 1)))
+
+
+def _one_step_edits(text: str) -> list[str]:
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        out.append("\n".join(lines[:i] + lines[i + 1:]))
+        if "=" in line and not line.startswith("["):
+            key = line.split("=", 1)[0]
+            for value in ("0", "-1", "1e9", "2.5", "true", '"x"', '"x\\n"', '""', "[]", "{}"):
+                out.append("\n".join([*lines[:i], f"{key}= {value}", *lines[i + 1:]]))
+    return out
+
+
+def test_the_model_accepts_what_the_schema_accepts() -> None:
+    """The claims file's models are the schema's source, and `parse` validates by the schema, then reads the
+    document as the models: on the suite's file and every one-step edit of it, what the schema accepts the models
+    accept too (so a file is refused by the schema's message, never by a model's)."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from kvgraft.results.claims import ClaimsFile
+
+    compared = 0
+    for text in [GENERIC, *_one_step_edits(GENERIC)]:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue
+        try:
+            validate(doc, claims.CLAIMS_SCHEMA, "doc")
+            by_schema = True
+        except SchemaError:
+            by_schema = False
+        try:
+            ClaimsFile.model_validate(doc)
+            by_model = True
+        except ValidationError:
+            by_model = False
+        assert by_model or not by_schema, text
+        compared += by_schema
+    assert compared > 50
 
 
 def test_schema_error_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(SchemaError) as info:
-        claims.check_files(write(tmp_path, "c.toml", GENERIC.replace("percent = 62.5", "percent = 162.5")))
+        checked(write(tmp_path, "c.toml", GENERIC.replace("percent = 62.5", "percent = 162.5")))
     assert "c.toml" in str(info.value) and "claims[0]" in info.value.path
 
 

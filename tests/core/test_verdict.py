@@ -51,13 +51,13 @@ def test_claims_status_incomplete_when_nothing_could_be_judged(tmp_path: Path) -
     p = tmp_path / "c.toml"
     p.write_text('format = "kvgraft-claims"\nformat_version = 1\n[source]\ntitle = "t"\n[[claims]]\nid = "e"\n'
                  'kind = "exactness"\ntext = "exact"\nmeasure = { byte_identical = "restore_byte_identical" }\n')
-    r = registry.seal("claims", claims.check_files(p))
+    r = registry.seal("claims", claims.check_files(p).as_json())
     assert r["status"] == "incomplete"
     res = runner.invoke(app, ["audit", "claims", str(p)])
     assert res.exit_code == errors.EXIT_INCOMPLETE, res.output
     m = tmp_path / "m.json"
     m.write_text(json.dumps({"restore_byte_identical": False}))
-    assert registry.seal("claims", claims.check_files(p, m))["status"] == "failed"
+    assert registry.seal("claims", claims.check_files(p, m).as_json())["status"] == "failed"
     assert runner.invoke(app, ["audit", "claims", str(p), "--measured", str(m)]).exit_code == errors.EXIT_NOT_EXACT
 
 

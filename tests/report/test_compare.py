@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from kvgraft import errors
 from kvgraft.cli import app
+from kvgraft.results.compare import ReportCompare
 from kvgraft.signing import keys
 
 from release_factory import captured_release, replication_plan
@@ -81,6 +82,7 @@ def test_three_replications_agree_and_their_union_bounds_tighter(published: dict
     assert res.exit_code == 0, res.output
     assert all(len(line) <= 80 for line in res.stdout.splitlines()), res.stdout
     result = json.loads((tmp_path / "c.json").read_text())
+    assert ReportCompare.model_validate(result).as_json() == result  # the model reads back what it wrote
     assert result["status"] == "agree" and len(result["groups"]) == 1
     group = result["groups"][0]
     signers = [r["signer"]["key_id"] for r in group["replications"]]
@@ -221,3 +223,19 @@ def test_reports_served_over_http_compare_like_local_ones(published: dict[str, A
     assert a == b
     assert [r["source"] for r in json.loads(remote.stdout)["groups"][0]["replications"]] == urls
     assert unlisted.exit_code == errors.EXIT_INPUT and "cannot be listed" in unlisted.output
+
+
+def test_the_renderers_read_the_models_attributes() -> None:
+    """No `["member"]` and no `.get` in render_compare but on an environment (an open object a report holds): the
+    model says what a compare result holds."""
+    import ast
+    import inspect
+
+    from kvgraft.audit import render_compare
+
+    tree = ast.parse(inspect.getsource(render_compare))
+    found = [n.lineno for n in ast.walk(tree)
+             if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str))
+             or (isinstance(n, ast.Attribute) and n.attr == "get"
+                 and not (isinstance(n.value, ast.Attribute) and n.value.attr == "environment"))]
+    assert not found, found

@@ -13,13 +13,13 @@ from kvgraft.render.html import esc
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
-from kvgraft.results.claims import TYPED, ClaimsData
+from kvgraft.results.claims import TYPED, ClaimsCheck, ClaimsData
 
 
-def claim_verdicts(claims_check: dict[str, Any]) -> list[dict[str, Any]]:
+def claim_verdicts(claims_check: ClaimsCheck) -> list[dict[str, Any]]:
     """The report's `claims` list from a claims-check result (kvgraft.claims.checker.check)."""
-    return [{"id": c["id"], "text": c["text"], "kind": c["kind"], "claimed": c["claimed"], "verdict": c["verdict"],
-             "reason": c["reason"]} for c in claims_check["claims"]]
+    return [{"id": c.id, "text": c.text, "kind": c.kind, "claimed": c.claimed, "verdict": c.verdict,
+             "reason": c.reason} for c in claims_check.claims]
 
 
 def run(ctx: Context, cc: dict[str, Any]) -> Ran:
@@ -32,7 +32,7 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
     recomputed = ctx.results.get("recompute") if "measured" not in cc else None
     if recomputed is None:
         checked = claims.check_files(path, cc.get("measured"))
-        return Ran(checked, f"{len(checked['claims'])} claims checked against internal consistency"
+        return Ran(checked.as_json(), f"{len(checked.claims)} claims checked against internal consistency"
                             + (" and the measurements file" if cc.get("measured") else ""),
                    claims=claim_verdicts(checked))
     measured = claims.measured_from_recompute(recomputed)
@@ -46,7 +46,7 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
                 contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
                 c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
                                 f"prefix + probe without any cache, max KL = {contrast})")
-    return Ran(checked, f"{len(verdicts)} claims checked against internal consistency"
+    return Ran(checked.as_json(), f"{len(verdicts)} claims checked against internal consistency"
                         + (" and this audit's measurements" if measured else ""), claims=verdicts)
 
 

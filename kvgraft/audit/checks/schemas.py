@@ -1,7 +1,8 @@
 """The schemas the check registry decides, generated from it: each typed kind's own schema file (from its models,
 kvgraft.results.<kind>), the report schema's kind list and its rule per built-in kind (the check's `data` is
 that kind's report data, by `$ref` to the `data` part of the kind's schema file), and the plan schema's `checks`
-tables in the registry's order.
+tables in the registry's order. The report compare result's schema file is generated here too, from its models
+(kvgraft.results.compare).
 
 `python -m kvgraft.audit.checks.schemas --write` rewrites a file whose generated parts differ from the
 registry; `--check` (what tests/audit/test_check_kinds.py runs) names the files that differ and exits 1.
@@ -17,6 +18,7 @@ from pydantic.json_schema import JsonSchemaValue
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
 from kvgraft.audit.checks.kind import CheckKind
+from kvgraft.results import compare
 from kvgraft.results.base import reachable
 from kvgraft.schema import load_schema, schema_dir
 
@@ -64,7 +66,8 @@ def plan_schema() -> JsonSchemaValue:
 
 def generated() -> dict[str, JsonSchemaValue]:
     kinds = {k.typed.file: k.typed.schema() for k in BUILTIN if k.typed is not None}
-    return {**kinds, REPORT: report_schema(), PLAN: plan_schema()}
+    return {**kinds, REPORT: report_schema(), PLAN: plan_schema(),
+            compare.FILE: compare.schema()}
 
 
 def stale() -> list[str]:

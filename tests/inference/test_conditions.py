@@ -72,7 +72,7 @@ def test_a_ray_worker_loads_what_the_driver_sets(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(models, "resolve", lambda spec: spec)
     monkeypatch.setattr(models, "load", load)
     monkeypatch.setattr(runtime, "set_threads", threads.append)
-    worker = ray_worker.Worker({"spec": "m", "conditions": conditions.payload()}, 0)
+    worker = ray_worker.Worker(ModelSpec("m", conditions), 0)
     assert isinstance(worker.error, _Stop)
     assert loaded == [("m", "cpu", "bfloat16", "eager")] and threads == [3]
 

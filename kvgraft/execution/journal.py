@@ -142,8 +142,12 @@ def _unit(value: JsonValue) -> Unit | None:
         return value
     if not isinstance(value, list):
         return None
-    parts = tuple(v for v in value if isinstance(v, str | int) and not isinstance(v, bool))
-    return parts if len(parts) == len(value) else None
+    parts: list[str | int] = []
+    for v in value:
+        if not isinstance(v, str | int) or isinstance(v, bool):
+            return None
+        parts.append(v)
+    return tuple(parts)
 
 
 def _first_line(fd: int, path: Path) -> bytes:

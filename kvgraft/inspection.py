@@ -370,7 +370,7 @@ def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> Jso
 
 
 def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tuple[ListingDoc, Iterator[Row]]:
-    """`inspect`'s document without its rows, and the rows, each read as it is consumed: a listing of every
+    """`inspect`'s document with no rows yet, and the rows, each read as it is consumed: a listing of every
     entry printed as it is read holds a few index shards, whatever the number of entries."""
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError(f"--offset {offset} / --limit {limit}: expected numbers of at least 0")
@@ -384,7 +384,7 @@ def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tup
             release=lst.shown or str(lst.root), verified=False, note=NOT_VERIFIED, release_format=h.release_format,
             created=h.created, model=h.model, schedule=h.schedule, root_digest=h.root_digest,
             environment=h.environment, files=lst.files(), signatures=signatures(lst.root, h.root_digest),
-            entries=Page(total=total, offset=offset, shown=shown))
+            entries=Page(total=total, offset=offset, shown=shown, rows=[]))  # the rows: read as they are consumed
     except BaseException as exc:
         lst.__exit__(type(exc), exc, exc.__traceback__)
         raise

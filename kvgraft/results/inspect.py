@@ -111,7 +111,7 @@ class Page(Document):
     total: Count
     offset: Count
     shown: Count
-    rows: list[Row] = Field(default_factory=list)
+    rows: list[Row]
 
 
 class Head(Document):

@@ -47,14 +47,14 @@ class Restored:
 def check_model(release: VerifiedRelease, lm: LoadedModel, *, force: bool = False) -> bool:
     """Refuse a model whose identity differs from the release's; return True when forced past it."""
     want = release.manifest["model"]["identity"]
-    have = lm.identity.as_dict()
-    if want["sha256"] == have["sha256"]:
+    have = lm.identity
+    if want["sha256"] == have.sha256:
         return False
     if force:
         return True
     raise ModelMismatchError(
-        f"{release.root}: model identity differs ({describe_identity_diff(want, have)}): release "
-        f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
+        f"{release.root}: model identity differs ({describe_identity_diff(want, have.as_dict())}): release "
+        f"{want['sha256'][:16]}…, loaded {lm.spec} {have.sha256[:16]}…; pass --force to continue anyway")
 
 
 # Each loaded model's per-layer K/V shape (heads, head_dim) and dtype, from a one-token prefill: what its cache

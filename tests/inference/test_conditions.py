@@ -85,3 +85,12 @@ def test_conditions_read_the_record_and_says_what_it_overrides() -> None:
     assert Conditions().load_options(recorded) == ("cpu", "float32", "sdpa")
     with pytest.raises(errors.InputError, match="--dtype int8: expected one of"):
         Conditions(dtype="int8").checked()
+
+
+def test_a_schedule_is_read_back_as_written_and_a_mistyped_one_refused() -> None:
+    for schedule in (runtime.Schedule(), runtime.Schedule(4, False, True)):
+        assert runtime.Schedule.from_dict(schedule.as_dict()) == schedule
+    for odd in ({"chunk_tokens": "4"}, {"chunk_tokens": True}, {"add_special_tokens": 1},
+                {"add_generation_prompt": None}):
+        with pytest.raises(errors.InputError, match="chunk_tokens must be an integer or null"):
+            runtime.Schedule.from_dict(odd)

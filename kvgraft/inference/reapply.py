@@ -116,12 +116,13 @@ def applied(lm: LoadedModel, recorded: JsonObject, overrides: JsonObject) -> Ite
     if not hasattr(lm.model, "parameters"):  # a description of remote workers: they set their own conditions
         yield
         return
-    attn = wanted("attn_implementation")
+    kernel = wanted("attn_implementation")
+    attn = kernel if isinstance(kernel, str) else None
     n = wanted("threads")
     det = wanted("deterministic_algorithms")
     before_det = torch.are_deterministic_algorithms_enabled()
     with contextlib.ExitStack() as stack:
-        if isinstance(attn, str) and attn in ATTNS:
+        if attn in ATTNS:
             stack.enter_context(attention(lm, attn))
         if isinstance(n, int) and not isinstance(n, bool) and n >= 1 and lm.torch_device.type == "cpu":
             stack.enter_context(threads(n))

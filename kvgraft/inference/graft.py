@@ -21,6 +21,7 @@ from kvgraft.inference.tensors import split_views
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.release.records import tensor_mismatch
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 
@@ -281,7 +282,7 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     return cut, out
 
 
-def prefix_rows(schedule: dict[str, Any], n: int, total: int) -> str:
+def prefix_rows(schedule: JsonObject, n: int, total: int) -> str:
     """What a prefix graft's rows are, in words (one sentence for the graft, `kvgraft run` and the audit)."""
     how = "one-shot" if schedule.get("chunk_tokens") is None else f"chunked ({schedule['chunk_tokens']} tokens)"
     return f"rows [0, {n}) of a {how} prefill of all {total} tokens"

@@ -1,10 +1,11 @@
 """Executors: where the work units of an audit run, in-process or on a Ray cluster.
 
 An audit is a list of work units: one per entry (recompute), one per (problem, condition)
-(generalization). Each unit is a pure function `fn(lm, release, unit) -> result` of its inputs (a result is a JSON object); an
-executor applies it to every unit and returns the results in unit order, each with a `placement`
-record (kvgraft.execution.records.Placement): which node, process and device computed it, that device's environment, and how that
-environment differs from the one the release recorded (so drift on a mixed cluster shows per entry).
+(generalization). Each unit is a pure function `fn(lm, release, unit) -> result` of its inputs (a
+result is a JSON object); an executor applies it to every unit and returns the results in unit
+order, each with a `placement` record (kvgraft.execution.records.Placement): which node, process and
+device computed it, that device's environment, and how that environment differs from the one the
+release recorded (so drift on a mixed cluster shows per entry).
 
 - `LocalExecutor` runs the units one after another in this process, on the model already loaded.
 - `RayExecutor` keeps a pool of Ray actors (`kvgraft.execution.ray_worker.Worker`), each started with

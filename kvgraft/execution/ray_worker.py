@@ -166,9 +166,12 @@ class Worker:
                 local.write_bytes(data)
             return local
 
-        keys = tuple(here(p) for p in policy.keys) if policy.keys else policy.keys
-        oms = here(policy.oms_signature) if policy.oms_signature is not None else None
-        return replace(policy, keys=keys, oms_signature=oms)  # type: ignore[type-var]
+        # Each policy class has the fields it names: only those are replaced.
+        if policy.keys:
+            policy = replace(policy, keys=tuple(here(p) for p in policy.keys))  # type: ignore[type-var]
+        if policy.oms_signature is not None:
+            policy = replace(policy, oms_signature=here(policy.oms_signature))  # type: ignore[type-var]
+        return policy
 
     def _materialize(self, key: str, ref: object) -> Path:
         """Write a shipped release once per node; later workers on the node reuse it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from kvgraft.execution.records import Cluster, Failure, Outcome, Placement, Where, WorkerInfo, worker_row
 from kvgraft.inference.models import Identity
@@ -41,3 +42,21 @@ def test_a_pool_is_described_as_before() -> None:
     assert Cluster(None, True, 8, 0, {"num_cpus": 2, "num_gpus": 0}).as_json() == {
         "address": None, "started_here": True, "resources": {"CPU": 8, "GPU": 0},
         "worker_resources": {"num_cpus": 2, "num_gpus": 0}}
+
+
+def test_a_shipped_policy_names_the_files_written_on_the_worker() -> None:
+    """The keys and detached signature a policy names travel as bytes; the worker's policy names its own copies,
+    whatever the policy's kind (one that checks no signature may still name an OpenSSF model signing file)."""
+    from kvgraft.execution.ray_worker import Worker
+    from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys
+
+    worker = Worker.__new__(Worker)  # writing the policy's files needs no model
+    worker.index, worker._policy_dir = 0, None
+    key, sig = Path("/driver/k.pub"), Path("/driver/model.sig")
+    files = {str(key): b"KEY", str(sig): b"SIG"}
+    unchecked = worker._policy_files(SignatureNotChecked(oms_signature=sig), files)
+    assert isinstance(unchecked, SignatureNotChecked) and unchecked.oms_signature is not None
+    assert unchecked.oms_signature.read_bytes() == b"SIG" and unchecked.oms_signature != sig
+    keyed = worker._policy_files(SignedWithKeys((key,), oms_signature=sig), files)
+    assert isinstance(keyed, SignedWithKeys) and [p.read_bytes() for p in keyed.keys] == [b"KEY"]
+    assert keyed.oms_signature == unchecked.oms_signature  # the same bytes: one file

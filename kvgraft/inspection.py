@@ -20,18 +20,35 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Final, cast
+
+from pydantic import JsonValue, TypeAdapter
 
 from kvgraft import __version__
 from kvgraft._internal.jsonio import collector_paused
 from kvgraft.errors import Error, InputError
+from kvgraft.release import models as records
 from kvgraft.release.format import Release
 from kvgraft.release.sources import Source
+from kvgraft.results.base import JsonObject
+from kvgraft.results.inspect import (
+    Certificate,
+    Detail,
+    EntryInspection,
+    EntrySource,
+    Page,
+    Refusal,
+    ReleaseFormat,
+    Row,
+    Signature,
+    Tensor,
+)
+from kvgraft.results.inspect import Listing as ListingDoc
 from kvgraft.schema import CACHE_MANIFEST, load_schema
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 
-RESULT_FORMAT = "kvgraft-inspect-result"
-RESULT_VERSION = 1
+RESULT_FORMAT: Final = "kvgraft-inspect-result"
+RESULT_VERSION: Final = 1
 NOT_VERIFIED = ("not verified: the manifest was parsed and its own digests checked; no entry file was read and no "
                 "signature was checked (run kvgraft verify)")
 PREVIEW_WORDS = 8
@@ -49,6 +66,7 @@ FIELD_VALUES = 64
 # Fulcio certificate extensions naming the OIDC issuer: v2 (a DER UTF8String), then v1 (raw bytes; deprecated).
 _FULCIO_ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
 _FULCIO_ISSUER_V1 = "1.3.6.1.4.1.57264.1.1"
+_OBJECT: TypeAdapter[JsonObject] = TypeAdapter(JsonObject)  # a record's object (its next token, a layer) as JSON
 
 
 @dataclass
@@ -83,16 +101,16 @@ class Listing:
         if self.source is not None:
             self.source.__exit__(kind, exc, tb)
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> Header:
         """The manifest's header, each member `clipped` (the environment's own keys first: it may hold more)."""
         m = self._release.manifest
         env = m["environment"]
         own = load_schema(CACHE_MANIFEST)["properties"]["environment"]["required"]
-        doc = {"release_format": {"format": m["format"], "version": m["format_version"],
-                                  "kvgraft_version": m["kvgraft_version"]},
-               **{k: m[k] for k in ("created", "model", "schedule", "root_digest")},
-               "environment": {**{k: env[k] for k in own if k in env}, **env}}
-        return {k: clipped(v) for k, v in doc.items()}
+        return Header(
+            ReleaseFormat.model_validate(clipped({"format": m["format"], "version": m["format_version"],
+                                                  "kvgraft_version": m["kvgraft_version"]})),
+            created=cut(m["created"]), model=clipped_object(m["model"]), schedule=clipped_object(m["schedule"]),
+            root_digest=m["root_digest"], environment=clipped_object({**{k: env[k] for k in own if k in env}, **env}))
 
     def count(self) -> int:
         return self._release.num_entries
@@ -104,10 +122,13 @@ class Listing:
         # reading every shard).
         return len(self._release.subject_files()) + self._release.num_entries
 
-    def page(self, offset: int, limit: int | None) -> list[dict[str, Any]]:
+    # The records a release hands out were validated when it read them (its manifest's schema, an index
+    # shard's models): here they are the records kvgraft.release.models describes.
+
+    def page(self, offset: int, limit: int | None) -> list[records.Entry]:
         return list(self.iter_page(offset, limit))
 
-    def iter_page(self, offset: int, limit: int | None) -> Iterator[dict[str, Any]]:
+    def iter_page(self, offset: int, limit: int | None) -> Iterator[records.Entry]:
         """A page's records, each read as it is consumed (format 2: a few shards held at a time)."""
         end = None if limit is None else offset + limit
         if self._release.index is None:
@@ -115,14 +136,26 @@ class Listing:
             return
         with collector_paused():  # as Index.all_entries: records hold no cycles, and a resume per shard costs
             for eid in self._release.entry_ids()[offset:end]:
-                yield self._release.entry(eid)
+                yield cast(records.Entry, self._release.entry(eid))
 
-    def entry(self, entry_id: str) -> dict[str, Any]:
-        return self._release.entry(entry_id)
+    def entry(self, entry_id: str) -> records.Entry:
+        return cast(records.Entry, self._release.entry(entry_id))
 
-    def file_record(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def file_record(self, entry: records.Entry) -> records.FileMeta:
         """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
-        return self._release.file_meta(entry)
+        return cast(records.FileMeta, self._release.file_meta(dict(entry)))
+
+
+@dataclass(frozen=True)
+class Header:
+    """A release's header as inspect shows it: each member cut to a bounded size."""
+
+    release_format: ReleaseFormat
+    created: str
+    model: JsonObject
+    schedule: JsonObject
+    root_digest: str
+    environment: JsonObject
 
 
 def cut(text: str, chars: int = FIELD_CHARS) -> str:
@@ -130,25 +163,25 @@ def cut(text: str, chars: int = FIELD_CHARS) -> str:
     return text if len(text) <= chars else text[:chars] + "…"
 
 
-def clipped(value: Any, chars: int = FIELD_CHARS, values: int = FIELD_VALUES) -> Any:
+def clipped(value: JsonValue, chars: int = FIELD_CHARS, values: int = FIELD_VALUES) -> JsonValue:
     """A copy of a JSON value to show: strings (keys too) cut to `chars` characters, and at most `values`
     values in all; a list or object cut short ends with a string saying how many more it holds."""
     left = values
 
-    def walk(v: Any) -> Any:
+    def walk(v: JsonValue) -> JsonValue:
         nonlocal left
         left -= 1
         if isinstance(v, str):
             return cut(v, chars)
         if isinstance(v, list):
-            items: list[Any] = []
+            items: list[JsonValue] = []
             for x in v:
                 if left <= 0:
                     return [*items, f"… {len(v) - len(items)} more"]
                 items.append(walk(x))
             return items
         if isinstance(v, dict):
-            members: dict[str, Any] = {}
+            members: JsonObject = {}
             for k, x in v.items():
                 if left <= 0:
                     members["…"] = f"{len(v) - len(members)} more"
@@ -160,7 +193,14 @@ def clipped(value: Any, chars: int = FIELD_CHARS, values: int = FIELD_VALUES) ->
     return walk(value)
 
 
-def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = PREVIEW_CHARS) -> str:
+def clipped_object(value: JsonObject, chars: int = FIELD_CHARS, values: int = FIELD_VALUES) -> JsonObject:
+    """`clipped` of a JSON object: an object still."""
+    out = clipped(value, chars, values)
+    assert isinstance(out, dict)
+    return out
+
+
+def preview(source: records.Source, *, words: int = PREVIEW_WORDS, chars: int = PREVIEW_CHARS) -> str:
     """The first words of an entry's text (for a chat: of its first message, after its role)."""
     if source.get("kind") == "messages":
         msgs = [m for m in source.get("messages") or [] if isinstance(m, dict)]
@@ -177,7 +217,7 @@ def preview(source: dict[str, Any], *, words: int = PREVIEW_WORDS, chars: int = 
     return out + ("…" if out != " ".join(parts) else "")
 
 
-def tensor_bytes(entry: dict[str, Any]) -> int:
+def tensor_bytes(entry: records.Entry) -> int:
     spans = list(map(_BYTE_RANGE, entry["tensors"].values()))  # C speed: a 48-layer record names 96 tensors
     total: int = sum(map(_END, spans)) - sum(map(_START, spans))
     return total
@@ -186,45 +226,58 @@ def tensor_bytes(entry: dict[str, Any]) -> int:
 _BYTE_RANGE, _START, _END = operator.itemgetter("byte_range"), operator.itemgetter(0), operator.itemgetter(1)
 
 
-def entry_row(listing: Listing, entry: dict[str, Any]) -> dict[str, Any]:
+def entry_row(listing: Listing, entry: records.Entry) -> Row:
     """One line of the entries table: id, tokens, bytes (of its file, from the manifest), source kind, first words."""
-    return {"id": entry["id"], "num_tokens": entry["num_tokens"], "bytes": listing.file_record(entry)["size"],
-            "tensor_bytes": tensor_bytes(entry), "source_kind": entry["source"]["kind"],
-            "preview": preview(entry["source"])}
+    return Row(id=entry["id"], num_tokens=entry["num_tokens"], bytes=listing.file_record(entry)["size"],
+               tensor_bytes=tensor_bytes(entry), source_kind=entry["source"]["kind"], preview=preview(entry["source"]))
 
 
-def entry_detail(listing: Listing, entry_id: str) -> dict[str, Any]:
+def entry_detail(listing: Listing, entry_id: str) -> Detail:
     """One entry in full: its file, layers, tensors (dtype, shape, bytes, digest), tokens and source."""
     e = listing.entry(entry_id)
     source = e["source"]
     text = source.get("text") if source.get("kind") == "text" else None
     # The first DETAIL_ROWS by position in the file: a selection, not a sort of every tensor.
     first = heapq.nsmallest(DETAIL_ROWS, e["tensors"].items(), key=lambda kv: kv[1]["byte_range"][0])
-    tensors = [{"name": cut(name), "dtype": t["dtype"], "shape": list(t["shape"]), "byte_range": list(t["byte_range"]),
-                "bytes": int(t["byte_range"][1]) - int(t["byte_range"][0]), "sha256": t["sha256"]} for name, t in first]
-    out: dict[str, Any] = {
-        **entry_row(listing, e), "file": cut(e["file"]), "file_sha256": listing.file_record(e)["sha256"],
-        "digest": e["digest"], "token_ids_sha256": e["token_ids_sha256"],
-        "token_ids_head": e["token_ids"][:16], "source": {"kind": source["kind"], "sha256": source["sha256"]},
-        "next_token": dict(e["next_token"]), "probe_tokens": len((e.get("probe") or {}).get("token_ids") or []),
-        "layers": [clipped(layer) for layer in e["layers"][:DETAIL_ROWS]], "layers_total": len(e["layers"]),
-        "tensors": tensors, "tensors_total": len(e["tensors"]),
-    }
+    tensors = [Tensor(name=cut(name), dtype=t["dtype"], shape=list(t["shape"]), byte_range=list(t["byte_range"]),
+                      bytes=int(t["byte_range"][1]) - int(t["byte_range"][0]), sha256=t["sha256"]) for name, t in first]
+    src = EntrySource(kind=source["kind"], sha256=source["sha256"])
     if isinstance(text, str):
-        out["source"]["text"] = text[:DETAIL_TEXT_CHARS]
-        out["source"]["truncated"] = len(text) > DETAIL_TEXT_CHARS
+        src = src.model_copy(update={"text": text[:DETAIL_TEXT_CHARS], "truncated": len(text) > DETAIL_TEXT_CHARS})
     elif source["kind"] == "messages":
-        out["source"]["messages"] = len(source.get("messages") or [])
+        src = src.model_copy(update={"messages": len(source.get("messages") or [])})
+    row = entry_row(listing, e)
+    probe = e.get("probe")
+    out = Detail(
+        id=row.id, num_tokens=row.num_tokens, bytes=row.bytes, tensor_bytes=row.tensor_bytes,
+        source_kind=row.source_kind, preview=row.preview, file=cut(e["file"]),
+        file_sha256=listing.file_record(e)["sha256"], digest=e["digest"], token_ids_sha256=e["token_ids_sha256"],
+        token_ids_head=e["token_ids"][:16], source=src, next_token=_OBJECT.validate_python(e["next_token"]),
+        probe_tokens=len(probe.get("token_ids") or []) if probe else 0,
+        layers=[clipped_object(_OBJECT.validate_python(layer)) for layer in e["layers"][:DETAIL_ROWS]],
+        layers_total=len(e["layers"]),
+        tensors=tensors, tensors_total=len(e["tensors"]))
+    more: dict[str, JsonValue] = {}  # members the entry may lack: absent here too
     if "answer" in e:
         answer = e["answer"]
-        out["answer"] = answer[:DETAIL_TEXT_CHARS] if isinstance(answer, str) else answer
-        out["answer_truncated"] = isinstance(answer, str) and len(answer) > DETAIL_TEXT_CHARS
+        more["answer"] = answer[:DETAIL_TEXT_CHARS] if isinstance(answer, str) else answer
+        more["answer_truncated"] = isinstance(answer, str) and len(answer) > DETAIL_TEXT_CHARS
     if "meta" in e:
-        out["meta"] = clipped(e["meta"])
-    return out
+        more["meta"] = clipped(e["meta"])
+    return out.model_copy(update=more) if more else out
 
 
-def _certificate_signer(material: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Signer:
+    """Whom a Fulcio certificate names, and when it was valid; or why it cannot be read."""
+
+    identity: str | None = None
+    issuer: str | None = None
+    problem: str | None = None
+    certificate: Certificate | None = None
+
+
+def _certificate_signer(material: JsonObject) -> _Signer:
     """The identities and OIDC issuer a Fulcio certificate names (read, not checked against any root).
 
     A certificate that cannot be read, or whose extensions do not parse (cryptography parses them when first
@@ -241,7 +294,7 @@ def _certificate_signer(material: dict[str, Any]) -> dict[str, Any]:
         c = x509.load_der_x509_certificate(der)
         extensions = c.extensions
     except (binascii.Error, ValueError) as exc:
-        return {"identity": None, "issuer": None, "problem": f"certificate cannot be read: {' '.join(str(exc).split())[:200]}"}
+        return _Signer(problem=f"certificate cannot be read: {' '.join(str(exc).split())[:200]}")
     names: list[str] = []
     try:
         san = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -256,11 +309,11 @@ def _certificate_signer(material: dict[str, Any]) -> dict[str, Any]:
             if ext.oid.dotted_string == _FULCIO_ISSUER_V2 and raw[:1] == b"\x0c" and len(raw) > 2:
                 raw = raw[2:]
             issuer = raw.decode("utf-8", "replace")
-    return {"identity": ", ".join(names) or None, "issuer": issuer,
-            "not_before": c.not_valid_before_utc.isoformat(), "not_after": c.not_valid_after_utc.isoformat()}
+    return _Signer(", ".join(names) or None, issuer, certificate=Certificate(
+        not_before=c.not_valid_before_utc.isoformat(), not_after=c.not_valid_after_utc.isoformat()))
 
 
-def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> dict[str, Any] | None:
+def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> Signature | None:
     """A signature file beside the data, parsed to name its signer; None when absent. Never verified."""
     from kvgraft._internal import jsonio
     from kvgraft.signing import attest
@@ -268,90 +321,93 @@ def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> dic
     path = root / name
     if not path.exists() and not path.is_symlink():
         return None
-    info: dict[str, Any] = {"file": name, "what": what, "verified": False}
+    info: JsonObject = {"file": name, "what": what, "verified": False}
     try:
         if path.is_symlink():
             raise InputError(f"{path}: is a symlink; releases may not contain links")
         bundle = attest.parse_bundle(jsonio.read_bounded(path, attest.MAX_BUNDLE_BYTES, "a bundle"), str(path))
     except Error as exc:
         info.update(method=None, signer=None, problem=exc.diagnostics())
-        return info
+        return Signature.model_validate(clipped_object(info, DETAIL_TEXT_CHARS))
     info["bytes"] = len(bundle.raw)
     if bundle.has_certificate:
         material = bundle.doc["verificationMaterial"]
         cert = _certificate_signer(material)
         entries = material.get("tlogEntries")
-        info.update(method="sigstore", signer=cert.get("identity"), issuer=cert.get("issuer"),
-                    certificate={k: v for k, v in cert.items() if k not in ("identity", "issuer", "problem")},
+        info.update(method="sigstore", signer=cert.identity, issuer=cert.issuer,
+                    certificate=cert.certificate.as_json() if cert.certificate else {},
                     transparency_log_entries=len(entries) if isinstance(entries, list) else 0)
-        if "problem" in cert:
-            info["problem"] = cert["problem"]
+        if cert.problem is not None:
+            info["problem"] = cert.problem
     else:
         info.update(method="key", signer=bundle.key_hint or bundle.keyid)
     if name == BUNDLE_NAME:
         try:
             stmt = attest.parse_statement(bundle.payload_type, bundle.payload, str(path))
-            named = (stmt.get("predicate") or {}).get("root_digest")
+            predicate = stmt.get("predicate")
+            named = predicate.get("root_digest") if isinstance(predicate, dict) else None
+            if named is not None and not isinstance(named, str):
+                raise InputError(f"{path}: the statement's root digest is not a string")
             info["statement_root_digest"] = named
             info["names_this_manifest"] = named == manifest_root
         except Error as exc:
             info["problem"] = exc.diagnostics()
-    return info
+    return Signature.model_validate(clipped_object(info, DETAIL_TEXT_CHARS))
 
 
-def signatures(root: Path, manifest_root: str) -> list[dict[str, Any]]:
+def signatures(root: Path, manifest_root: str) -> list[Signature]:
     """The release's signature files (its bundle, an OpenSSF model signing signature) and whom they name."""
     found = [_signature_file(root, BUNDLE_NAME, "kvgraft attestation (Sigstore bundle, DSSE)", manifest_root),
              _signature_file(root, OMS_NAME, "OpenSSF model signing v1.0 signature", manifest_root)]
-    return [clipped(f, DETAIL_TEXT_CHARS) for f in found if f is not None]
+    return [f for f in found if f is not None]
 
 
-def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> dict[str, Any]:
-    """The release's header, signature files and a page of its entries (`offset`, at most `limit`; None: all)."""
+def inspect(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> JsonObject:
+    """The release's header, signature files and a page of its entries (`offset`, at most `limit`; None: all),
+    as `inspect --json` prints it."""
     doc, rows = listing(root, offset=offset, limit=limit)
-    doc["entries"]["rows"] = list(rows)
-    return doc
+    return doc.model_copy(update={"entries": doc.entries.model_copy(update={"rows": list(rows)})}).as_json()
 
 
-def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-    """`inspect`'s document without its rows, and the rows, each read as it is consumed: a listing of every
+def listing(root: Path | str, *, offset: int = 0, limit: int | None = 20) -> tuple[ListingDoc, Iterator[Row]]:
+    """`inspect`'s document with no rows yet, and the rows, each read as it is consumed: a listing of every
     entry printed as it is read holds a few index shards, whatever the number of entries."""
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError(f"--offset {offset} / --limit {limit}: expected numbers of at least 0")
     lst = Listing.open(root)
     try:
-        header = lst.header()
+        h = lst.header()
         total = lst.count()
         shown = max(0, total - offset) if limit is None else max(0, min(limit, total - offset))
-        doc = {
-            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "release": lst.shown or str(lst.root), "verified": False, "note": NOT_VERIFIED, **header,
-            "files": lst.files(), "signatures": signatures(lst.root, header["root_digest"]),
-            "entries": {"total": total, "offset": offset, "shown": shown},
-        }
+        doc = ListingDoc(
+            format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__,
+            release=lst.shown or str(lst.root), verified=False, note=NOT_VERIFIED, release_format=h.release_format,
+            created=h.created, model=h.model, schedule=h.schedule, root_digest=h.root_digest,
+            environment=h.environment, files=lst.files(), signatures=signatures(lst.root, h.root_digest),
+            entries=Page(total=total, offset=offset, shown=shown, rows=[]))  # the rows: read as they are consumed
     except BaseException as exc:
         lst.__exit__(type(exc), exc, exc.__traceback__)
         raise
     return doc, _rows(lst, offset, limit)
 
 
-def _rows(lst: Listing, offset: int, limit: int | None) -> Iterator[dict[str, Any]]:
+def _rows(lst: Listing, offset: int, limit: int | None) -> Iterator[Row]:
     """The page's rows as they are read; the listing is closed when they are all read (or the reading stops)."""
     with lst:
         for e in lst.iter_page(offset, limit):
             yield entry_row(lst, e)
 
 
-def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
+def failure(release: Path | str, error: str, exit_code: int) -> Refusal:
     """The `inspect --json` document of a release that could not be inspected: the one line printed on stderr,
     and the exit status."""
-    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "release": str(release), "ok": False, "exit_code": exit_code, "error": error}
+    return Refusal(format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__,
+                   release=str(release), ok=False, exit_code=exit_code, error=error)
 
 
-def inspect_entry(root: Path | str, entry_id: str) -> dict[str, Any]:
+def inspect_entry(root: Path | str, entry_id: str) -> EntryInspection:
     """One entry in detail, with the release it belongs to named (nothing verified)."""
     with Listing.open(root) as listing:
-        return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-                "release": listing.shown or str(listing.root), "verified": False, "note": NOT_VERIFIED,
-                "root_digest": listing.header()["root_digest"], "entry": entry_detail(listing, entry_id)}
+        return EntryInspection(format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__,
+                               release=listing.shown or str(listing.root), verified=False, note=NOT_VERIFIED,
+                               root_digest=listing.header().root_digest, entry=entry_detail(listing, entry_id))

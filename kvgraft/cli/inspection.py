@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console, RenderableType
@@ -19,6 +19,10 @@ from rich.text import Text
 from kvgraft.cli._base import EXIT_INTERNAL, RELEASE_HELP, app, echo_json, handled, out
 from kvgraft.errors import Error
 from kvgraft.render.text import fitted, hanging, json_text, kv_lines, natural_width, num, plain
+
+if TYPE_CHECKING:
+    from kvgraft.results.base import JsonObject
+    from kvgraft.results.inspect import EntryInspection, Listing, Page, Row, Signature
 
 # The narrowest "first words" column worth showing; narrower, the entries are listed as paragraphs.
 MIN_PREVIEW = 16
@@ -49,7 +53,7 @@ def inspect_cmd(
         if as_json:  # as `verify --json`: the document and the exit status come from the same value
             code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
                           else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
-            echo_json(inspection.failure_dict(release, text, code))
+            echo_json(inspection.failure(release, text, code).as_json())
         raise
 
 
@@ -57,11 +61,11 @@ def _inspect(release: str, entry: str | None, limit: int, offset: int, as_json: 
     from kvgraft import inspection
 
     if entry is not None:
-        doc = inspection.inspect_entry(release, entry)
+        detail = inspection.inspect_entry(release, entry)
         if as_json:
-            echo_json(doc)
+            echo_json(detail.as_json())
             return
-        for r in entry_renderables(doc, out):
+        for r in entry_renderables(detail, out):
             out.print(r)
         return
     # The rows are printed as they are read: listing every entry holds a few index shards, not every record.
@@ -73,14 +77,17 @@ def _inspect(release: str, entry: str | None, limit: int, offset: int, as_json: 
         out.print(r)
 
 
-def echo_streamed(doc: dict[str, Any], rows: Iterator[dict[str, Any]]) -> None:
+def echo_streamed(doc: Listing, rows: Iterator[Row]) -> None:
     """Print `doc` with `rows` as its entries' rows, the text echo_json gives (render.json_text: hidden
     characters escaped). Each row is made into text as it is read (one index shard held at a time; a row's
     text is a few hundred bytes) and nothing is printed until the last is: a shard refused midway leaves
     stdout empty, never half a document."""
     marker = "\x00rows"  # split at its last occurrence: the rows are the document's last member, after any text
-    head, tail = json_text({**doc, "entries": {**doc["entries"], "rows": marker}}).rsplit(json.dumps(marker), 1)
-    texts = [json_text(row).replace("\n", "\n      ") for row in rows]
+    whole = doc.as_json()
+    entries = whole["entries"]
+    assert isinstance(entries, dict)
+    head, tail = json_text({**whole, "entries": {**entries, "rows": marker}}).rsplit(json.dumps(marker), 1)
+    texts = [json_text(row.as_json()).replace("\n", "\n      ") for row in rows]
     body = "[\n      " + ",\n      ".join(texts) + "\n    ]" if texts else "[]"
     typer.echo(head + body + tail)
 
@@ -89,34 +96,39 @@ def _lines(width: int, title: str, rows: list[tuple[str, str]]) -> Text:
     return Text("\n".join(kv_lines(width, title, [(k, plain(v)) for k, v in rows])))
 
 
-def _signer(s: dict[str, Any]) -> str:
-    if s.get("problem") and not s.get("method"):
-        return f"cannot be read: {s['problem']}"
-    if s["method"] == "key":
+def _signer(s: Signature) -> str:
+    if s.problem and not s.method:
+        return f"cannot be read: {s.problem}"
+    if s.method == "key":
         from kvgraft.signing.keys import KEY_ID_IS
 
-        who = f"key {s['signer']} ({KEY_ID_IS})" if s.get("signer") else "a key it does not name"
+        who = f"key {s.signer} ({KEY_ID_IS})" if s.signer else "a key it does not name"
     else:
-        who = f"{s.get('signer') or '?'} via {s.get('issuer') or '?'} (Sigstore certificate)"
-    named = s.get("names_this_manifest")
+        who = f"{s.signer or '?'} via {s.issuer or '?'} (Sigstore certificate)"
+    named = s.names_this_manifest
     stmt = "" if named is None else ("; its statement names this manifest's root digest" if named
                                      else "; its statement names ANOTHER root digest (stale or foreign)")
-    return f"{s['what']}, names {who}{stmt}; NOT verified" + (f"; {s['problem']}" if s.get("problem") else "")
+    return f"{s.what}, names {who}{stmt}; NOT verified" + (f"; {s.problem}" if s.problem else "")
 
 
-def header_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
-    m, env, sched = doc["model"], doc["environment"], doc["schedule"]
-    ident = m["identity"]
+def _object(value: object) -> JsonObject:
+    """A member of the header that the manifest's schema says is an object (cut to size, still an object)."""
+    return value if isinstance(value, dict) else {}
+
+
+def header_renderables(doc: Listing, console: Console) -> list[RenderableType]:
+    m, env, sched = doc.model, doc.environment, doc.schedule
+    ident = _object(m["identity"])
     mode = "one-shot" if sched.get("chunk_tokens") is None else f"chunks of {sched['chunk_tokens']} tokens"
     rows = [
-        ("release", doc["release"]), ("root digest", doc["root_digest"]),
-        ("created", f"{doc['created']} by kvgraft {doc['release_format']['kvgraft_version']} "
-                    f"(format {doc['release_format']['version']})"),
+        ("release", doc.release), ("root digest", doc.root_digest),
+        ("created", f"{doc.created} by kvgraft {doc.release_format.kvgraft_version} "
+                    f"(format {doc.release_format.version})"),
         ("model", f"{m['spec']} ({m['architecture']}, {m['model_type']}, {m['num_hidden_layers']} layers)"),
-        ("model identity", ident["sha256"]),
+        ("model identity", str(ident["sha256"])),
         ("weights", f"{ident['weights_sha256']} ({num(ident['num_tensors'])} tensors, "
                       f"{num(ident['num_parameters'])} parameters)"),
-        ("tokenizer", ident["tokenizer_sha256"]), ("config", ident["config_sha256"]),
+        ("tokenizer", str(ident["tokenizer_sha256"])), ("config", str(ident["config_sha256"])),
         ("schedule", f"{mode}, batch {sched['batch_size']}, special tokens "
                      + ("added" if sched["add_special_tokens"] else "not added")
                      + (", generation prompt" if sched.get("add_generation_prompt") else "")),
@@ -126,22 +138,19 @@ def header_renderables(doc: dict[str, Any], console: Console) -> list[Renderable
         ("versions", f"python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
                        f"kvgraft {env['kvgraft']}, {env['platform']}"),
     ]
-    sigs = doc["signatures"]
-    rows += [(f"signature {s['file']}", _signer(s)) for s in sigs] or [("signature", "none: the release is unsigned")]
+    rows += [(f"signature {s.file}", _signer(s)) for s in doc.signatures] or [("signature", "none: the release is unsigned")]
     out: list[RenderableType] = [_lines(console.width, "", rows)]
-    out.append(Text("\n".join(hanging("", doc["note"], console.width, indent=0)), style="yellow"))
+    out.append(Text("\n".join(hanging("", doc.note, console.width, indent=0)), style="yellow"))
     return out
 
 
-def entries_renderable(doc: dict[str, Any], page: list[dict[str, Any]], console: Console, *,
-                       titled: bool = True) -> RenderableType:
-    e = doc["entries"]
-    first, last = e["offset"] + 1, e["offset"] + e["shown"]
-    title = (f"entries {first}-{last} of {num(e['total'])}" if e["shown"] else
-             f"no entries shown (offset {e['offset']} of {num(e['total'])})") if titled else None
+def entries_renderable(e: Page, page: list[Row], console: Console, *, titled: bool = True) -> RenderableType:
+    """A block of the entries table (`page`), titled with where it lies among the release's entries (`e`)."""
+    first, last = e.offset + 1, e.offset + e.shown
+    title = (f"entries {first}-{last} of {num(e.total)}" if e.shown else
+             f"no entries shown (offset {e.offset} of {num(e.total)})") if titled else None
     headers = ["id", "tokens", "bytes", "source", "first words"]
-    rows = [[plain(r["id"]), num(r["num_tokens"]), num(r["bytes"]), plain(r["source_kind"]), plain(r["preview"])]
-            for r in page]
+    rows = [[plain(r.id), num(r.num_tokens), num(r.bytes), plain(r.source_kind), plain(r.preview)] for r in page]
 
     def table(preview_width: int | None) -> Table:
         t = Table(title=title, title_justify="left", show_header=titled)
@@ -162,67 +171,68 @@ def entries_renderable(doc: dict[str, Any], page: list[dict[str, Any]], console:
 BLOCK_ROWS = 1000  # rows laid out as one table: a listing of every entry is printed a block at a time
 
 
-def renderables(doc: dict[str, Any], rows: Iterable[dict[str, Any]], console: Console) -> Iterator[RenderableType]:
+def renderables(doc: Listing, rows: Iterable[Row], console: Console) -> Iterator[RenderableType]:
     """The whole inspection: header, signatures, entries (`rows`, consumed a block at a time); the command to
     page on when more remain."""
     yield from header_renderables(doc, console)
     it = iter(rows)
     block = list(itertools.islice(it, BLOCK_ROWS))
-    yield entries_renderable(doc, block, console)
+    yield entries_renderable(doc.entries, block, console)
     while block := list(itertools.islice(it, BLOCK_ROWS)):
-        yield entries_renderable(doc, block, console, titled=False)
-    e = doc["entries"]
-    rest = e["total"] - e["offset"] - e["shown"]
+        yield entries_renderable(doc.entries, block, console, titled=False)
+    e = doc.entries
+    rest = e.total - e.offset - e.shown
     if rest > 0:
-        yield Text(f"{num(rest)} more: --offset {e['offset'] + e['shown']}; one entry in detail: "
+        yield Text(f"{num(rest)} more: --offset {e.offset + e.shown}; one entry in detail: "
                    "kvgraft inspect RELEASE ID", style="dim")
 
 
-def entry_renderables(doc: dict[str, Any], console: Console) -> list[RenderableType]:
+def entry_renderables(doc: EntryInspection, console: Console) -> list[RenderableType]:
     """One entry: its file and digests, source, tokens, then its layers and tensors."""
-    e = doc["entry"]
-    src = e["source"]
-    rows = [("entry", e["id"]), ("release", doc["release"]), ("root digest", doc["root_digest"]),
-            ("tokens", f"{num(e['num_tokens'])} (token ids sha256 {e['token_ids_sha256']})"),
-            ("first token ids", ", ".join(str(t) for t in e["token_ids_head"])
-             + (", …" if e["num_tokens"] > len(e["token_ids_head"]) else "")),
-            ("file", f"{e['file']}: {num(e['bytes'])} bytes, sha256 {e['file_sha256']}"),
-            ("tensor bytes", num(e["tensor_bytes"])), ("entry digest", e["digest"]),
-            ("source", f"{src['kind']}, sha256 {src['sha256']}"),
-            ("next token", f"argmax {e['next_token']['argmax']}, logits sha256 {e['next_token']['logits_sha256']}"),
-            ("probe tokens", num(e["probe_tokens"]))]
-    if "answer" in e:
-        rows.append(("answer", str(e["answer"]) + (" …(cut for display)" if e.get("answer_truncated") else "")))
-    if "text" in src:
-        rows.append(("text", src["text"] + (" …(cut for display)" if src.get("truncated") else "")))
-    elif "messages" in src:
-        rows.append(("messages", f"{src['messages']} messages; first: {e['preview']}"))
+    e = doc.entry
+    src = e.source
+    rows = [("entry", e.id), ("release", doc.release), ("root digest", doc.root_digest),
+            ("tokens", f"{num(e.num_tokens)} (token ids sha256 {e.token_ids_sha256})"),
+            ("first token ids", ", ".join(str(t) for t in e.token_ids_head)
+             + (", …" if e.num_tokens > len(e.token_ids_head) else "")),
+            ("file", f"{e.file}: {num(e.bytes)} bytes, sha256 {e.file_sha256}"),
+            ("tensor bytes", num(e.tensor_bytes)), ("entry digest", e.digest),
+            ("source", f"{src.kind}, sha256 {src.sha256}"),
+            ("next token", f"argmax {e.next_token['argmax']}, logits sha256 {e.next_token['logits_sha256']}"),
+            ("probe tokens", num(e.probe_tokens))]
+    if "answer" in e.model_fields_set:
+        rows.append(("answer", str(e.answer) + (" …(cut for display)" if e.answer_truncated else "")))
+    if src.text is not None:
+        rows.append(("text", src.text + (" …(cut for display)" if src.truncated else "")))
+    elif src.messages is not None:
+        rows.append(("messages", f"{src.messages} messages; first: {e.preview}"))
     out: list[RenderableType] = [_lines(console.width, "", rows)]
-    lt = Table(title=f"layers ({num(e['layers_total'])})", title_justify="left")
+    lt = Table(title=f"layers ({num(e.layers_total)})", title_justify="left")
     lheads = ["layer", "kind", "keys", "values", "positions", "window / seen / shared with"]
     for i, h in enumerate(lheads):
         lt.add_column(h, justify="right" if i == 0 else "left")
     lrows = []
-    for layer in e["layers"][:SHOWN_ROWS]:
+    for layer in e.layers[:SHOWN_ROWS]:
         pos = layer.get("positions")
         extra = " / ".join(str(layer[k]) if k in layer else "-" for k in ("sliding_window", "cumulative_length", "shared_with"))
-        lrows.append([str(layer["index"]), plain(layer["kind"]), plain(layer.get("keys", "-")),
-                      plain(layer.get("values", "-")), f"[{pos[0]}, {pos[1]})" if pos else "-", extra])
+        lrows.append([str(layer["index"]), plain(str(layer["kind"])), plain(str(layer.get("keys", "-"))),
+                      plain(str(layer.get("values", "-"))),
+                      f"[{pos[0]}, {pos[1]})" if isinstance(pos, list) and len(pos) == 2 else "-", extra])
     for row in lrows:
         lt.add_row(*[Text(c) for c in row])
     out.append(fitted(console, lt, lheads, lrows))
-    out += _more(e["layers_total"] - len(lrows), "layers")
-    tt = Table(title=f"tensors ({num(e['tensors_total'])})", title_justify="left")
+    out += _more(e.layers_total - len(lrows), "layers")
+    tt = Table(title=f"tensors ({num(e.tensors_total)})", title_justify="left")
     theads = ["tensor", "dtype", "shape", "bytes", "sha256"]
     for i, h in enumerate(theads):
         tt.add_column(h, justify="right" if i == 3 else "left", overflow="fold")
-    trows = [[plain(t["name"]), t["dtype"], "×".join(str(s) for s in t["shape"]), num(t["bytes"]), t["sha256"]]
-             for t in e["tensors"][:SHOWN_ROWS]]
+    trows = [[plain(t.name), t.dtype, "×".join(str(s) for s in t.shape), num(t.bytes), t.sha256]
+             for t in e.tensors[:SHOWN_ROWS]]
     for row in trows:
         tt.add_row(*[Text(c) for c in row])
     out.append(fitted(console, tt, theads, trows))
-    out += _more(e["tensors_total"] - len(trows), "tensors (by position in the file)")
-    out.append(Text("\n".join(hanging("", doc["note"], console.width, indent=0)), style="yellow"))
+    out += _more(e.tensors_total - len(trows), "tensors (by position in the file)")
+    out.append(Text("\n".join(hanging("", doc.note, console.width, indent=0)), style="yellow"))
     return out
 
 

@@ -1,10 +1,11 @@
 """Executors: where the work units of an audit run, in-process or on a Ray cluster.
 
 An audit is a list of work units: one per entry (recompute), one per (problem, condition)
-(generalization). Each unit is a pure function `fn(lm, release, unit) -> dict` of its inputs; an
-executor applies it to every unit and returns the results in unit order, each with a `placement`
-record: which node, process and device computed it, that device's environment, and how that
-environment differs from the one the release recorded (so drift on a mixed cluster shows per entry).
+(generalization). Each unit is a pure function `fn(lm, release, unit) -> result` of its inputs (a
+result is a JSON object); an executor applies it to every unit and returns the results in unit
+order, each with a `placement` record (kvgraft.execution.records.Placement): which node, process and
+device computed it, that device's environment, and how that environment differs from the one the
+release recorded (so drift on a mixed cluster shows per entry).
 
 - `LocalExecutor` runs the units one after another in this process, on the model already loaded.
 - `RayExecutor` keeps a pool of Ray actors (`kvgraft.execution.ray_worker.Worker`), each started with
@@ -38,19 +39,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
+
+from pydantic import JsonValue
 
 from kvgraft.errors import InputError, ModelMismatchError
-from kvgraft.inference.models import Identity, LoadedModel
+from kvgraft.execution.records import Cluster, Failure, Outcome, Placement, R, ReleaseHandle, Where, WorkerInfo, worker_row
+from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 from kvgraft.release.records import MANIFEST, safe_path
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.attest import BUNDLE_NAME, OMS_NAME
 from kvgraft.signing.verify import VerifiedRelease
 
 KINDS = ("local", "ray")
-UnitFn = Callable[[LoadedModel, VerifiedRelease, Any], dict[str, Any]]
+U = TypeVar("U")  # a unit of work: an entry's record, a (problem, condition) task
+UnitFn = Callable[[LoadedModel, VerifiedRelease, U], R]
 Progress = Callable[[int, int, str], None]
-OnResult = Callable[[int, dict[str, Any]], None]  # (unit index, its result), as each one lands
+OnResult = Callable[[int, R], None]  # (unit index, its result), as each one lands
 # `cost` is the recompute's cost ledger: tokens per second and wall time, timing like `seconds`.
 TIMING_KEYS = frozenset({"seconds", "created", "energy", "energy_joules", "cost"})
 PLACEMENT_KEYS = frozenset({"placement", "executor"})
@@ -63,7 +69,7 @@ PLAN_KEYS = {"kind": str, "address": str, "workers": int, "ship": bool, "threads
 class NotAuditedError(InputError):
     """Work units that could not be run (worker faults beyond the retry bound): exit code 2."""
 
-    def __init__(self, message: str, missing: Sequence[str] = (), failures: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(self, message: str, missing: Sequence[str] = (), failures: Sequence[Failure] = ()) -> None:
         super().__init__(message)
         self.missing = list(missing)
         self.failures = list(failures)
@@ -98,13 +104,13 @@ class _ConfigOnly:
         self.config = config
 
 
-def remote_model(info: dict[str, Any]) -> LoadedModel:
+def remote_model(info: WorkerInfo) -> LoadedModel:
     """A LoadedModel without weights, describing what the workers loaded (spec, identity, config, device)."""
-    return LoadedModel(str(info["spec"]), cast(Any, _ConfigOnly(info["config"])), cast(Any, None), str(info["device"]),
-                       str(info["dtype"]), str(info["attn"]), _identity=Identity(**info["identity"]))
+    return LoadedModel(info.spec, cast(Any, _ConfigOnly(info.config)), cast(Any, None), info.device, info.dtype,
+                       info.attn, _identity=info.identity)
 
 
-def _labels(units: Sequence[Any], labels: Sequence[str] | None) -> list[str]:
+def _labels(units: Sequence[object], labels: Sequence[str] | None) -> list[str]:
     if labels is not None:
         if len(labels) != len(units):
             raise ValueError("one label per unit")
@@ -118,9 +124,9 @@ class Executor(ABC):
     kind = ""
 
     @abstractmethod
-    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn[U, R], release: VerifiedRelease, units: Sequence[U], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
-            on_result: OnResult | None = None) -> list[dict[str, Any]]:
+            on_result: OnResult[R] | None = None) -> list[R]:
         """`progress(done, total, label)`: `label` names a unit just started (local) or just finished (ray).
         `on_result(index, result)` is called in this process once per unit, as its result lands (a journal
         records it there, so an interrupted run loses no finished unit)."""
@@ -134,11 +140,11 @@ class Executor(ABC):
         fixed one. Ray actors are sized and started with it; in this process `reapply.applied` sets it."""
 
     @abstractmethod
-    def environment(self, lm: LoadedModel) -> dict[str, Any]:
+    def environment(self, lm: LoadedModel) -> JsonObject:
         """The environment the units run in (kvgraft.inference.environment.record), for the result's `current`."""
 
     @abstractmethod
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """JSON-ready: kind, workers and where they run, retries and failures so far."""
 
     @abstractmethod
@@ -176,34 +182,32 @@ class LocalExecutor(Executor):
     def model(self, load: Callable[[], LoadedModel]) -> LoadedModel:
         return load()
 
-    def environment(self, lm: LoadedModel) -> dict[str, Any]:
+    def environment(self, lm: LoadedModel) -> JsonObject:
         from kvgraft.inference.environment import record
 
         with self._threads():
             return record(lm.device, lm.dtype, lm.attn)
 
-    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn[U, R], release: VerifiedRelease, units: Sequence[U], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
-            on_result: OnResult | None = None) -> list[dict[str, Any]]:
-        from kvgraft.execution.ray_worker import node_placement, torch_device_name
+            on_result: OnResult[R] | None = None) -> list[R]:
+        from kvgraft.execution.ray_worker import torch_device_name
         from kvgraft.inference.environment import differences
 
         if lm is None:
             raise InputError("the local executor needs a loaded model")
         names = _labels(units, labels)
         n = len(units)
-        out: list[dict[str, Any]] = []
+        out: list[R] = []
         with self._threads():
             env = self.environment(lm)
             diffs = {k: list(v) for k, v in differences(release.manifest.get("environment", {}), env).items()}
-            where = node_placement("local", node_id=None, worker=0, device=torch_device_name(lm), environment=env,
-                                   identity=lm.identity.sha256)
+            where = Where("local", node_id=None, worker=0, device=torch_device_name(lm), model_identity=lm.identity.sha256,
+                          environment=env)
             for i, unit in enumerate(units):
                 if progress:
                     progress(i, n, names[i])
-                result = fn(lm, release, unit)
-                result["placement"] = {**where, "release_root": str(release.root), "environment_differences": diffs,
-                                       "attempt": 1}
+                result = Outcome(fn(lm, release, unit), Placement(where, str(release.root), diffs)).placed(1)
                 out.append(result)
                 if on_result:
                     on_result(i, result)
@@ -211,7 +215,7 @@ class LocalExecutor(Executor):
                 progress(n, n, names[-1])
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"kind": self.kind, "workers": 1, "threads": self.threads}
 
 
@@ -221,7 +225,7 @@ class RayExecutor(Executor):
     kind = "ray"
 
     def __init__(self, model: ModelSpec, *, address: str | None = None, workers: int | None = None, ship: bool = False,
-                 max_retries: int = 2, inflight: int = 2, init_options: dict[str, Any] | None = None,
+                 max_retries: int = 2, inflight: int = 2, init_options: JsonObject | None = None,
                  start_timeout_s: float = 600.0) -> None:
         if workers is not None and workers < 1:
             raise InputError(f"--workers must be >= 1, got {workers}")
@@ -240,14 +244,14 @@ class RayExecutor(Executor):
         self.init_options = dict(init_options or {})
         self.start_timeout_s = start_timeout_s
         self.actors: list[Any] = []
-        self.infos: list[dict[str, Any]] = []
+        self.infos: list[WorkerInfo] = []
         self.alive: list[bool] = []
-        self.failures: list[dict[str, Any]] = []
+        self.failures: list[Failure] = []
         self.retried = 0
         self._owns_ray = False
-        self._shipped: dict[str, Any] = {}
+        self._shipped: dict[str, object] = {}  # root digest -> the object-store reference of its files
         self._lm: LoadedModel | None = None
-        self._cluster: dict[str, Any] = {}
+        self._cluster: Cluster | None = None
         self._reapplied_threads: int | None = None  # the release's recorded count, when the user fixed none
         self._use_gpu = False
 
@@ -270,7 +274,7 @@ class RayExecutor(Executor):
             return self._lm
         ray = self.ray()
         if not ray.is_initialized():
-            opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
+            opts: JsonObject = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
                                     **self.init_options}
             if self.address:
                 opts["address"] = self.address
@@ -295,7 +299,7 @@ class RayExecutor(Executor):
             n = self.workers or gpus
             if n > gpus:
                 raise InputError(f"--workers {n}: the Ray cluster has {gpus} GPUs (one worker per GPU)")
-            options: dict[str, Any] = {"num_gpus": 1, "num_cpus": threads or 1}
+            options: dict[str, int] = {"num_gpus": 1, "num_cpus": threads or 1}
         else:
             slot = threads or 1
             n = self.workers or max(1, cpus // slot)
@@ -305,9 +309,8 @@ class RayExecutor(Executor):
         from kvgraft.execution.ray_worker import Worker
 
         actor_cls = ray.remote(Worker).options(max_restarts=0, max_task_retries=0, **options)
-        spec = {"spec": self.spec.spec, "conditions": self.worker_conditions(use_gpu, threads).payload()}
-        self._cluster = {"address": self.address or os.environ.get("RAY_ADDRESS"), "started_here": self._owns_ray,
-                         "resources": {"CPU": cpus, "GPU": gpus}, "worker_resources": options}
+        spec = ModelSpec(self.spec.spec, self.worker_conditions(use_gpu, threads))
+        self._cluster = Cluster(self.address or os.environ.get("RAY_ADDRESS"), self._owns_ray, cpus, gpus, options)
         self.actors = [actor_cls.remote(spec, i) for i in range(n)]
         self.alive = [True] * n
         try:
@@ -323,10 +326,10 @@ class RayExecutor(Executor):
             if isinstance(exc, self._lost_errors()):
                 raise InputError(f"a Ray worker died while loading {self.spec.spec}: {_first_line(exc)}") from None
             raise
-        ids = {i["identity"]["sha256"] for i in self.infos}
+        ids = {i.identity.sha256 for i in self.infos}
         if len(ids) > 1:
             self.close()
-            per = ", ".join(f"worker {i} on {w['placement']['hostname']}: {w['identity']['sha256'][:16]}…"
+            per = ", ".join(f"worker {i} on {w.where.hostname}: {w.identity.sha256[:16]}…"
                             for i, w in enumerate(self.infos))
             raise ModelMismatchError(f"the Ray workers loaded different models from {self.spec.spec!r}: {per}")
         self._lm = remote_model(self.infos[0])
@@ -357,7 +360,7 @@ class RayExecutor(Executor):
             return  # GPU actors: the thread count does not decide their bytes here
         self._reapplied_threads = threads
         if started:
-            current = {i.get("threads") for i in self.infos}
+            current = {i.threads for i in self.infos}
             if current != {threads}:
                 self._stop_actors()
                 self.start()
@@ -377,9 +380,9 @@ class RayExecutor(Executor):
         with contextlib.suppress(Exception):  # a worker lost or slow: its node's `kvgraft cache prune` removes the rest
             self.ray().get([a.close.remote() for a in alive], timeout=30)
 
-    def environment(self, lm: LoadedModel) -> dict[str, Any]:
+    def environment(self, lm: LoadedModel) -> JsonObject:
         self.start()
-        return dict(self.infos[0]["environment"])
+        return dict(self.infos[0].environment)
 
     def close(self) -> None:
         """Kill the actors; shut Ray down if this executor started it."""
@@ -403,20 +406,18 @@ class RayExecutor(Executor):
 
     # ------------------------------------------------------------ releases
 
-    def _handle(self, release: VerifiedRelease) -> dict[str, Any]:
-        """What a worker needs to open the release itself and verify it under the driver's policy (the policy
-        travels, never an opened Release: each worker holds a VerifiedRelease of its own)."""
+    def _handle(self, release: VerifiedRelease) -> ReleaseHandle:
+        """What a worker needs to open the release itself and verify it under the driver's policy."""
         key = str(release.manifest["root_digest"])
         root = release.root.resolve()
         source = release.source
-        policy = {"policy": release.policy}
         if source.remote:
             # Read where it is published: each worker opens the location itself and fetches, checks and caches
             # the pieces of the entries it judges (the driver's mirror folder is on the driver's machine, and
             # shipping would fetch every piece of the release).
-            return {"root": str(root), "root_digest": key, "shipped": None, "location": source.location, **policy}
+            return ReleaseHandle(str(root), key, release.policy, location=source.location)
         if not self.ship:
-            return {"root": str(root), "root_digest": key, "shipped": None, **policy}
+            return ReleaseHandle(str(root), key, release.policy)
         if key not in self._shipped:
             files = {MANIFEST: (root / MANIFEST).read_bytes()}
             for rel in release.release.all_files():
@@ -427,13 +428,13 @@ class RayExecutor(Executor):
             self._shipped[key] = self.ray().put(files)
         # The files the policy names (public keys, a detached OMS signature) travel with it: nodes share no folder.
         named = {str(p): Path(p).read_bytes() for p in (*release.policy.keys, release.policy.oms_signature) if p}
-        return {"root": str(root), "root_digest": key, "shipped": self._shipped[key], **policy, "policy_files": named}
+        return ReleaseHandle(str(root), key, release.policy, shipped=self._shipped[key], policy_files=named)
 
     # ------------------------------------------------------------ the work
 
-    def map(self, fn: UnitFn, release: VerifiedRelease, units: Sequence[Any], *, lm: LoadedModel | None = None,
+    def map(self, fn: UnitFn[U, R], release: VerifiedRelease, units: Sequence[U], *, lm: LoadedModel | None = None,
             labels: Sequence[str] | None = None, progress: Progress | None = None,
-            on_result: OnResult | None = None) -> list[dict[str, Any]]:
+            on_result: OnResult[R] | None = None) -> list[R]:
         self.start()
         ray = self.ray()
         lost_errors = self._lost_errors()
@@ -441,7 +442,7 @@ class RayExecutor(Executor):
         handle = self._handle(release)
         names = _labels(units, labels)
         n = len(units)
-        results: list[dict[str, Any] | None] = [None] * n
+        results: list[R | None] = [None] * n
         attempts = [0] * n
         gave_up: dict[int, str] = {}
         queue: deque[int] = deque(range(n))
@@ -466,7 +467,7 @@ class RayExecutor(Executor):
                 idx, w = pending.pop(ref)
                 load[w] -= 1
                 try:
-                    result = ray.get(ref)
+                    outcome: Outcome[R] = ray.get(ref)
                 except lost_errors as exc:
                     self._lost(w, names[idx], exc)
                     attempts[idx] += 1
@@ -481,8 +482,7 @@ class RayExecutor(Executor):
                         raise exc.cause from None
                     raise
                 if results[idx] is None:  # kept once: a late duplicate is never counted twice
-                    result["placement"]["attempt"] = attempts[idx] + 1
-                    results[idx] = result
+                    result = results[idx] = outcome.placed(attempts[idx] + 1)
                     done += 1
                     if on_result:
                         on_result(idx, result)
@@ -496,29 +496,25 @@ class RayExecutor(Executor):
                 f"{len(missing)} of {n} work units were NOT audited after worker failures (at most {self.max_retries} "
                 f"retries each, {sum(self.alive)} of {len(self.actors)} workers left): {why}{more}",
                 [names[i] for i in missing], self.failures)
-        return cast(list[dict[str, Any]], results)
+        return cast(list[R], results)
 
     def _lost(self, w: int, label: str, exc: BaseException) -> None:
         if self.alive[w]:
             self.alive[w] = False
             with contextlib.suppress(Exception):  # an unavailable actor must not come back and compute twice
                 self.ray().kill(self.actors[w], no_restart=True)
-        where = self.infos[w]["placement"] if w < len(self.infos) else {}
-        self.failures.append({"worker": w, "node_id": where.get("node_id"), "hostname": where.get("hostname"),
-                              "unit": label, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
+        where = self.infos[w].where if w < len(self.infos) else None
+        self.failures.append(Failure(w, where.node_id if where else None, where.hostname if where else None, label,
+                                     f"{type(exc).__name__}: {_first_line(exc)}"))
 
-    def describe(self) -> dict[str, Any]:
-        workers = []
-        for i, info in enumerate(self.infos):
-            p = info["placement"]
-            workers.append({"worker": i, "alive": self.alive[i] if i < len(self.alive) else False,
-                            "node_id": p.get("node_id"), "node_ip": p.get("node_ip"), "hostname": p.get("hostname"),
-                            "pid": p.get("pid"), "device": p.get("device"), "device_name": p.get("device_name"),
-                            "accelerator_ids": p.get("accelerator_ids"), "threads": info.get("threads")})
-        envs = {repr(sorted(i["environment"].items())) for i in self.infos}
-        return {"kind": self.kind, **self._cluster, "ship": self.ship, "max_retries": self.max_retries,
-                "workers": workers, "nodes": len({w["node_id"] for w in workers}),
-                "mixed_environments": len(envs) > 1, "retried_units": self.retried, "failures": list(self.failures)}
+    def describe(self) -> JsonObject:
+        workers: list[JsonValue] = [worker_row(i, info, self.alive[i] if i < len(self.alive) else False)
+                                    for i, info in enumerate(self.infos)]
+        envs = {repr(sorted(i.environment.items())) for i in self.infos}
+        return {"kind": self.kind, **(self._cluster.as_json() if self._cluster else {}), "ship": self.ship,
+                "max_retries": self.max_retries, "workers": workers,
+                "nodes": len({i.where.node_id for i in self.infos}), "mixed_environments": len(envs) > 1,
+                "retried_units": self.retried, "failures": [f.as_json() for f in self.failures]}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,11 +29,15 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeAlias
 
+from pydantic import JsonValue
+
 from kvgraft._internal.jsonio import MAX_DEPTH, loads_strict, nesting_depth, open_regular, stat_or_none, unreadable, writing
 from kvgraft.errors import BusyError, InputError
+from kvgraft.results.base import JsonObject
 
 KIND = "kvgraft-journal"
 VERSION = 1
@@ -46,9 +50,63 @@ MAX_HEADER_PARSED = 16 * 1024 * 1024
 MAX_RESULT_LINE = 4 * 1024 * 1024
 
 Unit: TypeAlias = str | tuple[str | int, ...]  # a tuple is written as a JSON list and read back as a tuple
+# Why a result read back cannot be reused (None: it can).
+Check: TypeAlias = Callable[[Unit, JsonObject], str | None]
 
 
-def _first_difference(a: Any, b: Any, path: str = "run") -> str | None:
+@dataclass(frozen=True)
+class Header:
+    """A journal's first line: the run it belongs to (the settings that decide verdicts: the caller's JSON)."""
+
+    run: JsonObject
+
+    def encode(self) -> bytes:
+        return json.dumps({"kind": KIND, "version": VERSION, "run": self.run}).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, first: bytes, path: Path) -> Header:
+        """The header a journal's first line holds; anything else is not a journal kvgraft wrote."""
+        if not first.endswith(b"\n"):
+            raise InputError(f"{path}: not a kvgraft journal (no complete first line); kvgraft writes, truncates or "
+                             "removes only a journal it wrote: choose another --journal, or remove the file")
+        if len(first) > MAX_HEADER_PARSED:
+            raise InputError(f"{path}:1: a journal of another run (a header of {len(first)} bytes, not this run's)")
+        try:
+            doc = loads_strict(first, f"{path}:1")
+        except InputError:
+            doc = None
+        if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
+            raise InputError(f"{path}:1: not a kvgraft journal (version {VERSION}); kvgraft writes, truncates or "
+                             "removes only a journal it wrote: choose another --journal, or remove the file")
+        run = doc.get("run")
+        if not isinstance(run, dict):
+            raise InputError(f"{path}:1: journal header has no run")
+        return cls(run)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One judged unit, as a line after the header."""
+
+    unit: Unit
+    result: JsonObject
+
+    def encode(self) -> bytes:
+        # json.dumps, not a strict writer: a result may hold a non-finite float (written Infinity), read back as such
+        return json.dumps({"unit": self.unit, "result": self.result}, default=str).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, line: bytes, where: str, units: set[Unit]) -> Line:
+        """A judged unit of this run as `encode` wrote it; anything else is refused naming `where`."""
+        doc = _result_line(line, where)
+        unit = _unit(doc.get("unit")) if isinstance(doc, dict) else None
+        result = doc.get("result") if isinstance(doc, dict) else None
+        if unit is None or unit not in units or not isinstance(result, dict):
+            raise InputError(f"{where}: not a judged unit of this run")
+        return cls(unit, result)
+
+
+def _first_difference(a: JsonValue, b: JsonValue, path: str = "run") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if k not in a or k not in b:
@@ -60,32 +118,36 @@ def _first_difference(a: Any, b: Any, path: str = "run") -> str | None:
     return None if a == b else path
 
 
-def _plain(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=str))
+def _plain(run: JsonObject) -> JsonObject:
+    """`run` as it reads back from JSON (a tuple as a list, a path as its string)."""
+    plain: JsonObject = json.loads(json.dumps(run, default=str))
+    return plain
 
 
-def _result_line(line: bytes, where: str) -> Any:
+def _result_line(line: bytes, where: str) -> JsonValue:
     """A judged unit as `record` wrote it. Python's own reader, not the strict one: a result may hold a
     non-finite float (json.dumps writes Infinity) that must read back; its nesting is bounded first."""
     try:
         if nesting_depth(line) > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-        return json.loads(line)
+        doc: JsonValue = json.loads(line)
+        return doc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError(f"{where}: invalid journal line: {exc}") from None
 
 
-def _unit(value: Any) -> Unit | None:
+def _unit(value: JsonValue) -> Unit | None:
     """A unit id as a journal line holds it, or None when it is none."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    return None
-
-
-def _header_bytes(run: dict[str, Any]) -> bytes:
-    return json.dumps({"kind": KIND, "version": VERSION, "run": run}).encode() + b"\n"
+    if not isinstance(value, list):
+        return None
+    parts: list[str | int] = []
+    for v in value:
+        if not isinstance(v, str | int) or isinstance(v, bool):
+            return None
+        parts.append(v)
+    return tuple(parts)
 
 
 def _first_line(fd: int, path: Path) -> bytes:
@@ -108,34 +170,14 @@ def _first_line(fd: int, path: Path) -> bytes:
                      "or removes only a journal it wrote: choose another --journal, or remove the file")
 
 
-def _parse_header(first: bytes, path: Path) -> dict[str, Any]:
-    """The run a journal's first line records; anything else is not a journal kvgraft wrote."""
-    if not first.endswith(b"\n"):
-        raise InputError(f"{path}: not a kvgraft journal (no complete first line); kvgraft writes, truncates or "
-                         "removes only a journal it wrote: choose another --journal, or remove the file")
-    if len(first) > MAX_HEADER_PARSED:
-        raise InputError(f"{path}:1: a journal of another run (a header of {len(first)} bytes, not this run's)")
-    try:
-        doc = loads_strict(first, f"{path}:1")
-    except InputError:
-        doc = None
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
-        raise InputError(f"{path}:1: not a kvgraft journal (version {VERSION}); kvgraft writes, truncates or removes "
-                         "only a journal it wrote: choose another --journal, or remove the file")
-    run = doc.get("run")
-    if not isinstance(run, dict):
-        raise InputError(f"{path}:1: journal header has no run")
-    return run
-
-
-def header(path: Path) -> dict[str, Any] | None:
+def header(path: Path) -> JsonObject | None:
     """The run a journal records, or None when there is no journal at `path`; a path holding anything but a
     journal (a user's file, a device, a folder) is refused."""
     if stat_or_none(path) is None:
         return None
     fd = open_regular(path, "a journal")
     try:
-        return _parse_header(_first_line(fd, path), path)
+        return Header.decode(_first_line(fd, path), path).run
     finally:
         os.close(fd)
 
@@ -151,17 +193,18 @@ def is_journal(path: Path) -> bool:
 class Journal:
     """Judged units of one run, on disk; `record` appends one durably."""
 
-    def __init__(self, path: Path, run: dict[str, Any], fh: IO[bytes], done: dict[Unit, dict[str, Any]],
+    def __init__(self, path: Path, run: JsonObject, fh: IO[bytes], done: dict[Unit, dict[str, Any]],
                  resumed: bool = False) -> None:
         self.path = path
         self.run = run
         self._fh = fh
-        self.done = done  # unit id -> result, as judged by an earlier (interrupted) run
+        # unit id -> result, as judged by an earlier (interrupted) run: the caller's own result, which it reads
+        # and marks as resumed in place (JSON as read back; its shape is the caller's, checked by `check`)
+        self.done = done
         self.resumed = resumed  # an existing journal was read back (even one holding no unit yet)
 
     @classmethod
-    def open(cls, path: Path, run: dict[str, Any], units: set[Unit],
-             check: Callable[[Unit, dict[str, Any]], str | None] | None = None) -> Journal:
+    def open(cls, path: Path, run: JsonObject, units: set[Unit], check: Check | None = None) -> Journal:
         """Open (resume) or create the journal of `run`; a journal of another run is refused, and so is
         one another audit holds open now (BusyError: two audits never interleave their lines), and a path
         holding anything but a journal (module docstring).
@@ -170,7 +213,7 @@ class Journal:
         refuses the resume, naming the file and line.
         """
         run = _plain(run)
-        fh, created = _locked(path, _header_bytes(run))
+        fh, created = _locked(path, Header(run).encode())
         try:
             done = {} if created else _resume(path, run, units, fh, check)
             return cls(path, run, fh, done, resumed=not created)
@@ -178,9 +221,9 @@ class Journal:
             fh.close()
             raise
 
-    def record(self, unit: Unit, result: dict[str, Any]) -> None:
+    def record(self, unit: Unit, result: JsonObject) -> None:
         with writing(self.path):
-            self._fh.write(json.dumps({"unit": unit, "result": result}, default=str).encode() + b"\n")
+            self._fh.write(Line(unit, result).encode())
             self._fh.flush()
             os.fsync(self._fh.fileno())
 
@@ -253,14 +296,14 @@ def _locked(path: Path, head: bytes) -> tuple[IO[bytes], bool]:
         fh.close()  # its holder finished and removed it between our open and flock: open the new one
 
 
-def _resume(path: Path, run: dict[str, Any], units: set[Unit], fh: IO[bytes],
-            check: Callable[[Unit, dict[str, Any]], str | None] | None) -> dict[Unit, dict[str, Any]]:
+def _resume(path: Path, run: JsonObject, units: set[Unit], fh: IO[bytes],
+            check: Check | None) -> dict[Unit, dict[str, Any]]:
     """The units judged so far, each result `check`ed, the torn tail cut off; a file that does not begin
     with a journal header is refused untouched."""
     done: dict[Unit, dict[str, Any]] = {}
     first = _first_line(fh.fileno(), path)
-    if first != _header_bytes(run):
-        diff = _first_difference(_parse_header(first, path), run)
+    if first != Header(run).encode():
+        diff = _first_difference(Header.decode(first, path).run, run)
         if diff:
             raise InputError(f"{path}: a journal of another run ({diff} differs); delete it to start afresh, "
                              "or rerun with the settings it records")
@@ -279,15 +322,13 @@ def _resume(path: Path, run: dict[str, Any], units: set[Unit], fh: IO[bytes],
                 lines += 1
                 if lines > len(units):
                     raise InputError(f"{path}:{lineno}: more judged units than this run has ({len(units)})")
-                doc = _result_line(line, f"{path}:{lineno}")
-                unit = _unit(doc.get("unit")) if isinstance(doc, dict) else None
-                if unit is None or unit not in units or not isinstance(doc.get("result"), dict):
-                    raise InputError(f"{path}:{lineno}: not a judged unit of this run")
-                problem = check(unit, doc["result"]) if check is not None and unit not in done else None
+                read = Line.decode(line, f"{path}:{lineno}", units)
+                unit = read.unit
+                problem = check(unit, read.result) if check is not None and unit not in done else None
                 if problem:
                     raise InputError(f"{path}:{lineno}: unit {unit!r}: {problem}; nothing was resumed (delete "
                                      "the journal to judge every unit afresh)")
-                done.setdefault(unit, doc["result"])  # kept once
+                done.setdefault(unit, read.result)  # kept once
                 good += len(line)
     except OSError as exc:
         raise unreadable(path, exc) from None

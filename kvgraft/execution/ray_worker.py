@@ -3,9 +3,10 @@
 `Worker` is a plain class; the executor turns it into an actor with `ray.remote(Worker).options(...)`,
 so importing this module needs no Ray. An actor is started with the model spec, device, dtype,
 attention implementation and torch thread count, loads the model once in its constructor and keeps
-it. `run(fn, release, unit)` applies a pure per-unit function `fn(lm, release, unit) -> dict` and adds
-the unit's placement: which node, process and device computed it, in which environment, and how
-that environment differs from the one the release recorded.
+it. `run(fn, release, unit)` applies a pure per-unit function `fn(lm, release, unit) -> result` and
+returns the result with the unit's placement (kvgraft.execution.records.Outcome): which node, process
+and device computed it, in which environment, and how that environment differs from the one the
+release recorded.
 
 A release reaches a worker either as a path every node sees or shipped through Ray's object store
 (`--ship`: the files, its signatures among them, are written once per node under
@@ -29,27 +30,23 @@ import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvgraft.errors import InputError, IntegrityError
-from kvgraft.inference.reapply import Conditions
+from kvgraft.execution.records import Outcome, Placement, R, ReleaseHandle, Where, WorkerInfo
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.signing.policy import VerifyPolicy
 from kvgraft.signing.verify import VerifiedRelease, verified
 
-UnitFn = Callable[[Any, VerifiedRelease, Any], dict[str, Any]]
+if TYPE_CHECKING:
+    from kvgraft.execution.executor import ModelSpec
+    from kvgraft.inference.models import LoadedModel
+
+U = TypeVar("U")
 
 
 def _ray() -> Any:
     return importlib.import_module("ray")
-
-
-def node_placement(kind: str, *, node_id: str | None, worker: int, device: str, environment: dict[str, Any],
-                   identity: str, accelerator_ids: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """Where work runs: node, host, process, device and that device's environment (recorded per unit)."""
-    return {"executor": kind, "node_id": node_id, "hostname": socket.gethostname(), "pid": os.getpid(), "worker": worker,
-            "device": device, "device_name": environment.get("device_name"), "accelerator_ids": accelerator_ids or {},
-            "model_identity": identity, "environment": environment}
 
 
 def torch_device_name(lm: Any) -> str:
@@ -61,13 +58,14 @@ def torch_device_name(lm: Any) -> str:
 class Worker:
     """Loads one model and runs work units on it. Errors while loading surface on the first call."""
 
-    def __init__(self, model: dict[str, Any], index: int) -> None:
+    def __init__(self, model: ModelSpec, index: int) -> None:
         self.index = index
-        self.model_spec = dict(model)
+        self.model_spec = model
         self.releases: dict[str, VerifiedRelease] = {}
         self._policy_dir: Path | None = None  # the keys and signatures of the driver's policy, written here
         self.error: BaseException | None = None
         self.lm: Any = None
+        self.info_: WorkerInfo | None = None
         try:
             self._load()
         except Exception as exc:  # reported by info()/run() with its own type and exit code
@@ -78,10 +76,10 @@ class Worker:
         from kvgraft.inference.environment import record
         from kvgraft.inference.runtime import set_threads
 
-        conditions = Conditions.from_payload(self.model_spec["conditions"])
+        conditions = self.model_spec.conditions
         if conditions.threads:
             set_threads(conditions.threads)  # for the actor's lifetime: nothing to restore
-        spec = str(self.model_spec["spec"])
+        spec = self.model_spec.spec
         # Actors on one node start together: the first converts the default model, the others wait for it.
         lock_dir = models.home()
         lock_dir.mkdir(parents=True, exist_ok=True)
@@ -89,51 +87,49 @@ class Worker:
             fcntl.flock(lock, fcntl.LOCK_EX)
             models.resolve(spec)
         device, dtype, attn = conditions.load_options({})  # the driver's, every one set
-        self.lm = models.load(spec, device=device, dtype=dtype, attn=attn)
-        self.identity = self.lm.identity
-        self.environment = record(self.lm.device, self.lm.dtype, self.lm.attn)
+        lm = self.lm = models.load(spec, device=device, dtype=dtype, attn=attn)
+        environment = record(lm.device, lm.dtype, lm.attn)
         ray = _ray()
         ctx = ray.get_runtime_context()
         try:
             accel = {str(k): [str(x) for x in v] for k, v in ctx.get_accelerator_ids().items() if v}
         except AttributeError:  # older Ray
             accel = {"GPU": [str(x) for x in ray.get_gpu_ids()]}
-        self.where = node_placement("ray", node_id=str(ctx.get_node_id()), worker=self.index,
-                                    device=torch_device_name(self.lm), environment=self.environment,
-                                    identity=self.identity.sha256, accelerator_ids=accel)
         try:
-            self.where["node_ip"] = str(ray.util.get_node_ip_address())
+            node_ip: str | None = str(ray.util.get_node_ip_address())
         except Exception:
-            self.where["node_ip"] = None
+            node_ip = None
+        where = Where("ray", node_id=str(ctx.get_node_id()), worker=self.index, device=torch_device_name(lm),
+                      model_identity=lm.identity.sha256, environment=environment, accelerator_ids=accel, node_ip=node_ip)
+        self.info_ = WorkerInfo(lm.spec, lm.device, lm.dtype, lm.attn, lm.identity, lm.model.config, environment, where)
 
     def _check(self) -> None:
         if self.error is not None:
             raise self.error
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         """What the driver needs to stand in for the model: identity, config, device, environment, placement."""
         self._check()
-        return {"spec": self.lm.spec, "device": self.lm.device, "dtype": self.lm.dtype, "attn": self.lm.attn,
-                "identity": self.identity.as_dict(), "config": self.lm.model.config, "environment": self.environment,
-                "placement": dict(self.where), "threads": self.environment.get("threads")}
+        assert self.info_ is not None  # loaded, or `error` says why not
+        return self.info_
 
-    def release(self, handle: dict[str, Any]) -> VerifiedRelease:
-        key = str(handle["root_digest"])
-        policy = handle.get("policy")
+    def release(self, handle: ReleaseHandle) -> VerifiedRelease:
+        key = handle.root_digest
+        policy = handle.policy
         if not isinstance(policy, VerifyPolicy):
             raise InputError(f"worker {self.index}: the driver sent no verification policy for release {key[:16]}…")
-        slot = f"{key}:shipped" if handle.get("shipped") is not None else f"{key}:{handle['root']}"
+        slot = f"{key}:shipped" if handle.shipped is not None else f"{key}:{handle.root}"
         slot += f":{policy!r}"
         if slot in self.releases:
             return self.releases[slot]
         root: Path | str
-        if handle.get("location") is not None:
-            root = str(handle["location"])  # opened here: this node's mirror and cache of the published release
-        elif handle.get("shipped") is not None:
-            root = self._materialize(key, handle["shipped"])
-            policy = self._policy_files(policy, handle.get("policy_files") or {})
+        if handle.location is not None:
+            root = handle.location  # opened here: this node's mirror and cache of the published release
+        elif handle.shipped is not None:
+            root = self._materialize(key, handle.shipped)
+            policy = self._policy_files(policy, handle.policy_files)
         else:
-            root = Path(handle["root"])
+            root = Path(handle.root)
             if not (root / MANIFEST).is_file():
                 raise InputError(f"{root}: no release at this path on node {socket.gethostname()} (worker {self.index}); "
                                  "put the release on a path every node sees, or pass --ship")
@@ -170,14 +166,14 @@ class Worker:
                 local.write_bytes(data)
             return local
 
-        changes: dict[str, Any] = {}
+        # Each policy class has the fields it names: only those are replaced.
         if policy.keys:
-            changes["keys"] = tuple(here(p) for p in policy.keys)
+            policy = replace(policy, keys=tuple(here(p) for p in policy.keys))  # type: ignore[type-var]
         if policy.oms_signature is not None:
-            changes["oms_signature"] = here(policy.oms_signature)
-        return replace(policy, **changes) if changes else policy  # type: ignore[type-var]
+            policy = replace(policy, oms_signature=here(policy.oms_signature))  # type: ignore[type-var]
+        return policy
 
-    def _materialize(self, key: str, ref: Any) -> Path:
+    def _materialize(self, key: str, ref: object) -> Path:
         """Write a shipped release once per node; later workers on the node reuse it."""
         base = Path(tempfile.gettempdir()) / "kvgraft-ray"
         target = base / key
@@ -202,14 +198,12 @@ class Worker:
                 shutil.rmtree(tmp)
         return target
 
-    def run(self, fn: UnitFn, handle: dict[str, Any], unit: Any) -> dict[str, Any]:
-        """One work unit → its result with `placement` added (environment differences vs the release's)."""
+    def run(self, fn: Callable[[LoadedModel, VerifiedRelease, U], R], handle: ReleaseHandle, unit: U) -> Outcome[R]:
+        """One work unit → its result and placement (environment differences vs the release's)."""
         from kvgraft.inference.environment import differences
 
-        self._check()
+        info = self.info()
         rel = self.release(handle)
         result = fn(self.lm, rel, unit)
-        diffs = differences(rel.manifest.get("environment", {}), self.environment)
-        result["placement"] = {**self.where, "release_root": str(rel.root),
-                               "environment_differences": {k: list(v) for k, v in diffs.items()}}
-        return result
+        diffs = differences(rel.manifest.get("environment", {}), info.environment)
+        return Outcome(result, Placement(info.where, str(rel.root), {k: list(v) for k, v in diffs.items()}))

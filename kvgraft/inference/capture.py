@@ -16,12 +16,13 @@ from kvgraft.inference.runtime import Schedule, decode, layer_map, new_cache, pr
 from kvgraft.inference.tensors import dtype_name, tensor_sha256
 from kvgraft.release.format import ReleaseWriter
 from kvgraft.release.records import new_entry
+from kvgraft.results.base import JsonObject
 
 SLIDING_LAYOUTS = ("window", "all")
 
 
-def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, probe_tokens: int,
-                  where: str, sliding: str = "window") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def capture_entry(lm: LoadedModel, rec: JsonObject, schedule: Schedule, probe_tokens: int,
+                  where: str, sliding: str = "window") -> tuple[JsonObject, dict[str, torch.Tensor]]:
     """One record → (entry metadata without file/tensors/digest, tensors). A pure function.
 
     `sliding`: what sliding-window layers store, their window as transformers keeps it ("window") or
@@ -46,7 +47,7 @@ def capture_entry(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, prob
     return entry, tensors
 
 
-def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> dict[str, Any]:
+def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> JsonObject:
     cfg = lm.model.config
     env = environment(lm.device, lm.dtype, lm.attn)
     if forced:
@@ -60,7 +61,7 @@ def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> dict
     }
 
 
-def read_records(source: Path) -> list[tuple[str, dict[str, Any]]]:
+def read_records(source: Path) -> list[tuple[str, JsonObject]]:
     records = [(f"{source}:{n}", rec) for n, rec in read_jsonl(source)]
     if not records:
         raise InputError(f"{source}: no records")
@@ -74,7 +75,7 @@ def read_records(source: Path) -> list[tuple[str, dict[str, Any]]]:
     return records
 
 
-def capture(lm: LoadedModel, records: list[tuple[str, dict[str, Any]]], out: Path, *,
+def capture(lm: LoadedModel, records: list[tuple[str, JsonObject]], out: Path, *,
             schedule: Schedule = Schedule(), probe_tokens: int = 8, overwrite: bool = False,
             progress: Callable[[int, int], None] | None = None, sliding: str = "window") -> dict[str, Any]:
     """Capture every record into a new release at `out`; return its manifest (`sliding`: capture_entry)."""

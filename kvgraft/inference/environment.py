@@ -7,9 +7,11 @@ import platform
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from kvgraft import __version__
+from kvgraft.results.base import JsonObject
 
 
 @lru_cache(maxsize=1)
@@ -41,11 +43,11 @@ def cpu_isa() -> str:
     return ""
 
 
-def record(device: str, dtype: str, attn: str) -> dict[str, Any]:
+def record(device: str, dtype: str, attn: str) -> JsonObject:
     import torch
     import transformers
 
-    env: dict[str, Any] = {
+    env: JsonObject = {
         "python": platform.python_version(),
         "torch": str(torch.__version__),  # TorchVersion is a str subclass canonical JSON refuses
         "transformers": str(transformers.__version__),
@@ -80,6 +82,7 @@ SENSITIVE = ("device", "device_name", "cpu_isa", "dtype", "attn_implementation",
 _LATER = ("cpu_isa",)
 
 
-def differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def differences(recorded: JsonObject, current: JsonObject) -> dict[str, tuple[JsonValue, JsonValue]]:
+    """The conditions that can change KV bytes and differ: name -> (recorded, current)."""
     return {k: (recorded.get(k), current.get(k)) for k in SENSITIVE
             if recorded.get(k) != current.get(k) and not (k in _LATER and k not in recorded)}

@@ -21,6 +21,7 @@ from kvgraft.inference.tensors import split_views
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.release.records import tensor_mismatch
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 
@@ -47,14 +48,14 @@ class Restored:
 def check_model(release: VerifiedRelease, lm: LoadedModel, *, force: bool = False) -> bool:
     """Refuse a model whose identity differs from the release's; return True when forced past it."""
     want = release.manifest["model"]["identity"]
-    have = lm.identity.as_dict()
-    if want["sha256"] == have["sha256"]:
+    have = lm.identity
+    if want["sha256"] == have.sha256:
         return False
     if force:
         return True
     raise ModelMismatchError(
-        f"{release.root}: model identity differs ({describe_identity_diff(want, have)}): release "
-        f"{want['sha256'][:16]}…, loaded {lm.spec} {have['sha256'][:16]}…; pass --force to continue anyway")
+        f"{release.root}: model identity differs ({describe_identity_diff(want, have.as_dict())}): release "
+        f"{want['sha256'][:16]}…, loaded {lm.spec} {have.sha256[:16]}…; pass --force to continue anyway")
 
 
 # Each loaded model's per-layer K/V shape (heads, head_dim) and dtype, from a one-token prefill: what its cache
@@ -281,7 +282,7 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     return cut, out
 
 
-def prefix_rows(schedule: dict[str, Any], n: int, total: int) -> str:
+def prefix_rows(schedule: JsonObject, n: int, total: int) -> str:
     """What a prefix graft's rows are, in words (one sentence for the graft, `kvgraft run` and the audit)."""
     how = "one-shot" if schedule.get("chunk_tokens") is None else f"chunked ({schedule['chunk_tokens']} tokens)"
     return f"rows [0, {n}) of a {how} prefill of all {total} tokens"

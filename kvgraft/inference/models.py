@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import JsonValue
 
 from kvgraft._internal.digest import digest_json
 from kvgraft.errors import InputError
 from kvgraft.inference import presets
 from kvgraft.inference.presets import home
 from kvgraft.release.hashing import pool
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     import torch
@@ -40,8 +43,8 @@ class Identity:
     num_tensors: int
     num_parameters: int
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def as_dict(self) -> JsonObject:
+        return dict(asdict(self))
 
 
 @dataclass
@@ -91,14 +94,15 @@ def resolve(spec: str, progress: Any = None) -> str:
     return spec  # a hub id; transformers honours HF_HUB_OFFLINE
 
 
-def for_release(recorded: dict[str, Any], given: str | None, *, force: bool = False) -> str:
+def for_release(recorded: JsonObject, given: str | None, *, force: bool = False) -> str:
     """The model to load for a release whose manifest records `recorded` (its `model`): `given`, else the
     one it records. Decided before anything loads: a preset other than the recorded preset is refused
     (unless forced), saying which model the release needs and how to get it."""
     from kvgraft.errors import ModelMismatchError
 
     spec = str(recorded.get("spec") or "")
-    ident = str((recorded.get("identity") or {}).get("sha256") or "")[:16]
+    identity = recorded.get("identity")
+    ident = str((identity.get("sha256") if isinstance(identity, dict) else None) or "")[:16]
     need = f"model {spec!r} (identity {ident}…)"
     if given is None:
         if spec in presets.PRESETS or Path(spec).is_dir() or (spec.count("/") == 1 and not spec.startswith((".", "/"))):
@@ -164,11 +168,11 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, spec: str) 
     return LoadedModel(spec, model, tokenizer, dev, dtype, attn)
 
 
-def _tensor_record(name: str, t: torch.Tensor) -> dict[str, Any]:
+def _tensor_record(name: str, t: torch.Tensor) -> JsonObject:
     from kvgraft.inference.tensors import tensor_sha256
 
-    return {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-            "sha256": tensor_sha256(t)}
+    shape: list[JsonValue] = [int(n) for n in t.shape]
+    return {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape, "sha256": tensor_sha256(t)}
 
 
 def fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Identity:
@@ -184,7 +188,7 @@ def fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> I
     records = [f.result() for f in futures]
     weights = digest_json(records)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    tok_obj: dict[str, Any] = {
+    tok_obj = {  # made plain JSON by _jsonable before it is hashed
         "backend": json.loads(backend.to_str()) if backend is not None else None,
         "vocab": None if backend is not None else sorted(tokenizer.get_vocab().items()),
         "special_tokens": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
@@ -210,7 +214,7 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
 
 
-def describe_identity_diff(a: dict[str, Any], b: dict[str, Any]) -> str:
+def describe_identity_diff(a: JsonObject, b: JsonObject) -> str:
     parts = [k.removesuffix("_sha256") for k in ("weights_sha256", "tokenizer_sha256", "config_sha256")
              if a.get(k) != b.get(k)]
     return ", ".join(parts) or "identity digest"

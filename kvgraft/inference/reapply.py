@@ -4,7 +4,8 @@ condition (b) of the generalization audit.)
 
 `Conditions` says what an option (or a plan's table) sets instead of the record; None sets the recorded one.
 The CLI builds one from its options, an audit plan from its `[model]` and `[executor]` tables, and a Ray
-worker is started from one (`payload`, `from_payload`): the three read the same fields the same way. Importing
+worker is started with one (in kvgraft.execution.executor.ModelSpec, pickled whole): the three read the same
+fields the same way. Importing
 this module imports no torch: a command checks its options with it before anything heavy loads.
 """
 
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pydantic import JsonValue
 
 from kvgraft.errors import InputError
 from kvgraft.inference.environment import SENSITIVE, differences
 from kvgraft.inference.models import ATTNS, DTYPES, LoadedModel, check_options
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     from kvgraft.inference.runtime import Schedule
@@ -52,18 +56,7 @@ class Conditions:
         return cls(device or model.get("device", "auto"), model.get("dtype", "float32"), model.get("attn", "sdpa"),
                    executor.get("threads"))
 
-    def payload(self) -> dict[str, Any]:
-        """What a Ray worker is started with (JSON-ready): `from_payload` gives this value back."""
-        return asdict(self)
-
-    @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> Conditions:
-        unknown = sorted(set(payload) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise InputError(f"conditions: unknown keys {', '.join(unknown)}")
-        return cls(**payload)
-
-    def load_options(self, recorded: dict[str, Any]) -> tuple[str, str, str]:
+    def load_options(self, recorded: JsonObject) -> tuple[str, str, str]:
         """(device, dtype, attention) to load the model with: the recorded ones unless set here."""
         import torch
 
@@ -82,7 +75,7 @@ class Conditions:
                 attn = "sdpa"
         return device, dtype, attn
 
-    def schedule(self, recorded: dict[str, Any]) -> Schedule | None:
+    def schedule(self, recorded: JsonObject) -> Schedule | None:
         """The schedule `--chunk N` or `--one-shot` asks for instead of the recorded one; None: replay the record."""
         if self.chunk is not None and self.one_shot:
             raise InputError("--chunk and --one-shot exclude each other")
@@ -92,7 +85,7 @@ class Conditions:
 
         return Schedule.from_dict({**recorded, "chunk_tokens": self.chunk})
 
-    def thread_count(self, recorded: dict[str, Any], device: str) -> int | None:
+    def thread_count(self, recorded: JsonObject, device: str) -> int | None:
         """Torch threads to recompute with on a CPU: the ones set here, else the recorded count; None leaves them alone.
 
         The same on every executor: Ray actors reserve that many CPUs (num_cpus) and run with that many torch
@@ -101,7 +94,7 @@ class Conditions:
         n = self.threads if self.threads is not None else recorded.get("threads")
         return n if device == "cpu" and isinstance(n, int) and not isinstance(n, bool) else None
 
-    def overrides(self, recorded: dict[str, Any]) -> dict[str, Any]:
+    def overrides(self, recorded: JsonObject) -> JsonObject:
         """The conditions set here (not None) that differ from the record, under environment names."""
         return {name: v for k, name in _RECORDED_AS.items() if (v := getattr(self, k)) is not None and v != recorded.get(name)}
 
@@ -111,19 +104,20 @@ DEFAULT_CONDITIONS = Conditions("auto", "float32", "sdpa")
 
 
 @contextlib.contextmanager
-def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]) -> Iterator[None]:
+def applied(lm: LoadedModel, recorded: JsonObject, overrides: JsonObject) -> Iterator[None]:
     """Set the switchable conditions (attention, threads, deterministic algorithms) for the run, then restore."""
     import torch
 
     from kvgraft.inference.runtime import attention, threads
 
-    def wanted(key: str) -> Any:
+    def wanted(key: str) -> JsonValue:
         return overrides.get(key, recorded.get(key))
 
     if not hasattr(lm.model, "parameters"):  # a description of remote workers: they set their own conditions
         yield
         return
-    attn = wanted("attn_implementation")
+    kernel = wanted("attn_implementation")
+    attn = kernel if isinstance(kernel, str) else None
     n = wanted("threads")
     det = wanted("deterministic_algorithms")
     before_det = torch.are_deterministic_algorithms_enabled()
@@ -138,12 +132,12 @@ def applied(lm: LoadedModel, recorded: dict[str, Any], overrides: dict[str, Any]
         yield
 
 
-def describe(recorded: dict[str, Any], current: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def describe(recorded: JsonObject, current: JsonObject, overrides: JsonObject) -> JsonObject:
     """Per condition: replayed (equal to the record), overridden (by an option), or not replayed (cannot be)."""
-    replayed = [k for k in SENSITIVE if k not in overrides and recorded.get(k) == current.get(k)
+    replayed: list[JsonValue] = [k for k in SENSITIVE if k not in overrides and recorded.get(k) == current.get(k)
                 and (k in recorded or k in current)]
-    overridden = {k: {"recorded": recorded.get(k), "used": current.get(k, v)} for k, v in overrides.items()}
-    missing = {k: list(v) for k, v in differences(recorded, current).items() if k not in overrides}
+    overridden: JsonObject = {k: {"recorded": recorded.get(k), "used": current.get(k, v)} for k, v in overrides.items()}
+    missing: JsonObject = {k: list(v) for k, v in differences(recorded, current).items() if k not in overrides}
     return {"replayed": replayed, "overridden": overridden, "not_replayed": missing}
 
 

@@ -16,6 +16,7 @@ from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
 from kvgraft.inference.models import LoadedModel
 from kvgraft.release.records import source_record
+from kvgraft.results.base import JsonObject
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,22 @@ class Schedule:
     add_special_tokens: bool = True
     add_generation_prompt: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"mode": "one-shot" if self.chunk_tokens is None else "chunked",
                 "chunk_tokens": self.chunk_tokens, "batch_size": 1,
                 "add_special_tokens": self.add_special_tokens,
                 "add_generation_prompt": self.add_generation_prompt}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Schedule:
-        return cls(d.get("chunk_tokens"), d.get("add_special_tokens", True), d.get("add_generation_prompt", False))
+    def from_dict(cls, d: JsonObject) -> Schedule:
+        """The schedule a record states (a manifest's, a result's); a member of the wrong type is refused."""
+        chunk = d.get("chunk_tokens")
+        special, prompt = d.get("add_special_tokens", True), d.get("add_generation_prompt", False)
+        if (chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool))) \
+                or not isinstance(special, bool) or not isinstance(prompt, bool):
+            raise InputError(f"schedule {d!r}: chunk_tokens must be an integer or null, add_special_tokens and "
+                             "add_generation_prompt true or false")
+        return cls(chunk, special, prompt)
 
 
 def cache_kw(lm: LoadedModel) -> str:

@@ -186,17 +186,22 @@ def test_a_ray_worker_verifies_the_release_under_the_drivers_policy(rel: Path, k
     """The policy crosses the process boundary, never an opened Release: the worker verifies under it itself."""
     from kvgraft.errors import InputError
     from kvgraft.execution.ray_worker import Worker
+    from kvgraft.execution.records import ReleaseHandle
 
     sign.sign_release(rel, keys.load_private_key(keypair[0]))
     worker = Worker.__new__(Worker)  # opening a release needs no model
     worker.index, worker.releases, worker._policy_dir = 0, {}, None
-    handle = {"root": str(rel), "root_digest": json.loads((rel / MANIFEST).read_text())["root_digest"], "shipped": None}
+    digest = json.loads((rel / MANIFEST).read_text())["root_digest"]
+
+    def handle(policy: Any) -> ReleaseHandle:
+        return ReleaseHandle(str(rel), digest, policy)
+
     with pytest.raises(InputError, match="no verification policy"):
-        worker.release(handle)
-    assert worker.release({**handle, "policy": SignatureNotChecked()}).checked.signature.status == "not checked"
+        worker.release(handle(None))  # what crossed the process boundary is checked, whatever its annotation
+    assert worker.release(handle(SignatureNotChecked())).checked.signature.status == "not checked"
     with pytest.raises(VerificationError, match="does not verify with key"):  # not the one verified without a key
-        worker.release({**handle, "policy": SignedWithKeys((other_key[1],))})
-    got = worker.release({**handle, "policy": SignedWithKeys((keypair[1],))})
+        worker.release(handle(SignedWithKeys((other_key[1],))))
+    got = worker.release(handle(SignedWithKeys((keypair[1],))))
     assert got.policy == SignedWithKeys((keypair[1],)) and got.checked.signature.status == "verified"
     # Shipped (no folder shared with the driver): the files the policy names travel with it, written on the node.
     there = Path("/the/driver/only/signer.pub.pem")

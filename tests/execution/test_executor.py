@@ -354,7 +354,7 @@ def test_killed_worker_is_retried_elsewhere_with_identical_results(pool: RayExec
     assert err.exit_code == errors.EXIT_INPUT
     assert err.missing and set(err.missing) < {f"e{i}" for i in range(ENTRIES)}
     assert "NOT audited" in str(err) and all(m in str(err) for m in err.missing)
-    assert err.failures and {f["worker"] for f in err.failures} == {1}
+    assert err.failures and {f.worker for f in err.failures} == {1}
 
 
 @needs_ray

@@ -56,7 +56,34 @@ def test_a_list_unit_reads_back_as_the_tuple_recorded_and_never_as_an_entry_id(t
     j.record("a", {"v": 2})
     j.close()
     assert Journal.open(path, RUN, units).done == {graft: {"v": 1}, "a": {"v": 2}}
-    for odd in (b'["prefix", 16.0, "a"]', b'["prefix", true, "a"]', b'[["prefix"], 16, "a"]', b'{"u": 1}'):
+    for odd in (b'["prefix", 16.0, "a"]', b'["prefix", true, "a"]', b'[["prefix"], 16, "a"]', b'{"u": 1}',
+                b'["prefix", 16, "a", null]'):
         path.write_bytes(path.read_bytes().splitlines(keepends=True)[0] + b'{"unit": ' + odd + b', "result": {}}\n')
         with pytest.raises(errors.InputError, match=r"j\.journal:2: not a judged unit of this run"):
             Journal.open(path, RUN, units)  # 16.0 == 16 in Python: only the type rule refuses it
+
+
+# A journal as kvgraft has always written it (header, then one line per judged unit), byte for byte: an audit
+# interrupted under an earlier kvgraft resumes from it, and lines appended now are written the same way.
+WRITTEN = (b'{"kind": "kvgraft-journal", "version": 1, "run": {"release_root_digest": "' + b"ab" * 32
+           + b'", "entries": ["a", "b", "c"], "schedule": {"chunk_tokens": null}}}\n'
+           b'{"unit": "a", "result": {"kl": Infinity, "v": 1, "placement": {"worker": 0, "attempt": 1}}}\n'
+           b'{"unit": ["prefix", 16, "b"], "result": {"v": 2}}\n')
+
+
+def test_a_journal_written_earlier_resumes_and_grows_the_same_way(tmp_path: Path) -> None:
+    path = tmp_path / "j.journal"
+    path.write_bytes(WRITTEN)
+    units = {"a", "b", "c", ("prefix", 16, "b"), ("prefix", 16, "c")}
+    j = Journal.open(path, RUN, units)
+    assert j.resumed and header(path) == RUN
+    assert j.done == {"a": {"kl": math.inf, "v": 1, "placement": {"worker": 0, "attempt": 1}},
+                      ("prefix", 16, "b"): {"v": 2}}
+    j.record("c", {"v": 3, "shape": (1, 2)})
+    j.record(("prefix", 16, "c"), {"v": 4})
+    j.close()
+    assert path.read_bytes() == WRITTEN + b'{"unit": "c", "result": {"v": 3, "shape": [1, 2]}}\n' \
+        b'{"unit": ["prefix", 16, "c"], "result": {"v": 4}}\n'
+    fresh = tmp_path / "new.journal"
+    Journal.open(fresh, RUN, units).close()
+    assert fresh.read_bytes() == WRITTEN.split(b"\n")[0] + b"\n"  # a new journal's header is the same bytes

@@ -1,9 +1,9 @@
 """One value of the conditions a recompute or run sets, from the record or an option: the same from the CLI's options,
-from an audit plan, and through a Ray worker's payload to the model it loads."""
+from an audit plan, and through the model spec a Ray worker is started with to the model it loads."""
 
 from __future__ import annotations
 
-import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +55,12 @@ def test_the_cli_options_and_a_plan_give_the_same_conditions(monkeypatch: pytest
 
 
 def test_a_ray_worker_loads_what_the_driver_sets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The payload a worker is started with, through JSON and the worker's own reading, to the model it loads: the
-    thread count the pool gives its CPU actors (a release's recorded one, when no --threads fixed one)."""
+    """The model spec a worker is started with, pickled as Ray sends it, to the model the worker loads: the thread
+    count the pool gives its CPU actors (a release's recorded one, when no --threads fixed one)."""
     ex = RayExecutor(ModelSpec("m", Conditions("auto", "bfloat16", "eager")))
     conditions = ex.worker_conditions(use_gpu=False, threads=3)
     assert conditions == EXPECTED
-    assert Conditions.from_payload(json.loads(json.dumps(conditions.payload()))) == conditions
+    spec = pickle.loads(pickle.dumps(ModelSpec("m", conditions)))
     loaded: list[tuple[str, ...]] = []
     threads: list[int] = []
 
@@ -72,7 +72,7 @@ def test_a_ray_worker_loads_what_the_driver_sets(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(models, "resolve", lambda spec: spec)
     monkeypatch.setattr(models, "load", load)
     monkeypatch.setattr(runtime, "set_threads", threads.append)
-    worker = ray_worker.Worker({"spec": "m", "conditions": conditions.payload()}, 0)
+    worker = ray_worker.Worker(spec, 0)
     assert isinstance(worker.error, _Stop)
     assert loaded == [("m", "cpu", "bfloat16", "eager")] and threads == [3]
 
@@ -83,7 +83,14 @@ def test_conditions_read_the_record_and_says_what_it_overrides() -> None:
     assert Conditions("cpu", "float32", "eager", 2).overrides(recorded) == {"attn_implementation": "eager"}
     assert Conditions(threads=4).overrides(recorded) == {"threads": 4}
     assert Conditions().load_options(recorded) == ("cpu", "float32", "sdpa")
-    with pytest.raises(errors.InputError, match="unknown keys spec"):
-        Conditions.from_payload({"spec": "m"})
     with pytest.raises(errors.InputError, match="--dtype int8: expected one of"):
         Conditions(dtype="int8").checked()
+
+
+def test_a_schedule_is_read_back_as_written_and_a_mistyped_one_refused() -> None:
+    for schedule in (runtime.Schedule(), runtime.Schedule(4, False, True)):
+        assert runtime.Schedule.from_dict(schedule.as_dict()) == schedule
+    for odd in ({"chunk_tokens": "4"}, {"chunk_tokens": True}, {"add_special_tokens": 1},
+                {"add_generation_prompt": None}):
+        with pytest.raises(errors.InputError, match="chunk_tokens must be an integer or null"):
+            runtime.Schedule.from_dict(odd)

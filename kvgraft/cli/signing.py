@@ -162,20 +162,21 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.signing.verify import failure_dict, verify_release
+    from kvgraft.signing import verify as verification
+    from kvgraft.signing.policy import scope_of
 
     _quiet_sigstore()
     trust = Trust(key, identity, issuer, offline, oms_signature, require_signature, staging, trusted_root)
     try:
-        policy = trust.policy()
-        result = verify_release(release, policy=policy, deep=deep, entries=entry or None, sample=sample,
-                                nonce=nonce)
+        policy, scope = trust.policy(), scope_of(deep=deep, entries=entry or None, sample=sample, nonce=nonce)
+        with verification.verify(release, policy, scope) as checked:
+            result = checked.checked
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.
         code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
                       else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
         if as_json:
-            echo_json(failure_dict(release, text, code))
+            echo_json(verification.failure_dict(release, text, code))
         raise
     if as_json:
         echo_json(result.as_dict())

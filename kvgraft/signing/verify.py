@@ -25,7 +25,8 @@ and read once per verification (`_Signatures`). `verify` returns a `VerifiedRele
 (kvgraft.signing.verified: the release, what was checked, under which policy, where it came from), the only
 type graft, recompute, the audits and the libraries take; `verified(path, policy)` (scope `OPEN`) is what
 the edges call (the CLI, a plan's run, the vLLM connector's start-up, a Ray worker given a path and the
-driver's policy). `verify_release` is `verify` with `kvgraft verify`'s options as keywords.
+driver's policy). `kvgraft verify` builds the policy and the scope from its options (`policy.verify_policy`,
+`policy.scope_of`) and calls `verify`.
 Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
 re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
 
@@ -35,6 +36,7 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -70,10 +72,8 @@ from kvgraft.signing.policy import (
     Scope,
     SignatureNotChecked,
     VerifyPolicy,
-    scope_of,
-    verify_policy,
 )
-from kvgraft.signing.sigstore import SigstoreTrust, integrated_time, verify_sigstore_bundle
+from kvgraft.signing.sigstore import integrated_time, verify_sigstore_bundle
 from kvgraft.signing.verified import Origin as Origin
 from kvgraft.signing.verified import VerifiedRelease as VerifiedRelease
 
@@ -195,10 +195,14 @@ class _Signatures:
         self._stats: dict[Path, os.stat_result | None] = {}
         self._bytes: dict[Path, bytes] = {}
 
-    def present(self, path: Path) -> bool:
+    def look(self, path: Path) -> os.stat_result | None:
+        """Its lstat, made once (None: nothing there); reading it later opens what this looked at."""
         if path not in self._stats:
             self._stats[path] = jsonio.stat_or_none(path)
-        return self._stats[path] is not None
+        return self._stats[path]
+
+    def present(self, path: Path) -> bool:
+        return self.look(path) is not None
 
     def read(self, path: Path, what: str) -> bytes:
         if path not in self._bytes:
@@ -260,25 +264,6 @@ def verify(source: str | Path | Source, policy: VerifyPolicy, scope: Scope = OPE
         raise
     assert result.opened is not None
     return VerifiedRelease(result.opened, result, src, owned)
-
-
-def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
-                   issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
-                   policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
-                   scope: str = "all", sample: int | None = None, nonce: str | None = None) -> VerifyResult:
-    """`verify` with `kvgraft verify`'s options as keywords (`policy`, or for short `key`, `identity` + `issuer`,
-    `trust`; `scope` "all" or "open", `deep`, `entries`, `sample`, `nonce`): what was checked. The release's
-    source is closed before it returns."""
-    if scope not in ("all", "open"):
-        raise ValueError(f"scope {scope!r}")
-    wanted = OPEN if scope == "open" and entries is None and sample is None and nonce is None else scope_of(
-        deep=deep, entries=entries, sample=sample, nonce=nonce)
-    if policy is None:
-        policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=trust)
-    elif (key, identity, issuer, trust) != (None, None, None, None):
-        raise InputError("give a verification policy or key/identity arguments, not both")
-    with verify(root, policy, wanted) as checked:
-        return checked.checked
 
 
 def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
@@ -363,14 +348,18 @@ def _oms_path(root: Path, policy: VerifyPolicy, files: _Signatures) -> Path:
     oms_path = root / attest.OMS_NAME
     if policy.oms_signature is None:
         return oms_path
-    inside, named = jsonio.stat_or_none(oms_path, follow=True), jsonio.stat_or_none(Path(policy.oms_signature), follow=True)
+    detached = Path(policy.oms_signature)
+    inside, named = files.look(oms_path), files.look(detached)
+    if inside is not None and named is not None and stat.S_ISLNK(named.st_mode):
+        # Only a link is looked through, to see whether it names the release's own model.sig: a link is never read.
+        named = jsonio.stat_or_none(detached, follow=True)
     if inside is not None and named is not None and os.path.samestat(inside, named):
         return oms_path  # the release's own model.sig, named: the one read anyway
     if inside is not None:
         raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
                          f"({policy.oms_signature}); give one of them")
-    files.read(Path(policy.oms_signature), "an OMS signature")  # absent: exit 2 here
-    return Path(policy.oms_signature)
+    files.read(detached, "an OMS signature")  # absent: exit 2 here
+    return detached
 
 
 def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], oms_path: Path,

@@ -257,6 +257,12 @@ def test_a_detached_oms_signature_beside_one_in_the_release_is_refused(rel: Path
     assert _message(lambda: verify_result(rel, verify_policy(oms_signature=other))) == (
         f"{rel / attest.OMS_NAME}: the release holds an OMS signature and --oms-signature names another ({other}); "
         f"give one of them")
+    # the controls: the release's own model.sig named, by its path or through a link, is the one read
+    link = tmp_path / "link.sig"
+    link.symlink_to(rel / attest.OMS_NAME)
+    for named in (rel / attest.OMS_NAME, link):
+        signature = verify_result(rel, verify_policy(key=ecdsa[1], oms_signature=named)).signature
+        assert (signature.oms_signature, signature.oms_verified) == (str(rel / attest.OMS_NAME), True)
 
 
 def test_describe_beside_and_present_wordings() -> None:

@@ -39,9 +39,9 @@ import os
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, overload
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -62,6 +62,8 @@ from kvgraft.release.integrity import (
 )
 from kvgraft.release.sources import Source
 from kvgraft.remote import open_source, subset
+from kvgraft.results import verify as results
+from kvgraft.results.verify import Checked, SignatureFile
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import (
     OPEN,
@@ -70,6 +72,7 @@ from kvgraft.signing.policy import (
     OwnOutput,
     Sample,
     Scope,
+    ScopeName,
     SignatureNotChecked,
     VerifyPolicy,
 )
@@ -77,8 +80,8 @@ from kvgraft.signing.sigstore import integrated_time, verify_sigstore_bundle
 from kvgraft.signing.verified import Origin as Origin
 from kvgraft.signing.verified import VerifiedRelease as VerifiedRelease
 
-RESULT_FORMAT = "kvgraft-verify-result"
-RESULT_VERSION = 1
+RESULT_FORMAT: Final = "kvgraft-verify-result"
+RESULT_VERSION: Final = 1
 
 
 # What model.sig says: its files (release.sigstore.json aside), the digest it lists for release.sigstore.json
@@ -88,8 +91,8 @@ _OmsList = tuple[dict[str, str], str | None, tuple[str, ...]]
 
 @dataclass
 class SignatureStatus:
-    status: str  # "verified" or "not checked"
-    method: str | None = None  # "key" or "sigstore"
+    status: Checked
+    method: Literal["key", "sigstore"] | None = None
     bundle: str | None = None  # path of the bundle, None when the release has none
     bundle_sha256: str | None = None  # digest of the exact bundle bytes accepted
     oms_signature: str | None = None  # path of an OpenSSF model signing signature (model.sig), if any
@@ -99,8 +102,8 @@ class SignatureStatus:
     identity: str | None = None
     issuer: str | None = None
     signed_time: str | None = None  # Sigstore: the transparency log's integrated time (UTC), which it verified
-    # Each signature file read: file, kind ("kvgraft" or "oms"), sha256, status, key_id (that verified it).
-    signatures: list[dict[str, Any]] = field(default_factory=list)
+    # Each signature file read, and the key that verified it.
+    signatures: list[SignatureFile] = field(default_factory=list)
     # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
     oms_beside_release: list[str] = field(default_factory=list)
     # Files outside the manifest in paths the OMS signature says it ignores: no signature covers them.
@@ -110,10 +113,10 @@ class SignatureStatus:
         oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
         beside = (f"; beside the release, signed by the OMS signature only: {', '.join(self.oms_beside_release[:5])}"
                   if self.oms_beside_release else "")
-        keyed = [s for s in self.signatures if s["key_id"]]
+        keyed = [s for s in self.signatures if s.key_id]
         if self.status == "verified" and len(self.signatures) > 1 and keyed:
             return "verified: " + "; ".join(
-                f"{Path(s['file']).name} {'verified with key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                f"{Path(s.file).name} {'verified with key ' + s.key_id if s.key_id else 'not checked'}"
                 for s in self.signatures) + beside
         if self.status == "verified":
             who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
@@ -140,15 +143,15 @@ class VerifyResult:
     deep: bool
     signature: SignatureStatus
     statement: bool  # a statement was read and compared (signed or not)
-    model: dict[str, Any] = field(default_factory=dict)
+    model: results.Model
     warnings: list[str] = field(default_factory=list)
     policy: VerifyPolicy = field(default_factory=SignatureNotChecked)
     opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
-    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries;
+    scope: ScopeName = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries;
     # "sample": signature, statement, manifest, every index record, and the files of a drawn sample (checked_entries)
     checked_entries: list[str] = field(default_factory=list)
-    sample: dict[str, Any] | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
-    bound: dict[str, Any] | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
+    sample: results.Sample | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
+    bound: results.Bound | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
     location: str = ""  # the release as given (a folder, or the URL its folder `release` stands for)
 
     @property
@@ -156,34 +159,47 @@ class VerifyResult:
         """Bytes hashed per second."""
         return self.bytes_hashed / self.seconds if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        """The `verify --json` document (schemas/verify-result.v1.json)."""
-        return {
-            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": True, "exit_code": 0, "error": None, "release": self.location or str(self.release),
-            "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
-            "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
-            "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
-            "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
-            "statement": self.statement, "signature": self._shown(asdict(self.signature)), "warnings": list(self.warnings),
-            "scope": self.scope, "checked_entries": list(self.checked_entries),
-            **({"sample": self.sample, "bound": self.bound} if self.sample is not None else {}),
-        }
+    def document(self) -> results.VerifyResult:
+        """The `verify --json` document (schemas/verify-result.v1.json); its members are those set
+        (`model_dump(mode="json", exclude_unset=True)`: `sample` and `bound` only for a sample)."""
+        s = self.signature
+        signature = results.Signature(
+            status=s.status, method=s.method, bundle=self._shown(s.bundle), bundle_sha256=s.bundle_sha256,
+            oms_signature=self._shown(s.oms_signature), oms_sha256=s.oms_sha256, oms_verified=s.oms_verified,
+            key_id=s.key_id, identity=s.identity, issuer=s.issuer, signed_time=s.signed_time,
+            signatures=[f.model_copy(update={"file": self._shown(f.file)}) for f in s.signatures],
+            oms_beside_release=list(s.oms_beside_release), oms_ignored=list(s.oms_ignored))
+        document = results.VerifyResult(
+            format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__,
+            ok=True, exit_code=0, error=None, release=self.location or str(self.release),
+            root_digest=self.root_digest, manifest_sha256=self.manifest_sha256,
+            model=self.model, entries=self.entries, files=self.files, tensors=self.tensors,
+            bytes_hashed=self.bytes_hashed, seconds=round(self.seconds, 6),
+            throughput_bytes_per_s=round(self.throughput, 1), deep=self.deep,
+            statement=self.statement, signature=signature, warnings=list(self.warnings),
+            scope=self.scope, checked_entries=list(self.checked_entries))
+        if self.sample is None:
+            return document
+        return document.model_copy(update={"sample": self.sample, "bound": self.bound})  # members set: dumped
+
+    @overload
+    def _shown(self, path: str) -> str: ...
+    @overload
+    def _shown(self, path: None) -> None: ...
+    def _shown(self, path: str | None) -> str | None:
+        """A file's path as the person named it (a remote release: its URL, not its folder)."""
+        if path is None or not self.location:
+            return path
+        return path.replace(str(self.release), self.location)
 
 
-    def _shown(self, value: Any) -> Any:
-        """`value` with the files it names as the person named them (a remote release: its URL, not its folder)."""
-        if isinstance(value, str):
-            return value.replace(str(self.release), self.location) if self.location else value
-        if isinstance(value, dict):
-            return {k: self._shown(v) for k, v in value.items()}
-        return [self._shown(v) for v in value] if isinstance(value, list) else value
-
-
-def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
-    """The `verify --json` document of a failed verification."""
-    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
+def failure(release: Path | str, error: str, exit_code: int) -> results.VerifyResult:
+    """The `verify --json` document of a failed verification, its exit_code the status the process exits with."""
+    # Not validated: a status the schema does not list (a remote release whose pieces could not be written: 7)
+    # is still the one printed, as the process exits with it.
+    return results.VerifyResult.model_construct(
+        format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__, ok=False,
+        exit_code=exit_code, error=error, release=str(release))
 
 
 class _Signatures:
@@ -230,8 +246,8 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
     found = signatures.oms(path, usable or None, advice)
     files, verified_by, digest = found.files, found.verified_by, found.sha256
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
-    signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
-                                 "status": "verified" if verified_by else "not checked", "key_id": verified_by})
+    signature.signatures.append(SignatureFile(file=str(path), kind="oms", sha256=digest,
+                                              status="verified" if verified_by else "not checked", key_id=verified_by))
     return files, files.pop(attest.BUNDLE_NAME, None), found.ignored
 
 
@@ -284,7 +300,7 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
     checked = _check_files(src, policy, read, oms_read, oms_path, scope.name, deep)
     drawn = _draw(checked, scope.size, scope.nonce) if isinstance(scope, Sample) else None
     if drawn is not None:
-        checked_entries, tensors, hashed = _check_sample(checked, drawn["entries"], oms_read, oms_path)
+        checked_entries, tensors, hashed = _check_sample(checked, drawn.entries, oms_read, oms_path)
     else:
         checked_entries, tensors, hashed = _check_entries(checked, entries, deep, oms_read, oms_path)
     if oms_read is not None:
@@ -298,22 +314,22 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
         entries=checked.release.num_entries, files=checked.count, tensors=tensors,
         bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=read.signature, statement=read.statement is not None,
-        model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
+        model=results.Model(spec=m["model"]["spec"], identity_sha256=m["model"]["identity"]["sha256"]),
         warnings=read.warnings, policy=policy, opened=checked.release, scope=scope.name,
         checked_entries=checked_entries, sample=drawn,
-        bound=sampling.check_bound(len(drawn["entries"]), drawn["population"]) if drawn else None,
+        bound=results.Bound.model_validate(sampling.check_bound(len(drawn.entries), drawn.population)) if drawn else None,
         location=src.location,
     )
 
 
-def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> dict[str, Any]:
+def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> results.Sample:
     """`--sample`: the sample drawn from the root digest and the nonce as a sampled audit draws it
     (kvgraft.sampling), from the ids and token counts the manifest lists."""
     rel = checked.release
     source = "given" if nonce is not None else "drawn"
     nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
-    return sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(), rel.token_counts(), size,
-                                  nonce_source=source)
+    return results.Sample.model_validate(sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(),
+                                                        rel.token_counts(), size, nonce_source=source))
 
 
 def _check_sample(checked: CheckedRelease, drawn: list[str], oms_read: _OmsList | None,
@@ -401,8 +417,8 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
         else:
             read.warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
                                  "in the bundle was compared with the files")
-        signature.signatures.append({"file": str(bundle_path), "kind": "kvgraft", "sha256": signature.bundle_sha256,
-                                     "status": signature.status, "key_id": signature.key_id})
+        signature.signatures.append(SignatureFile(file=str(bundle_path), kind="kvgraft", sha256=signature.bundle_sha256,
+                                                  status=signature.status, key_id=signature.key_id))
         read.statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         read.source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
     elif oms_present and identity is None:
@@ -444,7 +460,7 @@ def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.Publi
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
         if given and signature.oms_verified:
             signature.status, signature.method = "verified", "key"
-            signature.key_id = signature.signatures[-1]["key_id"]
+            signature.key_id = signature.signatures[-1].key_id
         if policy.require_signature and signature.status != "verified":
             raise VerificationError(f"{root}: --require-signature: the OpenSSF model signing signature was not checked")
         read.warnings[:] = [] if signature.status == "verified" else [
@@ -455,10 +471,10 @@ def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.Publi
 
 
 def _every_key_verifies_a_signature(root: Path, given: list[keys.PublicKey], signature: SignatureStatus) -> None:
-    used = {s["key_id"] for s in signature.signatures if s["status"] == "verified"}
+    used = {s.key_id for s in signature.signatures if s.status == "verified"}
     for k in given:
         if keys.key_id(k) not in used:
-            whose = "; ".join(f"{Path(s['file']).name}: {'key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+            whose = "; ".join(f"{Path(s.file).name}: {'key ' + s.key_id if s.key_id else 'not checked'}"
                               for s in signature.signatures)
             raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
 
@@ -567,7 +583,7 @@ def signature_statement(result: VerifyResult) -> dict[str, Any]:
     checked and why. Made from what verification found, never from what was asked."""
     s = result.signature
     if s.status == "verified":
-        ids = sorted({str(x["key_id"]) for x in s.signatures if x.get("status") == "verified" and x.get("key_id")})
+        ids = sorted({x.key_id for x in s.signatures if x.status == "verified" and x.key_id})
         if not ids and s.key_id:
             ids = [s.key_id]
         return {"checked": True, "method": s.method, "key_ids": ids if s.method == "key" else [],

@@ -18,6 +18,7 @@ from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError, VerificationError
 from kvgraft.release.format import Release
 from kvgraft.release.records import MANIFEST
+from kvgraft.results.verify import SignatureFile
 from kvgraft.signing import attest, keys, oms, sign
 from kvgraft.signing.policy import (
     OPEN,
@@ -29,7 +30,7 @@ from kvgraft.signing.policy import (
     scope_of,
     verify_policy,
 )
-from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure_dict, verified
+from kvgraft.signing.verify import SignatureStatus, VerifiedRelease, failure, verified
 from tests.verifying import verify_result
 
 from release_factory import listed_digests, release_fixtures
@@ -93,11 +94,11 @@ def test_an_ed25519_key_cannot_vouch_for_an_oms_only_release(rel: Path, ecdsa: t
 
 def test_verify_json_document(rel: Path) -> None:
     result = verify_result(rel)
-    d = result.as_dict()
+    d = result.document().model_dump(mode="json", exclude_unset=True)
     assert d["release"] == str(rel) and d["warnings"] == result.warnings and d["warnings"]
     assert d["seconds"] == round(result.seconds, 6) and d["throughput_bytes_per_s"] == round(result.throughput, 1)
     assert isinstance(d["seconds"], float) and isinstance(d["throughput_bytes_per_s"], float)
-    assert failure_dict(rel / "x", "boom", 2) == {
+    assert failure(rel / "x", "boom", 2).model_dump(mode="json", exclude_unset=True) == {
         "format": "kvgraft-verify-result", "format_version": 1, "kvgraft_version": d["kvgraft_version"],
         "ok": False, "exit_code": 2, "error": "boom", "release": str(rel / "x")}
 
@@ -219,9 +220,9 @@ def test_unsigned_and_unchecked_warnings_are_exact(rel: Path, ecdsa: tuple[Path,
     assert result.statement is True
     sig = result.signature
     assert (sig.status, sig.method, sig.key_id, sig.bundle) == ("not checked", None, None, str(rel / attest.BUNDLE_NAME))
-    assert sig.signatures[0] == {"file": str(rel / attest.BUNDLE_NAME), "kind": "kvgraft",
-                                 "sha256": sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
-                                 "status": "not checked", "key_id": None}
+    assert sig.signatures[0] == SignatureFile(file=str(rel / attest.BUNDLE_NAME), kind="kvgraft",
+                                              sha256=sha256_hex((rel / attest.BUNDLE_NAME).read_bytes()),
+                                              status="not checked", key_id=None)
     keyed = verify_result(rel, SignedWithKeys((ecdsa[1],)))
     assert keyed.warnings == [] and keyed.signature.method == "key" and keyed.signature.key_id == _kid(ecdsa[1])
     assert keyed.policy == verify_policy(key=ecdsa[1])
@@ -296,20 +297,22 @@ def test_an_oms_signature_by_another_signer_beside_the_bundle(rel: Path, ecdsa: 
     assert str(info.value).endswith(f"; the release has two signatures ({attest.BUNDLE_NAME} and {attest.OMS_NAME}): "
                                     f"give --key for each signer")
     both = verify_result(rel, verify_policy(key=ecdsa[1], more_keys=(other[1],)))
-    assert [(s["kind"], s["status"], s["key_id"]) for s in both.signature.signatures] == [
+    assert [(s.kind, s.status, s.key_id) for s in both.signature.signatures] == [
         ("kvgraft", "verified", _kid(ecdsa[1])), ("oms", "verified", _kid(other[1]))]
     unchecked = verify_result(rel).signature.signatures
-    assert [(s["kind"], s["status"], s["key_id"]) for s in unchecked] == [("kvgraft", "not checked", None),
+    assert [(s.kind, s.status, s.key_id) for s in unchecked] == [("kvgraft", "not checked", None),
                                                                           ("oms", "not checked", None)]
 
 
 def test_verified_opens_and_the_document_names_its_scope(rel: Path) -> None:
     opened = verified(rel, SignatureNotChecked())
     assert opened.checked.scope == "open"
-    d = verify_result(rel).as_dict()
+    d = verify_result(rel).document().model_dump(mode="json", exclude_unset=True)
     assert (d["scope"], d["checked_entries"], d["statement"], d["deep"]) == ("all", [], False, False)
     assert d["ok"] is True and d["exit_code"] == 0 and d["error"] is None
-    entries = verify_result(rel, None, Entries((Release.open(rel).entries[1]["id"],))).as_dict()
+    entries = verify_result(rel, None, Entries((Release.open(rel).entries[1]["id"],))).document()
+    assert "sample" not in entries.model_fields_set  # a sample's members only for a sample
+    entries = entries.model_dump(mode="json", exclude_unset=True)
     assert entries["scope"] == "entries" and entries["checked_entries"] == [Release.open(rel).entries[1]["id"]]
 
 
@@ -582,7 +585,7 @@ def test_the_json_document_rounds_seconds_to_the_microsecond(rel: Path) -> None:
     import dataclasses
 
     result = dataclasses.replace(verify_result(rel), seconds=0.12345678)
-    assert result.as_dict()["seconds"] == 0.123457
+    assert result.document().seconds == 0.123457
 
 
 def test_require_signature_on_an_oms_only_release(rel: Path, ecdsa: tuple[Path, Path]) -> None:

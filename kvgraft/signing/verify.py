@@ -353,7 +353,7 @@ class _Read:
     """What the signature files said: the signature's status, the statement (None: unsigned or OMS alone)."""
 
     signature: SignatureStatus
-    statement: dict[str, Any] | None = None
+    statement: attest.Statement | None = None
     warnings: list[str] = field(default_factory=list)
     source: str = "manifest"
     bundle_raw: bytes | None = None

@@ -143,6 +143,20 @@ class VerifyResult(Open):
     signature: Signature | None = None
 
 
+class ReleaseSignature(Closed):
+    """What was checked of a release's signature before it was read (kvgraft.signing.verify.signature_statement): an
+    audit report's release_signature, and a recompute or generalization result's (schemas/audit-report.v1.json
+    $defs/release_signature)."""
+
+    checked: bool
+    method: Literal["key", "sigstore"] | None
+    key_ids: list[Sha256]
+    identity: str | None
+    issuer: str | None
+    signed_time: str | None
+    reason: str | None  # why the signature was not checked; None when it was
+
+
 class ShownSignature(Open):
     status: str | None = None
     method: str | None = nullable()

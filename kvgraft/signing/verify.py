@@ -577,7 +577,7 @@ def verified(root: Path | str | Source, policy: VerifyPolicy) -> VerifiedRelease
     return verify(root, policy, OPEN)
 
 
-def signature_statement(result: VerifyResult) -> dict[str, Any]:
+def signature_statement(result: VerifyResult) -> results.ReleaseSignature:
     """What a report or a single check's result states of the release's signature (`release_signature`): checked
     (with which key ids, or which Sigstore identity and issuer, and the log's time where there is one), or not
     checked and why. Made from what verification found, never from what was asked."""
@@ -586,16 +586,16 @@ def signature_statement(result: VerifyResult) -> dict[str, Any]:
         ids = sorted({x.key_id for x in s.signatures if x.status == "verified" and x.key_id})
         if not ids and s.key_id:
             ids = [s.key_id]
-        return {"checked": True, "method": s.method, "key_ids": ids if s.method == "key" else [],
-                "identity": s.identity, "issuer": s.issuer, "signed_time": s.signed_time, "reason": None}
+        return results.ReleaseSignature(checked=True, method=s.method, key_ids=ids if s.method == "key" else [],
+                                        identity=s.identity, issuer=s.issuer, signed_time=s.signed_time, reason=None)
     if isinstance(result.policy, OwnOutput):
         why = f"written by {result.policy.made_by} and read back (its digests were checked)"
     elif s.bundle is None and s.oms_signature is None:
         why = "the release is unsigned"
     else:
         why = "no key or Sigstore identity was given"
-    return {"checked": False, "method": None, "key_ids": [], "identity": None, "issuer": None, "signed_time": None,
-            "reason": why}
+    return results.ReleaseSignature(checked=False, method=None, key_ids=[], identity=None, issuer=None, signed_time=None,
+                                    reason=why)
 
 
 def signature_sentence(statement: dict[str, Any] | None) -> str:

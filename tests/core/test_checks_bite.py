@@ -87,7 +87,7 @@ def test_signed_statement_listing_another_digest_for_a_file_is_refused(rel: Path
                     ["digest"].update(sha256="ab" * 32))
     for key in (keypair[1], None):  # signature checked, and only read
         with pytest.raises(VerificationError, match=f"{ENTRY_FILE}: the .*statement.* lists sha256 abab"):
-            verify_result(rel, SignedWithKeys((key,)))
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
 
 
 def test_signed_statement_listing_a_file_the_manifest_does_not_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -113,7 +113,7 @@ def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: 
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the OpenSSF model signing signature lists other files"):
-            verify_result(rel, SignedWithKeys((key,)))
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
     # Control: the same signature over the release's own files verifies.
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
     assert verify_result(rel, SignedWithKeys((keypair[1],))).signature.oms_verified
@@ -125,7 +125,7 @@ def test_oms_only_signature_over_another_file_list_is_refused(rel: Path, keypair
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=f"({ENTRY_FILE}|model.sig): .*(lists sha256 efef|lists other files)"):
-            verify_result(rel, SignedWithKeys((key,)))
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
     _sign_oms_statement(rel, keypair[0], listed_digests(rel))
     assert verify_result(rel, SignedWithKeys((keypair[1],))).signature.status == "verified"
 
@@ -136,7 +136,7 @@ def test_oms_subject_digest_not_of_its_resources_is_refused(rel: Path, keypair: 
     _sign_oms_statement(rel, keypair[0], listed_digests(rel), lambda s: s["subject"][0]["digest"].update(sha256="01" * 32))
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the subject digest does not match"):
-            verify_result(rel, SignedWithKeys((key,)))
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
 
 
 def test_stale_entry_digest_is_refused(rel: Path) -> None:
@@ -158,7 +158,7 @@ def test_stale_root_digest_is_refused(rel: Path) -> None:
         verify_result(rel)
     # Control: the same edit with every digest recomputed is read (only a signature could tell).
     rewrite.manifest(rel, lambda m: None)
-    assert verify_result(rel).model["spec"] == "someone/else"
+    assert verify_result(rel).model.spec == "someone/else"
 
 
 def test_a_verified_release_holds_the_policy_it_was_verified_under(rel: Path, keypair: tuple[Path, Path],

@@ -192,7 +192,7 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
         from kvgraft.signing.policy import Sample
         from kvgraft.signing.verify import verify
 
-        with verify(root, policy, Sample(300, "bench")) as checked:  # type: ignore[arg-type]
+        with verify(root, policy, Sample(300, "bench")) as checked:
             r = checked.checked
         out["bytes_hashed"] = r.bytes_hashed
         out["bound"] = sampling.check_sentence(r.bound.model_dump(mode="json") if r.bound else {})

@@ -115,7 +115,8 @@ def run_timed(once: Callable[[float | None], int | None]) -> tuple[int | None, f
 
 def sign_scenario(work: Path, kills: int) -> Tally:
     from kvgraft.signing import keys
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.policy import ALL, SignedWithKeys
+    from kvgraft.signing.verify import verify
     from tests.release_factory import make_release
 
     rel = work / "signed"
@@ -131,7 +132,7 @@ def sign_scenario(work: Path, kills: int) -> Tally:
         errors = []
         for _, public in pairs:
             try:
-                verify_release(rel, key=public)
+                verify(rel, SignedWithKeys((public,)), ALL).close()
                 return None
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")

@@ -206,7 +206,8 @@ def _line(r: Row) -> str:
 
 def sign(work: Path) -> Scenario:
     from kvgraft.signing import keys
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.policy import ALL, SignedWithKeys
+    from kvgraft.signing.verify import verify
     from tests.release_factory import make_release
 
     rel = work / "rel"
@@ -227,7 +228,7 @@ def sign(work: Path) -> Scenario:
             return f"left beside the release: {beside}"
         for label, pub in (("previous", old_pub), ("new", new_pub)):
             try:
-                verify_release(signed, key=pub)
+                verify(signed, SignedWithKeys((pub,)), ALL).close()
                 return label
             except Exception:
                 pass
@@ -307,7 +308,8 @@ def capture(work: Path) -> Scenario:
 def report(work: Path) -> Scenario:
     from kvgraft.report.signing import verify_report
     from kvgraft.signing import keys
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.policy import ALL, SignedWithKeys
+    from kvgraft.signing.verify import verify
     from tests.release_factory import make_release
 
     model = _tiny_model(work)
@@ -352,7 +354,7 @@ key = "{key}"
         release = []
         for pub in (old_pub, new_pub):
             try:
-                verify_release(out / "release", key=pub)
+                verify(out / "release", SignedWithKeys((pub,)), ALL).close()
                 break
             except Exception as exc:
                 release.append(f"{type(exc).__name__}: {exc}")

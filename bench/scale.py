@@ -189,11 +189,13 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
         except FirstRecompute as stop:
             out["units"] = stop.args[0]
     elif name == "verify-sample":  # kvgraft verify RELEASE --key K --require-signature --sample 300 --nonce bench
-        from kvgraft.signing.verify import verify_release
+        from kvgraft.signing.policy import Sample
+        from kvgraft.signing.verify import verify
 
-        r = verify_release(root, policy=policy, sample=300, nonce="bench")  # type: ignore[arg-type]
+        with verify(root, policy, Sample(300, "bench")) as checked:
+            r = checked.checked
         out["bytes_hashed"] = r.bytes_hashed
-        out["bound"] = sampling.check_sentence(r.bound or {})
+        out["bound"] = sampling.check_sentence(r.bound.model_dump(mode="json") if r.bound else {})
     elif name == "verify-records":  # verify's record pass: every index record read and checked (check_index)
         from kvgraft.release.integrity import check_index
 
@@ -211,8 +213,8 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
 
 def step(name: str, root: str, arg: str) -> dict[str, object]:
     """One measured step in this (fresh) process."""
-    from kvgraft.signing.policy import verify_policy
-    from kvgraft.signing.verify import verified, verify_release
+    from kvgraft.signing.policy import ALL, Entries, verify_policy
+    from kvgraft.signing.verify import verified, verify
 
     key = Path(root + "-key.pub.pem")
     policy = verify_policy(key=key, require_signature=True)
@@ -234,10 +236,12 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
         out["entries"] = rel.num_entries
         out["found"] = entry["id"]
     elif name == "verify-one":
-        r = verify_release(root, policy=policy, entries=[arg])
+        with verify(root, policy, Entries((arg,))) as checked:
+            r = checked.checked
         out["bytes_hashed"] = r.bytes_hashed
     elif name == "verify-all":
-        r = verify_release(root, policy=policy)
+        with verify(root, policy, ALL) as checked:
+            r = checked.checked
         out["bytes_hashed"] = r.bytes_hashed
         out["shards_read"] = shards_read()
     elif name == "startup":  # the connector scheduler's per-release start-up work, then one lookup

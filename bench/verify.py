@@ -8,7 +8,7 @@ never imports torch. Then, on the same page-cached bytes:
 
 1. single-core rate: hashlib.sha256 over every entry file's bytes held in memory, 8 MiB updates, one thread;
 2. limit: cores x that rate (cores = the CPUs this process may run on);
-3. verify: `kvgraft.signing.verify.verify_release(RELEASE, key=PUB)`, wall time, bytes hashed / second
+3. verify: `kvgraft.signing.verify.verify(RELEASE, SignedWithKeys((PUB,)), ALL)`, wall time, bytes hashed / second
    (signature, manifest, commitments, folder walk, every file hashed, every safetensors header);
 4. ratio verify / limit (target >= 90 %). Best of REPEAT interleaved rounds for both rates.
 
@@ -108,10 +108,12 @@ def main() -> None:
     from kvgraft._internal.cores import cores
     from kvgraft.release.format import check_commitments, load_manifest
     from kvgraft.release.hashing import hash_files
-    from kvgraft.signing.verify import verify_release
+    from kvgraft.signing.policy import ALL, Everything, SignedWithKeys
+    from kvgraft.signing.verify import verify
 
     rel = ensure_release(folder, args.entries, args.mib, args.layers, args.tokens)
     pub = folder / "bench.pub.pem"
+    policy = SignedWithKeys((pub,))
     files = sorted(p for p in rel.rglob("*") if p.is_file() and p.name not in ("release.sigstore.json", "model.sig"))
     total = sum(p.stat().st_size for p in files)
     n = cores()
@@ -119,7 +121,7 @@ def main() -> None:
           f"each), {len(files)} files, {total / GiB:.3f} GiB, manifest {(rel / 'manifest.json').stat().st_size / 2**20:.2f} MiB")
     print(f"machine   {n} cores usable; python {sys.version.split()[0]}; 1-minute load average {os.getloadavg()[0]:.2f}")
 
-    verify_release(rel, key=pub)  # warms the page cache (and checks the release) unmeasured
+    verify(rel, policy, ALL).close()  # warms the page cache (and checks the release) unmeasured
 
     # Rounds interleave the measurements so that load from other processes hits them alike.
     buffers = sorted((p.read_bytes() for p in files), key=len, reverse=True)
@@ -143,8 +145,8 @@ def main() -> None:
             t = time.perf_counter()  # diagnostic: the file hashing alone (kvgraft.release.hashing.hash_files)
             hash_files(files)
             hashing.append(total / (time.perf_counter() - t))
-            with CpuWatch() as watch:  # 2. verify, page-cached
-                result = verify_release(rel, key=pub)
+            with CpuWatch() as watch, verify(rel, policy, ALL) as checked:  # 2. verify, page-cached
+                result = checked.checked
             assert result.signature.status == "verified"
             runs.append((result, watch.others / result.seconds))
     del buffers
@@ -152,7 +154,8 @@ def main() -> None:
     limit = n * one
     best_run, best_others = max(runs, key=lambda ro: ro[0].throughput)
     best = best_run.throughput
-    deep = verify_release(rel, key=pub, deep=True)
+    with verify(rel, policy, Everything(deep=True)) as checked:
+        deep = checked.checked
 
     def rates(xs: list[float]) -> str:
         return ", ".join(f"{x / GiB:.3f}" for x in xs)

@@ -40,7 +40,7 @@ WORK = ROOT / ".mutation"
 # two: the file with the most checks alone), so that each runs only the tests that reach it.
 NO_MODEL = "not smollm2"
 # tests/core/test_checks_bite.py's tests that load the tiny model: out of the no-torch groups' runs (each would
-# add ~20 s to every surviving mutant of verify_release, which they call only on the way to a model).
+# add ~20 s to every surviving mutant of the verifier, which they call only on the way to a model).
 MODEL_BITES = ("graft_refuses or recompute_comparison or worst_entry or nan_stored or another_shape "
                "or attention_kernel or prefill_schedule")
 NO_TORCH_K = f"not smollm2 and not ({MODEL_BITES})"

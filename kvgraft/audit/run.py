@@ -224,7 +224,8 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
         model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
                "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
         release_root_digest=str(ctx.release.manifest["root_digest"]),
-        release_signature=signature_statement(ctx.release.checked), checks=checks, ledger=ledger, claims=claims,
+        release_signature=signature_statement(ctx.release.checked).model_dump(mode="json"), checks=checks, ledger=ledger,
+        claims=claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"
     bundle = None

@@ -201,7 +201,7 @@ def sample_cmd(
         raise typer.Exit(1)
     say(f"sample re-derived: {recorded['size']:,} of {recorded['population']:,} entries from root {root} and nonce "
         f"{recorded['nonce']!r} ({recorded['method']}): identical; release signature: "
-        f"{signature_sentence(signature_statement(checked.checked))}")
+        f"{signature_sentence(signature_statement(checked.checked).model_dump(mode='json'))}")
 
 
 def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def pull_cmd(
     from kvgraft import sampling
     from kvgraft.remote import subset
     from kvgraft.remote.location import redact
-    from kvgraft.signing.verify import verified, verify_release
+    from kvgraft.signing.policy import ALL
+    from kvgraft.signing.verify import verified, verify
 
     if (sample is None) == (not entry):
         raise InputError("name the entries to pull: --entry ID (repeatable), or --sample N --nonce X")
@@ -56,7 +57,8 @@ def pull_cmd(
         ids = sampling.drawn_ids(str(rel.manifest["root_digest"]), sampling.check_nonce(nonce), rel.entry_ids(), sample)
         drawn = {"method": sampling.METHOD, "nonce": nonce, "size": sample}
     made = subset.pull(rel, ids, out_dir, origin=redact(release), sample=drawn, overwrite=overwrite)
-    result = verify_release(out_dir, policy=policy)  # the subset, verified as anyone given it will verify it
+    with verify(out_dir, policy, ALL) as pulled:  # the subset, verified as anyone given it will verify it
+        result = pulled.checked
     for warning in checked.warnings:
         say(f"kvgraft: note: {warning}", error=True)
     say(f"pulled {len(made.entries)} of {rel.num_entries} entries of {redact(release)} into {out_dir}")

@@ -162,23 +162,24 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (schemas/verify-result.v1.json).")] = False,
 ) -> None:
     """Verify a release's files, commitments and signature. Exit 0 verified, 1 failed, 2 unusable input."""
-    from kvgraft.signing.verify import failure_dict, verify_release
+    from kvgraft.signing import verify as verification
+    from kvgraft.signing.policy import scope_of
 
     _quiet_sigstore()
     trust = Trust(key, identity, issuer, offline, oms_signature, require_signature, staging, trusted_root)
     try:
-        policy = trust.policy()
-        result = verify_release(release, policy=policy, deep=deep, entries=entry or None, sample=sample,
-                                nonce=nonce)
+        policy, scope = trust.policy(), scope_of(deep=deep, entries=entry or None, sample=sample, nonce=nonce)
+        with verification.verify(release, policy, scope) as checked:
+            result = checked.checked
     except Exception as exc:
         # The document and the exit status come from the same value: `handled` exits with this code.
         code, text = ((exc.exit_code, exc.diagnostics()) if isinstance(exc, Error)
                       else (EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"))
         if as_json:
-            echo_json(failure_dict(release, text, code))
+            echo_json(verification.failure(release, text, code).model_dump(mode="json", exclude_unset=True))
         raise
     if as_json:
-        echo_json(result.as_dict())
+        echo_json(result.document().model_dump(mode="json", exclude_unset=True))
         return
     _say_verified(release, result, deep=deep)
 
@@ -192,11 +193,11 @@ def _say_verified(release: str, result: VerifyResult, *, deep: bool) -> None:
 
         s = result.sample
         say(f"  index        every index record of the {result.entries:,} entries checked against the manifest")
-        say(f"  sample       {s['size']:,} of {s['population']:,} entries drawn from the root digest and nonce "
-            f"{s['nonce']!r} ({s['nonce_source']}; {s['method']}, the draw of `kvgraft audit sample RELEASE --nonce "
-            f"{s['nonce']} --size {s['size']}`): every byte of their files checked, every tensor re-hashed "
-            f"({', '.join(s['entries'][:5])}{', ...' if s['size'] > 5 else ''})")
-        say(f"  bound        {check_sentence(result.bound)}")
+        say(f"  sample       {s.size:,} of {s.population:,} entries drawn from the root digest and nonce "
+            f"{s.nonce!r} ({s.nonce_source}; {s.method}, the draw of `kvgraft audit sample RELEASE --nonce "
+            f"{s.nonce} --size {s.size}`): every byte of their files checked, every tensor re-hashed "
+            f"({', '.join(s.entries[:5])}{', ...' if s.size > 5 else ''})")
+        say(f"  bound        {check_sentence(result.bound.model_dump(mode='json'))}")
     elif result.scope == "entries":
         say(f"  entries      {len(result.checked_entries)} of {result.entries} checked ({', '.join(result.checked_entries[:5])}"
             f"{', ...' if len(result.checked_entries) > 5 else ''}), {result.tensors} tensors"

@@ -34,7 +34,7 @@ class Signature(Closed):
     oms_signature: str | None = nullable(description="Path of an OpenSSF model signing v1.0 signature of the folder "
                                          "(model.sig), if present.")
     oms_sha256: str | None = nullable(description="SHA-256 of that signature file's bytes.")
-    oms_verified: bool | None = Field(None, description="The OpenSSF model signing signature was checked with the key "
+    oms_verified: bool | None = Field(default=None, description="The OpenSSF model signing signature was checked with the key "
                                       "(else only its file list was compared with the files).")
     key_id: str | None = Field(description="Key id of the key that verified the signature: hex SHA-256 of its "
                                "SubjectPublicKeyInfo PEM (OpenSSF model signing's key hint).")
@@ -43,13 +43,13 @@ class Signature(Closed):
     signed_time: str | None = nullable(description="Sigstore: the UTC time the transparency log integrated the "
                                        "signature (ISO 8601), verified with it; null for a key signature, which "
                                        "states no time.")
-    signatures: list[SignatureFile] | None = Field(None, description="Each signature file read (the kvgraft bundle, "
+    signatures: list[SignatureFile] | None = Field(default=None, description="Each signature file read (the kvgraft bundle, "
                                                    "an OpenSSF model signing signature): whether it was verified, and "
                                                    "with which key.")
-    oms_beside_release: list[str] | None = Field(None, description="Files outside the manifest (a Hub card such as "
+    oms_beside_release: list[str] | None = Field(default=None, description="Files outside the manifest (a Hub card such as "
                                                  "README.md) that the OpenSSF model signing signature lists: hashed "
                                                  "and compared, signed by it only.")
-    oms_ignored: list[str] | None = Field(None, description="Files outside the manifest in paths the OpenSSF model "
+    oms_ignored: list[str] | None = Field(default=None, description="Files outside the manifest in paths the OpenSSF model "
                                           "signing signature says it ignores (its ignore_paths): accepted, covered by "
                                           "no signature.")
 
@@ -111,10 +111,10 @@ class VerifyResult(Open):
     model_config = ConfigDict(json_schema_extra=_OK_OR_NOT)
 
     scope: Literal["all", "open", "entries", "sample"] | None = Field(
-        None, description="all: every file; entries: the signature, statement, manifest and only the files of "
+        default=None, description="all: every file; entries: the signature, statement, manifest and only the files of "
         "checked_entries; sample: the signature, statement, manifest, every index record, and the files of the drawn "
         "sample (checked_entries), every tensor re-hashed.")
-    checked_entries: list[str] | None = Field(None, description="The entries whose files were checked (verify --entry, "
+    checked_entries: list[str] | None = Field(default=None, description="The entries whose files were checked (verify --entry, "
                                               "or the sample of verify --sample, in draw order).")
     sample: Sample | None = None
     bound: Bound | None = None
@@ -130,17 +130,31 @@ class VerifyResult(Open):
     manifest_sha256: Sha256 | None = None
     model: Model | None = None
     entries: Count | None = None
-    files: int | None = Field(None, ge=1, description="Files checked, manifest.json included.")
+    files: int | None = Field(default=None, ge=1, description="Files checked, manifest.json included.")
     tensors: Count | None = None
     bytes_hashed: Count | None = None
-    seconds: float | None = Field(None, ge=0)
-    throughput_bytes_per_s: float | None = Field(None, ge=0)
-    deep: bool | None = Field(None, description="Every tensor byte range was also re-hashed against its manifest "
+    seconds: float | None = Field(default=None, ge=0)
+    throughput_bytes_per_s: float | None = Field(default=None, ge=0)
+    deep: bool | None = Field(default=None, description="Every tensor byte range was also re-hashed against its manifest "
                               "sha256.")
-    warnings: list[str] | None = Field(None, description="What passed but deserves a look, e.g. an unsigned release.")
-    statement: bool | None = Field(None, description="An in-toto statement was read from release.sigstore.json and "
+    warnings: list[str] | None = Field(default=None, description="What passed but deserves a look, e.g. an unsigned release.")
+    statement: bool | None = Field(default=None, description="An in-toto statement was read from release.sigstore.json and "
                                    "compared with the files.")
     signature: Signature | None = None
+
+
+class ReleaseSignature(Closed):
+    """What was checked of a release's signature before it was read (kvgraft.signing.verify.signature_statement): an
+    audit report's release_signature, and a recompute or generalization result's (schemas/audit-report.v1.json
+    $defs/release_signature)."""
+
+    checked: bool
+    method: Literal["key", "sigstore"] | None
+    key_ids: list[Sha256]
+    identity: str | None
+    issuer: str | None
+    signed_time: str | None
+    reason: str | None  # why the signature was not checked; None when it was
 
 
 class ShownSignature(Open):

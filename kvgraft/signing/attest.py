@@ -23,16 +23,17 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.format import FORMAT
 from kvgraft.release.records import MANIFEST, check_relpath
+from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate
 from kvgraft.signing.keys import PublicKey, der_fingerprint, key_id
 from kvgraft.signing.keys import verify as key_verify
@@ -64,14 +65,60 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------- statement
+# Typed dicts, not models: the statement's bytes are signed, and a dict is what is canonicalized (RFC 8785) and read
+# back, member for member.
 
 
-def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int) -> dict[str, Any]:
+class Digest(TypedDict):
+    sha256: str
+
+
+class Subject(TypedDict):
+    name: str
+    digest: Digest
+
+
+class ManifestFile(TypedDict):
+    name: str
+    sha256: str
+    size: int
+
+
+class PredicateModel(TypedDict):
+    spec: str
+    architecture: str
+    model_type: str
+    identity: JsonObject  # the manifest's model.identity, copied verbatim
+
+
+class Predicate(TypedDict):
+    """schemas/release-attestation-predicate.v1.json"""
+
+    release_format: str
+    format_version: int
+    manifest: ManifestFile
+    root_digest: str
+    model: PredicateModel
+    num_entries: int
+    num_files: int
+    kvgraft_version: str
+
+
+class Statement(TypedDict):
+    """An in-toto Statement v1 whose predicate is kvgraft's."""
+
+    _type: str
+    subject: list[Subject]
+    predicateType: str
+    predicate: Predicate
+
+
+def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int) -> Statement:
     """The in-toto Statement v1 of a release whose manifest file has this digest and size."""
-    subjects = [{"name": MANIFEST, "digest": {"sha256": manifest_sha256}}]
-    subjects += [{"name": name, "digest": {"sha256": sha}} for name, sha in sorted(subject_files(manifest).items())]
+    subjects = [Subject(name=MANIFEST, digest=Digest(sha256=manifest_sha256))]
+    subjects += [Subject(name=name, digest=Digest(sha256=sha)) for name, sha in sorted(subject_files(manifest).items())]
     model = manifest["model"]
-    predicate = {
+    predicate: Predicate = {
         "release_format": FORMAT,
         "format_version": manifest["format_version"],
         "manifest": {"name": MANIFEST, "sha256": manifest_sha256, "size": manifest_size},
@@ -85,7 +132,7 @@ def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
-def predicate_check(root: Path, stmt: dict[str, Any], source: str) -> Callable[[dict[str, Any], str, int], None]:
+def predicate_check(root: Path, stmt: Statement, source: str) -> Callable[[dict[str, Any], str, int], None]:
     """What a statement says beyond its subjects, as a check of the parsed manifest (manifest, its sha256, its
     size; kvgraft.release.integrity.ManifestCheck): every member its predicate states must be what the manifest
     implies; only the version of the kvgraft that signed is the signer's own. `source` names the statement."""
@@ -118,12 +165,13 @@ def subject_files(manifest: dict[str, Any]) -> dict[str, str]:
     return files
 
 
-def statement_bytes(stmt: dict[str, Any]) -> bytes:
-    """The DSSE payload: RFC 8785 canonical JSON of the statement."""
+def statement_bytes(stmt: Statement | JsonObject) -> bytes:
+    """The DSSE payload: RFC 8785 canonical JSON of the statement (a release's, or another in-toto statement: a
+    report's)."""
     return jsonio.canonical(stmt)
 
 
-def parse_statement(payload_type: str, payload: bytes, where: str) -> dict[str, Any]:
+def parse_statement(payload_type: str, payload: bytes, where: str) -> Statement:
     """Parse and check a release statement (strict JSON, safe subject names, our predicate)."""
     if payload_type != PAYLOAD_TYPE:
         raise VerificationError(f"{where}: DSSE payloadType {payload_type!r} is not {PAYLOAD_TYPE!r}")
@@ -151,10 +199,10 @@ def parse_statement(payload_type: str, payload: bytes, where: str) -> dict[str, 
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             raise InputError(f"{at}: {name!r} has no lowercase hex sha256 digest")
     validate(doc.get("predicate"), PREDICATE_SCHEMA, f"{where}: statement predicate")
-    return doc
+    return cast(Statement, doc)  # its type, subjects and predicate checked above
 
 
-def subjects(stmt: dict[str, Any]) -> dict[str, str]:
+def subjects(stmt: Statement) -> dict[str, str]:
     """name -> sha256 of a parsed statement."""
     return {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
 
@@ -201,8 +249,9 @@ _ENVELOPE_MEMBERS = {"payload", "payloadType", "signatures"}
 _SIGNATURE_MEMBERS = {"sig", "keyid"}
 
 
-def _members(obj: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(obj) - allowed)
+def _members(names: Iterable[str], allowed: set[str], where: str) -> None:
+    """Refuse a JSON object (its member `names`) with a member outside `allowed`."""
+    unknown = sorted(set(names) - allowed)
     if unknown:
         raise InputError(f"{where}: unknown member {unknown[0]!r} (a Sigstore bundle v0.3 has none)")
 
@@ -264,7 +313,35 @@ def read_bundle(path: Path) -> Bundle:
     return parse_bundle(jsonio.read_bounded(path, MAX_BUNDLE_BYTES, "a bundle"), str(path))
 
 
-def key_bundle(payload: bytes, signature: bytes, hint: str) -> dict[str, Any]:
+class _PublicKey(TypedDict):
+    hint: str
+
+
+class _Material(TypedDict):
+    publicKey: _PublicKey
+    tlogEntries: list[JsonObject]
+
+
+class _DsseSignature(TypedDict):
+    sig: str
+    keyid: str
+
+
+class _Envelope(TypedDict):
+    payload: str
+    payloadType: str
+    signatures: list[_DsseSignature]
+
+
+class KeyBundle(TypedDict):
+    """A key-signed Sigstore bundle v0.3 as kvgraft writes it (protobuf-specs' JSON mapping)."""
+
+    mediaType: str
+    verificationMaterial: _Material
+    dsseEnvelope: _Envelope
+
+
+def key_bundle(payload: bytes, signature: bytes, hint: str) -> KeyBundle:
     """A Sigstore bundle v0.3 for a key-signed DSSE envelope (no certificate, no transparency log)."""
     return {
         "mediaType": BUNDLE_MEDIA_TYPE,

@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -46,8 +46,36 @@ def _root_digest(resources: list[tuple[str, str]]) -> str:
     return sha256_hex(b"".join(bytes.fromhex(digest) for _, digest in resources))
 
 
-def statement(root: Path, digests: dict[str, str]) -> dict[str, Any]:
-    """The OMS v1.0 statement of a folder whose files (name -> sha256) are `digests`."""
+class Serialization(TypedDict):
+    method: str
+    hash_type: str
+    allow_symlinks: bool
+    ignore_paths: list[str]
+
+
+class Resource(TypedDict):
+    name: str
+    algorithm: str
+    digest: str
+
+
+class Predicate(TypedDict):
+    serialization: Serialization
+    resources: list[Resource]
+
+
+class Statement(TypedDict):
+    """An in-toto Statement v1 with OpenSSF model signing v1.0's predicate."""
+
+    _type: str
+    subject: list[attest.Subject]
+    predicateType: str
+    predicate: Predicate
+
+
+def statement(root: Path, digests: dict[str, str]) -> Statement:
+    """The OMS v1.0 statement of a folder whose files (name -> sha256) are `digests` (a typed dict: its bytes, as
+    json.dumps writes them, are what is signed)."""
     resources = sorted(digests.items())
     return {
         "_type": attest.STATEMENT_TYPE,

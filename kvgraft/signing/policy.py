@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from kvgraft.errors import InputError
 from kvgraft.signing.sigstore import SigstoreTrust
@@ -122,10 +122,13 @@ def keys_policy(keys: Sequence[Path] | None, **options: Any) -> VerifyPolicy:
 # What a verification reads of a release, beside its signatures (kvgraft.signing.verify.verify).
 
 
+ScopeName = Literal["open", "all", "entries", "sample"]
+
+
 class Scope:
     """How much of a release a verification reads; `name` is what `verify --json` states."""
 
-    name = "open"
+    name: ClassVar[ScopeName] = "open"
 
 
 @dataclass(frozen=True)

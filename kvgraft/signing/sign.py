@@ -11,7 +11,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -26,6 +25,7 @@ from kvgraft.signing.attest import (
     BUNDLE_NAME,
     OMS_NAME,
     PAYLOAD_TYPE,
+    Statement,
     key_bundle,
     pae,
     statement,
@@ -41,14 +41,14 @@ class Signed:
     """What `sign_release*` wrote."""
 
     bundle: Path
-    statement: dict[str, Any]
+    statement: Statement
     signer: str  # key id, or the certificate identity for keyless signing
     oms: Path | None = None  # the OpenSSF model signing signature, when the key could make one
     files: int = 0  # the release's files checked before signing (what `kvgraft verify` counts), manifest.json included
     beside: tuple[str, ...] = ()  # files outside the manifest (a Hub card) that model.sig alone signs
 
 
-def release_statement(root: Path) -> dict[str, Any]:
+def release_statement(root: Path) -> Statement:
     """Check the release's bytes (verify without a signature) and build its statement.
 
     A release whose files do not match its manifest is refused: signing it would attest damage.
@@ -56,13 +56,13 @@ def release_statement(root: Path) -> dict[str, Any]:
     return _checked_statement(root)[0]
 
 
-def _checked_statement(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _checked_statement(root: Path) -> tuple[Statement, dict[str, str]]:
     """The statement, and every file's digest (manifest.json included), of a release whose bytes were checked."""
     checked = check_release(Path(root), keep_files=True)
     return statement(checked.manifest, checked.manifest_sha256, checked.manifest_size), checked.files
 
 
-def _checked_folder(root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+def _checked_folder(root: Path) -> tuple[Statement, dict[str, str], dict[str, str]]:
     """`_checked_statement`, and the files of the folder outside the manifest (a Hub card) with their digests.
 
     model_signing signs every file of a folder, and so does model.sig: a README.md beside manifest.json is

@@ -25,7 +25,8 @@ and read once per verification (`_Signatures`). `verify` returns a `VerifiedRele
 (kvgraft.signing.verified: the release, what was checked, under which policy, where it came from), the only
 type graft, recompute, the audits and the libraries take; `verified(path, policy)` (scope `OPEN`) is what
 the edges call (the CLI, a plan's run, the vLLM connector's start-up, a Ray worker given a path and the
-driver's policy). `verify_release` is `verify` with `kvgraft verify`'s options as keywords.
+driver's policy). `kvgraft verify` builds the policy and the scope from its options (`policy.verify_policy`,
+`policy.scope_of`) and calls `verify`.
 Per-tensor digests are bound by the signed manifest (the file digests cover the same bytes) and are
 re-checked by graft on load, so the default pass reads each byte once; `deep` reads it twice.
 
@@ -35,11 +36,12 @@ Imports no torch; sigstore is imported only for Sigstore checks.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, overload
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -60,6 +62,8 @@ from kvgraft.release.integrity import (
 )
 from kvgraft.release.sources import Source
 from kvgraft.remote import open_source, subset
+from kvgraft.results import verify as results
+from kvgraft.results.verify import Checked, SignatureFile
 from kvgraft.signing import attest, keys
 from kvgraft.signing.policy import (
     OPEN,
@@ -68,17 +72,16 @@ from kvgraft.signing.policy import (
     OwnOutput,
     Sample,
     Scope,
+    ScopeName,
     SignatureNotChecked,
     VerifyPolicy,
-    scope_of,
-    verify_policy,
 )
-from kvgraft.signing.sigstore import SigstoreTrust, integrated_time, verify_sigstore_bundle
+from kvgraft.signing.sigstore import integrated_time, verify_sigstore_bundle
 from kvgraft.signing.verified import Origin as Origin
 from kvgraft.signing.verified import VerifiedRelease as VerifiedRelease
 
-RESULT_FORMAT = "kvgraft-verify-result"
-RESULT_VERSION = 1
+RESULT_FORMAT: Final = "kvgraft-verify-result"
+RESULT_VERSION: Final = 1
 
 
 # What model.sig says: its files (release.sigstore.json aside), the digest it lists for release.sigstore.json
@@ -88,8 +91,8 @@ _OmsList = tuple[dict[str, str], str | None, tuple[str, ...]]
 
 @dataclass
 class SignatureStatus:
-    status: str  # "verified" or "not checked"
-    method: str | None = None  # "key" or "sigstore"
+    status: Checked
+    method: Literal["key", "sigstore"] | None = None
     bundle: str | None = None  # path of the bundle, None when the release has none
     bundle_sha256: str | None = None  # digest of the exact bundle bytes accepted
     oms_signature: str | None = None  # path of an OpenSSF model signing signature (model.sig), if any
@@ -99,8 +102,8 @@ class SignatureStatus:
     identity: str | None = None
     issuer: str | None = None
     signed_time: str | None = None  # Sigstore: the transparency log's integrated time (UTC), which it verified
-    # Each signature file read: file, kind ("kvgraft" or "oms"), sha256, status, key_id (that verified it).
-    signatures: list[dict[str, Any]] = field(default_factory=list)
+    # Each signature file read, and the key that verified it.
+    signatures: list[SignatureFile] = field(default_factory=list)
     # Files outside the manifest that the OMS signature lists (a Hub card): hashed and compared.
     oms_beside_release: list[str] = field(default_factory=list)
     # Files outside the manifest in paths the OMS signature says it ignores: no signature covers them.
@@ -110,10 +113,10 @@ class SignatureStatus:
         oms = f"; OpenSSF model signing signature {'verified' if self.oms_verified else 'present'}" if self.oms_signature else ""
         beside = (f"; beside the release, signed by the OMS signature only: {', '.join(self.oms_beside_release[:5])}"
                   if self.oms_beside_release else "")
-        keyed = [s for s in self.signatures if s["key_id"]]
+        keyed = [s for s in self.signatures if s.key_id]
         if self.status == "verified" and len(self.signatures) > 1 and keyed:
             return "verified: " + "; ".join(
-                f"{Path(s['file']).name} {'verified with key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+                f"{Path(s.file).name} {'verified with key ' + s.key_id if s.key_id else 'not checked'}"
                 for s in self.signatures) + beside
         if self.status == "verified":
             who = f"key {self.key_id}" if self.method == "key" else f"{self.identity} via {self.issuer} (Sigstore)"
@@ -140,15 +143,15 @@ class VerifyResult:
     deep: bool
     signature: SignatureStatus
     statement: bool  # a statement was read and compared (signed or not)
-    model: dict[str, Any] = field(default_factory=dict)
+    model: results.Model
     warnings: list[str] = field(default_factory=list)
     policy: VerifyPolicy = field(default_factory=SignatureNotChecked)
     opened: Release | None = field(default=None, repr=False)  # the checked release, headers included
-    scope: str = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries;
+    scope: ScopeName = "all"  # "all": every file; "open": signature, statement, manifest; "entries": and checked_entries;
     # "sample": signature, statement, manifest, every index record, and the files of a drawn sample (checked_entries)
     checked_entries: list[str] = field(default_factory=list)
-    sample: dict[str, Any] | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
-    bound: dict[str, Any] | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
+    sample: results.Sample | None = None  # scope "sample": the draw (kvgraft.sampling.sample_record)
+    bound: results.Bound | None = None  # scope "sample": what it says of the release (kvgraft.sampling.check_bound)
     location: str = ""  # the release as given (a folder, or the URL its folder `release` stands for)
 
     @property
@@ -156,34 +159,47 @@ class VerifyResult:
         """Bytes hashed per second."""
         return self.bytes_hashed / self.seconds if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        """The `verify --json` document (schemas/verify-result.v1.json)."""
-        return {
-            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": True, "exit_code": 0, "error": None, "release": self.location or str(self.release),
-            "root_digest": self.root_digest, "manifest_sha256": self.manifest_sha256,
-            "model": self.model, "entries": self.entries, "files": self.files, "tensors": self.tensors,
-            "bytes_hashed": self.bytes_hashed, "seconds": round(self.seconds, 6),
-            "throughput_bytes_per_s": round(self.throughput, 1), "deep": self.deep,
-            "statement": self.statement, "signature": self._shown(asdict(self.signature)), "warnings": list(self.warnings),
-            "scope": self.scope, "checked_entries": list(self.checked_entries),
-            **({"sample": self.sample, "bound": self.bound} if self.sample is not None else {}),
-        }
+    def document(self) -> results.VerifyResult:
+        """The `verify --json` document (schemas/verify-result.v1.json); its members are those set
+        (`model_dump(mode="json", exclude_unset=True)`: `sample` and `bound` only for a sample)."""
+        s = self.signature
+        signature = results.Signature(
+            status=s.status, method=s.method, bundle=self._shown(s.bundle), bundle_sha256=s.bundle_sha256,
+            oms_signature=self._shown(s.oms_signature), oms_sha256=s.oms_sha256, oms_verified=s.oms_verified,
+            key_id=s.key_id, identity=s.identity, issuer=s.issuer, signed_time=s.signed_time,
+            signatures=[f.model_copy(update={"file": self._shown(f.file)}) for f in s.signatures],
+            oms_beside_release=list(s.oms_beside_release), oms_ignored=list(s.oms_ignored))
+        document = results.VerifyResult(
+            format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__,
+            ok=True, exit_code=0, error=None, release=self.location or str(self.release),
+            root_digest=self.root_digest, manifest_sha256=self.manifest_sha256,
+            model=self.model, entries=self.entries, files=self.files, tensors=self.tensors,
+            bytes_hashed=self.bytes_hashed, seconds=round(self.seconds, 6),
+            throughput_bytes_per_s=round(self.throughput, 1), deep=self.deep,
+            statement=self.statement, signature=signature, warnings=list(self.warnings),
+            scope=self.scope, checked_entries=list(self.checked_entries))
+        if self.sample is None:
+            return document
+        return document.model_copy(update={"sample": self.sample, "bound": self.bound})  # members set: dumped
+
+    @overload
+    def _shown(self, path: str) -> str: ...
+    @overload
+    def _shown(self, path: None) -> None: ...
+    def _shown(self, path: str | None) -> str | None:
+        """A file's path as the person named it (a remote release: its URL, not its folder)."""
+        if path is None or not self.location:
+            return path
+        return path.replace(str(self.release), self.location)
 
 
-    def _shown(self, value: Any) -> Any:
-        """`value` with the files it names as the person named them (a remote release: its URL, not its folder)."""
-        if isinstance(value, str):
-            return value.replace(str(self.release), self.location) if self.location else value
-        if isinstance(value, dict):
-            return {k: self._shown(v) for k, v in value.items()}
-        return [self._shown(v) for v in value] if isinstance(value, list) else value
-
-
-def failure_dict(release: Path | str, error: str, exit_code: int) -> dict[str, Any]:
-    """The `verify --json` document of a failed verification."""
-    return {"format": RESULT_FORMAT, "format_version": RESULT_VERSION, "kvgraft_version": __version__,
-            "ok": False, "exit_code": exit_code, "error": error, "release": str(release)}
+def failure(release: Path | str, error: str, exit_code: int) -> results.VerifyResult:
+    """The `verify --json` document of a failed verification, its exit_code the status the process exits with."""
+    # Not validated: a status the schema does not list (a remote release whose pieces could not be written: 7)
+    # is still the one printed, as the process exits with it.
+    return results.VerifyResult.model_construct(
+        format=RESULT_FORMAT, format_version=RESULT_VERSION, kvgraft_version=__version__, ok=False,
+        exit_code=exit_code, error=error, release=str(release))
 
 
 class _Signatures:
@@ -195,10 +211,14 @@ class _Signatures:
         self._stats: dict[Path, os.stat_result | None] = {}
         self._bytes: dict[Path, bytes] = {}
 
-    def present(self, path: Path) -> bool:
+    def look(self, path: Path) -> os.stat_result | None:
+        """Its lstat, made once (None: nothing there); reading it later opens what this looked at."""
         if path not in self._stats:
             self._stats[path] = jsonio.stat_or_none(path)
-        return self._stats[path] is not None
+        return self._stats[path]
+
+    def present(self, path: Path) -> bool:
+        return self.look(path) is not None
 
     def read(self, path: Path, what: str) -> bytes:
         if path not in self._bytes:
@@ -226,8 +246,8 @@ def _read_oms(path: Path, given: list[keys.PublicKey], signature: SignatureStatu
     found = signatures.oms(path, usable or None, advice)
     files, verified_by, digest = found.files, found.verified_by, found.sha256
     signature.oms_signature, signature.oms_sha256, signature.oms_verified = str(path), digest, verified_by is not None
-    signature.signatures.append({"file": str(path), "kind": "oms", "sha256": digest,
-                                 "status": "verified" if verified_by else "not checked", "key_id": verified_by})
+    signature.signatures.append(SignatureFile(file=str(path), kind="oms", sha256=digest,
+                                              status="verified" if verified_by else "not checked", key_id=verified_by))
     return files, files.pop(attest.BUNDLE_NAME, None), found.ignored
 
 
@@ -262,25 +282,6 @@ def verify(source: str | Path | Source, policy: VerifyPolicy, scope: Scope = OPE
     return VerifiedRelease(result.opened, result, src, owned)
 
 
-def verify_release(root: Path | str, *, key: Path | None = None, identity: str | None = None,
-                   issuer: str | None = None, trust: SigstoreTrust | None = None, deep: bool = False,
-                   policy: VerifyPolicy | None = None, entries: Sequence[str] | None = None,
-                   scope: str = "all", sample: int | None = None, nonce: str | None = None) -> VerifyResult:
-    """`verify` with `kvgraft verify`'s options as keywords (`policy`, or for short `key`, `identity` + `issuer`,
-    `trust`; `scope` "all" or "open", `deep`, `entries`, `sample`, `nonce`): what was checked. The release's
-    source is closed before it returns."""
-    if scope not in ("all", "open"):
-        raise ValueError(f"scope {scope!r}")
-    wanted = OPEN if scope == "open" and entries is None and sample is None and nonce is None else scope_of(
-        deep=deep, entries=entries, sample=sample, nonce=nonce)
-    if policy is None:
-        policy = verify_policy(key=key, identity=identity, issuer=issuer, trust=trust)
-    elif (key, identity, issuer, trust) != (None, None, None, None):
-        raise InputError("give a verification policy or key/identity arguments, not both")
-    with verify(root, policy, wanted) as checked:
-        return checked.checked
-
-
 def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
     started = time.perf_counter()
     root = src.root
@@ -299,7 +300,7 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
     checked = _check_files(src, policy, read, oms_read, oms_path, scope.name, deep)
     drawn = _draw(checked, scope.size, scope.nonce) if isinstance(scope, Sample) else None
     if drawn is not None:
-        checked_entries, tensors, hashed = _check_sample(checked, drawn["entries"], oms_read, oms_path)
+        checked_entries, tensors, hashed = _check_sample(checked, drawn.entries, oms_read, oms_path)
     else:
         checked_entries, tensors, hashed = _check_entries(checked, entries, deep, oms_read, oms_path)
     if oms_read is not None:
@@ -313,22 +314,22 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
         entries=checked.release.num_entries, files=checked.count, tensors=tensors,
         bytes_hashed=hashed, seconds=time.perf_counter() - started, deep=deep,
         signature=read.signature, statement=read.statement is not None,
-        model={"spec": m["model"]["spec"], "identity_sha256": m["model"]["identity"]["sha256"]},
+        model=results.Model(spec=m["model"]["spec"], identity_sha256=m["model"]["identity"]["sha256"]),
         warnings=read.warnings, policy=policy, opened=checked.release, scope=scope.name,
         checked_entries=checked_entries, sample=drawn,
-        bound=sampling.check_bound(len(drawn["entries"]), drawn["population"]) if drawn else None,
+        bound=results.Bound.model_validate(sampling.check_bound(len(drawn.entries), drawn.population)) if drawn else None,
         location=src.location,
     )
 
 
-def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> dict[str, Any]:
+def _draw(checked: CheckedRelease, size: int, nonce: str | None) -> results.Sample:
     """`--sample`: the sample drawn from the root digest and the nonce as a sampled audit draws it
     (kvgraft.sampling), from the ids and token counts the manifest lists."""
     rel = checked.release
     source = "given" if nonce is not None else "drawn"
     nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
-    return sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(), rel.token_counts(), size,
-                                  nonce_source=source)
+    return results.Sample.model_validate(sampling.sample_record(str(rel.manifest["root_digest"]), nonce, rel.entry_ids(),
+                                                        rel.token_counts(), size, nonce_source=source))
 
 
 def _check_sample(checked: CheckedRelease, drawn: list[str], oms_read: _OmsList | None,
@@ -352,7 +353,7 @@ class _Read:
     """What the signature files said: the signature's status, the statement (None: unsigned or OMS alone)."""
 
     signature: SignatureStatus
-    statement: dict[str, Any] | None = None
+    statement: attest.Statement | None = None
     warnings: list[str] = field(default_factory=list)
     source: str = "manifest"
     bundle_raw: bytes | None = None
@@ -363,14 +364,18 @@ def _oms_path(root: Path, policy: VerifyPolicy, files: _Signatures) -> Path:
     oms_path = root / attest.OMS_NAME
     if policy.oms_signature is None:
         return oms_path
-    inside, named = jsonio.stat_or_none(oms_path, follow=True), jsonio.stat_or_none(Path(policy.oms_signature), follow=True)
+    detached = Path(policy.oms_signature)
+    inside, named = files.look(oms_path), files.look(detached)
+    if inside is not None and named is not None and stat.S_ISLNK(named.st_mode):
+        # Only a link is looked through, to see whether it names the release's own model.sig: a link is never read.
+        named = jsonio.stat_or_none(detached, follow=True)
     if inside is not None and named is not None and os.path.samestat(inside, named):
         return oms_path  # the release's own model.sig, named: the one read anyway
     if inside is not None:
         raise InputError(f"{oms_path}: the release holds an OMS signature and --oms-signature names another "
                          f"({policy.oms_signature}); give one of them")
-    files.read(Path(policy.oms_signature), "an OMS signature")  # absent: exit 2 here
-    return Path(policy.oms_signature)
+    files.read(detached, "an OMS signature")  # absent: exit 2 here
+    return detached
 
 
 def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], oms_path: Path,
@@ -412,8 +417,8 @@ def _read_bundle(root: Path, policy: VerifyPolicy, given: list[keys.PublicKey], 
         else:
             read.warnings.append("the signature was not checked (no --key or Sigstore identity given); the statement "
                                  "in the bundle was compared with the files")
-        signature.signatures.append({"file": str(bundle_path), "kind": "kvgraft", "sha256": signature.bundle_sha256,
-                                     "status": signature.status, "key_id": signature.key_id})
+        signature.signatures.append(SignatureFile(file=str(bundle_path), kind="kvgraft", sha256=signature.bundle_sha256,
+                                                  status=signature.status, key_id=signature.key_id))
         read.statement = attest.parse_statement(payload_type, payload, str(bundle_path))
         read.source = "signed statement" if signature.status == "verified" else "statement (signature not checked)"
     elif oms_present and identity is None:
@@ -455,7 +460,7 @@ def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.Publi
         # Signed only with OpenSSF model signing: its file list plays the statement's part.
         if given and signature.oms_verified:
             signature.status, signature.method = "verified", "key"
-            signature.key_id = signature.signatures[-1]["key_id"]
+            signature.key_id = signature.signatures[-1].key_id
         if policy.require_signature and signature.status != "verified":
             raise VerificationError(f"{root}: --require-signature: the OpenSSF model signing signature was not checked")
         read.warnings[:] = [] if signature.status == "verified" else [
@@ -466,10 +471,10 @@ def _read_oms_signature(root: Path, policy: VerifyPolicy, given: list[keys.Publi
 
 
 def _every_key_verifies_a_signature(root: Path, given: list[keys.PublicKey], signature: SignatureStatus) -> None:
-    used = {s["key_id"] for s in signature.signatures if s["status"] == "verified"}
+    used = {s.key_id for s in signature.signatures if s.status == "verified"}
     for k in given:
         if keys.key_id(k) not in used:
-            whose = "; ".join(f"{Path(s['file']).name}: {'key ' + s['key_id'] if s['key_id'] else 'not checked'}"
+            whose = "; ".join(f"{Path(s.file).name}: {'key ' + s.key_id if s.key_id else 'not checked'}"
                               for s in signature.signatures)
             raise VerificationError(f"{root}: key {keys.key_id(k)} verifies no signature of the release ({whose})")
 
@@ -572,25 +577,25 @@ def verified(root: Path | str | Source, policy: VerifyPolicy) -> VerifiedRelease
     return verify(root, policy, OPEN)
 
 
-def signature_statement(result: VerifyResult) -> dict[str, Any]:
+def signature_statement(result: VerifyResult) -> results.ReleaseSignature:
     """What a report or a single check's result states of the release's signature (`release_signature`): checked
     (with which key ids, or which Sigstore identity and issuer, and the log's time where there is one), or not
     checked and why. Made from what verification found, never from what was asked."""
     s = result.signature
     if s.status == "verified":
-        ids = sorted({str(x["key_id"]) for x in s.signatures if x.get("status") == "verified" and x.get("key_id")})
+        ids = sorted({x.key_id for x in s.signatures if x.status == "verified" and x.key_id})
         if not ids and s.key_id:
             ids = [s.key_id]
-        return {"checked": True, "method": s.method, "key_ids": ids if s.method == "key" else [],
-                "identity": s.identity, "issuer": s.issuer, "signed_time": s.signed_time, "reason": None}
+        return results.ReleaseSignature(checked=True, method=s.method, key_ids=ids if s.method == "key" else [],
+                                        identity=s.identity, issuer=s.issuer, signed_time=s.signed_time, reason=None)
     if isinstance(result.policy, OwnOutput):
         why = f"written by {result.policy.made_by} and read back (its digests were checked)"
     elif s.bundle is None and s.oms_signature is None:
         why = "the release is unsigned"
     else:
         why = "no key or Sigstore identity was given"
-    return {"checked": False, "method": None, "key_ids": [], "identity": None, "issuer": None, "signed_time": None,
-            "reason": why}
+    return results.ReleaseSignature(checked=False, method=None, key_ids=[], identity=None, issuer=None, signed_time=None,
+                                    reason=why)
 
 
 def signature_sentence(statement: dict[str, Any] | None) -> str:

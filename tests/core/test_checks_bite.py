@@ -26,7 +26,8 @@ from kvgraft.release.format import Release
 from kvgraft.release.records import MANIFEST
 from kvgraft.signing import attest, keys, oms, sign
 from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
-from kvgraft.signing.verify import verified, verify_release
+from kvgraft.signing.verify import verified
+from tests.verifying import verify_result
 
 import rewrite
 from release_factory import listed_digests, release_fixtures
@@ -86,7 +87,7 @@ def test_signed_statement_listing_another_digest_for_a_file_is_refused(rel: Path
                     ["digest"].update(sha256="ab" * 32))
     for key in (keypair[1], None):  # signature checked, and only read
         with pytest.raises(VerificationError, match=f"{ENTRY_FILE}: the .*statement.* lists sha256 abab"):
-            verify_release(rel, key=key)
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
 
 
 def test_signed_statement_listing_a_file_the_manifest_does_not_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -96,12 +97,12 @@ def test_signed_statement_listing_a_file_the_manifest_does_not_is_refused(rel: P
 
     _sign_statement(rel, keypair[0], add)
     with pytest.raises(VerificationError, match=r"extra\.bin: the signed statement lists sha256 cdcd"):
-        verify_release(rel, key=keypair[1])
+        verify_result(rel, SignedWithKeys((keypair[1],)))
 
 
 def test_control_a_statement_signed_over_the_release_itself_verifies(rel: Path, keypair: tuple[Path, Path]) -> None:
     _sign_statement(rel, keypair[0], lambda s: None)
-    assert verify_release(rel, key=keypair[1]).signature.status == "verified"
+    assert verify_result(rel, SignedWithKeys((keypair[1],))).signature.status == "verified"
 
 
 def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -112,10 +113,10 @@ def test_oms_signature_over_another_file_list_beside_the_bundle_is_refused(rel: 
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha, ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the OpenSSF model signing signature lists other files"):
-            verify_release(rel, key=key)
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
     # Control: the same signature over the release's own files verifies.
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), attest.BUNDLE_NAME: bundle_sha})
-    assert verify_release(rel, key=keypair[1]).signature.oms_verified
+    assert verify_result(rel, SignedWithKeys((keypair[1],))).signature.oms_verified
 
 
 def test_oms_only_signature_over_another_file_list_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -124,9 +125,9 @@ def test_oms_only_signature_over_another_file_list_is_refused(rel: Path, keypair
     _sign_oms_statement(rel, keypair[0], {**listed_digests(rel), ENTRY_FILE: "ef" * 32})
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=f"({ENTRY_FILE}|model.sig): .*(lists sha256 efef|lists other files)"):
-            verify_release(rel, key=key)
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
     _sign_oms_statement(rel, keypair[0], listed_digests(rel))
-    assert verify_release(rel, key=keypair[1]).signature.status == "verified"
+    assert verify_result(rel, SignedWithKeys((keypair[1],))).signature.status == "verified"
 
 
 def test_oms_subject_digest_not_of_its_resources_is_refused(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -135,7 +136,7 @@ def test_oms_subject_digest_not_of_its_resources_is_refused(rel: Path, keypair: 
     _sign_oms_statement(rel, keypair[0], listed_digests(rel), lambda s: s["subject"][0]["digest"].update(sha256="01" * 32))
     for key in (keypair[1], None):
         with pytest.raises(VerificationError, match=r"model\.sig: the subject digest does not match"):
-            verify_release(rel, key=key)
+            verify_result(rel, verify_policy(key=key))  # None: the signature only read
 
 
 def test_stale_entry_digest_is_refused(rel: Path) -> None:
@@ -144,7 +145,7 @@ def test_stale_entry_digest_is_refused(rel: Path) -> None:
     m["entries"][1]["source"]["text"] = "another text"
     (rel / MANIFEST).write_text(json.dumps(m))
     with pytest.raises(IntegrityError, match=r"manifest.json: entry 'rec-001': digest [0-9a-f]{64} does not match"):
-        verify_release(rel)
+        verify_result(rel)
     with pytest.raises(IntegrityError, match="entry 'rec-001': digest"):
         Release.open(rel)
 
@@ -154,10 +155,10 @@ def test_stale_root_digest_is_refused(rel: Path) -> None:
     m["model"]["spec"] = "someone/else"
     (rel / MANIFEST).write_text(json.dumps(m))
     with pytest.raises(IntegrityError, match=r"manifest\.json: root_digest [0-9a-f]{64} does not match the manifest"):
-        verify_release(rel)
+        verify_result(rel)
     # Control: the same edit with every digest recomputed is read (only a signature could tell).
     rewrite.manifest(rel, lambda m: None)
-    assert verify_release(rel).model["spec"] == "someone/else"
+    assert verify_result(rel).model.spec == "someone/else"
 
 
 def test_a_verified_release_holds_the_policy_it_was_verified_under(rel: Path, keypair: tuple[Path, Path],

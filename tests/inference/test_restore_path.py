@@ -20,7 +20,8 @@ from kvgraft.inference import buffers, capture, graft
 from kvgraft.inference.tensors import from_buffer, split_views
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.signing.policy import SignatureNotChecked
-from kvgraft.signing.verify import VerifiedRelease, verified, verify_release
+from kvgraft.signing.verify import VerifiedRelease, verified
+from tests.verifying import verify_result
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen"
 
@@ -73,7 +74,7 @@ def test_header_in_another_key_order_is_refused(rel: VerifiedRelease, tiny_lm: C
     with pytest.raises(IntegrityError, match=r"safetensors header bytes \[0, \d+\): sha256"):
         graft.restore(rel, "e", lm)
     with pytest.raises(IntegrityError, match=r"000.safetensors: sha256 [0-9a-f]{64} does not match the manifest"):
-        verify_release(rel.root)
+        verify_result(rel.root)
 
 
 def test_buffers_are_reused_only_when_free() -> None:

@@ -15,8 +15,9 @@ import pytest
 from kvgraft.errors import IntegrityError
 from kvgraft.inference import capture, graft
 from kvgraft.signing import keys
-from kvgraft.signing.policy import SignatureNotChecked
-from kvgraft.signing.verify import verified, verify_release
+from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys
+from kvgraft.signing.verify import verified
+from tests.verifying import verify_result
 
 import rewrite
 from release_factory import sign_as
@@ -38,7 +39,7 @@ def test_a_shape_the_model_cannot_hold_is_refused_before_a_byte_is_read(
     rewrite.claim_shape(rel, 0, "layer.1.keys", shape)
     private, public = keys.write_keypair(tmp_path / "attacker")
     sign_as(rel, private)
-    assert verify_release(rel, key=public).signature.status == "verified"  # the bytes are what it commits to
+    assert verify_result(rel, SignedWithKeys((public,))).signature.status == "verified"  # the bytes are what it commits to
 
     def no_read(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("the entry's bytes were read")

@@ -27,7 +27,8 @@ from kvgraft.release.records import entry_digest, root_digest
 from kvgraft.render.text import plain
 from kvgraft.signing import attest, keys, sign
 from kvgraft.signing.policy import SignatureNotChecked, SignedWithKeys, verify_policy
-from kvgraft.signing.verify import verified, verify_release
+from kvgraft.signing.verify import verified
+from tests.verifying import verify_result
 
 from release_factory import as_format_1, make_release, unsign
 
@@ -267,7 +268,7 @@ def test_a_sparse_grown_entry_file_is_refused_without_reading_it(signed: tuple[P
     monkeypatch.setattr(os, "preadv", counting)
     grown = rf"{path.name}: entry 'rec-000': {size + 3 * 2**30} bytes, the manifest says {size} \(grown\)"
     with pytest.raises(IntegrityError, match=grown):
-        verify_release(root, key=public if signed_by_key else None)
+        verify_result(root, verify_policy(key=public if signed_by_key else None))
     hashing.pool().submit(lambda: None).result()  # let a block under way finish
     time.sleep(0.2)
     assert sum(read) < 2**20, sum(read)  # the other (small) entry files only
@@ -285,7 +286,7 @@ def test_an_oversized_unsigned_manifest_is_refused_before_it_is_parsed(signed: t
     parsed: list[str] = []
     monkeypatch.setattr(jsonio, "loads_strict", lambda data, where: parsed.append(where))
     with pytest.raises(InputError, match="exceeds the 16777216-byte limit for an unsigned manifest"):
-        verify_release(root)
+        verify_result(root)
     assert parsed == []
 
 
@@ -451,4 +452,4 @@ def test_every_predicate_member_must_match_the_manifest(signed: tuple[Path, Path
     attest.write_bundle(root, json.dumps(bundle).encode())
     (root / attest.OMS_NAME).unlink()  # the signer's OpenSSF signature would fail first with this key
     with pytest.raises(VerificationError, match=f"predicate's {member} "):
-        verify_release(root, key=public)
+        verify_result(root, SignedWithKeys((public,)))

@@ -20,7 +20,7 @@ from kvgraft.errors import InputError
 from kvgraft.release import safetensors_header as stfile
 from kvgraft.release.records import root_digest
 from kvgraft.signing import keys, sign
-from kvgraft.signing.verify import verify_release
+from tests.verifying import verify_result
 
 from release_factory import make_release, unsign
 
@@ -199,7 +199,7 @@ def test_a_release_path_longer_than_path_max_is_exit_2(tmp_path: Path) -> None:
     line = _one_line(cli("verify", str(long)), 2)
     assert "File name too long" in line
     with pytest.raises(InputError, match="File name too long"):
-        verify_release(long)
+        verify_result(long)
     line = _one_line(cli("verify", str(tmp_path), "--key", str(long)), 2)
     assert "File name too long" in line
 

@@ -27,8 +27,9 @@ from kvgraft.release import format as release_format
 from kvgraft.release import index as release_index
 from kvgraft.release.format import Release
 from kvgraft.release.records import MANIFEST, root_digest
-from kvgraft.signing.policy import SignatureNotChecked
-from kvgraft.signing.verify import verified, verify_release
+from kvgraft.signing.policy import Entries, Everything, Sample, SignatureNotChecked
+from kvgraft.signing.verify import verified
+from tests.verifying import verify_result
 
 from release_factory import make_release, release_fixtures
 
@@ -97,7 +98,7 @@ def test_audit_sample_reads_no_shard(base: Path, opened: list[release_index.Inde
 
 
 def test_verify_entry_reads_only_its_shard(base: Path, opened: list[release_index.Index]) -> None:
-    result = verify_release(base, entries=["rec-007"])
+    result = verify_result(base, None, Entries(("rec-007",)))
     assert result.checked_entries == ["rec-007"] and shards_read(opened) == {owner(base, "rec-007")} == {2}
     r = runner.invoke(app, ["verify", str(base), "--entry", "rec-001"])
     assert r.exit_code == 0, r.output
@@ -167,7 +168,7 @@ def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened
     # One pass over the index: each drawn entry's file is checked while its shard is held, none read twice.
     opened.clear()
     monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
-    assert verify_release(base, sample=4, nonce="c0ffee").checked_entries == record["entries"]
+    assert verify_result(base, None, Sample(4, "c0ffee")).checked_entries == record["entries"]
     assert sorted(k for idx in opened for k in idx.shards_read) == [0, 1, 2, 3]
     monkeypatch.undo()
     most, caught = _independent_bound(4, ENTRIES, 1)  # 1% of 10 entries, rounded up: 1
@@ -235,7 +236,7 @@ def test_verify_all_and_inspect_hold_no_list_of_records(base: Path, monkeypatch:
     monkeypatch.setattr(Release, "entries", property(refused))
     monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
     monkeypatch.setattr(release_format, "CHECKED_HEADERS", 2)
-    result = verify_release(base, deep=True)
+    result = verify_result(base, None, Everything(deep=True))
     assert result.tensors == 4 * ENTRIES and result.opened is not None
     assert len(result.opened._checked_headers) == 2 and all(len(i._cache) <= 1 for i in opened)
     full = runner.invoke(app, ["inspect", str(base), "--limit", "0", "--json"])
@@ -263,7 +264,7 @@ def test_the_rate_printed_is_the_rate(base: Path) -> None:
     m = re.search(r"hashed\s+([\d.]+) (KiB|MiB|GiB|bytes) in ([\d.]+) s \(([\d.]+) (KiB|MiB|GiB|bytes)/s\)", out.output)
     assert m is not None, out.output
     unit = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    hashed = verify_release(base).bytes_hashed
+    hashed = verify_result(base).bytes_hashed
     assert float(m[1]) * unit[m[2]] == pytest.approx(hashed, rel=0.01)
     assert float(m[4]) > 0 and float(m[1]) > 0
 
@@ -351,7 +352,7 @@ def test_a_shard_closes_at_its_byte_bound_as_well_as_its_record_count(tmp_path: 
     monkeypatch.setattr(release_index, "SHARD_BYTES", min(sizes) // 2)
     alone = shards("alone")
     assert [len(s["ids"]) for s in alone] == [1] * 6
-    assert verify_release(tmp_path / "alone").tensors == 6 * 4  # every entry of 2 layers, keys and values
+    assert verify_result(tmp_path / "alone").tensors == 6 * 4  # every entry of 2 layers, keys and values
 
 
 def test_verify_all_keeps_a_window_of_hashes_in_flight_not_one_per_file(base: Path,
@@ -379,5 +380,5 @@ def test_verify_all_keeps_a_window_of_hashes_in_flight_not_one_per_file(base: Pa
 
     monkeypatch.setattr(integrity, "pool", lambda: Counting())
     monkeypatch.setattr(integrity, "HASH_WINDOW", 3)
-    assert verify_release(base).tensors == 4 * ENTRIES
+    assert verify_result(base).tensors == 4 * ENTRIES
     assert 0 < most[0] <= 3  # ENTRIES entry files (and the index files) hashed, three at a time

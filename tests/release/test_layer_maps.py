@@ -17,7 +17,8 @@ from kvgraft.cli import app
 from kvgraft.errors import EXIT_INPUT, InputError
 from kvgraft.release.format import Release
 from kvgraft.signing import keys
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import SignedWithKeys
+from tests.verifying import verify_result
 
 import rewrite
 from release_factory import make_release, sign_as
@@ -71,7 +72,7 @@ def test_a_layer_map_the_model_cannot_hold_is_refused(built: tuple[Path, Path, P
     rewrite.manifest(rel, _first(change))
     sign_as(rel, private)
     with pytest.raises(InputError, match="entry 'rec-001'") as raised:
-        verify_release(rel, key=public)
+        verify_result(rel, SignedWithKeys((public,)))
     assert message in str(raised.value)
     for extra in ([], ["--entry", "rec-001"]):
         r = runner.invoke(app, ["verify", str(rel), "--key", str(public), *extra])

@@ -19,6 +19,7 @@ import pytest
 from kvgraft._internal import jsonio
 from kvgraft.errors import EXIT_BUSY, EXIT_INPUT, EXIT_IO, BusyError, IOFailure
 from kvgraft.release.integrity import check_release
+from kvgraft.signing.policy import SignedWithKeys
 from tests.release_factory import make_release
 
 
@@ -220,7 +221,7 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     with no key)."""
     from kvgraft.signing import keys
     from kvgraft.signing.sign import sign_release
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     rel = tmp_path / "rel"
     make_release(rel, entries=2, format_version=2)
@@ -239,11 +240,11 @@ def test_a_sign_whose_write_is_refused_leaves_a_release_that_verifies_with_one_k
     with pytest.raises(IOFailure):
         sign_release(rel, keys.load_private_key(new_key))
     monkeypatch.undo()
-    verify_release(rel, key=old_pub)  # the previous signature whole, model.sig included
+    verify_result(rel, SignedWithKeys((old_pub,)))  # the previous signature whole, model.sig included
     assert (rel / "model.sig").read_bytes() == old_sig
     assert sorted(p.name for p in rel.iterdir() if p.name.startswith(".")) == []
     sign_release(rel, keys.load_private_key(new_key))  # the control: unrefused, the new key signs
-    verify_release(rel, key=new_pub)
+    verify_result(rel, SignedWithKeys((new_pub,)))
 
 
 def test_a_sign_leaves_nothing_inside_the_release_at_any_moment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,7 +252,7 @@ def test_a_sign_leaves_nothing_inside_the_release_at_any_moment(tmp_path: Path, 
     as it was or signed, which verifies. Each fsync and rename (a temp file exists at each) looks inside."""
     from kvgraft.signing import keys
     from kvgraft.signing.sign import sign_release
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     rel = tmp_path / "rel"
     make_release(rel, entries=2, format_version=2)
@@ -278,7 +279,7 @@ def test_a_sign_leaves_nothing_inside_the_release_at_any_moment(tmp_path: Path, 
     monkeypatch.undo()
     assert inside == []
     assert any(n.endswith(".tmp") for n in beside) and ".rel.lock" in beside  # where they were: the control
-    verify_release(rel, key=public)
+    verify_result(rel, SignedWithKeys((public,)))
     assert _names(tmp_path) == ["k.key.pem", "k.pub.pem", "rel"]
 
 
@@ -298,7 +299,7 @@ def test_a_sign_and_a_capture_of_one_release_exclude_each_other(tmp_path: Path) 
     release's lock: a second writer is refused at once (exit 8), and a killed holder leaves none stuck."""
     from kvgraft.signing import keys
     from kvgraft.signing.sign import sign_release
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     rel = tmp_path / "rel"
     make_release(rel, entries=1, format_version=2)
@@ -318,7 +319,7 @@ def test_a_sign_and_a_capture_of_one_release_exclude_each_other(tmp_path: Path) 
         holder.kill()
         holder.wait()
     sign_release(rel, keys.load_private_key(private))  # the control: the lock gone with its holder
-    verify_release(rel, key=public)
+    verify_result(rel, SignedWithKeys((public,)))
 
 
 def test_a_release_on_another_file_system_than_its_parent_is_signed_from_inside(
@@ -327,7 +328,7 @@ def test_a_release_on_another_file_system_than_its_parent_is_signed_from_inside(
     temp file inside, as before, and is signed whole."""
     from kvgraft.signing import keys
     from kvgraft.signing.sign import sign_release
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     rel = tmp_path / "rel"
     make_release(rel, entries=1, format_version=2)
@@ -345,7 +346,7 @@ def test_a_release_on_another_file_system_than_its_parent_is_signed_from_inside(
     sign_release(rel, keys.load_private_key(private))
     monkeypatch.undo()
     assert sorted(crossed) == ["model.sig", "release.sigstore.json"]
-    verify_release(rel, key=public)
+    verify_result(rel, SignedWithKeys((public,)))
     assert _names(tmp_path) == ["k.key.pem", "k.pub.pem", "rel"]
 
 
@@ -361,7 +362,7 @@ def test_read_only_outputs_are_one_line_naming_the_path(tmp_path: Path) -> None:
     """Found before any work (jsonio.check_writable): unusable input, exit 2. A write the system refuses
     once the work has begun is exit 7 (the injection tests)."""
     from kvgraft.signing import keys
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     rel, keydir = tmp_path / "rel", tmp_path / "keys"
     make_release(rel, entries=2, format_version=2)
@@ -381,7 +382,7 @@ def test_read_only_outputs_are_one_line_naming_the_path(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(["sh", "-c", f"{kvgraft} sign {rel} --key {private}"], capture_output=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
-    verify_release(rel, key=public)
+    verify_result(rel, SignedWithKeys((public,)))
 
 
 def test_a_keygen_whose_public_key_write_is_refused_keeps_the_previous_pair(

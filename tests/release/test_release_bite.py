@@ -23,6 +23,7 @@ from kvgraft.release.format import Release
 from kvgraft.release.integrity import Beside, Listing, check_entry, check_release, open_release, release_folder_files
 from kvgraft.release.records import MANIFEST, root_digest
 from kvgraft.release.sources import Source
+from kvgraft.signing.policy import SignedWithKeys
 
 import rewrite
 from release_factory import listed_digests, make_release, release_fixtures
@@ -401,7 +402,7 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
     kvgraft statement lists): an intact release verifies, and the list's digest of an entry file is
     compared with the shard's."""
     from kvgraft.signing import keys, oms
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     root = tmp_path / "rel"
     make_release(root, entries=3, seed=37, format_version=2, shard_entries=2)
@@ -412,11 +413,11 @@ def test_a_format_2_release_signed_with_oms_alone_is_checked_against_every_file(
     entry_file = rel.entry("rec-002")["file"]
     assert entry_file not in rel.subject_files()  # what makes format 2 differ here
     assert oms.sign(root, key, every) is not None
-    result = verify_release(root, key=public)
+    result = verify_result(root, SignedWithKeys((public,)))
     assert result.signature.status == "verified" and result.signature.oms_verified
     assert oms.sign(root, key, {**every, entry_file: "ef" * 32}) is not None
     with pytest.raises(VerificationError) as info:
-        verify_release(root, key=public)
+        verify_result(root, SignedWithKeys((public,)))
     assert str(info.value) == (f"{root / entry_file}: the OMS signature lists sha256 "
                                f"{'ef' * 32} and the manifest {every[entry_file]}")
 
@@ -487,17 +488,17 @@ def test_an_unchecked_oms_list_names_itself_in_a_beside_file_mismatch(rel: Path,
     """Signed with OMS alone and verified without a key: a file beside the release that its list names with
     another digest is refused naming the unchecked signature (not a checked one); the control: the right digest."""
     from kvgraft.signing import keys, oms
-    from kvgraft.signing.verify import verify_release
+    from tests.verifying import verify_result
 
     private, _public = keys.write_keypair(tmp_path / "signer")
     key = keys.load_private_key(private)
     (rel / "README.md").write_text("card")
     card = sha256_hex(b"card")
     oms.sign(rel, key, {**listed_digests(rel), "README.md": card})
-    assert verify_release(rel).signature.status == "not checked"
+    assert verify_result(rel).signature.status == "not checked"
     oms.sign(rel, key, {**listed_digests(rel), "README.md": "4" * 64})
     with pytest.raises(IntegrityError) as info:
-        verify_release(rel)
+        verify_result(rel)
     assert str(info.value) == (f"{rel / 'README.md'}: sha256 {card} does not match the OMS signature (not checked) "
                                f"({'4' * 64}); it is beside the release, outside its manifest")
 

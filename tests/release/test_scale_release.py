@@ -24,8 +24,9 @@ from kvgraft.release import index as release_index
 from kvgraft.release.format import Release
 from kvgraft.release.records import MANIFEST, entry_digest, root_digest, token_ids_digest
 from kvgraft.signing import keys, sign
-from kvgraft.signing.policy import OwnOutput, SignatureNotChecked, verify_policy
-from kvgraft.signing.verify import verified, verify_release
+from kvgraft.signing.policy import Entries, OwnOutput, SignatureNotChecked, SignedWithKeys, verify_policy
+from kvgraft.signing.verify import verified
+from tests.verifying import verify_result
 
 from release_factory import make_many, make_release
 
@@ -131,10 +132,10 @@ def test_tampered_entry_refused_when_used(signed_v2: Path, keypair: tuple[Path, 
     with pytest.raises(IntegrityError, match=rf"entry 'rec-003' tensor '{name}' bytes \[{start}, "):
         read_entry_tensors(checked, rel.entry("rec-003"))
     with pytest.raises(IntegrityError, match=rf"entry 'rec-003' tensor '{name}'"):
-        verify_release(signed_v2, policy=policy)  # everything: still refused
+        verify_result(signed_v2, policy)  # everything: still refused
     with pytest.raises(IntegrityError, match="rec-003"):
-        verify_release(signed_v2, policy=policy, entries=["rec-003"])
-    ok = verify_release(signed_v2, policy=policy, entries=["rec-000", "rec-009"])
+        verify_result(signed_v2, policy, Entries(("rec-003",)))
+    ok = verify_result(signed_v2, policy, Entries(("rec-000", "rec-009")))
     assert ok.scope == "entries" and ok.checked_entries == ["rec-000", "rec-009"]
 
 
@@ -152,7 +153,7 @@ def test_swapped_entry_files_refused(signed_v2: Path, keypair: tuple[Path, Path]
         with pytest.raises(IntegrityError, match=rf"entry '{entry['id']}': safetensors header bytes \[0, "):
             read_entry_tensors(checked, entry)
     with pytest.raises(IntegrityError, match="swapped"):
-        verify_release(signed_v2, key=keypair[1])
+        verify_result(signed_v2, SignedWithKeys((keypair[1],)))
 
 
 def test_truncated_and_rewritten_after_open(signed_v2: Path, keypair: tuple[Path, Path]) -> None:
@@ -262,18 +263,18 @@ def test_tampered_prefix_index_refused(tmp_path: Path) -> None:
 
 def test_v2_full_verify_counts_every_file(tmp_path: Path) -> None:
     m = make_release(tmp_path / "r", entries=9, format_version=2, shard_entries=4)
-    result = verify_release(tmp_path / "r")
+    result = verify_result(tmp_path / "r")
     # manifest.json + 3 shards + the prefix index + 9 entry files
     assert result.files == 1 + 3 + 1 + 9 and result.entries == 9 and result.scope == "all"
     assert result.root_digest == m["root_digest"]
     extra = tmp_path / "r" / "entries" / "stray.bin"
     extra.write_bytes(b"x")
     with pytest.raises(IntegrityError, match="not part of the release"):
-        verify_release(tmp_path / "r")
-    verify_release(tmp_path / "r", entries=["rec-000"])  # per entry: the stray file is not looked at
+        verify_result(tmp_path / "r")
+    verify_result(tmp_path / "r", None, Entries(("rec-000",)))  # per entry: the stray file is not looked at
     shutil.rmtree(tmp_path / "r" / "entries" / "00000")
     with pytest.raises(IntegrityError, match="missing"):
-        verify_release(tmp_path / "r", entries=["rec-001"])
+        verify_result(tmp_path / "r", None, Entries(("rec-001",)))
 
 
 def test_prefix_graft_hit_miss_partial(tiny_lm: Any, tmp_path: Path) -> None:

@@ -69,9 +69,11 @@ def test_each_result_names_its_own_location(http: FolderServer, rel: Path, pub: 
     local = Path(shutil.copytree(rel, tmp_path / "local"))
     url, policy = http.url("rel"), SignedWithKeys((pub,))
     with verify(local, policy, ALL) as here, verify(url, policy, ALL) as there:
-        near, far = here.checked.as_dict(), there.checked.as_dict()
+        near, far = (v.checked.document().model_dump(mode="json", exclude_unset=True) for v in (here, there))
     assert (near["release"], far["release"]) == (str(local), url)
     assert near["signature"]["bundle"] == str(local / "release.sigstore.json")
     assert far["signature"]["bundle"] == f"{url}/release.sigstore.json"
+    assert far["signature"]["oms_signature"] == f"{url}/model.sig"
+    assert [f["file"] for f in far["signature"]["signatures"]] == [f"{url}/release.sigstore.json", f"{url}/model.sig"]
     assert [w for w in far["warnings"] if "cannot be listed over HTTP" in w]  # what reading it over HTTP left unchecked
     assert not [w for w in near["warnings"] if "HTTP" in w]

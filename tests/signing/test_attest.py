@@ -22,7 +22,8 @@ from kvgraft.cli import app
 from kvgraft.errors import ExistsError, InputError
 from kvgraft.schema import schema_dir
 from kvgraft.signing import attest, keys, sign
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import Everything, SignedWithKeys
+from tests.verifying import verify_result
 
 from release_factory import release_fixtures
 
@@ -199,14 +200,14 @@ def test_sign_then_verify(release: Path, tmp_path: Path, algorithm: str) -> None
     private, public = keys.write_keypair(tmp_path / "k", algorithm=algorithm)
     signed = sign.sign_release(release, keys.load_private_key(private))
     assert signed.bundle == release / attest.BUNDLE_NAME
-    result = verify_release(release, key=public)
+    result = verify_result(release, SignedWithKeys((public,)))
     assert result.signature.status == "verified" and result.signature.method == "key"
     assert result.signature.key_id == signed.signer
     assert result.statement and result.files == 3 and result.entries == 2 and result.tensors == 8
     total = sum((release / n).stat().st_size for n in ("manifest.json", "entries/00000.safetensors",
                                                         "entries/00001.safetensors"))
     assert result.bytes_hashed == total
-    deep = verify_release(release, key=public, deep=True)
+    deep = verify_result(release, SignedWithKeys((public,)), Everything(deep=True))
     tensor_bytes = sum(t["byte_range"][1] - t["byte_range"][0]
                        for e in json.loads((release / "manifest.json").read_text())["entries"] for t in e["tensors"].values())
     assert deep.deep and deep.bytes_hashed == total + tensor_bytes
@@ -230,7 +231,7 @@ def test_a_statement_with_another_predicate_type_is_refused(release: Path, tmp_p
     from kvgraft.errors import VerificationError
 
     with pytest.raises(VerificationError, match="is not a kvgraft release attestation"):
-        verify_release(release, key=public)
+        verify_result(release, SignedWithKeys((public,)))
 
 
 # ------------------------------------------------------------------------------------------------- CLI

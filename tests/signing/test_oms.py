@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from kvgraft.cli import app
 from kvgraft.errors import VerificationError
 from kvgraft.signing import attest, keys, oms, sign
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import SignedWithKeys
+from tests.verifying import verify_result
 
 from release_factory import make_release
 
@@ -70,7 +71,7 @@ def test_sign_writes_an_oms_statement_over_every_file(release: tuple[Path, Path,
     assert stmt["subject"] == [{"name": root.name, "digest": {"sha256": root_digest}}]
     pem = Path(public).read_bytes()
     assert doc["verificationMaterial"]["publicKey"]["hint"] == hashlib.sha256(pem).hexdigest()
-    result = verify_release(root, key=public)
+    result = verify_result(root, SignedWithKeys((public,)))
     assert result.signature.oms_verified and result.signature.oms_sha256 == hashlib.sha256(
         signed.oms.read_bytes()).hexdigest()
 
@@ -84,7 +85,7 @@ def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Pa
     doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(b"\x30" + bytes(70)).decode()
     sig.write_text(json.dumps(doc))
     with pytest.raises(VerificationError, match=r"model\.sig: DSSE signature does not verify"):
-        verify_release(root, key=public)
+        verify_result(root, SignedWithKeys((public,)))
     sig.write_bytes(original)
     # kvgraft's own bundle re-signed by another key: the OMS list no longer matches it
     other, _ = keys.write_keypair(root.parent / "other")
@@ -93,7 +94,7 @@ def test_a_stale_or_altered_oms_signature_fails_kvgraft_verify(release: tuple[Pa
     (root / attest.OMS_NAME).write_bytes(original)
     assert (root / attest.BUNDLE_NAME).read_bytes() != bundle
     with pytest.raises(VerificationError, match=f"lists {attest.BUNDLE_NAME} with sha256"):
-        verify_release(root)
+        verify_result(root)
 
 
 def test_an_ed25519_key_writes_no_oms_signature_and_removes_a_stale_one(release: tuple[Path, Path, Path]) -> None:
@@ -103,7 +104,7 @@ def test_an_ed25519_key_writes_no_oms_signature_and_removes_a_stale_one(release:
     ed_private, ed_public = keys.write_keypair(root.parent / "ed", algorithm="ed25519")
     signed = sign.sign_release(root, keys.load_private_key(ed_private))
     assert signed.oms is None and not (root / attest.OMS_NAME).exists()
-    assert verify_release(root, key=ed_public).signature.oms_signature is None
+    assert verify_result(root, SignedWithKeys((ed_public,))).signature.oms_signature is None
 
 
 @needs_cli

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from kvgraft.cli import app
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.signing import attest
+from kvgraft.signing.policy import SignedByIdentity, SignedWithKeys
 from kvgraft.signing.sigstore import SigstoreTrust, sigstore_verifier, verify_sigstore_bundle
-from kvgraft.signing.verify import verify_release
+from tests.verifying import verify_result
 
 from release_factory import make_release
 from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
@@ -138,17 +139,17 @@ def test_release_verification_goes_through_sigstore_with_the_identity_policy(rel
     root = release_with_real_dsse_bundle
     # the certificate, log inclusion and identity pass; the statement then is not a kvgraft release attestation
     with pytest.raises(VerificationError, match=re.escape("predicateType 'https://slsa.dev/provenance/v1' is not a kvgraft")):
-        verify_release(root, identity=BEACON, issuer=ACTIONS, trust=STAGING)
+        verify_result(root, SignedByIdentity(BEACON, ACTIONS, STAGING))
     # a wrong identity fails at the certificate, before the statement is looked at
     with pytest.raises(VerificationError, match="Sigstore verification failed") as info:
-        verify_release(root, identity="mallory@example.com", issuer=ACTIONS, trust=STAGING)
+        verify_result(root, SignedByIdentity("mallory@example.com", ACTIONS, STAGING))
     assert attest.BUNDLE_NAME in info.value.diagnostics()
     # a keyless bundle checked with a key is refused, naming the right options
     from kvgraft.signing import keys
 
     _, public = keys.write_keypair(root.parent / "k")
     with pytest.raises(VerificationError, match="signed keyless with a Sigstore certificate"):
-        verify_release(root, key=public)
+        verify_result(root, SignedWithKeys((public,)))
 
 
 def test_cli_verify_with_identity_offline(release_with_real_dsse_bundle: Path) -> None:

@@ -49,8 +49,10 @@ report(code=code)
 
 LIBRARY = PRELUDE + r"""
 from pathlib import Path
-from kvgraft.signing.verify import verify_release
-r = verify_release(Path(sys.argv[1]), key=Path(sys.argv[2]), deep=True)
+from kvgraft.signing.policy import Everything, SignedWithKeys
+from kvgraft.signing.verify import verify
+with verify(Path(sys.argv[1]), SignedWithKeys((Path(sys.argv[2]),)), Everything(deep=True)) as checked:
+    r = checked.checked
 report(status=r.signature.status, files=r.files)
 """
 

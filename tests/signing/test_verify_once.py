@@ -1,9 +1,11 @@
 """One verification per release: `kvgraft run` of a signed release enters kvgraft.signing.verify at most twice, and a
-verification looks at and reads each signature file (release.sigstore.json, model.sig) at most once."""
+verification looks at and reads each signature file (release.sigstore.json, model.sig, a detached model.sig named with
+--oms-signature) at most once."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -58,15 +60,16 @@ def calls_into_verify() -> Iterator[list[str]]:
 
 
 @contextmanager
-def signature_file_use(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[tuple[str, str]]]:
-    """(file name, "looked at" or "read") -> how often, for the signature files: every stat and every open."""
-    seen: Counter[tuple[str, str]] = Counter()
+def signature_file_use(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[tuple[Path, str]]]:
+    """(signature file's path, "looked at" or "read") -> how often: every stat and every open of a file named as a
+    signature file is (release.sigstore.json, model.sig), wherever it lies."""
+    seen: Counter[tuple[Path, str]] = Counter()
 
     def counted(real: Callable[..., Any], how: str) -> Callable[..., Any]:
         def call(path: Any, *args: Any, **kwargs: Any) -> Any:
-            name = Path(os.fsdecode(path)).name if isinstance(path, str | bytes | os.PathLike) else ""
-            if name in SIGNATURES:
-                seen[(name, how)] += 1
+            named = Path(os.fsdecode(path)) if isinstance(path, str | bytes | os.PathLike) else None
+            if named is not None and named.name in SIGNATURES:
+                seen[(named, how)] += 1
             return real(path, *args, **kwargs)
         return call
 
@@ -87,7 +90,7 @@ def test_kvgraft_run_enters_verify_at_most_twice_and_reads_each_signature_once(
     assert len(entered) <= 2, entered
     assert entered[0] == "verified"
     assert max(seen.values()) == 1, seen
-    assert seen[(BUNDLE_NAME, "read")] == 1  # the signature checked (model.sig: looked at; the bundle binds every byte)
+    assert seen[(rel / BUNDLE_NAME, "read")] == 1  # the signature checked (model.sig: looked at; the bundle binds every byte)
 
 
 @pytest.mark.parametrize("scope", [OPEN, ALL], ids=["open", "all"])
@@ -97,7 +100,7 @@ def test_one_verification_reads_each_signature_file_once(signed: tuple[Path, Pat
     with signature_file_use(monkeypatch) as seen:
         verify(rel, SignedWithKeys((public,)), scope).close()
     assert max(seen.values()) == 1, seen
-    assert seen[(OMS_NAME, "read")] == (1 if scope is ALL else 0)
+    assert seen[(rel / OMS_NAME, "read")] == (1 if scope is ALL else 0)
 
 
 def test_a_refusal_reads_each_signature_file_once(signed: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,5 +108,24 @@ def test_a_refusal_reads_each_signature_file_once(signed: tuple[Path, Path, Path
     rel, _, other = signed
     with signature_file_use(monkeypatch) as seen, pytest.raises(VerificationError):
         verify(rel, SignedWithKeys((other,)), ALL)
-    assert seen[(BUNDLE_NAME, "read")] == 1 and seen[(OMS_NAME, "read")] == 1, seen
+    assert seen[(rel / BUNDLE_NAME, "read")] == 1 and seen[(rel / OMS_NAME, "read")] == 1, seen
+    assert max(seen.values()) == 1, seen
+
+
+@pytest.mark.parametrize("scope", [OPEN, ALL], ids=["open", "all"])
+def test_a_detached_oms_signature_is_looked_at_and_read_once(signed: tuple[Path, Path, Path], scope: Any,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.sig kept outside the release and named (--oms-signature): checked with the key, looked at once, read once;
+    the release's own model.sig, absent, looked for once."""
+    rel, public, _ = signed
+    copy, detached = tmp_path / "rel", tmp_path / "elsewhere" / OMS_NAME
+    shutil.copytree(rel, copy)
+    detached.parent.mkdir()
+    (copy / OMS_NAME).rename(detached)
+    with signature_file_use(monkeypatch) as seen, verify(copy, SignedWithKeys((public,), oms_signature=detached),
+                                                         scope) as checked:
+        signature = checked.checked.signature
+    assert signature.oms_signature == str(detached) and signature.oms_verified
+    assert seen[(detached, "looked at")] == 1 and seen[(detached, "read")] == 1, seen
+    assert seen[(copy / OMS_NAME, "looked at")] == 1 and seen[(copy / OMS_NAME, "read")] == 0, seen
     assert max(seen.values()) == 1, seen

@@ -24,7 +24,8 @@ from kvgraft.errors import Error, InputError, IntegrityError, VerificationError
 from kvgraft.release import format as release_format
 from kvgraft.release.records import entry_digest, root_digest
 from kvgraft.signing import attest, keys, sign
-from kvgraft.signing.verify import verify_release
+from kvgraft.signing.policy import ALL, Everything, Scope, SignedByIdentity, SignedWithKeys, VerifyPolicy
+from tests.verifying import verify_result
 
 from release_factory import make_release, sign_as, unsign
 
@@ -69,10 +70,11 @@ def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
     path.write_bytes(bytes(data))
 
 
-def fails(root: Path, kind: type[Error], *fragments: str, **kwargs: Any) -> str:
+def fails(root: Path, kind: type[Error], *fragments: str, policy: VerifyPolicy | None = None,
+          scope: Scope = ALL) -> str:
     """Verify must raise `kind`; its one-line message must contain every fragment."""
     with pytest.raises(kind) as info:
-        verify_release(root, **kwargs)
+        verify_result(root, policy, scope)
     message = info.value.diagnostics()
     assert "\n" not in message
     for fragment in fragments:
@@ -88,7 +90,7 @@ def rewrite_bundle(root: Path, change: Any) -> None:
 
 
 def test_intact_release_verifies(rel: Path, keypair: tuple[Path, Path]) -> None:
-    result = verify_release(rel, key=keypair[1])
+    result = verify_result(rel, SignedWithKeys((keypair[1],)))
     assert result.signature.status == "verified"
     assert result.signature.key_id == keys.key_id(keys.load_public_key(keypair[1]))
     assert result.files == 4 and result.entries == 3 and result.tensors == 12
@@ -103,7 +105,7 @@ def test_bit_flip_in_a_tensor_byte(rel: Path, keypair: tuple[Path, Path]) -> Non
     flip_bit(path, (a + b) // 2, 3)
     actual = hashlib.sha256(path.read_bytes()[a:b]).hexdigest()
     fails(rel, IntegrityError, "entries/00001.safetensors", "'rec-001'", "'layer.1.values'", f"bytes [{a}, {b})",
-          f"sha256 {actual}", f"the manifest says {t['sha256']}", key=keypair[1])
+          f"sha256 {actual}", f"the manifest says {t['sha256']}", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_bit_flip_in_a_tensor_byte_via_cli(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -123,7 +125,8 @@ def test_bit_flip_in_the_safetensors_header(rel: Path, keypair: tuple[Path, Path
     (n,) = struct.unpack("<Q", data[:8])
     at = data.index(b"rec-000", 8, 8 + n)  # the entry id in the header's __metadata__
     path.write_bytes(data[:at] + b"rec-00X" + data[at + 7:])
-    fails(rel, IntegrityError, "entries/00000.safetensors", "every tensor matches", "header region [0,", key=keypair[1])
+    fails(rel, IntegrityError, "entries/00000.safetensors", "every tensor matches", "header region [0,",
+          policy=SignedWithKeys((keypair[1],)))
 
 
 def test_renamed_tensor_in_the_safetensors_header(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -133,13 +136,13 @@ def test_renamed_tensor_in_the_safetensors_header(rel: Path, keypair: tuple[Path
     at = data.index(b'"layer.0.keys"', 8, 8 + n)
     path.write_bytes(data[:at] + b'"layer.0.kezs"' + data[at + 14:])
     fails(rel, IntegrityError, "entries/00000.safetensors", "'rec-000'", "header region [0,",
-          "tensor table no longer matches the manifest", key=keypair[1])
+          "tensor table no longer matches the manifest", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_bit_flip_in_the_manifest(rel: Path, keypair: tuple[Path, Path]) -> None:
     path = rel / "manifest.json"
     flip_bit(path, path.stat().st_size // 2, 1)
-    fails(rel, IntegrityError, "manifest.json", "does not match the signed statement", key=keypair[1])
+    fails(rel, IntegrityError, "manifest.json", "does not match the signed statement", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_bit_flip_in_the_bundle_payload(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -149,7 +152,8 @@ def test_bit_flip_in_the_bundle_payload(rel: Path, keypair: tuple[Path, Path]) -
         doc["dsseEnvelope"]["payload"] = base64.b64encode(bytes(payload)).decode()
 
     rewrite_bundle(rel, change)
-    fails(rel, VerificationError, attest.BUNDLE_NAME, "DSSE signature does not verify with key", key=keypair[1])
+    fails(rel, VerificationError, attest.BUNDLE_NAME, "DSSE signature does not verify with key",
+          policy=SignedWithKeys((keypair[1],)))
 
 
 def test_bit_flip_in_the_signature(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -159,29 +163,30 @@ def test_bit_flip_in_the_signature(rel: Path, keypair: tuple[Path, Path]) -> Non
         doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
 
     rewrite_bundle(rel, change)
-    fails(rel, VerificationError, attest.BUNDLE_NAME, "DSSE signature does not verify", key=keypair[1])
+    fails(rel, VerificationError, attest.BUNDLE_NAME, "DSSE signature does not verify", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_file_removed(rel: Path, keypair: tuple[Path, Path]) -> None:
     (rel / "entries/00002.safetensors").unlink()
-    fails(rel, IntegrityError, "missing entries/00002.safetensors", key=keypair[1])
+    fails(rel, IntegrityError, "missing entries/00002.safetensors", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_manifest_removed(rel: Path, keypair: tuple[Path, Path]) -> None:
     (rel / "manifest.json").unlink()
-    fails(rel, IntegrityError, "manifest.json", "missing", "subject of the signed statement", key=keypair[1])
+    fails(rel, IntegrityError, "manifest.json", "missing", "subject of the signed statement",
+          policy=SignedWithKeys((keypair[1],)))
 
 
 @pytest.mark.parametrize("name", ["entries/00003.safetensors", "notes.txt", ".hidden"])
 def test_file_added(rel: Path, keypair: tuple[Path, Path], name: str) -> None:
     (rel / name).write_bytes(b"not part of it")
-    fails(rel, IntegrityError, f"not part of the release: {name}", key=keypair[1])
+    fails(rel, IntegrityError, f"not part of the release: {name}", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_file_renamed(rel: Path, keypair: tuple[Path, Path]) -> None:
     os.rename(rel / "entries/00001.safetensors", rel / "entries/00001.safetensors.bak")
     fails(rel, IntegrityError, "missing entries/00001.safetensors", "not part of the release: entries/00001.safetensors.bak",
-          key=keypair[1])
+          policy=SignedWithKeys((keypair[1],)))
 
 
 def test_file_truncated(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -189,7 +194,7 @@ def test_file_truncated(rel: Path, keypair: tuple[Path, Path]) -> None:
     size = path.stat().st_size
     os.truncate(path, size - 100)
     fails(rel, IntegrityError, "entries/00000.safetensors", f"{size - 100} bytes, the manifest says {size}", "truncated",
-          key=keypair[1])
+          policy=SignedWithKeys((keypair[1],)))
 
 
 def test_files_swapped_between_entries(rel: Path, keypair: tuple[Path, Path]) -> None:
@@ -200,19 +205,19 @@ def test_files_swapped_between_entries(rel: Path, keypair: tuple[Path, Path]) ->
     os.rename(b, a)
     os.rename(tmp, b)
     fails(rel, IntegrityError, "entries/00000.safetensors", "has the content of entries/00001.safetensors",
-          "and 1 more files differ: entries/00001.safetensors", key=keypair[1])
+          "and 1 more files differ: entries/00001.safetensors", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_valid_signature_from_another_release(rel: Path, other_signed: Path, keypair: tuple[Path, Path]) -> None:
     shutil.copy(other_signed / attest.BUNDLE_NAME, rel / attest.BUNDLE_NAME)
     other_root = manifest_of(other_signed)["root_digest"]
     fails(rel, IntegrityError, "manifest.json", "does not match the signed statement",
-          f"the statement attests the release with root digest {other_root}", key=keypair[1])
+          f"the statement attests the release with root digest {other_root}", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_unsigned_release_when_a_key_is_required(rel: Path, keypair: tuple[Path, Path]) -> None:
     unsign(rel)
-    fails(rel, VerificationError, "release is unsigned", "--key", key=keypair[1])
+    fails(rel, VerificationError, "release is unsigned", "--key", policy=SignedWithKeys((keypair[1],)))
     result = runner.invoke(app, ["verify", str(rel), "--key", str(keypair[1])])
     assert result.exit_code == 1 and "release is unsigned" in result.stderr
 
@@ -220,12 +225,12 @@ def test_unsigned_release_when_a_key_is_required(rel: Path, keypair: tuple[Path,
 def test_unsigned_release_when_an_identity_is_required(rel: Path) -> None:
     unsign(rel)
     fails(rel, VerificationError, "release is unsigned", "--certificate-identity",
-          identity="someone@example.com", issuer="https://github.com/login/oauth")
+          policy=SignedByIdentity("someone@example.com", "https://github.com/login/oauth"))
 
 
 def test_unsigned_release_without_a_requirement_passes_with_signature_not_checked(rel: Path) -> None:
     unsign(rel)
-    result = verify_release(rel)
+    result = verify_result(rel)
     assert result.signature.status == "not checked" and result.signature.bundle is None
     assert not result.statement
 
@@ -234,7 +239,8 @@ def test_wrong_key(rel: Path, tmp_path: Path, keypair: tuple[Path, Path]) -> Non
     _, wrong = keys.write_keypair(tmp_path / "wrong")
     wrong_id = keys.key_id(keys.load_public_key(wrong))
     right_id = keys.key_id(keys.load_public_key(keypair[1]))
-    fails(rel, VerificationError, f"does not verify with key {wrong_id}", f"the bundle names key {right_id}", key=wrong)
+    fails(rel, VerificationError, f"does not verify with key {wrong_id}", f"the bundle names key {right_id}",
+          policy=SignedWithKeys((wrong,)))
     result = runner.invoke(app, ["verify", str(rel), "--key", str(wrong)])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
 
@@ -242,7 +248,7 @@ def test_wrong_key(rel: Path, tmp_path: Path, keypair: tuple[Path, Path]) -> Non
 def test_wrong_identity_for_a_key_signed_release(rel: Path) -> None:
     """Sigstore identity checks on real certificates are in test_sigstore_fixtures.py."""
     fails(rel, VerificationError, "signed with key", "not a Sigstore certificate",
-          identity="someone@example.com", issuer="https://github.com/login/oauth")
+          policy=SignedByIdentity("someone@example.com", "https://github.com/login/oauth"))
 
 
 @pytest.mark.parametrize("deep", [False, True])
@@ -262,7 +268,7 @@ def test_a_signed_manifest_whose_tensor_digest_is_wrong_is_refused(tmp_path: Pat
     sign_as(root, keypair[0])
     a, b = entry["tensors"]["layer.0.values"]["byte_range"]
     fails(root, IntegrityError, "entries/00001.safetensors", "'rec-001'", "'layer.0.values'", f"bytes [{a}, {b})",
-          "the manifest says " + "0" * 64, key=keypair[1], deep=deep)
+          "the manifest says " + "0" * 64, policy=SignedWithKeys((keypair[1],)), scope=Everything(deep))
     for extra in (["--deep"] if deep else [], ["--entry", "rec-001"]):
         result = runner.invoke(app, ["verify", str(root), "--key", str(keypair[1]), *extra])
         assert result.exit_code == 1 and "'layer.0.values'" in result.stderr, result.output
@@ -300,7 +306,7 @@ def test_statement_subject_names_with_dotdot_or_absolute_paths_are_refused(
     stmt = attest.statement(manifest, hashlib.sha256(raw).hexdigest(), len(raw))
     stmt["subject"].append({"name": name, "digest": {"sha256": "a" * 64}})
     _write_signed_statement(rel, attest.statement_bytes(stmt), keypair[0])
-    fails(rel, InputError, "unsafe file name", repr(name), key=keypair[1])
+    fails(rel, InputError, "unsafe file name", repr(name), policy=SignedWithKeys((keypair[1],)))
 
 
 def _write_signed_statement(root: Path, payload: bytes, private: Path) -> None:
@@ -315,17 +321,17 @@ def test_symlinked_entry_file_is_refused(rel: Path, tmp_path: Path, keypair: tup
     outside = tmp_path / "outside.safetensors"
     shutil.move(path, outside)
     path.symlink_to(outside)  # same bytes, but through a link
-    fails(rel, InputError, "entries/00000.safetensors", "symlink", key=keypair[1])
+    fails(rel, InputError, "entries/00000.safetensors", "symlink", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_symlinked_folder_and_bundle_are_refused(rel: Path, tmp_path: Path, keypair: tuple[Path, Path]) -> None:
     (rel / "extra-link").symlink_to(tmp_path)
-    fails(rel, InputError, "extra-link", "symlink", key=keypair[1])
+    fails(rel, InputError, "extra-link", "symlink", policy=SignedWithKeys((keypair[1],)))
     (rel / "extra-link").unlink()
     bundle = rel / attest.BUNDLE_NAME
     shutil.move(bundle, tmp_path / "b.json")
     bundle.symlink_to(tmp_path / "b.json")
-    fails(rel, InputError, attest.BUNDLE_NAME, "symlink", key=keypair[1])
+    fails(rel, InputError, attest.BUNDLE_NAME, "symlink", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_duplicate_keys_in_the_manifest_are_refused(rel: Path) -> None:
@@ -340,7 +346,7 @@ def test_duplicate_keys_in_the_bundle_are_refused(rel: Path, keypair: tuple[Path
     path = rel / attest.BUNDLE_NAME
     text = path.read_text()
     path.write_text(text.replace('"mediaType": ', '"mediaType": "x", "mediaType": ', 1))
-    fails(rel, InputError, attest.BUNDLE_NAME, "duplicate key 'mediaType'", key=keypair[1])
+    fails(rel, InputError, attest.BUNDLE_NAME, "duplicate key 'mediaType'", policy=SignedWithKeys((keypair[1],)))
     assert runner.invoke(app, ["verify", str(rel), "--key", str(keypair[1])]).exit_code == 2
 
 
@@ -349,18 +355,18 @@ def test_duplicate_keys_in_the_signed_statement_are_refused(rel: Path, keypair: 
     text = json.dumps(payload)
     dup = text.replace('"predicateType": ', f'"predicateType": "{attest.PREDICATE_TYPE}", "predicateType": ', 1)
     _write_signed_statement(rel, dup.encode(), keypair[0])
-    fails(rel, InputError, "statement", "duplicate key 'predicateType'", key=keypair[1])
+    fails(rel, InputError, "statement", "duplicate key 'predicateType'", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_bundle_size_is_bounded_before_reading(rel: Path, keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attest, "MAX_BUNDLE_BYTES", 512)
-    fails(rel, InputError, attest.BUNDLE_NAME, "exceeds the 512-byte limit", key=keypair[1])
+    fails(rel, InputError, attest.BUNDLE_NAME, "exceeds the 512-byte limit", policy=SignedWithKeys((keypair[1],)))
 
 
 def test_manifest_size_is_bounded_before_reading(rel: Path, keypair: tuple[Path, Path],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(release_format, "MAX_MANIFEST_BYTES", 1024)
-    fails(rel, InputError, "manifest.json", "exceeds the 1024-byte limit", key=keypair[1])
+    fails(rel, InputError, "manifest.json", "exceeds the 1024-byte limit", policy=SignedWithKeys((keypair[1],)))
     unsign(rel)
     fails(rel, InputError, "manifest.json", "exceeds the 1024-byte limit")
 

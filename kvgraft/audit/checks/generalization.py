@@ -110,7 +110,7 @@ def run(ctx: Context, gc: dict[str, Any]) -> Ran:
                   executor=ctx.ex)
     from kvgraft.signing.verify import signature_statement
 
-    g["release_signature"] = signature_statement(ctx.release.checked)  # whose library these entries are
+    g["release_signature"] = signature_statement(ctx.release.checked).model_dump(mode="json")  # whose library these are
     return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g}, ledger=ledger_lines(g))
 
 

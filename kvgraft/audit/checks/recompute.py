@@ -141,7 +141,7 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
         journal.unlink(missing_ok=True)
     from kvgraft.signing.verify import signature_statement
 
-    result["release_signature"] = signature_statement(ctx.release.checked)  # whose release these entries are
+    result["release_signature"] = signature_statement(ctx.release.checked).model_dump(mode="json")  # whose release
     exact = sum(e["byte_exact"] for e in result["entries"])
     cost = result["cost"]
     rate = f", {cost['tokens_per_second']:,.0f} tokens/s" if cost["tokens_per_second"] else ""

@@ -25,7 +25,8 @@ def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
     # opened from (a published release: its mirror): opening the release (verified(), in the run) read none
     # of the entries, and the other checks verify only the entries they read.
     v = verify(ctx.release.source, ctx.release.policy, ALL).checked
-    return Ran(v.as_dict(), f"{v.files} files, {v.bytes_hashed:,} bytes hashed; signature: {v.signature.describe()}")
+    return Ran(v.document().model_dump(mode="json", exclude_unset=True),
+               f"{v.files} files, {v.bytes_hashed:,} bytes hashed; signature: {v.signature.describe()}")
 
 
 def status(result: dict[str, Any]) -> str:

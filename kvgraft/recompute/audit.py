@@ -201,7 +201,7 @@ def resumed_problem(entry: dict[str, Any], result: Any) -> str | None:
     from kvgraft.schema import validate_part
 
     try:
-        validate_part(result, "recompute-result.v1.json", "properties/entries/items", "result")
+        validate_part(result, "recompute-result.v1.json", "$defs/EntryResult", "result")
     except SchemaError as exc:
         return str(exc)
     if result["id"] != entry["id"] or result["num_tokens"] != entry["num_tokens"]:

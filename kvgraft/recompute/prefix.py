@@ -159,7 +159,7 @@ def resumed_problem(entry: dict[str, Any], tokens: int, schedule: dict[str, Any]
     from kvgraft.schema import validate_part
 
     try:
-        validate_part(result, "recompute-result.v1.json", "properties/prefix_grafts/properties/entries/items", "result")
+        validate_part(result, "recompute-result.v1.json", "$defs/PrefixGraft", "result")
     except SchemaError as exc:
         return str(exc)
     if (result["entry"], result["tokens"], result["of"]) != (entry["id"], tokens, entry["num_tokens"]):

@@ -22,7 +22,7 @@ TYPED = [k for k in registry.BUILTIN if k.typed is not None]
 
 
 def test_the_small_kinds_are_typed() -> None:
-    assert [k.name for k in TYPED] == ["verify", "determinism", "controls", "claims"]
+    assert [k.name for k in TYPED] == ["verify", "recompute", "determinism", "controls", "claims"]
 
 
 @pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)

@@ -121,7 +121,7 @@ def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: Lo
         "verdict": verdict, "byte_exact": under["byte_exact"],
         "under_recorded_schedule": under,
         "against_prefix_alone": against,
-        "noise_bounds": {k: e.as_dict() for k, e in bounds.items()},
+        "noise_bounds": {k: e.record().model_dump(exclude_unset=True) for k, e in bounds.items()},
     }
 
 

@@ -30,6 +30,16 @@ Tensor = Literal["keys", "values"]
 # --- one tensor, one layer -------------------------------------------------------------------------------------------
 
 
+class WorstValues(Open):
+    """The stored and fresh values of the element furthest outside the noise bound, their difference, and what
+    the bound allowed there."""
+
+    stored: Value
+    fresh: Value
+    abs_diff: Real
+    allowed: Real
+
+
 class TensorDiff(Open):
     """Stored vs fresh states of one tensor (K or V of one layer), as kvgraft.recompute.compare.TensorDiff holds it;
     judged against the noise bound (outside .. worst_values) when they differ."""
@@ -39,24 +49,24 @@ class TensorDiff(Open):
     sha256_stored: str
     elements: Count
     differing: Count
-    fraction: float
     max_abs: Real
     max_ulp: Count = Field(description="Largest distance in units in the last place among the ulp_pairs differing "
                            "elements whose stored and fresh values are finite, normal and of the same sign (0 when "
                            "there are none): across zero or among subnormals a ULP count is no useful figure; max_abs "
                            "and max_rel hold for every element.")
+    first: list[int] | None = Field(description="Index of the first differing element (batch, head, absolute "
+                                    "position, dim).")
+    shape_mismatch: str | None = nullable()
     max_rel: Annotated[float, Field(ge=0)] | None = Field(
         None, description="Largest |stored - fresh| / max(|stored|, |fresh|) over elements where both are finite and "
         "not both zero.")
     ulp_pairs: Count | None = Field(None, description="Differing elements max_ulp is taken over.")
-    first: list[int] | None = Field(description="Index of the first differing element (batch, head, absolute "
-                                    "position, dim).")
-    shape_mismatch: str | None = nullable()
+    fraction: float
     outside: Count | None = None
     max_excess: Real | None = None
     worst: list[int] | None = nullable()
     first_outside: list[int] | None = nullable()
-    worst_values: dict[str, Value] | None = nullable()
+    worst_values: WorstValues | None = nullable()
 
 
 class LayerResult(Open):
@@ -64,9 +74,9 @@ class LayerResult(Open):
 
     index: Count
     kind: str
+    layout_mismatch: str | None = None
     keys: TensorDiff | None = None
     values: TensorDiff | None = None
-    layout_mismatch: str | None = None
 
 
 class Distribution(Open):
@@ -96,11 +106,11 @@ class Where(Open):
 class Worst(Where):
     """The element furthest outside the noise bound, with its values."""
 
-    excess: Real | None = None
     stored: Value | None = None
     fresh: Value | None = None
     abs_diff: Real | None = None
     allowed: Real | None = None
+    excess: Real | None = None
 
 
 class Outside(Open):
@@ -165,6 +175,12 @@ class EntryResult(Open):
     id: str
     num_tokens: Count
     byte_exact: bool
+    verdict: Verdict
+    conditions_differ: list[str] | None = None
+    outside: Outside | None
+    noise_bound: NoiseBound | None
+    max_excess: NonNegative = Field(description="Largest |stored - fresh| / allowed over all elements (0 when "
+                                    "byte-exact; > 1 means outside the noise bound).")
     tensors_equal: Count
     tensors: Count
     next_token_logits_equal: bool
@@ -174,12 +190,6 @@ class EntryResult(Open):
     matched: Distribution
     natural: Distribution
     seconds: Seconds
-    verdict: Verdict
-    outside: Outside | None
-    noise_bound: NoiseBound | None
-    max_excess: NonNegative = Field(description="Largest |stored - fresh| / allowed over all elements (0 when "
-                                    "byte-exact; > 1 means outside the noise bound).")
-    conditions_differ: list[str] | None = None
     placement: JsonObject | None = None
 
 
@@ -271,9 +281,6 @@ class Cost(Open):
 
     entries_recomputed: Count
     entries_resumed: Count
-    resumed_from: str | None = nullable(description="The journal this run resumed (its results read back and "
-                                        "re-judged from their recorded comparisons), or null when it resumed none.")
-    prefix_grafts_resumed: Count | None = None
     tokens_recomputed: Count
     tokens_resumed: Count
     wall_seconds: float
@@ -281,6 +288,9 @@ class Cost(Open):
     library_entries: Count
     library_tokens: Count
     projected_library_seconds: float | None
+    prefix_grafts_resumed: Count | None = None
+    resumed_from: str | None = nullable(description="The journal this run resumed (its results read back and "
+                                        "re-judged from their recorded comparisons), or null when it resumed none.")
     executor: str
     workers: int = Field(ge=1)
 
@@ -294,11 +304,11 @@ class PrefixComparison(Open):
     verdict: Verdict
     byte_exact: bool
     first_differing_tensor: str | None
-    first_outside_tensor: str | None = nullable()
     max_abs_diff: float = Field(ge=0)
     differing_elements: Count
     outside: Count
     max_excess: NonNegative
+    first_outside_tensor: str | None = nullable()
 
 
 class PrefixGraft(Open):
@@ -366,9 +376,6 @@ class RecomputeResult(Closed):
     inconsistent (some element outside, located). Recorded conditions are replayed unless overridden; `conditions`
     says which were replayed, overridden or could not be."""
 
-    status: Literal["passed", "failed", "incomplete"] | None = Field(
-        None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
-        "code).")
     kind: Literal["kvgraft-recompute-result"]
     format_version: Literal[1]
     kvgraft_version: str
@@ -380,8 +387,8 @@ class RecomputeResult(Closed):
     conditions: Conditions
     require: Require
     entries: list[EntryResult]
-    prefix_grafts: PrefixGrafts | None = None
     cost: Cost | None = None
+    prefix_grafts: PrefixGrafts | None = None
     executor: JsonObject | None = None
     all_byte_exact: bool
     verdict: Verdict
@@ -390,6 +397,9 @@ class RecomputeResult(Closed):
     bound: Bound | None = None
     statements: list[str]
     release_signature: ReleaseSignature | None = None
+    status: Literal["passed", "failed", "incomplete"] | None = Field(
+        None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
+        "code).")
 
 
 # --- what a report's check holds -------------------------------------------------------------------------------------

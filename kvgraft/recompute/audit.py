@@ -30,6 +30,7 @@ from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.release.records import tensor_mismatch
 from kvgraft.results import recompute as res
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ class FollowUp:
     """
 
     key: str
-    run: dict[str, Any]
+    run: JsonObject
     unit: Callable[[dict[str, Any]], Unit]
-    check: Callable[[dict[str, Any], dict[str, Any]], str | None]
-    judge: Callable[[list[dict[str, Any]], Journal | None], dict[str, Any]]
+    check: Callable[[dict[str, Any], JsonValue], str | None]
+    judge: Callable[[list[dict[str, Any]], Journal | None], res.PrefixGrafts]
 
 
 def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, str]:
@@ -570,7 +571,7 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
                                        functools.partial(entry_unit, probe_text=probe_text, force=force,
                                                          schedule=schedule), result)
             if then is not None:
-                result[then.key] = then.judge(chosen, jr)
+                result[then.key] = then.judge(chosen, jr).model_dump(exclude_unset=True)
                 result["cost"][f"{then.key}_resumed"] = sum(then.unit(e) in jr.done for e in chosen) if jr else 0
         finally:
             if jr is not None:

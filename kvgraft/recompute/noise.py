@@ -39,14 +39,14 @@ from kvgraft.inference.tensors import tensor_sha256
 from kvgraft.results import recompute as res
 
 FACTOR = 64.0
-VERDICTS = ("byte-exact", "consistent", "inconsistent")
+VERDICTS: tuple[res.Verdict, ...] = ("byte-exact", "consistent", "inconsistent")
 _HIGHER = {torch.float32: torch.float64, torch.bfloat16: torch.float32, torch.float16: torch.float32}
 _COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def worst(verdicts: list[str]) -> str:
+def worst(verdicts: list[str]) -> res.Verdict:
     """The release's verdict: the worst of its entries' ('byte-exact' for none)."""
-    return max(verdicts, key=VERDICTS.index, default="byte-exact")
+    return VERDICTS[max((VERDICTS.index(v) for v in verdicts), default=0)]
 
 
 def _higher_precision(lm: LoadedModel) -> LoadedModel | None:

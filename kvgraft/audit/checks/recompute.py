@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -48,17 +49,15 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
 
         # the plan's [executor] threads: an override of the record, recorded
         overrides = Conditions(threads=ctx.ex.fixed_threads()).overrides(ctx.release.manifest["environment"])
-    options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
-                               "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
-                               "journal": journal, "overrides": overrides, "probe_text": rc.get("probe"),
-                               "force": rc.get("force", False), "schedule": rc.get("schedule"),
-                               "on_progress": rc.get("on_progress")}
-    if rc.get("prefix") is None:
-        result = recompute.audit(ctx.release, ctx.lm, **options)
-    else:  # the entries' prefix grafts too (checks.recompute.prefix)
+    audit = recompute.audit
+    if rc.get("prefix") is not None:  # the entries' prefix grafts too (checks.recompute.prefix)
         from kvgraft.recompute import prefix
 
-        result = prefix.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options)
+        audit = functools.partial(prefix.audit, prefix=int(rc["prefix"]))
+    result = audit(ctx.release, ctx.lm, entries=rc.get("entries") or None, executor=ctx.ex,
+                   require=rc.get("require", "exact"), sample=sample, nonce=rc.get("nonce"), journal=journal,
+                   overrides=overrides, probe_text=rc.get("probe"), force=rc.get("force", False),
+                   schedule=rc.get("schedule"), on_progress=rc.get("on_progress"))
     if own_journal:
         journal.unlink(missing_ok=True)
     from kvgraft.signing.verify import signature_statement

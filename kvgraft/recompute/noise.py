@@ -44,9 +44,9 @@ _HIGHER = {torch.float32: torch.float64, torch.bfloat16: torch.float32, torch.fl
 _COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def worst(verdicts: list[str]) -> res.Verdict:
+def worst(verdicts: list[res.Verdict]) -> res.Verdict:
     """The release's verdict: the worst of its entries' ('byte-exact' for none)."""
-    return VERDICTS[max((VERDICTS.index(v) for v in verdicts), default=0)]
+    return max(verdicts, key=VERDICTS.index, default="byte-exact")
 
 
 def _higher_precision(lm: LoadedModel) -> LoadedModel | None:

@@ -55,7 +55,7 @@ def main() -> None:
             rows = recompute.compare_layers(checked, entry, lm, cache)
             compare_s.append(time.perf_counter() - t1)
             peaks.append(status_kb("VmHWM") - rss0)
-            assert all(r[p]["equal"] for r in rows for p in ("keys", "values") if p in r)
+            assert all(t.equal for r in rows for t in (r.keys, r.values) if t is not None)
             start, end = entry["tensors"]["layer.0.keys"]["byte_range"]
             layer_kv = 2 * (end - start)
             del cache

@@ -116,11 +116,12 @@ def recompute_cmd(
 def _render_recompute(result: dict[str, Any]) -> None:
     from kvgraft.audit.checks.recompute import cost_line
     from kvgraft.audit.render_report import check_renderables
+    from kvgraft.results.recompute import RecomputeResult
     from kvgraft.signing.verify import signature_sentence
 
     for r in check_renderables("recompute", result, out):
         out.print(r)
-    line = cost_line(result)
+    line = cost_line(RecomputeResult.model_validate(result))
     if line:
         say(line)
     say(f"release signature: {signature_sentence(result.get('release_signature'))}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel, JsonValue
 
 from kvgraft import __version__, sampling
 from kvgraft.errors import InputError, IntegrityError
@@ -23,11 +24,13 @@ from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.reapply import Conditions
 from kvgraft.inference.runtime import Schedule, encode, every_position_layers, forward, layer_map, new_cache, prefill
 from kvgraft.inference.tensors import TORCH_DTYPES, tensor_sha256
-from kvgraft.recompute.compare import TensorDiff, diff_tensors, distributions, fmt_kl
+from kvgraft.recompute.compare import JUDGED, Judged, TensorDiff, diff_tensors, distributions, fmt_kl
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
 from kvgraft.release.records import tensor_mismatch
+from kvgraft.results import recompute as res
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
@@ -50,10 +53,10 @@ class FollowUp:
     """
 
     key: str
-    run: dict[str, Any]
+    run: JsonObject
     unit: Callable[[dict[str, Any]], Unit]
-    check: Callable[[dict[str, Any], dict[str, Any]], str | None]
-    judge: Callable[[list[dict[str, Any]], Journal | None], dict[str, Any]]
+    check: Callable[[dict[str, Any], JsonValue], str | None]
+    judge: Callable[[list[dict[str, Any]], Journal | None], res.PrefixGrafts]
 
 
 def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, str]:
@@ -79,7 +82,7 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
 
 def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
                    noise_bound: Callable[[], NoiseBound] | None = None,
-                   fresh_digests: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                   fresh_digests: dict[str, str] | None = None) -> list[res.LayerResult]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location.
 
     With `noise_bound` (measured on first use), each differing tensor is also judged against the
@@ -94,13 +97,14 @@ def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedMo
     except OSError as exc:  # gone or changed since it was verified
         raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
     where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
-    rows: list[dict[str, Any]] = []
+    rows: list[res.LayerResult] = []
     try:
         layout = rel.tensor_layout(entry, fd)  # the layout checked is the layout read
         for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
-            row: dict[str, Any] = {"index": stored_meta["index"], "kind": stored_meta["kind"]}
+            # a member only where it is: no layout_mismatch where the layouts agree, no K or V of a shared layer
+            present: dict[str, str | res.TensorDiff] = {}
             if stored_meta != fresh_meta and stored_meta["kind"] != fresh_meta["kind"]:
-                row["layout_mismatch"] = f"stored {stored_meta}, fresh {fresh_meta}"
+                present["layout_mismatch"] = f"stored {stored_meta}, fresh {fresh_meta}"
             if stored_meta["kind"] != "shared":
                 offset = stored_meta.get("positions", [0, 0])[0]
                 for part in ("keys", "values"):
@@ -115,80 +119,117 @@ def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedMo
                         d = (TensorDiff(True, stored_sha, stored_sha, int(fresh.numel())) if fresh_sha == stored_sha
                              else diff_tensors(_as_tensor(stored, info), fresh, stored_sha256=stored_sha,
                                                fresh_sha256=fresh_sha, position_offset=offset))
-                    row[part] = d.as_dict()
+                    judged = None
                     if not d.equal and d.shape_mismatch is None and fresh is not None and noise_bound is not None:
-                        j = judge(_as_tensor(stored, info), fresh, noise_bound().allowed(name, fresh))
-                        row[part].update(_judged(j, offset))
+                        judged = _judged(judge(_as_tensor(stored, info), fresh, noise_bound().allowed(name, fresh)),
+                                         offset)
+                    present[part] = d.record(judged)
                     del stored
-            rows.append(row)
+            row = res.LayerResult(index=stored_meta["index"], kind=stored_meta["kind"])
+            rows.append(row.model_copy(update=present))
     finally:
         os.close(fd)
     return rows
 
 
-def _judged(j: Judgement, offset: int) -> dict[str, Any]:
+def _judged(j: Judgement, offset: int) -> Judged:
     def absolute(loc: list[int] | None) -> list[int] | None:
         return None if loc is None else [*loc[:2], loc[2] + offset, *loc[3:]] if len(loc) == 4 else loc
 
-    return {"outside": j.outside, "max_excess": j.max_excess, "worst": absolute(j.worst),
-            "first_outside": absolute(j.first), "worst_values": j.worst_values}
+    values = None if j.worst_values is None else res.WorstValues.model_validate(j.worst_values)
+    return Judged(j.outside, j.max_excess, absolute(j.worst), absolute(j.first), values)
 
 
-def _named(loc: list[int] | None) -> dict[str, int] | None:
-    return None if loc is None or len(loc) != 4 else {"batch": loc[0], "head": loc[1], "position": loc[2], "dim": loc[3]}
+def _named(loc: list[int] | None) -> res.Named | None:
+    return None if loc is None or len(loc) != 4 else res.Named(batch=loc[0], head=loc[1], position=loc[2], dim=loc[3])
 
 
-def classify(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+def _place(loc: list[int] | None) -> dict[str, int]:
+    """A location's members (batch, head, position, dim) where it has all four, else none."""
+    named = _named(loc)
+    return {} if named is None else named.model_dump()
+
+
+_JUDGED = frozenset(JUDGED)
+
+
+def _tensors(rows: list[res.LayerResult]) -> list[tuple[int, res.Tensor, res.TensorDiff]]:
+    """Each layer's K and V comparison (a shared layer has neither), with its layer and part."""
+    parts: tuple[tuple[res.Tensor, str], ...] = (("keys", "keys"), ("values", "values"))
+    return [(r.index, p, t) for r in rows for p, name in parts if (t := getattr(r, name)) is not None]
+
+
+def classify(rows: list[res.LayerResult]) -> tuple[res.Verdict, res.Outside | None]:
     """The entry's verdict from judged rows, and where it lies outside the noise bound (None if nowhere)."""
-    tensors = [(r["index"], p, r[p]) for r in rows for p in ("keys", "values") if p in r]
-    if all(t["equal"] for _, _, t in tensors) and not any("layout_mismatch" in r for r in rows):
+    tensors = _tensors(rows)
+    layout = [r for r in rows if r.layout_mismatch is not None]
+    if all(t.equal for _, _, t in tensors) and not layout:
         return "byte-exact", None
-    layout = [r for r in rows if "layout_mismatch" in r]
-    shape = [(i, p, t) for i, p, t in tensors if t.get("shape_mismatch")]
-    outside = [(i, p, t) for i, p, t in tensors if t.get("outside")]
+    shape = [(i, p, t) for i, p, t in tensors if t.shape_mismatch]
+    outside = [(i, p, t) for i, p, t in tensors if t.outside]
     if not (layout or shape or outside):
         return "consistent", None
-    summary: dict[str, Any] = {
-        "elements": sum(int(t["outside"]) for _, _, t in outside), "tensors": len(outside) + len(shape),
-        "layers": sorted({i for i, _, _ in outside + shape} | {r["index"] for r in layout}),
-        "layout": [f"layer {r['index']}: {r['layout_mismatch']}" for r in layout],
-        "shape": [f"layer {i} {p}: {t['shape_mismatch']}" for i, p, t in shape],
-    }
-    if outside:
-        i, p, t = outside[0]
-        summary["first"] = {"layer": i, "tensor": p, **(_named(t["first_outside"]) or {})}
-        i, p, t = max(outside, key=lambda x: x[2]["max_excess"])
-        summary["worst"] = {"layer": i, "tensor": p, **(_named(t["worst"]) or {}), **(t["worst_values"] or {}),
-                            "excess": t["max_excess"]}
-    return "inconsistent", summary
+    for i, _, t in outside:
+        if not t.model_fields_set >= _JUDGED:  # a fresh judgement states each, null or not
+            raise ValueError(f"layer {i}: judged without {', '.join(sorted(_JUDGED - t.model_fields_set))}")
+    found = res.Outside(
+        elements=sum(t.outside or 0 for _, _, t in outside), tensors=len(outside) + len(shape),
+        layers=sorted({i for i, _, _ in outside + shape} | {r.index for r in layout}),
+        layout=[f"layer {r.index}: {r.layout_mismatch}" for r in layout],
+        shape=[f"layer {i} {p}: {t.shape_mismatch}" for i, p, t in shape])
+    if not outside:
+        return "inconsistent", found
+    i, p, t = outside[0]
+    first = res.Where(layer=i, tensor=p, **_place(t.first_outside))
+    i, p, t = max(outside, key=lambda x: x[2].max_excess)  # type: ignore[arg-type,return-value]
+    values = t.worst_values.model_dump() if t.worst_values is not None else {}
+    worst = res.Worst(layer=i, tensor=p, **_place(t.worst), **values, excess=t.max_excess)
+    # `first` and `worst` only where some element lies outside, as the result writes them
+    return "inconsistent", found.model_copy(update={"first": first, "worst": worst})
 
 
-def _first_difference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _first_difference(rows: list[res.LayerResult]) -> res.FirstDifference | None:
     for row in rows:
-        if "layout_mismatch" in row:
-            return {"layer": row["index"], "tensor": None, "detail": row["layout_mismatch"]}
-        for part in ("keys", "values"):
-            d = row.get(part)
-            if d and not d["equal"]:
-                loc = d["first"]
-                return {"layer": row["index"], "tensor": part, "location": loc,
-                        "named": _named(loc),
-                        "max_ulp": d["max_ulp"], "max_abs": d["max_abs"], "detail": d["shape_mismatch"]}
+        if row.layout_mismatch is not None:
+            return res.FirstDifference(layer=row.index, tensor=None, detail=row.layout_mismatch)
+        for i, part, d in _tensors([row]):
+            if not d.equal:
+                if "shape_mismatch" not in d.model_fields_set:  # a fresh comparison states it, null or not
+                    raise ValueError(f"layer {i} {part}: compared without shape_mismatch")
+                return res.FirstDifference(layer=i, tensor=part, location=d.first, named=_named(d.first),
+                                           max_ulp=d.max_ulp, max_abs=d.max_abs, detail=d.shape_mismatch)
     return None
 
 
-def judged_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What an entry's result says of its per-layer comparisons: verdict, where it lies outside, the counts.
-    The same function makes a fresh result's fields and re-judges one read back from a journal."""
+@dataclass(frozen=True)
+class EntryVerdict:
+    """What an entry's result says of its per-layer comparisons: verdict, where it lies outside, the counts."""
+
+    byte_exact: bool
+    verdict: res.Verdict
+    outside: res.Outside | None
+    max_excess: float | res.Infinity
+    tensors_equal: int
+    tensors: int
+    first_difference: res.FirstDifference | None
+
+    def recorded(self) -> dict[str, JsonValue]:
+        """Each member as the result writes it (what a result read back is compared with)."""
+        return {k: v.model_dump(exclude_unset=True) if isinstance(v, BaseModel) else v
+                for k, v in vars(self).items()}
+
+
+def judged_fields(rows: list[res.LayerResult]) -> EntryVerdict:
+    """The entry's verdict and counts from its per-layer comparisons. The same function makes a fresh result's
+    fields and re-judges one read back from a journal."""
     verdict, outside = classify(rows)
-    tensors = [r[p] for r in rows for p in ("keys", "values") if p in r]
-    return {"byte_exact": verdict == "byte-exact", "verdict": verdict, "outside": outside,
-            "max_excess": max((t.get("max_excess", 0.0) for t in tensors), default=0.0),
-            "tensors_equal": sum(t["equal"] for t in tensors), "tensors": len(tensors),
-            "first_difference": _first_difference(rows)}
+    tensors = [t for r in rows for t in (r.keys, r.values) if t is not None]
+    return EntryVerdict(verdict == "byte-exact", verdict, outside,
+                        max((0.0 if t.max_excess is None else t.max_excess for t in tensors), default=0.0),
+                        sum(t.equal for t in tensors), len(tensors), _first_difference(rows))
 
 
-def resumed_problem(entry: dict[str, Any], result: Any) -> str | None:
+def resumed_problem(entry: dict[str, Any], result: JsonValue) -> str | None:
     """Why `result`, read back from a journal, cannot stand for `entry`'s judgement (None: it can).
 
     A journal lies in the output folder, where someone else may have planted or edited it. A result read
@@ -201,30 +242,31 @@ def resumed_problem(entry: dict[str, Any], result: Any) -> str | None:
     from kvgraft.schema import validate_part
 
     try:
-        validate_part(result, "recompute-result.v1.json", "properties/entries/items", "result")
+        validate_part(result, "recompute-result.v1.json", "$defs/EntryResult", "result")
     except SchemaError as exc:
         return str(exc)
-    if result["id"] != entry["id"] or result["num_tokens"] != entry["num_tokens"]:
-        return f"result of {result['id']!r} ({result['num_tokens']} tokens), not of this entry"
-    rows, metas = result["layers"], entry["layers"]
-    if [(r["index"], r["kind"]) for r in rows] != [(m["index"], m["kind"]) for m in metas]:
+    assert isinstance(result, dict)  # the schema says so
+    got = res.EntryResult.model_validate(result)
+    if got.id != entry["id"] or got.num_tokens != entry["num_tokens"]:
+        return f"result of {got.id!r} ({got.num_tokens} tokens), not of this entry"
+    rows, metas = got.layers, entry["layers"]
+    if [(r.index, r.kind) for r in rows] != [(m["index"], m["kind"]) for m in metas]:
         return "its layers are not the entry's"
     for row, meta in zip(rows, metas, strict=True):
-        for part in ("keys", "values"):
-            if (part in row) != (meta["kind"] != "shared"):
-                return f"layer {meta['index']}: {part} {'missing' if part not in row else 'of a shared layer'}"
-            d = row.get(part)
+        for part, d in (("keys", row.keys), ("values", row.values)):
+            if (d is not None) != (meta["kind"] != "shared"):
+                return f"layer {meta['index']}: {part} {'missing' if d is None else 'of a shared layer'}"
             committed = entry["tensors"][meta[part]]["sha256"] if d is not None else None
-            if d is not None and (d["sha256_stored"] != committed or d["equal"] != (d["sha256_fresh"] == committed)):
+            if d is not None and (d.sha256_stored != committed or d.equal != (d.sha256_fresh == committed)):
                 return f"layer {meta['index']} {part}: its digests disagree with the release's ({committed})"
     try:
         derived = judged_fields(rows)
-        worst = (derived["outside"] or {}).get("worst")
+        worst = derived.outside.worst if derived.outside is not None else None
         if worst is not None:
-            float(worst["abs_diff"]), float(worst["excess"])  # what the verdict's sentence quotes
+            float(worst.abs_diff), float(worst.excess)  # type: ignore[arg-type]  # what the verdict's sentence quotes
     except (KeyError, TypeError, ValueError, IndexError):  # a comparison missing what a fresh one always holds
         return "its comparisons are incomplete"
-    for k, v in derived.items():
+    for k, v in derived.recorded().items():
         if json.dumps(result[k], sort_keys=True) != json.dumps(v, sort_keys=True):
             return f"its {k} ({json.dumps(result[k])[:80]}) is not what its comparisons give ({json.dumps(v)[:80]})"
     return None
@@ -249,7 +291,7 @@ def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
 
 
 def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
-                force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
+                force: bool = False, schedule: Schedule | None = None) -> res.EntryResult:
     """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
     rel = checked.release
     t0 = time.perf_counter()
@@ -289,24 +331,24 @@ def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel
     natural = natural_logits(lm, entry["token_ids"] + probe, len(probe))
     matched = distributions(fresh_logits, grafted_logits)
     contrast = distributions(natural, grafted_logits)
-    return {
-        "id": entry["id"], "num_tokens": entry["num_tokens"], "byte_exact": judged["byte_exact"],
-        "verdict": judged["verdict"], "conditions_differ": differing,
-        "outside": judged["outside"], "noise_bound": measured[0].as_dict() if measured else None,
-        "max_excess": judged["max_excess"], "tensors_equal": judged["tensors_equal"], "tensors": judged["tensors"],
-        "next_token_logits_equal": tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
-        "first_difference": judged["first_difference"], "layers": rows, "probe_token_ids": probe,
-        "matched": {**matched.as_dict(), "logits_equal": matched.logits_equal},
-        "natural": {**contrast.as_dict(), "logits_equal": contrast.logits_equal},
-        "seconds": {"prefill": t_prefill, "compare": t_compare,
-                    "noise_bound": measured[0].seconds if measured else 0.0, "total": time.perf_counter() - t0},
-    }
+    return res.EntryResult(
+        id=entry["id"], num_tokens=entry["num_tokens"], byte_exact=judged.byte_exact, verdict=judged.verdict,
+        conditions_differ=differing, outside=judged.outside,
+        noise_bound=measured[0].record() if measured else None, max_excess=judged.max_excess,
+        tensors_equal=judged.tensors_equal, tensors=judged.tensors,
+        next_token_logits_equal=tensor_sha256(next_logits) == entry["next_token"]["logits_sha256"],
+        first_difference=judged.first_difference, layers=rows, probe_token_ids=probe,
+        matched=matched.record(), natural=contrast.record(),
+        seconds=res.Seconds(prefill=t_prefill, compare=t_compare, noise_bound=measured[0].seconds if measured else 0.0,
+                            total=time.perf_counter() - t0))
 
 
 def entry_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, probe_text: str | None = None,
                force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
-    """`audit_entry` as an executor work unit: (model, verified release, entry) → result."""
-    return audit_entry(checked, entry, lm, probe_text=probe_text, force=force, schedule=schedule)
+    """`audit_entry` as an executor work unit: (model, verified release, entry) → its result as JSON (an executor
+    adds its placement, a journal records it, Ray ships it)."""
+    return audit_entry(checked, entry, lm, probe_text=probe_text, force=force, schedule=schedule).model_dump(
+        exclude_unset=True)
 
 
 def statements(result: dict[str, Any]) -> list[str]:
@@ -529,7 +571,7 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
                                        functools.partial(entry_unit, probe_text=probe_text, force=force,
                                                          schedule=schedule), result)
             if then is not None:
-                result[then.key] = then.judge(chosen, jr)
+                result[then.key] = then.judge(chosen, jr).model_dump(exclude_unset=True)
                 result["cost"][f"{then.key}_resumed"] = sum(then.unit(e) in jr.done for e in chosen) if jr else 0
         finally:
             if jr is not None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from kvgraft.inference.tensors import tensor_sha256
+from kvgraft.results import recompute as res
 
 _ORDERED_INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
                 torch.float64: torch.int64}
@@ -34,10 +34,24 @@ class TensorDiff:
     def fraction(self) -> float:
         return self.differing / self.elements if self.elements else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["fraction"] = self.fraction
-        return d
+    def record(self, judged: Judged | None = None) -> res.TensorDiff:
+        """As a result records it; with `judged`, how far it lies outside the noise bound."""
+        return res.TensorDiff(**asdict(self), fraction=self.fraction,
+                              **({} if judged is None else {f: getattr(judged, f) for f in JUDGED}))
+
+
+JUDGED = ("outside", "max_excess", "worst", "first_outside", "worst_values")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A differing tensor judged against the noise bound (kvgraft.recompute.noise.judge), positions absolute."""
+
+    outside: int
+    max_excess: float
+    worst: list[int] | None
+    first_outside: list[int] | None
+    worst_values: res.WorstValues | None
 
 
 def ordered(t: torch.Tensor) -> torch.Tensor:
@@ -140,11 +154,12 @@ class DistributionDiff:
     def logits_equal(self) -> bool:
         return self.max_abs_logit == 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"kl_per_position": self.kl, "kl_max": self.kl_max, "kl_mean": self.kl_mean,
-                "greedy_agreement": sum(self.greedy_agree) / len(self.greedy_agree) if self.greedy_agree else 1.0,
-                "topk": self.k, "topk_overlap_mean": float(np.mean(self.topk_overlap)) if self.topk_overlap else 1.0,
-                "max_abs_logit_diff": self.max_abs_logit}
+    def record(self) -> res.Distribution:
+        return res.Distribution(
+            kl_per_position=self.kl, kl_max=self.kl_max, kl_mean=self.kl_mean,
+            greedy_agreement=sum(self.greedy_agree) / len(self.greedy_agree) if self.greedy_agree else 1.0,
+            topk=self.k, topk_overlap_mean=float(np.mean(self.topk_overlap)) if self.topk_overlap else 1.0,
+            max_abs_logit_diff=self.max_abs_logit, logits_equal=self.logits_equal)
 
 
 def distributions(reference: torch.Tensor, other: torch.Tensor, k: int = 5) -> DistributionDiff:

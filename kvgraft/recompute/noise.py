@@ -36,14 +36,15 @@ from kvgraft._internal.cores import cores
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, attention, layer_map, new_cache, padded_batch_row, prefill, threads
 from kvgraft.inference.tensors import tensor_sha256
+from kvgraft.results import recompute as res
 
 FACTOR = 64.0
-VERDICTS = ("byte-exact", "consistent", "inconsistent")
+VERDICTS: tuple[res.Verdict, ...] = ("byte-exact", "consistent", "inconsistent")
 _HIGHER = {torch.float32: torch.float64, torch.bfloat16: torch.float32, torch.float16: torch.float32}
 _COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def worst(verdicts: list[str]) -> str:
+def worst(verdicts: list[res.Verdict]) -> res.Verdict:
     """The release's verdict: the worst of its entries' ('byte-exact' for none)."""
     return max(verdicts, key=VERDICTS.index, default="byte-exact")
 
@@ -123,7 +124,7 @@ class NoiseBound:
     """Per-row noise of a recompute: the largest benign difference of each row, per tensor."""
 
     noise: dict[str, torch.Tensor]  # name -> [batch, heads, positions, 1], float64
-    runs: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[res.Perturbation] = field(default_factory=list)
     seconds: float = 0.0
     factor: float = FACTOR
     reused: bool = False  # measured earlier for the same computation: no cost this time
@@ -134,8 +135,8 @@ class NoiseBound:
         ulp = scale * float(torch.finfo(fresh.dtype).eps)
         return self.factor * torch.maximum(self.noise[name].to(fresh.device), ulp)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"factor": self.factor, "perturbations": self.runs, "seconds": self.seconds, "reused": self.reused}
+    def record(self) -> res.NoiseBound:
+        return res.NoiseBound(factor=self.factor, perturbations=self.runs, seconds=self.seconds, reused=self.reused)
 
 
 def calibrate(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dict[str, torch.Tensor],
@@ -169,7 +170,7 @@ def _measure(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dic
              only: set[str] | None, skip: set[str] | None, every: frozenset[int] = frozenset()) -> NoiseBound:
     t0 = time.perf_counter()
     noise = {name: torch.zeros((*t.shape[:-1], 1), dtype=torch.float64) for name, t in reference.items()}
-    runs: list[dict[str, Any]] = []
+    runs: list[res.Perturbation] = []
     for label, rerun in perturbations(lm, ids, schedule, every):
         if (only is not None and label not in only) or (skip is not None and label in skip):
             continue
@@ -187,8 +188,8 @@ def _measure(lm: LoadedModel, ids: list[int], schedule: Schedule, reference: dic
             differing += int(bool((d > 0).any()))
             max_abs = max(max_abs, float(d.max()))
         del got
-        runs.append({"name": label, "seconds": time.perf_counter() - t, "tensors_differing": differing,
-                     "max_abs": max_abs})
+        runs.append(res.Perturbation(name=label, seconds=time.perf_counter() - t, tensors_differing=differing,
+                                     max_abs=max_abs))
     return NoiseBound(noise, runs, time.perf_counter() - t0)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import JsonValue
 
 from kvgraft.errors import InputError
 from kvgraft.inference import reapply
@@ -41,6 +42,8 @@ from kvgraft.inference.runtime import Schedule, every_position_layers, layer_map
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.compare import diff_tensors
 from kvgraft.recompute.noise import NoiseBound, calibrate, judge, worst
+from kvgraft.results import recompute as res
+from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
 
 
 def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: int,
-             bound: Callable[[], NoiseBound]) -> dict[str, Any]:
+             bound: Callable[[], NoiseBound]) -> res.PrefixComparison:
     """Rows [0, n) against fresh tensors' rows [0, n): bit for bit, then (on a difference) by the noise bound."""
     first: str | None = None
     first_outside: str | None = None
@@ -67,24 +70,24 @@ def _compare(rows: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], n: i
         max_excess = max(max_excess, j.max_excess)
         if j.outside and first_outside is None:
             first_outside = name
-    return {"verdict": _comparison_verdict(first, outside), "byte_exact": first is None, "first_differing_tensor": first,
-            "max_abs_diff": worst_abs, "differing_elements": differing, "outside": outside,
-            "max_excess": max_excess, "first_outside_tensor": first_outside}
+    return res.PrefixComparison(verdict=_comparison_verdict(first, outside), byte_exact=first is None,
+                                first_differing_tensor=first, max_abs_diff=worst_abs, differing_elements=differing,
+                                outside=outside, max_excess=max_excess, first_outside_tensor=first_outside)
 
 
-def _comparison_verdict(first_differing: str | None, outside: int) -> str:
+def _comparison_verdict(first_differing: str | None, outside: int) -> res.Verdict:
     return "byte-exact" if first_differing is None else "consistent" if outside == 0 else "inconsistent"
 
 
-def graft_verdict(under: dict[str, Any], against: dict[str, Any]) -> str:
+def graft_verdict(under: res.PrefixComparison, against: res.PrefixComparison) -> res.Verdict:
     """The graft's verdict from its two comparisons: the recorded schedule's is its claim; a difference from
     the prefix alone inside that noise bound is the schedule's, one outside it is not the prefix's computation.
     The same function judges a fresh graft and re-judges one read back from a journal."""
-    return worst([under["verdict"], "inconsistent" if against["verdict"] == "inconsistent" else "byte-exact"])
+    return worst([under.verdict, "inconsistent" if against.verdict == "inconsistent" else "byte-exact"])
 
 
 def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: LoadedModel,
-                 schedule: Schedule | None = None) -> dict[str, Any]:
+                 schedule: Schedule | None = None) -> res.PrefixGraft:
     """Judge a graft of `entry`'s first n tokens (module docstring), under the conditions in force.
 
     `schedule`: the prefill schedule to recompute with (default: the recorded one).
@@ -114,21 +117,18 @@ def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: Lo
     under = _compare(rows, fresh_whole, n, measured("whole", ids, fresh_whole))
     against = _compare(rows, fresh_alone, n, measured("alone", ids[:n], fresh_alone))
     verdict = graft_verdict(under, against)
-    return {
-        "entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(recorded_schedule),
-        "rows": prefix_rows(recorded_schedule, n, int(entry["num_tokens"])),
-        "sliding_layers_every_position": sorted(every),
-        "verdict": verdict, "byte_exact": under["byte_exact"],
-        "under_recorded_schedule": under,
-        "against_prefix_alone": against,
-        "noise_bounds": {k: e.as_dict() for k, e in bounds.items()},
-    }
+    return res.PrefixGraft(
+        entry=entry["id"], tokens=n, of=entry["num_tokens"], schedule=dict(recorded_schedule),
+        rows=prefix_rows(recorded_schedule, n, int(entry["num_tokens"])), sliding_layers_every_position=sorted(every),
+        verdict=verdict, byte_exact=under.byte_exact, under_recorded_schedule=under, against_prefix_alone=against,
+        noise_bounds={k: e.record() for k, e in bounds.items()})
 
 
 def prefix_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, tokens: int,
                 schedule: Schedule | None = None) -> dict[str, Any]:
-    """`judge_prefix` as an executor work unit (kvgraft.execution.executor): (model, verified release, entry) → result."""
-    return judge_prefix(checked, entry, tokens, lm, schedule)
+    """`judge_prefix` as an executor work unit (kvgraft.execution.executor): (model, verified release, entry) → its
+    result as JSON (an executor adds its placement, a journal records it, Ray ships it)."""
+    return judge_prefix(checked, entry, tokens, lm, schedule).model_dump(exclude_unset=True)
 
 
 def check_tokens(tokens: int) -> None:
@@ -137,13 +137,14 @@ def check_tokens(tokens: int) -> None:
 
 
 def audit_prefix(checked: VerifiedRelease, entry_id: str, n: int, lm: LoadedModel, *,
-                 force: bool = False) -> dict[str, Any]:
-    """Judge a graft of entry `entry_id`'s first n tokens under the recorded conditions (module docstring)."""
+                 force: bool = False) -> dict[str, JsonValue]:
+    """Judge a graft of entry `entry_id`'s first n tokens under the recorded conditions (module docstring), as JSON,
+    with whether the model was forced."""
     forced = check_model(checked, lm, force=force)
     entry = checked.release.entry(entry_id)
     with reapply.applied(lm, checked.manifest["environment"], {}):
         result = judge_prefix(checked, entry, n, lm)
-    return {**result, "forced_model": forced}
+    return {**result.model_dump(exclude_unset=True), "forced_model": forced}
 
 
 def unit_id(tokens: int, entry_id: str) -> Unit:
@@ -151,7 +152,7 @@ def unit_id(tokens: int, entry_id: str) -> Unit:
     return ("prefix", tokens, entry_id)
 
 
-def resumed_problem(entry: dict[str, Any], tokens: int, schedule: dict[str, Any], result: Any) -> str | None:
+def resumed_problem(entry: dict[str, Any], tokens: int, schedule: JsonObject, result: JsonValue) -> str | None:
     """Why `result`, read back from a journal, cannot stand for the graft of `entry`'s first `tokens` tokens
     (None: it can). As recompute.audit.resumed_problem: a whole graft result (the schema), of this entry,
     these tokens and this recorded schedule, whose verdicts are the ones its own comparisons give."""
@@ -159,31 +160,30 @@ def resumed_problem(entry: dict[str, Any], tokens: int, schedule: dict[str, Any]
     from kvgraft.schema import validate_part
 
     try:
-        validate_part(result, "recompute-result.v1.json", "properties/prefix_grafts/properties/entries/items", "result")
+        validate_part(result, "recompute-result.v1.json", "$defs/PrefixGraft", "result")
     except SchemaError as exc:
         return str(exc)
-    if (result["entry"], result["tokens"], result["of"]) != (entry["id"], tokens, entry["num_tokens"]):
-        return (f"graft of {result['tokens']} of {result['entry']!r}'s {result['of']} tokens, not of this entry's "
-                f"first {tokens}")
-    if result["schedule"] != schedule or result["rows"] != prefix_rows(schedule, tokens, int(entry["num_tokens"])):
+    got = res.PrefixGraft.model_validate(result)
+    if (got.entry, got.tokens, got.of) != (entry["id"], tokens, entry["num_tokens"]):
+        return f"graft of {got.tokens} of {got.entry!r}'s {got.of} tokens, not of this entry's first {tokens}"
+    if got.schedule != schedule or got.rows != prefix_rows(schedule, tokens, int(entry["num_tokens"])):
         return "its schedule or rows are not the recorded ones"
-    if result.get("sliding_layers_every_position") != sorted(every_position_layers(entry)):
+    if got.sliding_layers_every_position != sorted(every_position_layers(entry)):
         return "its sliding layers are not the entry's"
-    for part in ("under_recorded_schedule", "against_prefix_alone"):
-        c = result[part]
-        first, outside = c["first_differing_tensor"], c["outside"]
-        if (c["verdict"] != _comparison_verdict(first, outside) or c["byte_exact"] != (first is None)
-                or (c.get("first_outside_tensor") is None) != (outside == 0)):
-            return f"its {part} verdict ({c['verdict']}) is not what its comparison gives"
-    under = result["under_recorded_schedule"]
-    if result["verdict"] != graft_verdict(under, result["against_prefix_alone"]) \
-            or result["byte_exact"] != under["byte_exact"]:
-        return f"its verdict ({result['verdict']}) is not what its comparisons give"
+    for part, c in (("under_recorded_schedule", got.under_recorded_schedule),
+                    ("against_prefix_alone", got.against_prefix_alone)):
+        first, outside = c.first_differing_tensor, c.outside
+        if (c.verdict != _comparison_verdict(first, outside) or c.byte_exact != (first is None)
+                or (c.first_outside_tensor is None) != (outside == 0)):
+            return f"its {part} verdict ({c.verdict}) is not what its comparison gives"
+    under = got.under_recorded_schedule
+    if got.verdict != graft_verdict(under, got.against_prefix_alone) or got.byte_exact != under.byte_exact:
+        return f"its verdict ({got.verdict}) is not what its comparisons give"
     return None
 
 
 def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
-                  schedule: Schedule | None, journal: Journal | None = None) -> dict[str, Any]:
+                  schedule: Schedule | None, journal: Journal | None = None) -> res.PrefixGrafts:
     """Each chosen entry's prefix graft of `tokens` tokens judged (`judge_prefix`) on the executor; an
     entry no longer than that, or with a layer that does not hold every position, is listed as skipped.
     With `journal`, a graft it holds is read back, not judged again, and each one judged is recorded as it lands."""
@@ -192,7 +192,7 @@ def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chose
         why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
             else prefix_refusal(e)
         if why:
-            skipped.append({"entry": e["id"], "reason": why})
+            skipped.append(res.Skipped(entry=e["id"], reason=why))
         else:
             todo.append(e)
     done = journal.done if journal is not None else {}
@@ -211,7 +211,8 @@ def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chose
             r = done[unit_id(tokens, e["id"])]
             r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
             by_id[str(e["id"])] = r
-    return {"tokens": tokens, "entries": [by_id[str(e["id"])] for e in todo], "skipped": skipped}
+    return res.PrefixGrafts(tokens=tokens, entries=[res.PrefixGraft.model_validate(by_id[str(e["id"])]) for e in todo],
+                            skipped=skipped)
 
 
 def audit(checked: VerifiedRelease, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,

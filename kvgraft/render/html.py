@@ -7,9 +7,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kvgraft.render.shapes import Accuracy, Entries
+from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import pct
 from kvgraft.render.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
+from kvgraft.results.recompute import RecomputeData
 
 HTML_COLOR = {
     "passed": "#1b7f3b", "supported": "#1b7f3b", "consistent": "#1b7f3b",
@@ -40,7 +41,7 @@ def table(headers: list[str], rows: list[list[str]], num: Iterable[int] = ()) ->
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def heatmap_svg(data: Entries) -> str:
+def heatmap_svg(data: RecomputeData) -> str:
     m = heatmap_model(data)
     if not m["rows"] or not m["layers"]:
         return '<p class="muted">(no per-layer data)</p>'

@@ -8,13 +8,14 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.render.shapes import Accuracy, Entries
+from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
 from kvgraft.render.views import HEAT, acc_interval, heatmap_model
 from kvgraft.results.claims import ClaimVerdict, ShownFinding
+from kvgraft.results.recompute import RecomputeData
 
 
-def heatmap_text(data: Entries, columns: int = 80) -> RenderableType:
+def heatmap_text(data: RecomputeData, columns: int = 80) -> RenderableType:
     """Rows: entries, columns: layers. Ids that leave no room for the layers go on a line of their own."""
     m = heatmap_model(data)
     if not m["rows"] or not m["layers"]:

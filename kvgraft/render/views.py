@@ -8,16 +8,12 @@ from __future__ import annotations
 import math
 from typing import NotRequired, TypedDict
 
-from kvgraft.render.shapes import (
-    Accuracy,
-    Entries,
-    Layer,
-    RecomputeEntry,
-)
+from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import num as _num
 from kvgraft.results.claims import ClaimsData
 from kvgraft.results.controls import ControlsData
 from kvgraft.results.determinism import Condition, DeterminismData
+from kvgraft.results.recompute import EntryData, LayerData, RecomputeData
 from kvgraft.results.verify import VerifyData
 
 # Heat-map palette, low to high divergence.
@@ -90,36 +86,36 @@ class ByteClassView(TypedDict):
     rows: list[ClassCells]
 
 
-def _layer_cell(layer: Layer) -> Cell:
-    """Merge a layer's K and V diffs (kvgraft.recompute.compare.TensorDiff dicts): identical, differing, max ULP, max abs."""
-    parts = [p for p in (layer.get("keys"), layer.get("values")) if p is not None]
-    differing = sum(p["differing"] for p in parts)
+def _layer_cell(layer: LayerData) -> Cell:
+    """Merge a layer's K and V diffs (kvgraft.recompute.compare.TensorDiff): identical, differing, max ULP, max abs."""
+    parts = [p for p in (layer.keys, layer.values) if p is not None]
+    differing = sum(p.differing for p in parts)
     # A ULP figure only where some differing element had one (finite same-sign normals: kvgraft.recompute.compare); reports
     # from before `ulp_pairs` counted every element.
-    ulps = [u for p in parts if (u := p.get("max_ulp")) is not None and p.get("ulp_pairs", 1) > 0]
-    pairs = [p.get("ulp_pairs", p["differing"]) for p in parts]
-    absd = [float(a) for p in parts if (a := p.get("max_abs")) is not None]
-    rel = [r for p in parts if (r := p.get("max_rel")) is not None]
-    known = bool(parts) and "layout_mismatch" not in layer
-    identical = known and all(p["equal"] for p in parts)
-    mismatch = layer.get("layout_mismatch") or next((m for p in parts if (m := p.get("shape_mismatch"))), None)
-    return {"index": layer["index"], "kind": layer.get("kind"), "known": known, "identical": identical,
+    ulps = [p.max_ulp for p in parts if p.max_ulp is not None and (p.ulp_pairs is None or p.ulp_pairs > 0)]
+    pairs = [p.differing if p.ulp_pairs is None else p.ulp_pairs for p in parts]
+    absd = [float(p.max_abs) for p in parts if p.max_abs is not None]
+    rel = [p.max_rel for p in parts if p.max_rel is not None]
+    known = bool(parts) and layer.layout_mismatch is None
+    identical = known and all(p.equal for p in parts)
+    mismatch = layer.layout_mismatch or next((p.shape_mismatch for p in parts if p.shape_mismatch), None)
+    return {"index": layer.index, "kind": layer.kind, "known": known, "identical": identical,
             "differing": differing, "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
             "max_rel": max(rel) if rel else None, "ulp_pairs": sum(pairs), "mismatch": mismatch}
 
 
-def heatmap_model(data: Entries) -> Heatmap:
+def heatmap_model(data: RecomputeData) -> Heatmap:
     """Rows = entries, columns = layers; each cell's level 0..len(HEAT)-1 by log10 of max ULP (else max abs diff)."""
-    entries = data["entries"]
+    entries = data.entries
     n_layers = 0
     rows: list[HeatRow] = []
     for e in entries[:MAX_HEAT_ROWS]:
         cells: dict[int, Cell] = {}
-        for layer in e["layers"]:
-            if layer["index"] < MAX_HEAT_LAYERS:
-                cells[layer["index"]] = _layer_cell(layer)
-                n_layers = max(n_layers, layer["index"] + 1)
-        rows.append({"id": e["id"], "cells": cells, "byte_exact": e["byte_exact"]})
+        for layer in e.layers:
+            if layer.index < MAX_HEAT_LAYERS:
+                cells[layer.index] = _layer_cell(layer)
+                n_layers = max(n_layers, layer.index + 1)
+        rows.append({"id": e.id, "cells": cells, "byte_exact": e.byte_exact})
     # ULP digits only when every differing element of every cell has a ULP distance that means something.
     diffs = [c for r in rows for c in r["cells"].values() if c["differing"]]
     metric = "ulp" if diffs and all(c["max_ulp"] and c["ulp_pairs"] == c["differing"] for c in diffs) else "abs"
@@ -163,39 +159,39 @@ def cell_text(c: Cell) -> str:
     return ", ".join(parts)
 
 
-def recompute_rows(data: Entries) -> list[Row]:
+def recompute_rows(data: RecomputeData) -> list[Row]:
     """One summary per entry of a recompute check: the table both renderings show."""
     out: list[Row] = []
-    for e in data["entries"]:
-        cells = [_layer_cell(x) for x in e["layers"]]
+    for e in data.entries:
+        cells = [_layer_cell(x) for x in e.layers]
         ulps = [x["max_ulp"] for x in cells if x["max_ulp"] is not None]
         absd = [x["max_abs"] for x in cells if x["max_abs"] is not None]
         rel = [x["max_rel"] for x in cells if x["max_rel"] is not None]
-        verdict = e.get("verdict") or ("byte-exact" if e["byte_exact"] else "differs")
-        out.append({"id": e["id"], "tokens": e.get("num_tokens"), "exact": e["byte_exact"],
-                    "verdict": verdict, "excess": e.get("max_excess"),
+        verdict = e.verdict or ("byte-exact" if e.byte_exact else "differs")
+        out.append({"id": e.id, "tokens": e.num_tokens, "exact": e.byte_exact,
+                    "verdict": verdict, "excess": e.max_excess,
                     "differing_layers": sum(1 for x in cells if not x["identical"] and (x["known"] or x["mismatch"])),
                     "layers": len(cells), "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
                     "max_rel": max(rel) if rel else None,
-                    "first": _first_difference(e), "kl": e.get("matched", {}).get("kl_max"),
-                    "kl_natural": e.get("natural", {}).get("kl_max")})
+                    "first": _first_difference(e), "kl": e.matched.kl_max if e.matched is not None else None,
+                    "kl_natural": e.natural.kl_max if e.natural is not None else None})
     return out
 
 
-def _first_difference(entry: RecomputeEntry) -> str:
-    fd = entry.get("first_difference")
+def _first_difference(entry: EntryData) -> str:
+    fd = entry.first_difference
     if fd is None:
         return "-"
-    where = f"layer {fd.get('layer')}"
-    if fd.get("tensor"):
-        where += f" {fd['tensor']}"
-    loc = fd.get("location")
+    where = f"layer {fd.layer}"
+    if fd.tensor:
+        where += f" {fd.tensor}"
+    loc = fd.location
     if loc is not None and len(loc) == 4:
         where += f" pos {loc[2]} (head {loc[1]}, dim {loc[3]})"
     elif loc:
         where += f" at {loc}"
-    if fd.get("detail"):
-        where += f": {fd['detail']}"
+    if fd.detail:
+        where += f": {fd.detail}"
     return where
 
 def determinism_model(data: DeterminismData) -> ByteClassView:

@@ -330,11 +330,11 @@ def test_a_tensor_stored_in_another_shape_is_inconsistent(tiny_lm: Callable[[str
     rel = verified(tmp_path / "rel", SignatureNotChecked())
     fresh, _ = prefill(lm, entry["token_ids"], Schedule())
     rows = recompute.compare_layers(rel, rel.release.entry("s"), lm, fresh)
-    assert sum(not r[p]["equal"] for r in rows for p in ("keys", "values")) == 1
+    assert sum(not t.equal for r in rows for t in (r.keys, r.values) if t is not None) == 1
     verdict, outside = recompute.classify(rows)
     assert verdict == "inconsistent"
     n = entry["num_tokens"]
-    assert outside is not None and outside["layers"] == [1] and outside["shape"] == [
+    assert outside is not None and outside.layers == [1] and outside.shape == [
         f"layer 1 keys: stored [1, 2, {n}, 4] torch.float32, fresh [1, 2, {n}, 8] torch.float32"]
 
 

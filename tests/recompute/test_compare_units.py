@@ -10,6 +10,7 @@ import torch
 from kvgraft.audit.checks import KINDS
 from kvgraft.recompute.compare import diff_tensors, max_relative, max_ulp, ulp_comparable, ulp_distance
 from kvgraft.render.views import heatmap_model, recompute_rows
+from kvgraft.results.recompute import RecomputeData, TensorDiff
 
 
 def steps(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -52,17 +53,17 @@ def test_bfloat16_and_float16_too() -> None:
         assert (d.differing, d.ulp_pairs, d.max_ulp) == (2, 1, 1), dtype
 
 
-def _entry(diff: dict[str, Any]) -> dict[str, Any]:
+def _entry(diff: TensorDiff) -> dict[str, Any]:
     return {"id": "e0", "num_tokens": 8, "byte_exact": False, "verdict": "consistent", "max_excess": 0.02,
-            "layers": [{"index": 0, "kind": "full", "keys": diff, "values": {"equal": True, "differing": 0}}],
+            "layers": [{"index": 0, "kind": "full", "keys": diff.model_dump(), "values": {"equal": True, "differing": 0}}],
             "first_difference": {"layer": 0, "tensor": "keys", "location": [0, 0, 3, 1]}}
 
 
 def test_face_and_tables_use_absolute_and_relative_where_ulp_means_nothing() -> None:
     stored = torch.tensor([[[[-3.0e-5, 1.0]]]])
     fresh = torch.tensor([[[[4.8e-5, 1.0]]]])
-    diff = diff_tensors(stored, fresh).as_dict()
-    data = {"entries": [_entry(diff)], "verdict": "consistent"}
+    diff = diff_tensors(stored, fresh).record()
+    data = RecomputeData.model_validate({"entries": [_entry(diff)], "verdict": "consistent"})
     row = recompute_rows(data)[0]
     assert row["max_ulp"] is None and row["max_rel"] is not None  # no ULP figure for a pair across zero
     figures = " ".join(KINDS["recompute"].face(data).figures)
@@ -70,10 +71,10 @@ def test_face_and_tables_use_absolute_and_relative_where_ulp_means_nothing() -> 
     assert "ULP" not in figures
     assert heatmap_model(data)["metric"] == "abs"
     # A same-sign normal difference keeps its ULP figure, in the face and the heat map.
-    ok = diff_tensors(torch.tensor([[[[1.0, 2.0]]]]), steps(torch.tensor([[[[1.0, 2.0]]]]), 3)).as_dict()
-    data = {"entries": [_entry(ok)], "verdict": "consistent"}
+    ok = diff_tensors(torch.tensor([[[[1.0, 2.0]]]]), steps(torch.tensor([[[[1.0, 2.0]]]]), 3)).record()
+    data = RecomputeData.model_validate({"entries": [_entry(ok)], "verdict": "consistent"})
     assert "3 ULP between same-sign normal values" in " ".join(KINDS["recompute"].face(data).figures)
     assert heatmap_model(data)["metric"] == "ulp"
     # Mixed: one cell with no ULP figure draws the whole heat map by absolute difference.
-    mixed = {"entries": [_entry(ok), {**_entry(diff), "id": "e1"}], "verdict": "consistent"}
+    mixed = RecomputeData.model_validate({"entries": [_entry(ok), {**_entry(diff), "id": "e1"}], "verdict": "consistent"})
     assert heatmap_model(mixed)["metric"] == "abs"

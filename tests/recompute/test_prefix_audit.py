@@ -21,6 +21,7 @@ from kvgraft.cli import app
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import prefix as prefix_audit
 from kvgraft.release.format import Release
+from kvgraft.results.recompute import PrefixComparison, PrefixGraft
 from kvgraft.signing.policy import SignatureNotChecked
 from kvgraft.signing.verify import verified
 
@@ -150,10 +151,10 @@ def test_outside_the_prefix_alone_noise_bound_fails_the_release(tiny_lm: Any, tm
     real = prefix_audit._compare
     calls: list[int] = []
 
-    def second_outside(*a: Any) -> dict[str, Any]:
+    def second_outside(*a: Any) -> PrefixComparison:
         calls.append(1)
         r = real(*a)
-        return {**r, "verdict": "inconsistent"} if len(calls) == 2 else r
+        return r.model_copy(update={"verdict": "inconsistent"}) if len(calls) == 2 else r
 
     monkeypatch.setattr(prefix_audit, "_compare", second_outside)
     result = prefix_audit.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16)
@@ -187,7 +188,7 @@ REAL_JUDGE = prefix_audit.judge_prefix
 
 def _counted(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: int | None = None) -> None:
     """judge_prefix counted per entry; with `stop_at`, Ctrl-C as that call starts (the grafts before it landed)."""
-    def counted(rel: Any, entry: dict[str, Any], *a: Any, **k: Any) -> dict[str, Any]:
+    def counted(rel: Any, entry: dict[str, Any], *a: Any, **k: Any) -> PrefixGraft:
         calls.append(entry["id"])
         if stop_at is not None and len(calls) == stop_at:
             raise Interrupt

@@ -20,7 +20,9 @@ from kvgraft.inference.reapply import Conditions
 from kvgraft.inference.runtime import Schedule, attention
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import noise
+from kvgraft.recompute.compare import Judged
 from kvgraft.recompute.noise import FACTOR, Judgement, NoiseBound, judge, worst
+from kvgraft.results.recompute import LayerResult, TensorDiff, WorstValues
 
 # --------------------------------------------------------------------------- noise.judge / worst / allowed
 
@@ -85,7 +87,7 @@ def test_noise_bound_allowed_is_factor_times_noise_or_one_ulp() -> None:
     assert a[0, 0, 0, 0].item() == 64.0 * max(1e-3, 4.0 * eps)  # the noise: above the row's ulp
     assert a[0, 0, 1, 0].item() == 64.0 * 0.5 * eps  # no noise: one ulp of the row's largest |value|
     assert NoiseBound({"k": noise}, factor=2.0).allowed("k", fresh)[0, 0, 1, 0].item() == 2.0 * 0.5 * eps
-    assert env.as_dict() == {"factor": 64.0, "perturbations": [], "seconds": 0.0, "reused": False}
+    assert env.record().model_dump() == {"factor": 64.0, "perturbations": [], "seconds": 0.0, "reused": False}
 
 
 class _FakeModel:
@@ -129,19 +131,20 @@ def test_perturbations_and_calibrate_on_the_tiny_model(tiny_lm: Callable[[str], 
     ref = layer_map(lm, prefill(lm, ids, Schedule())[0])[1]
     only = {"eager attention", "float64 (higher precision)"}
     env = noise.calibrate(lm, ids, Schedule(), ref, only=only)
-    assert [r["name"] for r in env.runs] == ["float64 (higher precision)", "eager attention"]
+    assert [r.name for r in env.runs] == ["float64 (higher precision)", "eager attention"]
     assert not env.reused and env.seconds > 0 and set(env.noise) == set(ref)
     for name, t in ref.items():
         assert env.noise[name].shape == (*t.shape[:-1], 1) and env.noise[name].dtype == torch.float64
         assert bool((env.noise[name] >= 0).all())
     assert any(bool((n > 0).any()) for n in env.noise.values())  # float64 differs from float32 somewhere
     for r in env.runs:
-        assert set(r) == {"name", "seconds", "tensors_differing", "max_abs"} and r["max_abs"] >= 0
+        assert set(r.model_dump(exclude_unset=True)) == {"name", "seconds", "tensors_differing", "max_abs"}
+        assert r.max_abs >= 0
     again = noise.calibrate(lm, ids, Schedule(), ref, only=only)
     assert again.reused and again.seconds == 0.0 and again.runs == env.runs
     skipped = noise.calibrate(lm, ids, Schedule(), ref, skip={"eager attention", "1 thread", "2 threads",
                                                                  "chunks of 10", "row 0 of a left-padded batch of 4"})
-    assert [r["name"] for r in skipped.runs] == ["float64 (higher precision)"] and not skipped.reused
+    assert [r.name for r in skipped.runs] == ["float64 (higher precision)"] and not skipped.reused
     other = {k: v.clone() for k, v in ref.items()}
     first = next(iter(other))
     other[first].view(-1)[0] += 1.0  # other reference bytes: measured again
@@ -185,12 +188,11 @@ def test_perturbations_keep_every_position_of_the_sliding_layers_the_entry_store
 
 def test_judged_row_positions_are_absolute() -> None:
     """A judged tensor's locations, (batch, head, position, dim), shifted by the stored rows' first position."""
-    j = Judgement(2, 3.5, [0, 1, 2, 3], [0, 0, 1, 7], {"stored": 1.0})
-    assert recompute._judged(j, 10) == {"outside": 2, "max_excess": 3.5, "worst": [0, 1, 12, 3],
-                                        "first_outside": [0, 0, 11, 7], "worst_values": {"stored": 1.0}}
-    assert recompute._judged(Judgement(0, 0.0, None, None, None), 10) == {
-        "outside": 0, "max_excess": 0.0, "worst": None, "first_outside": None, "worst_values": None}
-    assert recompute._judged(Judgement(1, 2.0, [4, 5], None, None), 10)["worst"] == [4, 5]  # not a row: as given
+    values = {"stored": 1.0, "fresh": 1.5, "abs_diff": 0.5, "allowed": 0.25}
+    j = Judgement(2, 3.5, [0, 1, 2, 3], [0, 0, 1, 7], values)
+    assert recompute._judged(j, 10) == Judged(2, 3.5, [0, 1, 12, 3], [0, 0, 11, 7], WorstValues(**values))
+    assert recompute._judged(Judgement(0, 0.0, None, None, None), 10) == Judged(0, 0.0, None, None, None)
+    assert recompute._judged(Judgement(1, 2.0, [4, 5], None, None), 10).worst == [4, 5]  # not a row: as given
 
 
 def test_prefix_statement_whole() -> None:
@@ -264,9 +266,9 @@ def test_a_calibration_is_reused_only_for_the_same_choice_of_perturbations(tiny_
     other = "eager attention" if lm.attn != "eager" else "sdpa attention"
     one = noise.calibrate(lm, ids, Schedule(), reference, only={other})
     every = noise.calibrate(lm, ids, Schedule(), reference)
-    assert [r["name"] for r in one.runs] == [other] and not every.reused and len(every.runs) > 1
+    assert [r.name for r in one.runs] == [other] and not every.reused and len(every.runs) > 1
     again = noise.calibrate(lm, ids, Schedule(), reference)  # the control: the same question, answered once
-    assert again.reused and [r["name"] for r in again.runs] == [r["name"] for r in every.runs]
+    assert again.reused and [r.name for r in again.runs] == [r.name for r in every.runs]
 
 
 def test_the_schedule_perturbations_rerun_one_shot_or_in_chunks_as_they_say(tiny_lm: Callable[[str], Any]) -> None:
@@ -298,8 +300,8 @@ def test_a_benign_rerun_that_overflows_or_gives_nan_adds_no_noise(monkeypatch: p
     monkeypatch.setattr(noise, "perturbations", lambda *a, **k: [("overflow", lambda: {"layer0.keys": bad})])
     bound = noise._measure(None, [1, 2, 3], Schedule(), ref, None, None)  # type: ignore[arg-type]
     assert bound.noise["layer0.keys"].flatten().tolist() == [0.0, 0.0, 0.25]
-    assert bound.runs[0]["name"] == "overflow" and bound.runs[0]["max_abs"] == 0.25
-    assert bound.runs[0]["tensors_differing"] == 1
+    assert bound.runs[0].name == "overflow" and bound.runs[0].max_abs == 0.25
+    assert bound.runs[0].tensors_differing == 1
 
 
 def test_measure_counts_the_tensors_each_rerun_changes_and_refuses_another_shape(
@@ -309,7 +311,7 @@ def test_measure_counts_the_tensors_each_rerun_changes_and_refuses_another_shape
     runs = [("same", lambda: dict(ref)), ("two differ", lambda: small)]
     monkeypatch.setattr(noise, "perturbations", lambda *a, **k: runs)
     bound = noise._measure(None, [1, 2], Schedule(), ref, None, None)  # type: ignore[arg-type]
-    assert [(r["name"], r["tensors_differing"], r["max_abs"]) for r in bound.runs] == [
+    assert [(r.name, r.tensors_differing, r.max_abs) for r in bound.runs] == [
         ("same", 0, 0.0), ("two differ", 2, 3.0)]
     runs[:] = [("cut", lambda: {**ref, "b": torch.zeros(1, 1, 1, 2)})]
     with pytest.raises(ValueError) as info:
@@ -362,19 +364,25 @@ def test_on_a_gpu_the_perturbations_add_the_same_run_with_matmul_precision_switc
 
 
 def test_first_difference_names_the_first_differing_row() -> None:
-    d = {"equal": False, "first": [0, 1, 2, 3], "max_ulp": 4, "max_abs": 0.5, "shape_mismatch": None}
-    rows = [{"index": 0, "keys": {"equal": True}, "values": {"equal": True}},
-            {"index": 1, "keys": {"equal": True}, "values": d},
-            {"index": 2, "layout_mismatch": "later"}]
-    assert recompute._first_difference(rows) == {"layer": 1, "tensor": "values", "location": [0, 1, 2, 3],
-                                                 "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
-                                                 "max_ulp": 4, "max_abs": 0.5, "detail": None}
-    assert recompute._first_difference([{"index": 5, "layout_mismatch": "stored 2 positions, expected 4"}, rows[1]]) == {
+    d = _t(False, first=[0, 1, 2, 3], max_ulp=4, max_abs=0.5, shape_mismatch=None)
+
+    def first(rows: list[LayerResult]) -> dict[str, Any] | None:
+        found = recompute._first_difference(rows)
+        return None if found is None else found.model_dump(exclude_unset=True)
+
+    rows = [_row(0, keys=_t(), values=_t()), _row(1, keys=_t(), values=d), _row(2, layout_mismatch="later")]
+    assert first(rows) == {"layer": 1, "tensor": "values", "location": [0, 1, 2, 3],
+                           "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
+                           "max_ulp": 4, "max_abs": 0.5, "detail": None}
+    assert first([_row(5, layout_mismatch="stored 2 positions, expected 4"), rows[1]]) == {
         "layer": 5, "tensor": None, "detail": "stored 2 positions, expected 4"}
-    assert recompute._first_difference(rows[:1]) is None
-    assert recompute._first_difference([{"index": 4, "keys": d, "values": d}]) == {
+    assert first(rows[:1]) is None
+    assert first([_row(4, keys=d, values=d)]) == {
         "layer": 4, "tensor": "keys", "location": [0, 1, 2, 3], "named": {"batch": 0, "head": 1, "position": 2, "dim": 3},
         "max_ulp": 4, "max_abs": 0.5, "detail": None}
+    # a comparison read back without shape_mismatch (a fresh one states it, null or not) is no comparison
+    with pytest.raises(ValueError, match="compared without shape_mismatch"):
+        recompute._first_difference([_row(4, keys=_t(False, first=[0, 1, 2, 3], max_ulp=4, max_abs=0.5))])
 
 
 def test_switched_matmul_flips_each_reduced_precision_flag_for_one_run_and_restores_them() -> None:
@@ -522,23 +530,33 @@ def test_describe_and_summary() -> None:
 # --------------------------------------------------------------------------- recompute's verdict
 
 
-def _t(equal: bool = True, **kw: Any) -> dict[str, Any]:
-    return {"equal": equal, **kw}
+def _t(equal: bool = True, **kw: Any) -> TensorDiff:
+    """A comparison holding only the members given (as a journal's might)."""
+    return TensorDiff.model_construct(equal=equal, **kw)
+
+
+def _row(index: int, **kw: Any) -> LayerResult:
+    return LayerResult.model_construct(index=index, **kw)
+
+
+def _classify(rows: list[LayerResult]) -> tuple[str, dict[str, Any] | None]:
+    verdict, outside = recompute.classify(rows)
+    return verdict, None if outside is None else outside.model_dump(exclude_unset=True)
 
 
 def test_classify_every_case() -> None:
-    assert recompute.classify([{"index": 0, "keys": _t(), "values": _t()}]) == ("byte-exact", None)
-    assert recompute.classify([]) == ("byte-exact", None)
+    assert _classify([_row(0, keys=_t(), values=_t())]) == ("byte-exact", None)
+    assert _classify([]) == ("byte-exact", None)
     inside = _t(False, outside=0, max_excess=0.5)
-    assert recompute.classify([{"index": 0, "keys": _t(), "values": inside}]) == ("consistent", None)
-    assert recompute.classify([{"index": 0, "layout_mismatch": "m"}])[0] == "inconsistent"
-    a = _t(False, outside=2, max_excess=3.0, first_outside=[0, 1, 2, 3], worst=[0, 1, 4, 5],
-           worst_values={"abs_diff": 1.0})
+    assert _classify([_row(0, keys=_t(), values=inside)]) == ("consistent", None)
+    assert _classify([_row(0, layout_mismatch="m")])[0] == "inconsistent"
+    values = WorstValues(stored=1.0, fresh=2.0, abs_diff=1.0, allowed=0.5)
+    a = _t(False, outside=2, max_excess=3.0, first_outside=[0, 1, 2, 3], worst=[0, 1, 4, 5], worst_values=values)
     b = _t(False, outside=5, max_excess=9.0, first_outside=[0, 0, 0, 0], worst=[0, 0, 1, 2], worst_values=None)
-    rows = [{"index": 0, "keys": _t(), "values": a}, {"index": 2, "keys": b, "values": _t()},
-            {"index": 3, "layout_mismatch": "layer 3 is absent"},
-            {"index": 4, "keys": _t(False, shape_mismatch="stored [1], fresh [2]"), "values": _t()}]
-    v, s = recompute.classify(rows)
+    rows = [_row(0, keys=_t(), values=a), _row(2, keys=b, values=_t()),
+            _row(3, layout_mismatch="layer 3 is absent"),
+            _row(4, keys=_t(False, shape_mismatch="stored [1], fresh [2]"), values=_t())]
+    v, s = _classify(rows)
     assert v == "inconsistent"
     assert s == {"elements": 7, "tensors": 3, "layers": [0, 2, 3, 4], "layout": ["layer 3: layer 3 is absent"],
                  "shape": ["layer 4 keys: stored [1], fresh [2]"],
@@ -547,13 +565,21 @@ def test_classify_every_case() -> None:
                            "excess": 9.0}}
     # the worst is the largest excess, wherever it lies (here in the lower layer, the first row)
     big = _t(False, outside=1, max_excess=50.0, first_outside=[0, 0, 0, 0], worst=[0, 1, 0, 0], worst_values=None)
-    _, s = recompute.classify([{"index": 0, "keys": big, "values": _t()}, {"index": 3, "keys": a, "values": _t()}])
+    _, s = _classify([_row(0, keys=big, values=_t()), _row(3, keys=a, values=_t())])
     assert s is not None and s["worst"] == {"layer": 0, "tensor": "keys", "batch": 0, "head": 1, "position": 0,
                                             "dim": 0, "excess": 50.0}
-    odd = _t(False, outside=1, max_excess=2.0, first_outside=[1, 2], worst=[1, 2], worst_values={"x": 1.0})
-    _, s = recompute.classify([{"index": 1, "values": odd}])
+    _, s = _classify([_row(0, keys=a, values=_t())])  # the worst element's values, where the judgement has them
+    assert s is not None and s["worst"] == {"layer": 0, "tensor": "keys", "batch": 0, "head": 1, "position": 4,
+                                            "dim": 5, "stored": 1.0, "fresh": 2.0, "abs_diff": 1.0, "allowed": 0.5,
+                                            "excess": 3.0}
+    odd = _t(False, outside=1, max_excess=2.0, first_outside=[1, 2], worst=[1, 2], worst_values=None)
+    _, s = _classify([_row(1, values=odd)])
     assert s is not None and s["first"] == {"layer": 1, "tensor": "values"}
-    assert s["worst"] == {"layer": 1, "tensor": "values", "x": 1.0, "excess": 2.0}
+    assert s["worst"] == {"layer": 1, "tensor": "values", "excess": 2.0}
+    # a judgement read back without one of its members (a fresh one states each) is no judgement
+    partial = _t(False, outside=1, max_excess=2.0, first_outside=[1, 2], worst=[1, 2])
+    with pytest.raises(ValueError, match="judged without worst_values"):
+        recompute.classify([_row(1, values=partial)])
 
 
 def _result(verdicts: list[str], *, require: str = "exact", passed: bool = True, **extra: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from kvgraft.generalization.stats import wilson_interval
 from kvgraft.render.terminal import interval_bar
 from kvgraft.render.views import HEAT, heatmap_model
 from kvgraft.report import document as rp
+from kvgraft.results.recompute import RecomputeData
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
@@ -123,7 +124,7 @@ def test_wilson_interval() -> None:
 
 
 def test_heatmap_model(example: dict[str, Any]) -> None:
-    m = heatmap_model(example["checks"][1]["data"])
+    m = heatmap_model(RecomputeData.model_validate(example["checks"][1]["data"]))
     assert m["layers"] == 30 and m["metric"] == "ulp" and len(m["rows"]) == 4
     identical = m["rows"][0]["cells"]
     assert all(c["identical"] and c["level"] is None for c in identical.values())
@@ -366,12 +367,12 @@ def test_html_in_headless_chromium(example: dict[str, Any], tmp_path: Path) -> N
 
 
 def test_heatmap_shared_and_mismatched_layers() -> None:
-    data = {"entries": [{"id": "e", "byte_exact": False, "layers": [
+    data = RecomputeData.model_validate({"entries": [{"id": "e", "byte_exact": False, "layers": [
         {"index": 0, "kind": "full", "keys": {"equal": True, "differing": 0}, "values": {"equal": True, "differing": 0}},
         {"index": 1, "kind": "shared"},
         {"index": 2, "kind": "full", "layout_mismatch": "stored sliding, fresh full"},
         {"index": 3, "kind": "full", "keys": {"equal": False, "differing": 5, "max_ulp": 3, "max_abs": 1e-6},
-         "values": {"equal": True, "differing": 0}}]}]}
+         "values": {"equal": True, "differing": 0}}]}]})
     console = Console(file=io.StringIO(), width=80, record=True)
     from kvgraft.render.html import heatmap_svg
     from kvgraft.render.terminal import heatmap_text

@@ -22,7 +22,7 @@ TYPED = [k for k in registry.BUILTIN if k.typed is not None]
 
 
 def test_the_small_kinds_are_typed() -> None:
-    assert [k.name for k in TYPED] == ["verify", "determinism", "controls", "claims"]
+    assert [k.name for k in TYPED] == ["verify", "recompute", "determinism", "controls", "claims"]
 
 
 @pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)
@@ -64,6 +64,19 @@ def _data(report: dict[str, Any], kind: str) -> dict[str, Any]:
     ("verify", lambda d: d["signature"].update(method=None), True),
     ("verify", lambda d: d.pop("ok"), False),
     ("verify", lambda d: d.update(unknown_member=1), True),  # a reader ignores what it does not know
+    ("recompute", lambda d: d["entries"][2]["layers"][0]["keys"].update(max_ulp=None), True),  # nullable in a report
+    ("recompute", lambda d: d["entries"][2]["layers"][0]["keys"].update(max_abs=-1.0), False),
+    ("recompute", lambda d: d["entries"][2]["layers"][0]["keys"].update(max_abs="Infinity"), True),
+    ("recompute", lambda d: d["entries"][2]["layers"][0]["keys"].pop("differing"), False),
+    ("recompute", lambda d: d["entries"][2].update(first_difference=None), True),
+    ("recompute", lambda d: d["entries"][2].update(verdict=None), False),  # optional: absent, or a string
+    ("recompute", lambda d: d["entries"][2].update(id=""), False),
+    ("recompute", lambda d: d["entries"][2].pop("layers"), False),
+    ("recompute", lambda d: d.update(verdict="close"), False),
+    ("recompute", lambda d: d.update(environment={"current": {"threads": None, "device": None}}), True),
+    ("recompute", lambda d: d.update(conditions={"replayed": [], "overridden": {}, "not_replayed": {}, "x": 1}), False),
+    ("recompute", lambda d: d.update(conditions={"replayed": [], "overridden": {}, "not_replayed": {"t": [1]}}), False),
+    ("recompute", lambda d: d.pop("entries"), False),
 ])
 def test_the_report_schema_takes_its_nulls_and_members_from_the_models(kind: str, edit: Any, valid: bool) -> None:
     report = _example()
@@ -110,3 +123,27 @@ def test_a_typed_kinds_renderers_read_attributes(kind: registry.CheckKind) -> No
              if (isinstance(n, ast.Attribute) and n.attr == "get" and isinstance(n.value, ast.Name) and n.value.id == "data")
              or (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "data")]
     assert not found, found
+
+
+def test_a_recompute_result_is_closed_and_its_signature_rule_kept() -> None:
+    """A recompute result with a member it does not name, or whose release signature says checked without a method
+    (or not checked with one), is refused; the same result without them is not."""
+    unchecked = {"checked": False, "method": None, "key_ids": [], "identity": None, "issuer": None,
+                 "signed_time": None, "reason": "no key given"}
+    result = {"kind": "kvgraft-recompute-result", "format_version": 1, "kvgraft_version": "0.1.0",
+              "release": {"path": "r/", "root_digest": "a" * 64},
+              "model": {"spec": "m", "identity": {"sha256": "b" * 64}, "release_identity": "b" * 64, "forced": False},
+              "schedule": {"chunk_tokens": None}, "environment": {"recorded": {}, "current": {}, "differences": {}},
+              "conditions": {"replayed": [], "overridden": {}, "not_replayed": {}}, "require": "exact", "entries": [],
+              "all_byte_exact": True, "verdict": "byte-exact", "passed": True, "statements": [],
+              "release_signature": unchecked, "status": "passed"}
+    validate(result, "recompute-result.v1.json", "result")
+    checked = {**unchecked, "checked": True, "method": "key", "key_ids": ["c" * 64], "reason": None}
+    validate({**result, "release_signature": checked}, "recompute-result.v1.json", "result")
+    for edit in (lambda r: r.update(extra=1), lambda r: r["release_signature"].update(method=None, checked=True),
+                 lambda r: r["release_signature"].update(method="key"), lambda r: r["release_signature"].update(x=1),
+                 lambda r: r.update(status="done"), lambda r: r.pop("conditions")):
+        bad = copy.deepcopy(result)
+        edit(bad)
+        with pytest.raises(SchemaError):
+            validate(bad, "recompute-result.v1.json", "result")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+import functools
+from typing import Any
 
 from rich.console import Console, RenderableType
 
@@ -11,89 +12,11 @@ from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
 from kvgraft.render.figures import Face
 from kvgraft.render.html import badge, esc, heatmap_svg, kv_html, table
-from kvgraft.render.shapes import Entries, RecomputeEntry
 from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import Row, recompute_rows
-
-
-# What the face, details and HTML read of a report check's `data`: a recompute result
-# (schemas/recompute-result.v1.json) or a subset of its members, as $defs/recompute of the report schema has it.
-class Sample(TypedDict):
-    method: str
-    weighting: str
-    root_digest: str
-    nonce: str
-    nonce_source: str  # given | drawn | journal
-    population: int
-    population_tokens: int
-    size: int
-    positions: list[int]
-    entries: list[str]
-
-
-class Bound(TypedDict):
-    confidence: float
-    failing: int
-    sampled: int
-    population: int
-    fail_means: str
-    max_failing_entries: int
-    max_failing_fraction: float
-    method: str
-    population_tokens: int
-    failing_sampled_tokens: int
-    max_failing_tokens: int
-    max_failing_token_fraction: float
-    token_method: str
-
-
-class Cost(TypedDict):
-    entries_recomputed: int
-    entries_resumed: int
-    resumed_from: NotRequired[str | None]
-    tokens_recomputed: int
-    tokens_resumed: int
-    wall_seconds: float
-    tokens_per_second: float | None
-    library_entries: int
-    library_tokens: int
-    projected_library_seconds: float | None
-    executor: str
-    workers: int
-
-
-class Current(TypedDict, total=False):
-    device: str | None
-    device_name: str | None
-    dtype: str | None
-    attn_implementation: str | None
-    threads: int | None
-
-
-class Environment(TypedDict, total=False):
-    current: Current
-
-
-class Conditions(TypedDict):
-    replayed: list[str]
-    overridden: dict[str, dict[str, object]]
-    not_replayed: dict[str, list[object]]
-
-
-class RecomputeData(Entries):
-    reference: NotRequired[str]
-    all_byte_exact: NotRequired[bool]
-    statements: NotRequired[list[str]]
-    verdict: NotRequired[str]
-    require: NotRequired[str]
-    passed: NotRequired[bool]
-    sample: NotRequired[Sample]
-    bound: NotRequired[Bound]
-    cost: NotRequired[Cost]
-    environment: NotRequired[Environment]
-    conditions: NotRequired[Conditions]
+from kvgraft.results.recompute import TYPED, Cost, EntryData, RecomputeData, RecomputeResult
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
@@ -126,17 +49,15 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
 
         # the plan's [executor] threads: an override of the record, recorded
         overrides = Conditions(threads=ctx.ex.fixed_threads()).overrides(ctx.release.manifest["environment"])
-    options: dict[str, Any] = {"entries": rc.get("entries") or None, "executor": ctx.ex,
-                               "require": rc.get("require", "exact"), "sample": sample, "nonce": rc.get("nonce"),
-                               "journal": journal, "overrides": overrides, "probe_text": rc.get("probe"),
-                               "force": rc.get("force", False), "schedule": rc.get("schedule"),
-                               "on_progress": rc.get("on_progress")}
-    if rc.get("prefix") is None:
-        result = recompute.audit(ctx.release, ctx.lm, **options)
-    else:  # the entries' prefix grafts too (checks.recompute.prefix)
+    audit = recompute.audit
+    if rc.get("prefix") is not None:  # the entries' prefix grafts too (checks.recompute.prefix)
         from kvgraft.recompute import prefix
 
-        result = prefix.audit(ctx.release, ctx.lm, prefix=int(rc["prefix"]), **options)
+        audit = functools.partial(prefix.audit, prefix=int(rc["prefix"]))
+    result = audit(ctx.release, ctx.lm, entries=rc.get("entries") or None, executor=ctx.ex,
+                   require=rc.get("require", "exact"), sample=sample, nonce=rc.get("nonce"), journal=journal,
+                   overrides=overrides, probe_text=rc.get("probe"), force=rc.get("force", False),
+                   schedule=rc.get("schedule"), on_progress=rc.get("on_progress"))
     if own_journal:
         journal.unlink(missing_ok=True)
     from kvgraft.signing.verify import signature_statement
@@ -161,10 +82,10 @@ def status(result: dict[str, Any]) -> str:
     return "passed" if result["passed"] else "failed"
 
 
-def _entry_verdicts(entries: list[RecomputeEntry]) -> str:
+def _entry_verdicts(entries: list[EntryData]) -> str:
     counts: dict[str, int] = {}
     for e in entries:
-        v = e.get("verdict") or ("byte-exact" if e["byte_exact"] else "differs")
+        v = e.verdict or ("byte-exact" if e.byte_exact else "differs")
         counts[v] = counts.get(v, 0) + 1
     if len(counts) == 1:
         return f"all {len(entries)} entries {next(iter(counts))}"
@@ -174,41 +95,39 @@ def _entry_verdicts(entries: list[RecomputeEntry]) -> str:
 def difference_size(row: Row) -> str:
     """How far apart stored and fresh are, in units that mean something for every value (views.recompute_rows):
     absolute and relative difference and the share of the noise bound; ULP only among same-sign normal values."""
-    parts = [f"max |diff| {num(row.get('max_abs'))}"]
-    if row.get("max_rel") is not None:
+    parts = [f"max |diff| {num(row['max_abs'])}"]
+    if row["max_rel"] is not None:
         parts.append(f"relative {num(row['max_rel'])}")
-    if row.get("excess"):
+    if row["excess"]:
         parts.append(f"{num(row['excess'])}x the noise bound")
-    if row.get("max_ulp"):
+    if row["max_ulp"]:
         parts.append(f"{num(row['max_ulp'])} ULP between same-sign normal values")
     return ", ".join(parts)
 
 
 def _resumed_from(data: RecomputeData) -> str | None:
-    cost = data.get("cost")
-    return None if cost is None else cost.get("resumed_from")
+    return None if data.cost is None else data.cost.resumed_from
 
 
 def face(data: RecomputeData) -> Face:
-    entries = data["entries"]
     rows = recompute_rows(data)
-    word = data.get("verdict") or ("byte-exact" if data.get("all_byte_exact") else "not byte-exact")
-    drawn = data.get("sample")
-    of = f" (a sample of {num(drawn['population'])})" if drawn is not None else ""
-    verdict = f"{word}: {_entry_verdicts(entries)}{of} against a fresh computation"
-    if data.get("require"):
-        verdict += f"; requirement {data['require']}: {'met' if data.get('passed') else 'NOT met'}"
+    word = data.verdict or ("byte-exact" if data.all_byte_exact else "not byte-exact")
+    drawn = data.sample
+    of = f" (a sample of {num(drawn.population)})" if drawn is not None else ""
+    verdict = f"{word}: {_entry_verdicts(data.entries)}{of} against a fresh computation"
+    if data.require:
+        verdict += f"; requirement {data.require}: {'met' if data.passed else 'NOT met'}"
     figures = []
-    env = data.get("environment", Environment()).get("current", Current())
-    if env:
-        where = ", ".join(str(v) for v in (env.get("device"), env.get("dtype"), env.get("attn_implementation")) if v is not None)
-        threads = f", {env.get('threads')} threads" if env.get("threads") else ""
-        cond = data.get("conditions")
-        skipped, changed = (sorted(cond["not_replayed"]), sorted(cond["overridden"])) if cond is not None else ([], [])
+    env = data.environment.current if data.environment is not None else None
+    if env is not None and env.model_fields_set:
+        where = ", ".join(str(v) for v in (env.device, env.dtype, env.attn_implementation) if v is not None)
+        threads = f", {env.threads} threads" if env.threads else ""
+        cond = data.conditions
+        skipped, changed = (sorted(cond.not_replayed), sorted(cond.overridden)) if cond is not None else ([], [])
         replay = "; ".join(x for x in (f"overridden: {', '.join(changed)}" if changed else "",
                                        f"not replayed: {', '.join(skipped)}" if skipped else "") if x)
-        figures.append(f"on {env.get('device_name', '?')} ({where}{threads}); "
-                       + (replay or "every recorded condition replayed"))
+        device = env.device_name if "device_name" in env.model_fields_set else "?"
+        figures.append(f"on {device} ({where}{threads}); " + (replay or "every recorded condition replayed"))
     kls = [r["kl"] for r in rows if r["kl"] is not None]
     natural = [r["kl_natural"] for r in rows if r["kl_natural"] is not None]
     if kls:
@@ -229,37 +148,35 @@ def _sample_figures(data: RecomputeData) -> list[str]:
     from kvgraft import sampling
 
     out = []
-    drawn, bound = data.get("sample"), data.get("bound")
+    drawn, bound = data.sample, data.bound
     if drawn is not None:
-        out.append(f"sample: {num(drawn['size'])} of {num(drawn['population'])} entries drawn from the release root and "
-                   f"nonce {drawn['nonce']} ({sampling.nonce_origin(drawn, _resumed_from(data))}; "
-                   f"{drawn['method']}, uniform over entries); "
+        out.append(f"sample: {num(drawn.size)} of {num(drawn.population)} entries drawn from the release root and "
+                   f"nonce {drawn.nonce} ({sampling.nonce_origin(drawn.model_dump(), _resumed_from(data))}; "
+                   f"{drawn.method}, uniform over entries); "
                    "re-derive: kvgraft audit sample RELEASE --check REPORT")
     if drawn is not None and bound is not None:
-        out.append(f"bound: {sampling.sentence(bound)}")
-    cost = data.get("cost")
-    line = None if cost is None else _cost_sentence(cost)
+        out.append(f"bound: {sampling.sentence(bound.model_dump())}")
+    line = None if data.cost is None else _cost_sentence(data.cost)
     return out + ([line] if line else [])
 
 
-def cost_line(result: dict[str, Any]) -> str | None:
+def cost_line(result: RecomputeResult) -> str | None:
     """The cost line of a sealed recompute result (`audit recompute` prints it): None when it has no cost ledger."""
-    cost: Cost | None = result.get("cost")  # sealed: valid against the recompute result's schema
-    return None if cost is None else _cost_sentence(cost)
+    return None if result.cost is None else _cost_sentence(result.cost)
 
 
 def _cost_sentence(cost: Cost) -> str:
     """The recompute's cost ledger in one line: tokens, wall time, tokens/s, the whole release projected."""
-    per_second = cost["tokens_per_second"]
+    per_second = cost.tokens_per_second
     rate = f", {num(round(per_second))} tokens/s" if per_second else ""
-    n, journal = cost.get("entries_resumed") or 0, cost.get("resumed_from")
+    n, journal = cost.entries_resumed, cost.resumed_from
     resumed = f"; {num(n)} entries resumed from {journal or 'an interrupted run'}" if n or journal else ""
-    projected = cost["projected_library_seconds"]
-    whole = (f"; the whole release ({num(cost['library_entries'])} entries, {num(cost['library_tokens'])} tokens) "
-             f"about {_duration(projected)} on {cost['executor']}"
-             f" ({cost['workers']} worker{'' if cost['workers'] == 1 else 's'})"
+    projected = cost.projected_library_seconds
+    whole = (f"; the whole release ({num(cost.library_entries)} entries, {num(cost.library_tokens)} tokens) "
+             f"about {_duration(projected)} on {cost.executor}"
+             f" ({cost.workers} worker{'' if cost.workers == 1 else 's'})"
              if projected else "")
-    return f"cost: {num(cost['tokens_recomputed'])} tokens recomputed in {cost['wall_seconds']:.1f} s{rate}{resumed}{whole}"
+    return f"cost: {num(cost.tokens_recomputed)} tokens recomputed in {cost.wall_seconds:.1f} s{rate}{resumed}{whole}"
 
 
 def _duration(seconds: float) -> str:
@@ -278,7 +195,7 @@ def details(data: RecomputeData, console: Console) -> list[RenderableType]:
              num(r["max_rel"]), num(r["excess"]), num(r["max_ulp"]), r["first"], num(r["kl"]), num(r["kl_natural"])]
             for r in recompute_rows(data)]
     out = [text_table(console, "entries", HEADERS, rows, right=NUMERIC), heatmap_text(data, console.width)]
-    return out + [styled(hanging("•", st, console.width, indent=0)) for st in data.get("statements", [])]
+    return out + [styled(hanging("•", st, console.width, indent=0)) for st in data.statements or []]
 
 
 def html(data: RecomputeData) -> str:
@@ -289,26 +206,25 @@ def html(data: RecomputeData) -> str:
                      num(r["max_rel"]), num(r["excess"]), num(r["max_ulp"]), esc(r["first"]), num(r["kl"]),
                      num(r["kl_natural"])])
     out = ""
-    if data.get("reference"):
-        out += f'<p class="muted">compared with: {esc(data.get("reference"))}</p>'
+    if data.reference:
+        out += f'<p class="muted">compared with: {esc(data.reference)}</p>'
     out += table(HEADERS, rows, num=NUMERIC)
     out += "<h3>per-layer divergence (rows: entries, columns: layers)</h3>" + heatmap_svg(data)
-    drawn, bound = data.get("sample"), data.get("bound")
+    drawn, bound = data.sample, data.bound
     if drawn is not None and bound is not None:
         from kvgraft import sampling
 
         out += "<h3>sample and bound</h3>" + kv_html({
-            "sample": f"{drawn['size']:,} of {drawn['population']:,} entries ({drawn['weighting']})",
-            "drawn by": f"{drawn['method']}: root {drawn['root_digest']}, nonce {drawn['nonce']} "
-                        f"({sampling.nonce_origin(drawn, _resumed_from(data))})",
+            "sample": f"{drawn.size:,} of {drawn.population:,} entries ({drawn.weighting})",
+            "drawn by": f"{drawn.method}: root {drawn.root_digest}, nonce {drawn.nonce} "
+                        f"({sampling.nonce_origin(drawn.model_dump(), _resumed_from(data))})",
             "re-derive": "kvgraft audit sample RELEASE --check REPORT.json",
-            "bound": sampling.sentence(bound), "method": bound["method"], "tokens": bound["token_method"]})
-    statements = data.get("statements")
-    if statements:
-        out += "<ul>" + "".join(f"<li>{esc(st)}</li>" for st in statements) + "</ul>"
+            "bound": sampling.sentence(bound.model_dump()), "method": bound.method, "tokens": bound.token_method})
+    if data.statements:
+        out += "<ul>" + "".join(f"<li>{esc(st)}</li>" for st in data.statements) + "</ul>"
     return out
 
 
 KIND = CheckKind(
     name="recompute", schema="recompute-result.v1.json", status=status, stamps_status=True, run=run, face=face,
-    details=details, html=html, known_data=("entries", "reference", "all_byte_exact", "statements"))
+    details=details, html=html, known_data=("entries", "reference", "all_byte_exact", "statements"), typed=TYPED)

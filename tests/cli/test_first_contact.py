@@ -166,7 +166,7 @@ def test_inspects_entries_table_stays_a_table_at_80_columns() -> None:
     preview = "Natalia sold clips to 48 of her friends in April, and then…"
     rows = [Row(id=f"gsm8k-train-{i:05d}", num_tokens=1234, bytes=12_345_678, tensor_bytes=12_000_000,
                 source_kind="messages", preview=preview) for i in range(3)]
-    doc = Page(offset=0, shown=3, total=7473)
+    doc = Page(offset=0, shown=3, total=7473, rows=rows)
 
     def shown(width: int) -> list[str]:
         console = Console(width=width, file=io.StringIO(), color_system=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,19 @@ def test_typed_decode_refuses_what_the_reference_refuses_with_its_line(name: str
     expected = refusal(reference, raw)
     assert refusal(lambda r: models.decode_shard(r, WHERE), raw) == expected
     assert expected.startswith(WHERE + ": ") and "\n" not in expected
+
+
+def test_each_digest_not_hex_is_refused_with_the_references_line() -> None:
+    """Every 64-hex-digit string of a written shard (whatever member holds it), made not hex in turn: the typed
+    decoder checks their digits in one pass over all digests, which must not miss one."""
+    raw = written([record(0, probe={"token_ids": [1]}), record(1)])
+    spots = [m.start() + 1 for m in re.finditer(rb'"[0-9a-f]{64}"', raw)]
+    assert len(spots) == 2 * (5 + 4) + 2  # each record: digest, header, token ids, source, logits + 4 tensors; files
+    for at in spots:
+        for bad in (b"A", b"g", "é".encode()):
+            broken = raw[:at + 5] + bad + raw[at + 6:]
+            expected = refusal(reference, broken)
+            assert refusal(lambda r: models.decode_shard(r, WHERE), broken) == expected, broken[at - 30:at + 70]
 
 
 def test_a_member_the_schema_allows_and_the_types_do_not_is_refused_naming_it() -> None:

@@ -333,10 +333,10 @@ def _depth(value: Any) -> int:
 
 
 def _canonical(entry: Entry) -> bool:
-    """Whether the typed encoder writes this decoded record's canonical JSON: members sorted, `digest` first,
-    tensor names sorted within the Basic Multilingual Plane (RFC 8785 sorts by UTF-16 units, the encoder by
-    code points), no free-form member (left to the canonical writer, which the digest is defined by)."""
-    names = list(entry["tensors"])
-    joined = "".join(names)
-    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
+    """Whether the typed encoder writes this decoded record's canonical JSON: members sorted (by code points:
+    the record round-tripped), `digest` first, tensor names within the Basic Multilingual Plane (where RFC
+    8785's order by UTF-16 units is the same), no free-form member (left to the canonical writer, which the
+    digest is defined by)."""
+    joined = "".join(entry["tensors"])
+    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"]
                 or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF))

@@ -1,10 +1,11 @@
 """The typed models of an index shard and its entry records: the one source of their schema
-(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_models.py
-fails when the two differ) and of the decoder that reads a shard in one typed pass.
+(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_index_models.py
+fails when the two differ) and of the decoder that reads a shard in one typed pass (msgspec, over twins of
+these types: `_twin`).
 
 They are TypedDicts, so that a decoded record is the plain dict every reader of a release already takes.
-Members are declared in RFC 8785 order (sorted), so that serializing a decoded record writes its canonical
-JSON (kvgraft.release.shards says when that holds). Imports no torch.
+Members are declared in RFC 8785 order (sorted), as the encoder writes them back (`_canonical` says when
+that is a record's canonical JSON). Imports no torch.
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ def step(name: str, root: str, arg: str) -> dict[str, object]:
 
 
 def child(name: str, root: Path, arg: str = "") -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     res = subprocess.run([sys.executable, __file__, "_step", name, str(root), arg], capture_output=True, text=True,
                          env=env, timeout=3600)
     if res.returncode != 0:

@@ -1,21 +1,28 @@
 """The typed models of an index shard and its entry records: the one source of their schema
-(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_models.py
-fails when the two differ) and of the decoder that reads a shard in one typed pass.
+(schemas/cache-index-shard.v2.json and cache-manifest.v1.json's `$defs/entry`; tests/release/test_index_models.py
+fails when the two differ) and of the decoder that reads a shard in one typed pass (msgspec, over twins of
+these types: `_twin`).
 
 They are TypedDicts, so that a decoded record is the plain dict every reader of a release already takes.
-Members are declared in RFC 8785 order (sorted), so that serializing a decoded record writes its canonical
-JSON (kvgraft.release.shards says when that holds). Imports no torch.
+Members are declared in RFC 8785 order (sorted), as the encoder writes them back (`_canonical` says when
+that is a record's canonical JSON). Imports no torch.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
-from typing import Annotated, Any, Literal, NotRequired, cast
+import types
+from typing import Annotated, Any, Literal, NotRequired, Union, cast, get_args, get_origin
 
+import annotated_types
+import msgspec
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
-from pydantic_core import CoreSchema, PydanticCustomError, PydanticSerializationError, core_schema, to_json
-from typing_extensions import TypedDict
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+from typing_extensions import TypedDict, get_type_hints, is_typeddict
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, SchemaError
@@ -24,7 +31,8 @@ MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
-Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+SHA256 = r"^[0-9a-f]{64}$"
+Sha256 = Annotated[str, StringConstraints(pattern=SHA256)]
 RELPATH = r"^(?!/)(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9._/-]{1,200}$"
 _RELPATH = re.compile(RELPATH)
 
@@ -171,30 +179,117 @@ def shard_schema() -> dict[str, Any]:
 _FREE_FORM_DEPTH = 4  # the containers above a free-form member: shard, entries, entry, source
 
 
+def _anchored(pattern: str) -> str:
+    # msgspec matches with re.search, whose final `$` also passes a string ending in a newline.
+    return pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
+
+
+def _meta(bound: object) -> msgspec.Meta | None:
+    """The msgspec bound of one of the models' pydantic bounds (None: one that only shapes the schema)."""
+    if isinstance(bound, FieldInfo):
+        found = {_BOUNDS[type(b)]: getattr(b, _BOUNDS[type(b)]) for b in bound.metadata}
+        return msgspec.Meta(**found)
+    if isinstance(bound, StringConstraints):
+        if bound.pattern == SHA256:  # hex digits checked for all digests at once (_hex_digests): a search each was half a decode
+            return msgspec.Meta(min_length=64, max_length=64)
+        pattern = None if bound.pattern is None else _anchored(str(bound.pattern))
+        return msgspec.Meta(pattern=pattern, min_length=bound.min_length, max_length=bound.max_length)
+    if isinstance(bound, AfterValidator) and bound.func is _relpath:
+        return msgspec.Meta(pattern=_anchored(RELPATH))
+    if isinstance(bound, WithJsonSchema):
+        return None
+    raise TypeError(f"no msgspec bound for {bound!r}: kvgraft.release.models must say how the typed decoder checks it")
+
+
+_BOUNDS = {annotated_types.Ge: "ge", annotated_types.Le: "le", annotated_types.MinLen: "min_length",
+           annotated_types.MaxLen: "max_length"}
+_TWINS: dict[type, Any] = {}
+
+
+def _twin(tp: Any) -> Any:
+    """The type the typed decoder (msgspec) reads for model type `tp`: the same members, kinds and bounds, so
+    that the models stay the one source of both the published schema and the decoder."""
+    if is_typeddict(tp):
+        if tp not in _TWINS:
+            hints = get_type_hints(tp, include_extras=True)
+            _TWINS[tp] = TypedDict(tp.__name__, {k: _twin(v) for k, v in hints.items()})  # type: ignore[operator]
+        return _TWINS[tp]
+    args = get_args(tp)
+    origin = get_origin(tp)
+    if origin is Annotated:
+        bounds = [m for m in map(_meta, tp.__metadata__) if m is not None]
+        return Annotated[(_twin(args[0]), *bounds)] if bounds else _twin(args[0])
+    if origin in (NotRequired, list, dict):
+        return origin[tuple(map(_twin, args)) if len(args) > 1 else _twin(args[0])]
+    if origin in (Union, types.UnionType):
+        return functools.reduce(operator.or_, map(_twin, args))
+    return tp
+
+
+_DECODER = msgspec.json.Decoder(_twin(Shard))
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
 def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
     with the same message; and, by entry id, each record's canonical JSON without its digest where the
-    typed serializer wrote it (the bytes records.entry_digest hashes).
+    typed encoder wrote it (the bytes records.entry_digest hashes).
 
-    The typed decoder (pydantic-core) does not refuse duplicate keys and reads NaN, so its result stands
-    only when writing it back gives the very bytes read: a dropped duplicate, a NaN, an escape or a space
-    the writer would not write all change them. kvgraft writes shards as canonical JSON, which round-trips;
-    any other shard is read by the strict reader, then typed (its message, or the model's, names the
-    member).
+    The typed decoder (msgspec, over `_twin(Shard)`) keeps the last of duplicate keys and drops members it
+    does not know, so its result stands only when writing it back, members sorted, gives the very bytes
+    read: a dropped duplicate or member, an escape or a space the writer would not write, members out of
+    order all change them. kvgraft writes shards as canonical JSON, which round-trips; any other shard is
+    read by the strict reader, then typed (its message, or the model's, names the member).
     """
     try:
-        doc = SHARD.validate_json(raw)
-        records = [to_json(e) for e in doc["entries"]]  # a lone surrogate cannot be written: refused here
-        same = raw == b"".join((b'{"entries":[', b",".join(records), b'],"files":', to_json(doc["files"]),
-                                b',"format":"kvgraft-cache-index-shard","format_version":2}'))
-    except (ValidationError, PydanticSerializationError):
+        doc = _DECODER.decode(raw)
+        records = [_ENCODER.encode(e) for e in doc["entries"]]
+        same = _written_as(raw, records, _ENCODER.encode(doc["files"])) and _hex_digests(doc)
+    except (msgspec.MsgspecError, RecursionError):
         same = False
     if same and _free_form_plain(doc["entries"]):
         canonical = {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
                      if _canonical(e)}
         return cast(dict[str, Any], doc), canonical
     return cast(dict[str, Any], _reference(raw, where)), {}
+
+
+_SHA256_OF = operator.itemgetter("sha256")
+
+
+def _hex_digests(doc: Shard) -> bool:
+    """Whether every digest of a decoded shard is lowercase hex (the decoder checked their length), in one
+    C-speed pass over them all. tests/release/test_index_models.py changes each digest of a shard in turn."""
+    parts: list[str] = list(map(_SHA256_OF, doc["files"].values()))
+    for e in doc["entries"]:
+        parts += map(_SHA256_OF, e["tensors"].values())
+        parts += (e["digest"], e["token_ids_sha256"], e["source"]["sha256"], e["next_token"]["logits_sha256"],
+                  e.get("header_sha256", ""))
+    joined = "".join(parts)
+    return joined.isascii() and not joined.encode().translate(None, b"0123456789abcdef")
+
+
+_OPEN, _FILES = b'{"entries":[', b'],"files":'
+_CLOSE = b',"format":"kvgraft-cache-index-shard","format_version":2}'
+
+
+def _written_as(raw: bytes, records: list[bytes], files: bytes) -> bool:
+    """Whether `raw` is the shard written from these encoded records and files: compared in place, piece by
+    piece, without joining a copy of the shard."""
+    if len(raw) != len(_OPEN) + sum(map(len, records)) + max(len(records) - 1, 0) + len(_FILES) + len(files) + len(_CLOSE):
+        return False
+    at = len(_OPEN)
+    if not raw.startswith(_OPEN):
+        return False
+    for k, r in enumerate(records):
+        if k and raw[at] != 0x2C:  # ","
+            return False
+        at += k > 0
+        if not raw.startswith(r, at):
+            return False
+        at += len(r)
+    return raw.startswith(_FILES, at) and raw.startswith(files, at + len(_FILES)) and raw.endswith(_CLOSE)
 
 
 # `{"digest":"<64 hex>",` opens the serialized record when it has no `answer` (the one member sorted before).
@@ -239,10 +334,10 @@ def _depth(value: Any) -> int:
 
 
 def _canonical(entry: Entry) -> bool:
-    """Whether the typed serializer writes this decoded record's canonical JSON: members in declared
-    (sorted) order, `digest` first, tensor names sorted within the Basic Multilingual Plane (RFC 8785 sorts
-    by UTF-16 units), no free-form member (their keys keep the order they were read in)."""
-    names = list(entry["tensors"])
-    joined = "".join(names)
-    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"] or names != sorted(names)
+    """Whether the typed encoder writes this decoded record's canonical JSON: members sorted (by code points:
+    the record round-tripped), `digest` first, tensor names within the Basic Multilingual Plane (where RFC
+    8785's order by UTF-16 units is the same), no free-form member (left to the canonical writer, which the
+    digest is defined by)."""
+    joined = "".join(entry["tensors"])
+    return not ("meta" in entry or "answer" in entry or "messages" in entry["source"]
                 or not (joined.isascii() or max(map(ord, joined)) <= 0xFFFF))

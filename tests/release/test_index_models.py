@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,17 @@ HOSTILE = {
     "unknown dtype": _break(b'"dtype":"float32"', b'"dtype":"float31"'),
     "wrong format": _break(b'"format":"kvgraft-cache-index-shard"', b'"format":"kvgraft-cache-index-chard"'),
     "wrong version": _break(b'"format_version":2', b'"format_version":3'),
+    # each bound of the types, as the typed decoder has it (models._twin)
+    "id too long": _break(b'"id":"e0"', b'"id":"' + b"e" * 257 + b'"'),
+    "empty id": _break(b'"id":"e0"', b'"id":""'),
+    "no tokens": _break(b'"num_tokens":8', b'"num_tokens":0'),
+    "negative layer index": _break(b'"index":1,', b'"index":-1,'),
+    "byte range of three": _break(b'"byte_range":[100,164]', b'"byte_range":[100,164,200]'),
+    "byte range of one": _break(b'"byte_range":[100,164]', b'"byte_range":[100]'),
+    "shape of nine": _break(b'"shape":[1,1,8,2]', b'"shape":[1,1,8,2,1,1,1,1,1]'),
+    "shape beyond 2^40": _break(b'"shape":[1,1,8,2]', b'"shape":[1,1,8,1099511627777]'),
+    "sliding window of 0": written(VALID["sliding and shared layers"]).replace(b'"sliding_window":6', b'"sliding_window":0'),
+    "unknown layer kind": _break(b'"kind":"full"', b'"kind":"fill"'),
     "trailing data": written([record(0)]) + b"x",
     "not an object": b"[]",
     "truncated": written([record(0)])[:-7],
@@ -210,6 +222,19 @@ def test_typed_decode_refuses_what_the_reference_refuses_with_its_line(name: str
     expected = refusal(reference, raw)
     assert refusal(lambda r: models.decode_shard(r, WHERE), raw) == expected
     assert expected.startswith(WHERE + ": ") and "\n" not in expected
+
+
+def test_each_digest_not_hex_is_refused_with_the_references_line() -> None:
+    """Every 64-hex-digit string of a written shard (whatever member holds it), made not hex in turn: the typed
+    decoder checks their digits in one pass over all digests, which must not miss one."""
+    raw = written([record(0, probe={"token_ids": [1]}), record(1)])
+    spots = [m.start() + 1 for m in re.finditer(rb'"[0-9a-f]{64}"', raw)]
+    assert len(spots) == 2 * (5 + 4) + 2  # each record: digest, header, token ids, source, logits + 4 tensors; files
+    for at in spots:
+        for bad in (b"A", b"g", "é".encode()):
+            broken = raw[:at + 5] + bad + raw[at + 6:]
+            expected = refusal(reference, broken)
+            assert refusal(lambda r: models.decode_shard(r, WHERE), broken) == expected, broken[at - 30:at + 70]
 
 
 def test_a_member_the_schema_allows_and_the_types_do_not_is_refused_naming_it() -> None:

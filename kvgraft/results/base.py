@@ -17,6 +17,10 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_jso
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BASE = "https://kvgraft.dev/schemas/"
+SHA256 = r"^[0-9a-f]{64}$"
+Sha256 = Annotated[str, Field(pattern=SHA256)]
+Count = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 # A JSON object whose members the schema leaves open (a condition's settings, an environment).
 JsonObject = Annotated[dict[str, JsonValue], WithJsonSchema({"type": "object"})]
 _NULLABLE = "x-kvgraft-nullable"  # read and removed by the generator: never in a published schema

@@ -8,11 +8,9 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
 from pydantic.config import JsonDict
 
-from kvgraft.results.base import Closed, JsonObject, Open, Typed
-from kvgraft.results.stats import Count
+from kvgraft.results.base import Closed, Count, JsonObject, Open, Sha256, Typed
 
 Id = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 NonNeg = Annotated[float, Field(ge=0)]
 Verdict = Literal["contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable"]
 FindingVerdict = Literal["contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable",

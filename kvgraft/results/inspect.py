@@ -12,10 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
-from kvgraft.results.base import JsonObject, Open
-
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Count = Annotated[int, Field(ge=0)]
+from kvgraft.results.base import Count, JsonObject, Open, Sha256
 
 
 class Document(Open):

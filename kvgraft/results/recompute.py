@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
-from pydantic.config import JsonDict
 
-from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
-from kvgraft.results.stats import Count, Fraction
+from kvgraft.results.base import Closed, Count, Fraction, JsonObject, Open, Sha256, Typed, nullable
+from kvgraft.results.stats import Draw
+from kvgraft.results.verify import ReleaseSignature
 
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Verdict = Literal["byte-exact", "consistent", "inconsistent"]
 Require = Literal["exact", "consistent"]
 # A non-finite value is written as a string: JSON has no infinity.
@@ -230,25 +229,19 @@ class Conditions(Closed):
     not_replayed: dict[str, Annotated[list[JsonValue], Field(min_length=2, max_length=2)]]
 
 
-class Sample(Closed):
+class Sample(Draw):
     """The entries audited, drawn without replacement by kvgraft.sampling (method sha256-rank-v1): each entry at
     position i of the release's entry list gets the key SHA-256("kvgraft-sample-v1" 0x00 root_digest 0x00 nonce 0x00
     decimal(i)); the sample is the `size` entries with the smallest keys, in key order. Uniform over entries (not
     weighted by tokens). Re-derive with `kvgraft audit sample RELEASE --check RESULT.json`."""
 
-    method: Literal["sha256-rank-v1"]
-    weighting: str
-    root_digest: Sha256
+    model_config = ConfigDict(extra="forbid")
+
     nonce: str = Field(pattern=r"^[\x21-\x7e]{1,256}$")
     nonce_source: Literal["given", "drawn", "journal"] = Field(
         description="given: the auditor's (--nonce or the plan); drawn: at random by this run; journal: read from the "
         "journal of an earlier run that this run resumed (cost.resumed_from names it): whoever wrote that file chose "
         "it.")
-    population: int = Field(ge=1)
-    population_tokens: Count
-    size: int = Field(ge=1)
-    positions: list[Count]
-    entries: list[str]
 
 
 class Bound(Closed):
@@ -343,27 +336,6 @@ class PrefixGrafts(Closed):
     tokens: int = Field(ge=1)
     entries: list[PrefixGraft]
     skipped: list[Skipped]
-
-
-_CHECKED_OR_NOT: JsonDict = {
-    "if": {"properties": {"checked": {"const": True}}},
-    "then": {"properties": {"method": {"enum": ["key", "sigstore"]}, "reason": {"type": "null"}}},
-    "else": {"properties": {"method": {"type": "null"}, "reason": {"type": "string"}, "key_ids": {"maxItems": 0}}},
-}
-
-
-class ReleaseSignature(Closed):
-    """What was checked of the release's signature before it was read (as an audit report's release_signature)."""
-
-    model_config = ConfigDict(json_schema_extra=_CHECKED_OR_NOT)
-
-    checked: bool
-    method: Literal["key", "sigstore"] | None
-    key_ids: list[Sha256]
-    identity: str | None
-    issuer: str | None
-    signed_time: str | None
-    reason: str | None = Field(description="Why the signature was not checked; null when it was.")
 
 
 class RecomputeResult(Closed):

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
 
-from kvgraft.results.base import Closed, Open, Typed, nullable
+from kvgraft.results.base import Closed, Count, Fraction, Open, Sha256, Typed, nullable
+from kvgraft.results.stats import Draw
 
-SHA256 = r"^[0-9a-f]{64}$"
-Sha256 = Annotated[str, Field(pattern=SHA256)]
-Count = Annotated[int, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
 Checked = Literal["verified", "not checked"]
 
 
@@ -54,20 +51,11 @@ class Signature(Closed):
                                           "no signature.")
 
 
-class Sample(Open):
+class Sample(Draw):
     """verify --sample: the draw (kvgraft.sampling, method sha256-rank-v1), as a sampled recompute audit records it;
     `kvgraft audit sample RELEASE --nonce NONCE --size N` prints the same entries."""
 
-    method: Literal["sha256-rank-v1"]
-    weighting: str
-    root_digest: Sha256
-    nonce: str
     nonce_source: Literal["given", "drawn"]
-    population: int = Field(ge=1)
-    population_tokens: Count
-    size: int = Field(ge=1)
-    positions: list[Count]
-    entries: list[str]
 
 
 class Bound(Open):
@@ -143,10 +131,18 @@ class VerifyResult(Open):
     signature: Signature | None = None
 
 
+_CHECKED_OR_NOT: JsonDict = {
+    "if": {"properties": {"checked": {"const": True}}},
+    "then": {"properties": {"method": {"enum": ["key", "sigstore"]}, "reason": {"type": "null"}}},
+    "else": {"properties": {"method": {"type": "null"}, "reason": {"type": "string"}, "key_ids": {"maxItems": 0}}},
+}
+
+
 class ReleaseSignature(Closed):
     """What was checked of a release's signature before it was read (kvgraft.signing.verify.signature_statement): an
-    audit report's release_signature, and a recompute or generalization result's (schemas/audit-report.v1.json
-    $defs/release_signature)."""
+    audit report's release_signature, and a recompute or generalization result's."""
+
+    model_config = ConfigDict(json_schema_extra=_CHECKED_OR_NOT)
 
     checked: bool
     method: Literal["key", "sigstore"] | None
@@ -154,7 +150,7 @@ class ReleaseSignature(Closed):
     identity: str | None
     issuer: str | None
     signed_time: str | None
-    reason: str | None  # why the signature was not checked; None when it was
+    reason: str | None = Field(description="Why the signature was not checked; null when it was.")
 
 
 class ShownSignature(Open):

@@ -25,7 +25,7 @@ from kvgraft.schema import load_schema, schema_dir
 REPORT = "audit-report.v1.json"
 PLAN = "audit-plan.v1.json"
 # The report schema's own $defs for the kinds whose report data has no model yet (their shape is written there).
-_REPORT_DEFS = {"recompute": "recompute", "generalization": "generalization"}
+_REPORT_DEFS = {"recompute": "recompute"}
 
 
 def data_ref(k: CheckKind) -> str:

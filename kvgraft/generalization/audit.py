@@ -55,19 +55,29 @@ from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
 from kvgraft.release.format import now_utc
-from kvgraft.results.generalization import Accuracy, Equality, Flags, Leakage, Mismatch, Run, Split, SplitPart
+from kvgraft.results.generalization import (
+    FILE,
+    MAX_PREAMBLE,
+    RESULT_KIND,
+    Accuracy,
+    Equality,
+    Flags,
+    Leakage,
+    Mismatch,
+    Run,
+    Split,
+    SplitPart,
+)
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
 
-RESULT_KIND = "kvgraft-generalization-result"
 FORMAT_VERSION = 1
-SCHEMA = "generalization-result.v1.json"
+SCHEMA = FILE
 
 GROUPS = ("library", "held_out", "synthetic")
 ONE_SHOT = Schedule()
-MAX_PREAMBLE = 16_384  # characters: a few worked examples, not a library
 Runs = dict[tuple[str, str], Run]  # (query id, condition) → its run
 MEMORY_METHOD = "VmHWM of /proc/self/status after writing '5' to /proc/self/clear_refs (whole process, weights included)"
 

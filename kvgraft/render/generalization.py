@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -9,7 +10,7 @@ from rich.console import Console, RenderableType
 from kvgraft.generalization.conditions import LABELS, SHORT
 from kvgraft.render.text import WORDS, hanging, kn, kv_lines, num, pct, plain_tree, styled, table
 from kvgraft.results.base import JsonObject
-from kvgraft.results.generalization import Accuracy, GeneralizationResult, Group
+from kvgraft.results.generalization import Accuracy, Comparison, GeneralizationResult, Group
 
 GROUPS: tuple[Group, ...] = ("library", "held_out", "synthetic")
 
@@ -49,13 +50,13 @@ def accuracy_table(result: GeneralizationResult, console: Console) -> Renderable
     return table(console, title, headers, rows, right=tuple(range(1, len(headers))))
 
 
-def comparisons_table(result: GeneralizationResult, console: Console) -> RenderableType:
+def comparisons_table(comparisons: Sequence[Comparison], console: Console) -> RenderableType:
     # The second arm is the row's own condition (b or c), named in its cells: a fixed "b" header mislabelled the
     # a-vs-c rows.
     headers = ["comparison", "n", "a", "with a graft", "discordant a-only / graft-only", "p exact (mid-p)",
                "bootstrap 95% CI of graft − a", "verdict at 0.05"]
     rows = []
-    for c in result.comparisons:
+    for c in comparisons:
         m = c.mcnemar
         if not c.n:
             rows.append([c.name, "0", "—", "—", "—", "—", "—", "no queries to compare"])
@@ -189,7 +190,7 @@ def renderables(result: GeneralizationResult | JsonObject, console: Console) -> 
     out: list[RenderableType] = [styled(hanging("", header(r), console.width, indent=0), style="bold"),
                                  accuracy_table(r, console)]
     if r.comparisons:
-        out.append(comparisons_table(r, console))
+        out.append(comparisons_table(r.comparisons, console))
     if r.equality:
         out.append(equality_table(r, console))
     if r.leakage.by_condition:

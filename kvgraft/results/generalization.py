@@ -442,8 +442,17 @@ class AccuracySplit(Open):
     contaminated: list[NamedAccuracy] | None = None
 
 
+class ResultFace(Open):
+    """What a report's face reads of the whole result it holds under `result`."""
+
+    kind: Literal["kvgraft-generalization-result"]
+    equality: dict[Literal["own", "other"], Equality] | None = None
+    comparisons: list[Comparison] | None = None
+    leakage: Leakage | None = None
+
+
 # The report schema names the whole result's kind only; kvgraft.report.document.validate_report checks the rest
-# against the result's own schema when it reads a report, so a report's data reaches a renderer holding all of it.
+# against the result's own schema when it reads a report.
 _RESULT_IN_REPORT = WithJsonSchema({
     "description": "The whole generalization result, valid against schemas/generalization-result.v1.json "
                    "(kvgraft.report.document.validate_report checks it against that schema when it reads a report).",
@@ -459,7 +468,7 @@ class GeneralizationData(Open):
     mcnemar: list[McNemarRow] | None = None
     split: AccuracySplit | None = None
     ledger: JsonObject | None = None
-    result: Annotated[GeneralizationResult, _RESULT_IN_REPORT] | None = None
+    result: Annotated[ResultFace, _RESULT_IN_REPORT] | None = None
 
 
 TYPED = Typed(FILE, "kvgraft generalization audit result, version 1", GeneralizationResult, GeneralizationData)

@@ -103,7 +103,7 @@ def ledger_lines(g: dict[str, Any]) -> dict[str, str]:
 
 def face(data: GeneralizationData) -> Face:
     result = data.result
-    equality = result.equality if result is not None else {}
+    equality = (result.equality or {}) if result is not None else {}
     if equality:
         same = [f"{SHORT.get(q.text, q.text)} = {SHORT.get(q.graft, q.graft)} on {q.equal}/{q.n}" for q in equality.values()]
         ok = all(q.equal == q.n for q in equality.values())
@@ -114,7 +114,7 @@ def face(data: GeneralizationData) -> Face:
     bench = data.benchmark.name if data.benchmark is not None else None
     accs = ", ".join(f"{a.name.split(':')[0]} {kn(a)}" for a in data.conditions)
     figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
-    comps = result.comparisons if result is not None else []
+    comps = (result.comparisons or []) if result is not None else []
     nulls = []
     for c in comps:
         m = c.mcnemar
@@ -130,7 +130,8 @@ def face(data: GeneralizationData) -> Face:
     if not comps:
         for row in data.mcnemar or []:
             figures.append(f"{row.b} vs {row.a}: exact McNemar p = {num(row.p_value)}")
-    for cond, leak in (result.leakage.by_condition if result is not None else {}).items():
+    leakage = result.leakage if result is not None else None
+    for cond, leak in (leakage.by_condition if leakage is not None else {}).items():
         dirty, clean = leak.contaminated, leak.clean
         if dirty.n and not cond.endswith("_text"):  # a text condition shares its graft's entries
             figures.append(f"leakage: {dirty.n} of {dirty.n + clean.n} {SHORT.get(cond, cond)} queries "

@@ -300,6 +300,8 @@ def test_leakage_split_matches_the_per_query_audit(tiny_result: dict[str, Any],
             assert sp[part]["k"] == sum(runs[q]["correct"] for q in ids)
             assert sp[part]["baseline"]["n"] == len(ids)
             assert sp[part]["baseline"]["k"] == sum(baseline[q]["correct"] for q in ids)
+        for flag in ("answer_in_entry", "problem_in_entry", "solution_in_entry"):
+            assert sp["flags"][flag] == sum(r["leakage"][flag] for r in runs.values()), flag
     # the own solution holds the query's problem text and answer: every replay is contaminated
     own = tiny_result["leakage"]["by_condition"]["own"]
     assert own["clean"]["n"] == 0 and own["contaminated"]["n"] == 4 and own["flags"]["problem_in_entry"] == 4
@@ -333,6 +335,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     # a: right on q0 only; c: right on q0..q3 (q1..q3 contaminated), wrong on q4, q5 (clean)
     runs = [_fake_run(f"q{i}", "held_out", "none", i == 0, None, 10) for i in range(6)]
     runs += [_fake_run(f"q{i}", "held_out", "other", i < 4, 1 <= i <= 3, 4, upstream=100) for i in range(6)]
+    runs[-3]["leakage"]["solution_in_entry"] = True  # q3: its entry also holds the query's solution
     settings = gen.Settings(n_boot=300)
     result = gen.aggregate({"spec": "x", "identity": "0" * 64, "release_identity": "0" * 64, "forced": False}, rel, queries,
                            runs, settings, context_length=512)
@@ -341,6 +344,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     assert (sp["contaminated"]["baseline"]["k"], sp["contaminated"]["baseline"]["n"]) == (0, 3)
     assert (sp["clean"]["k"], sp["clean"]["n"]) == (1, 3)
     assert (sp["clean"]["baseline"]["k"], sp["clean"]["baseline"]["n"]) == (1, 3)
+    assert sp["flags"] == {"answer_in_entry": 3, "problem_in_entry": 0, "solution_in_entry": 1}
     held = next(c for c in result["comparisons"] if c["scope"] == "held_out")
     assert (held["mcnemar"]["b"], held["mcnemar"]["c"]) == (0, 3)
     assert held["mcnemar"]["p_exact"] == pytest.approx(0.25) and not held["significant"]

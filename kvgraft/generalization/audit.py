@@ -36,7 +36,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,6 +55,7 @@ from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
 from kvgraft.release.format import now_utc
+from kvgraft.results.base import JsonObject
 from kvgraft.results.generalization import (
     FILE,
     MAX_PREAMBLE,
@@ -147,6 +148,19 @@ class Task:
     condition: str
     entry_id: str | None
     selection: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` records of the queries: the source and split they come from, the synthetic problems added,
+    the library-split problems with no entry in the library, and notes on how this audit's split differs."""
+
+    source: JsonObject | None = None
+    split: JsonObject | None = None
+    synthetic: JsonObject | None = None
+    queries: dict[str, int] = field(default_factory=dict)  # per group
+    library_missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Library:
@@ -308,7 +322,7 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
 
 def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int | None = None,
             library_fraction: float | None = None, salt: str | None = None, synthetic_n: int = 0,
-            synthetic_seed: int = 1) -> tuple[list[Query], dict[str, Any]]:
+            synthetic_seed: int = 1) -> tuple[list[Query], Prepared]:
     """The queries: the library and held-out halves of the source split, then `synthetic_n` fresh problems.
 
     Source, fraction and salt default to what the library's entries recorded at build time, and so does
@@ -353,11 +367,10 @@ def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int |
             raise InputError(f"query id {qq.problem.id!r} occurs twice (is the library source also synthetic with "
                              f"seed {synthetic_seed}? pass another --synthetic-seed)")
         seen.add(qq.problem.id)
-    record = {"source": source_rec, "split": split_rec,
-              "synthetic": {"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
-              "queries": {g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
-              "library_missing": missing, "notes": notes}
-    return queries, record
+    return queries, Prepared(source=source_rec, split=split_rec,
+                             synthetic={"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
+                             queries={g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
+                             library_missing=missing, notes=notes)
 
 
 # ---------------------------------------------------------------- aggregation
@@ -591,11 +604,11 @@ def _context(lib: Library, results: Sequence[Run], context_length: int | None) -
     return context
 
 
-def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]],
+def _statements(prepared: Prepared, comparisons: Sequence[dict[str, Any]],
                 equality: dict[Literal["own", "other"], Equality], leakage: Leakage, results: Sequence[Run],
                 energy: dict[str, Any] | None, settings: Settings) -> list[str]:
     """The result's sentences: preparation notes, each comparison's verdict, (d) vs graft, leakage, caveats."""
-    statements: list[str] = list(prepared.get("notes", []))
+    statements: list[str] = list(prepared.notes)
     for comp in comparisons:
         statements.append(comp["verdict"])
     for g, eq in equality.items():
@@ -630,10 +643,10 @@ def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]],
 
 
 def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequence[Query], results: Sequence[dict[str, Any]],
-              settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+              settings: Settings, *, prepared: Prepared | None = None, energy: dict[str, Any] | None = None,
               context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
     """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed)."""
-    prepared = prepared or {}
+    prepared = prepared or Prepared()
     lib = Library(release)
     runs = [Run.model_validate(r) for r in results]
     by: Runs = {(r.query_id, r.condition): r for r in runs}
@@ -655,8 +668,8 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
         "model": lm_info,
         "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
                     "entries": len(lib.entries), "entry_tokens": library_tokens,
-                    "missing": list(prepared.get("library_missing", []))},
-        "plan": {"source": prepared.get("source"), "split": prepared.get("split"), "synthetic": prepared.get("synthetic"),
+                    "missing": list(prepared.library_missing)},
+        "plan": {"source": prepared.source, "split": prepared.split, "synthetic": prepared.synthetic,
                  "queries": {g: sum(1 for q in queries if q.group == g) for g in GROUPS}, "conditions": conds,
                  "runs": len(results)},
         "settings": settings.as_dict(),
@@ -682,7 +695,7 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
 
 
 def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], settings: Settings = Settings(), *,
-          prepared: dict[str, Any] | None = None,
+          prepared: Prepared | None = None,
           progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
     from kvgraft.execution.executor import LocalExecutor
@@ -714,6 +727,6 @@ def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], setti
 
 
 __all__ = [
-    "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
+    "RESULT_KIND", "SCHEMA", "Library", "Prepared", "Query", "Settings", "Task", "aggregate", "audit", "plan",
     "prepare", "query_text", "run_query",
 ]

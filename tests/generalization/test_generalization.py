@@ -267,9 +267,9 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
     assert [u["problem_id"] for u in build["unsolved"]] == [rejected]
     rel = verified(tmp_path / "lib", BUILT)
     queries, prepared = gen.prepare(rel)
-    assert prepared["split"]["library_ids"] == split_rec["library_ids"]  # the recorded split, reproduced
-    assert prepared["library_missing"] == [rejected]
-    assert any(rejected in n for n in prepared["notes"])
+    assert prepared.split is not None and prepared.split["library_ids"] == split_rec["library_ids"]  # reproduced
+    assert prepared.library_missing == [rejected]
+    assert any(rejected in n for n in prepared.notes)
     result = gen.audit(lm, rel, queries[:4], gen.Settings(max_new_tokens=2, n_boot=100), prepared=prepared)
     assert result["library"]["missing"] == [rejected]
     assert rejected not in _runs(result, "own") and rejected in _runs(result, "none")

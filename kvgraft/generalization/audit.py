@@ -36,9 +36,9 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -55,18 +55,31 @@ from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
 from kvgraft.release.format import now_utc
+from kvgraft.results.base import JsonObject
+from kvgraft.results.generalization import (
+    FILE,
+    MAX_PREAMBLE,
+    RESULT_KIND,
+    Accuracy,
+    Equality,
+    Flags,
+    Leakage,
+    Mismatch,
+    Run,
+    Split,
+    SplitPart,
+)
 from kvgraft.signing.verify import VerifiedRelease
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
 
-RESULT_KIND = "kvgraft-generalization-result"
 FORMAT_VERSION = 1
-SCHEMA = "generalization-result.v1.json"
+SCHEMA = FILE
 
 GROUPS = ("library", "held_out", "synthetic")
 ONE_SHOT = Schedule()
-MAX_PREAMBLE = 16_384  # characters: a few worked examples, not a library
+Runs = dict[tuple[str, str], Run]  # (query id, condition) → its run
 MEMORY_METHOD = "VmHWM of /proc/self/status after writing '5' to /proc/self/clear_refs (whole process, weights included)"
 
 
@@ -135,6 +148,19 @@ class Task:
     condition: str
     entry_id: str | None
     selection: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` records of the queries: the source and split they come from, the synthetic problems added,
+    the library-split problems with no entry in the library, and notes on how this audit's split differs."""
+
+    source: JsonObject | None = None
+    split: JsonObject | None = None
+    synthetic: JsonObject | None = None
+    queries: dict[str, int] = field(default_factory=dict)  # per group
+    library_missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Library:
@@ -296,7 +322,7 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
 
 def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int | None = None,
             library_fraction: float | None = None, salt: str | None = None, synthetic_n: int = 0,
-            synthetic_seed: int = 1) -> tuple[list[Query], dict[str, Any]]:
+            synthetic_seed: int = 1) -> tuple[list[Query], Prepared]:
     """The queries: the library and held-out halves of the source split, then `synthetic_n` fresh problems.
 
     Source, fraction and salt default to what the library's entries recorded at build time, and so does
@@ -341,42 +367,41 @@ def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int |
             raise InputError(f"query id {qq.problem.id!r} occurs twice (is the library source also synthetic with "
                              f"seed {synthetic_seed}? pass another --synthetic-seed)")
         seen.add(qq.problem.id)
-    record = {"source": source_rec, "split": split_rec,
-              "synthetic": {"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
-              "queries": {g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
-              "library_missing": missing, "notes": notes}
-    return queries, record
+    return queries, Prepared(source=source_rec, split=split_rec,
+                             synthetic={"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
+                             queries={g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
+                             library_missing=missing, notes=notes)
 
 
 # ---------------------------------------------------------------- aggregation
 
 
-def _acc(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _acc(rows: Sequence[Run]) -> Accuracy:
     n = len(rows)
-    k = sum(1 for r in rows if r["correct"])
+    k = sum(1 for r in rows if r.correct)
     lo, hi = stats.wilson(k, n)
-    return {"k": k, "n": n, "accuracy": k / n if n else None, "interval": [lo, hi]}
+    return Accuracy(k=k, n=n, accuracy=k / n if n else None, interval=[lo, hi])
 
 
-def _pass(rows: Sequence[dict[str, Any]], samples: int) -> dict[str, Any]:
+def _pass(rows: Sequence[Run], samples: int) -> dict[str, Any]:
     if not rows:
         return {"pass_at_1_mean": None, "pass_at_k": {}}
-    p1 = sum(r["n_correct"] / r["n_samples"] for r in rows) / len(rows)
-    pk = {str(k): sum(stats.pass_at_k(r["n_samples"], r["n_correct"], k) for r in rows) / len(rows)
+    p1 = sum(r.n_correct / r.n_samples for r in rows) / len(rows)
+    pk = {str(k): sum(stats.pass_at_k(r.n_samples, r.n_correct, k) for r in rows) / len(rows)
           for k in range(1, samples + 1)}
     return {"pass_at_1_mean": p1, "pass_at_k": pk}
 
 
-def _compare(by: dict[tuple[str, str], dict[str, Any]], qids: Sequence[str], cond: str, name: str, scope: str,
+def _compare(by: Runs, qids: Sequence[str], cond: str, name: str, scope: str,
              settings: Settings) -> dict[str, Any]:
     ids = [q for q in qids if (q, "none") in by and (q, cond) in by]
-    a = [bool(by[(q, "none")]["correct"]) for q in ids]
-    b = [bool(by[(q, cond)]["correct"]) for q in ids]
+    a = [by[(q, "none")].correct for q in ids]
+    b = [by[(q, cond)].correct for q in ids]
     m = stats.mcnemar(a, b, labels=(SHORT["none"], SHORT[cond]))
     boot = None
     if ids:
-        fa = [by[(q, "none")]["n_correct"] / by[(q, "none")]["n_samples"] for q in ids]
-        fb = [by[(q, cond)]["n_correct"] / by[(q, cond)]["n_samples"] for q in ids]
+        fa = [by[(q, "none")].n_correct / by[(q, "none")].n_samples for q in ids]
+        fb = [by[(q, cond)].n_correct / by[(q, cond)].n_samples for q in ids]
         boot = stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict()
     verdict = m.verdict if ids else f"no queries to compare a and {SHORT[cond]} ({scope})"
     detectable = stats.detectable_effect(len(ids))
@@ -397,18 +422,20 @@ def power_phrase(d: dict[str, Any]) -> str:
             "smaller ones are not excluded")
 
 
-def _split_rows(rows: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for part, want in (("clean", False), ("contaminated", True)):
-        sel = [r for r in rows if r["leakage"] is not None and bool(r["leakage"]["contaminated"]) == want]
-        base = [by[(r["query_id"], "none")] for r in sel if (r["query_id"], "none") in by]
-        out[part] = {**_acc(sel), "baseline": _acc(base), "query_ids": [r["query_id"] for r in sel]}
-    flags = ("answer_in_entry", "problem_in_entry", "solution_in_entry")
-    out["flags"] = {f: sum(1 for r in rows if r["leakage"] and r["leakage"][f]) for f in flags}
-    return out
+def _split_rows(rows: Sequence[Run], by: Runs) -> Split:
+    def part(contaminated: bool) -> SplitPart:
+        sel = [r for r in rows if r.leakage is not None and r.leakage.contaminated == contaminated]
+        base = [by[(r.query_id, "none")] for r in sel if (r.query_id, "none") in by]
+        return SplitPart(**_acc(sel).model_dump(), baseline=_acc(base), query_ids=[r.query_id for r in sel])
+
+    leaks = [r.leakage for r in rows if r.leakage is not None]
+    flags = Flags(answer_in_entry=sum(1 for x in leaks if x.answer_in_entry),
+                  problem_in_entry=sum(1 for x in leaks if x.problem_in_entry),
+                  solution_in_entry=sum(1 for x in leaks if x.solution_in_entry))
+    return Split(clean=part(False), contaminated=part(True), flags=flags)
 
 
-def _sum(rows: Sequence[dict[str, Any]], f: Callable[[dict[str, Any]], float]) -> float:
+def _sum(rows: Sequence[Run], f: Callable[[Run], float]) -> float:
     return float(sum(f(r) for r in rows))
 
 
@@ -416,18 +443,18 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _accuracies(results: Sequence[dict[str, Any]], conds: Sequence[str], settings: Settings) -> list[dict[str, Any]]:
+def _accuracies(results: Sequence[Run], conds: Sequence[str], settings: Settings) -> list[dict[str, Any]]:
     """Accuracy per condition, overall and per group (with pass@k over the samples)."""
     conditions: list[dict[str, Any]] = []
     for c in conds:
-        rows = [r for r in results if r["condition"] == c]
-        groups = {g: _acc([r for r in rows if r["group"] == g]) for g in GROUPS if any(r["group"] == g for r in rows)}
-        conditions.append({"condition": c, "label": LABELS[c], **_acc(rows), **_pass(rows, settings.samples),
+        rows = [r for r in results if r.condition == c]
+        groups = {g: _acc([r for r in rows if r.group == g]).model_dump() for g in GROUPS if any(r.group == g for r in rows)}
+        conditions.append({"condition": c, "label": LABELS[c], **_acc(rows).model_dump(), **_pass(rows, settings.samples),
                            "groups": groups})
     return conditions
 
 
-def _comparisons(by: dict[tuple[str, str], dict[str, Any]], queries: Sequence[Query], conds: Sequence[str],
+def _comparisons(by: Runs, queries: Sequence[Query], conds: Sequence[str],
                  settings: Settings) -> list[dict[str, Any]]:
     """The paired comparisons against no graft (a): replay (b), and the other entry (c) per query group."""
     qids = [q.problem.id for q in queries]
@@ -445,61 +472,55 @@ def _comparisons(by: dict[tuple[str, str], dict[str, Any]], queries: Sequence[Qu
     return comparisons
 
 
-def _equality(by: dict[tuple[str, str], dict[str, Any]], qids: Sequence[str], conds: Sequence[str]) -> dict[str, Any]:
+def _equality(by: Runs, qids: Sequence[str], conds: Sequence[str]) -> dict[Literal["own", "other"], Equality]:
     """(d) equals (b) / (c) token for token: each prompt-text condition against its graft, first difference of each."""
-    equality: dict[str, Any] = {}
+    equality: dict[Literal["own", "other"], Equality] = {}
     for g, t in AS_TEXT.items():
         pairs = [q for q in qids if (q, g) in by and (q, t) in by]
         mismatches = []
         for q in pairs:
-            ga, ta = by[(q, g)]["samples"], by[(q, t)]["samples"]
+            ga, ta = by[(q, g)].samples, by[(q, t)].samples
             for i, (x, y) in enumerate(zip(ga, ta, strict=True)):
-                if x["token_ids"] != y["token_ids"]:
-                    at = next((j for j, (u, v) in enumerate(zip(x["token_ids"], y["token_ids"], strict=False)) if u != v),
-                              min(len(x["token_ids"]), len(y["token_ids"])))
-                    mismatches.append({"query_id": q, "sample": i, "first_difference": at})
+                if x.token_ids != y.token_ids:
+                    at = next((j for j, (u, v) in enumerate(zip(x.token_ids, y.token_ids, strict=False)) if u != v),
+                              min(len(x.token_ids), len(y.token_ids)))
+                    mismatches.append(Mismatch(query_id=q, sample=i, first_difference=at))
                     break
         if pairs or g in conds:
-            equality[g] = {"graft": g, "text": t, "n": len(pairs), "equal": len(pairs) - len(mismatches),
-                           "mismatches": mismatches}
+            equality[g] = Equality(graft=g, text=t, n=len(pairs), equal=len(pairs) - len(mismatches),
+                                   mismatches=mismatches)
     return equality
 
 
-def _leakage(results: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]],
-             conds: Sequence[str]) -> dict[str, Any]:
+def _leakage(results: Sequence[Run], by: Runs, conds: Sequence[str]) -> Leakage:
     """The clean / contaminated split per grafted condition, with (a) on the same queries."""
-    leakage: dict[str, Any] = {"method": f"lm-evaluation-harness janitor {NGRAM}-grams of problem and solution, and the "
-                                         "gold answer as a standalone token (kvgraft.generalization.leakage)",
-                               "by_condition": {}}
-    for c in conds:
-        if c == "none":
-            continue
-        leakage["by_condition"][c] = _split_rows([r for r in results if r["condition"] == c], by)
-    return leakage
+    return Leakage(method=f"lm-evaluation-harness janitor {NGRAM}-grams of problem and solution, and the gold answer "
+                          "as a standalone token (kvgraft.generalization.leakage)",
+                   by_condition={c: _split_rows([r for r in results if r.condition == c], by) for c in conds if c != "none"})
 
 
-def _condition_ledger(rows: Sequence[dict[str, Any]], budget_of: dict[str, float], amortized: float | None,
+def _condition_ledger(rows: Sequence[Run], budget_of: dict[str, float], amortized: float | None,
                       uses_library: bool) -> dict[str, Any]:
     """One condition's totals, per-query means and ratios to the decode budget (upstream cost attributed, amortized)."""
     n = len(rows)
-    dec = _sum(rows, lambda r: r["tokens"]["decode"])
-    up_attr = _sum(rows, lambda r: r["upstream_tokens"])
-    bud = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: budget_of[r["query_id"]])
-    dec_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["tokens"]["decode"])
-    up_b = _sum([r for r in rows if r["query_id"] in budget_of], lambda r: r["upstream_tokens"])
-    n_b = sum(1 for r in rows if r["query_id"] in budget_of)
+    dec = _sum(rows, lambda r: r.tokens.decode)
+    up_attr = _sum(rows, lambda r: r.upstream_tokens)
+    bud = _sum([r for r in rows if r.query_id in budget_of], lambda r: budget_of[r.query_id])
+    dec_b = _sum([r for r in rows if r.query_id in budget_of], lambda r: r.tokens.decode)
+    up_b = _sum([r for r in rows if r.query_id in budget_of], lambda r: r.upstream_tokens)
+    n_b = sum(1 for r in rows if r.query_id in budget_of)
     totals = {
         "queries": n,
         "decode_tokens": int(dec),
-        "prefill_tokens": int(_sum(rows, lambda r: r["tokens"]["prefill"])),
-        "restored_tokens": int(_sum(rows, lambda r: r["tokens"]["restored"])),
-        "kv_bytes_restored": int(_sum(rows, lambda r: r["kv_bytes_restored"])),
+        "prefill_tokens": int(_sum(rows, lambda r: r.tokens.prefill)),
+        "restored_tokens": int(_sum(rows, lambda r: r.tokens.restored)),
+        "kv_bytes_restored": int(_sum(rows, lambda r: r.kv_bytes_restored)),
         "upstream_tokens_attributed": int(up_attr),
-        "seconds": _sum(rows, lambda r: r["seconds"]["total"]),
-        "restore_seconds": _sum(rows, lambda r: r["seconds"]["restore"]),
-        "prefill_seconds": _sum(rows, lambda r: r["seconds"]["prefill"]),
-        "decode_seconds": _sum(rows, lambda r: r["seconds"]["decode"]),
-        "energy_joules": _sum(rows, lambda r: r["energy"]["joules"]),
+        "seconds": _sum(rows, lambda r: r.seconds.total),
+        "restore_seconds": _sum(rows, lambda r: r.seconds.restore),
+        "prefill_seconds": _sum(rows, lambda r: r.seconds.prefill),
+        "decode_seconds": _sum(rows, lambda r: r.seconds.decode),
+        "energy_joules": _sum(rows, lambda r: r.energy.joules),
     }
     per_query = {k: (v / n if n else None) for k, v in totals.items() if k != "queries"}
     budget = {
@@ -511,11 +532,11 @@ def _condition_ledger(rows: Sequence[dict[str, Any]], budget_of: dict[str, float
     return {**totals, "per_query": per_query, **budget}
 
 
-def _ledger(lib: Library, results: Sequence[dict[str, Any]], by: dict[tuple[str, str], dict[str, Any]],
+def _ledger(lib: Library, results: Sequence[Run], by: Runs,
             qids: Sequence[str], conds: Sequence[str], settings: Settings) -> dict[str, Any]:
     """Tokens, time and energy per condition, against the decode budget, with and without the library's upstream cost."""
     up_entries = [e["meta"].get("upstream", {}) for e in lib.entries]
-    served = sorted({r["query_id"] for r in results if r["condition"] != "none"})
+    served = sorted({r.query_id for r in results if r.condition != "none"})
     lib_up = int(sum(u.get("tokens", 0) for u in up_entries))
     lib_up_all = int(sum(u.get("tokens_all", 0) for u in up_entries))
     amortized = lib_up / len(served) if served else None
@@ -524,8 +545,8 @@ def _ledger(lib: Library, results: Sequence[dict[str, Any]], by: dict[tuple[str,
         if settings.budget is not None:
             budget_of[q] = float(settings.budget * settings.samples)
         elif (q, "none") in by:
-            budget_of[q] = float(by[(q, "none")]["tokens"]["decode"])
-    per_condition = {c: _condition_ledger([r for r in results if r["condition"] == c], budget_of, amortized, c != "none")
+            budget_of[q] = float(by[(q, "none")].tokens.decode)
+    per_condition = {c: _condition_ledger([r for r in results if r.condition == c], budget_of, amortized, c != "none")
                      for c in conds}
     ledger = {
         "per_condition": per_condition,
@@ -560,19 +581,19 @@ def _ledger(lib: Library, results: Sequence[dict[str, Any]], by: dict[tuple[str,
     return ledger
 
 
-def _context(lib: Library, results: Sequence[dict[str, Any]], context_length: int | None) -> dict[str, Any]:
+def _context(lib: Library, results: Sequence[Run], context_length: int | None) -> dict[str, Any]:
     """Context accounting: library size against what is attended at once and the model's context, peak memory."""
-    graft_rows = [r for r in results if r["condition"] != "none"]
-    peaks = [r["memory"]["peak_rss_bytes"] for r in results if r["condition"] in GRAFTED and r["memory"]["peak_rss_bytes"]]
-    before = [r["memory"]["rss_before_bytes"] for r in results if r["memory"]["rss_before_bytes"]]
-    notes_mem = sorted({str(r["memory"]["note"]) for r in results if r["memory"]["note"]})
+    graft_rows = [r for r in results if r.condition != "none"]
+    peaks = [r.memory.peak_rss_bytes for r in results if r.condition in GRAFTED and r.memory.peak_rss_bytes]
+    before = [r.memory.rss_before_bytes for r in results if r.memory.rss_before_bytes]
+    notes_mem = sorted({str(r.memory.note) for r in results if r.memory.note})
     library_tokens = sum(int(e["num_tokens"]) for e in lib.entries)
-    attended = max((r["tokens"]["attended_max"] for r in graft_rows), default=0)
+    attended = max((r.tokens.attended_max for r in graft_rows), default=0)
     context = {
         "library_tokens": library_tokens,
-        "largest_prefix_tokens": max((r["tokens"]["prefix"] for r in graft_rows), default=0),
+        "largest_prefix_tokens": max((r.tokens.prefix for r in graft_rows), default=0),
         "attended_at_once_max": attended,
-        "attended_at_once_max_all": max((r["tokens"]["attended_max"] for r in results), default=0),
+        "attended_at_once_max_all": max((r.tokens.attended_max for r in results), default=0),
         "model_context_tokens": context_length,
         "attended_fits_context": None if context_length is None else attended <= context_length,
         "library_fits_context": None if context_length is None else library_tokens <= context_length,
@@ -583,30 +604,29 @@ def _context(lib: Library, results: Sequence[dict[str, Any]], context_length: in
     return context
 
 
-def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]], equality: dict[str, Any],
-                leakage: dict[str, Any], results: Sequence[dict[str, Any]], energy: dict[str, Any] | None,
-                settings: Settings) -> list[str]:
+def _statements(prepared: Prepared, comparisons: Sequence[dict[str, Any]],
+                equality: dict[Literal["own", "other"], Equality], leakage: Leakage, results: Sequence[Run],
+                energy: dict[str, Any] | None, settings: Settings) -> list[str]:
     """The result's sentences: preparation notes, each comparison's verdict, (d) vs graft, leakage, caveats."""
-    statements: list[str] = list(prepared.get("notes", []))
+    statements: list[str] = list(prepared.notes)
     for comp in comparisons:
         statements.append(comp["verdict"])
     for g, eq in equality.items():
-        if eq["n"] == 0:
+        if eq.n == 0:
             continue
         label = f"condition {SHORT[AS_TEXT[g]]} (the same tokens as prompt text) vs {SHORT[g]} (grafted)"
-        if eq["equal"] == eq["n"]:
-            statements.append(f"{label}: identical output tokens on {eq['equal']}/{eq['n']} queries")
+        if eq.equal == eq.n:
+            statements.append(f"{label}: identical output tokens on {eq.equal}/{eq.n} queries")
         else:
-            ids = ", ".join(m["query_id"] for m in eq["mismatches"][:10])
-            statements.append(f"{label}: outputs DIFFER on {eq['n'] - eq['equal']}/{eq['n']} queries ({ids}); the graft "
+            ids = ", ".join(str(m.query_id) for m in eq.mismatches[:10])
+            statements.append(f"{label}: outputs DIFFER on {eq.n - eq.equal}/{eq.n} queries ({ids}); the graft "
                               "is not equivalent to the prompt text here")
-    for c, sp in leakage["by_condition"].items():
-        if c in GRAFTED and sp["contaminated"]["n"]:
-            statements.append(f"{SHORT[c]}: {sp['contaminated']['n']} of {sp['clean']['n'] + sp['contaminated']['n']} "
-                              f"grafted entries leak the query's answer or text (accuracy there "
-                              f"{sp['contaminated']['k']}/{sp['contaminated']['n']}, clean "
-                              f"{sp['clean']['k']}/{sp['clean']['n']})")
-    foreign = sorted({r["query_id"] for r in results if r["condition"] == "own" and r["group"] != "library"})
+    for c, sp in leakage.by_condition.items():
+        dirty, clean = sp.contaminated, sp.clean
+        if c in GRAFTED and dirty.n:
+            statements.append(f"{SHORT[c]}: {dirty.n} of {clean.n + dirty.n} grafted entries leak the query's answer or "
+                              f"text (accuracy there {dirty.k}/{dirty.n}, clean {clean.k}/{clean.n})")
+    foreign = sorted({r.query_id for r in results if r.condition == "own" and r.group != "library"})
     if foreign:
         statements.append(f"{len(foreign)} query(ies) outside the library split have their own entry in the library: "
                           f"{', '.join(foreign[:10])}")
@@ -623,21 +643,22 @@ def _statements(prepared: dict[str, Any], comparisons: Sequence[dict[str, Any]],
 
 
 def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequence[Query], results: Sequence[dict[str, Any]],
-              settings: Settings, *, prepared: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+              settings: Settings, *, prepared: Prepared | None = None, energy: dict[str, Any] | None = None,
               context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
     """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed)."""
-    prepared = prepared or {}
+    prepared = prepared or Prepared()
     lib = Library(release)
-    by = {(r["query_id"], r["condition"]): r for r in results}
+    runs = [Run.model_validate(r) for r in results]
+    by: Runs = {(r.query_id, r.condition): r for r in runs}
     qids = [q.problem.id for q in queries]
-    conds = [c for c in CONDITIONS if any(r["condition"] == c for r in results)]
-    conditions = _accuracies(results, conds, settings)
+    conds = [c for c in CONDITIONS if any(r.condition == c for r in runs)]
+    conditions = _accuracies(runs, conds, settings)
     comparisons = _comparisons(by, queries, conds, settings)
     equality = _equality(by, qids, conds)
-    leakage = _leakage(results, by, conds)
-    ledger = _ledger(lib, results, by, qids, conds, settings)
-    context = _context(lib, results, context_length)
-    statements = _statements(prepared, comparisons, equality, leakage, results, energy, settings)
+    leakage = _leakage(runs, by, conds)
+    ledger = _ledger(lib, runs, by, qids, conds, settings)
+    context = _context(lib, runs, context_length)
+    statements = _statements(prepared, comparisons, equality, leakage, runs, energy, settings)
     library_tokens = context["library_tokens"]
     return {
         "kind": RESULT_KIND,
@@ -647,16 +668,16 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
         "model": lm_info,
         "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
                     "entries": len(lib.entries), "entry_tokens": library_tokens,
-                    "missing": list(prepared.get("library_missing", []))},
-        "plan": {"source": prepared.get("source"), "split": prepared.get("split"), "synthetic": prepared.get("synthetic"),
+                    "missing": list(prepared.library_missing)},
+        "plan": {"source": prepared.source, "split": prepared.split, "synthetic": prepared.synthetic,
                  "queries": {g: sum(1 for q in queries if q.group == g) for g in GROUPS}, "conditions": conds,
                  "runs": len(results)},
         "settings": settings.as_dict(),
         "schedule": release.manifest["schedule"],
         "conditions": conditions,
         "comparisons": comparisons,
-        "equality": equality,
-        "leakage": leakage,
+        "equality": {g: eq.model_dump(mode="json") for g, eq in equality.items()},
+        "leakage": leakage.model_dump(mode="json"),
         "ledger": ledger,
         "context": context,
         "energy": energy,
@@ -674,7 +695,7 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
 
 
 def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], settings: Settings = Settings(), *,
-          prepared: dict[str, Any] | None = None,
+          prepared: Prepared | None = None,
           progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
     from kvgraft.execution.executor import LocalExecutor
@@ -706,6 +727,6 @@ def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], setti
 
 
 __all__ = [
-    "RESULT_KIND", "SCHEMA", "Library", "Query", "Settings", "Task", "aggregate", "audit", "plan",
+    "RESULT_KIND", "SCHEMA", "Library", "Prepared", "Query", "Settings", "Task", "aggregate", "audit", "plan",
     "prepare", "query_text", "run_query",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 CONDITIONS = ("none", "own", "other", "own_text", "other_text")
 GRAFTED = ("own", "other")
-AS_TEXT = {"own": "own_text", "other": "other_text"}
+AS_TEXT: dict[Literal["own", "other"], Literal["own_text", "other_text"]] = {"own": "own_text", "other": "other_text"}
 LABELS = {
     "none": "a: no graft",
     "own": "b: own solution (replay)",

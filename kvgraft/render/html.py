@@ -7,9 +7,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import pct
 from kvgraft.render.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
+from kvgraft.results.generalization import NamedAccuracy
 from kvgraft.results.recompute import RecomputeData
 
 HTML_COLOR = {
@@ -96,7 +96,7 @@ def heatmap_svg(data: RecomputeData) -> str:
     return "".join(parts) + more
 
 
-def intervals_svg(accuracies: list[Accuracy]) -> str:
+def intervals_svg(accuracies: list[NamedAccuracy]) -> str:
     rows = [(a, acc_interval(a)) for a in accuracies]
     label_w, plot_w, right_w, row_h, top = 190, 560, 190, 26, 24
     width = label_w + plot_w + right_w
@@ -109,12 +109,12 @@ def intervals_svg(accuracies: list[Accuracy]) -> str:
                      f'<text x="{x:.1f}" y="{top - 8}" font-size="10" text-anchor="middle" fill="#555">{t}%</text>')
     for j, (a, iv) in enumerate(rows):
         y = top + row_h * j + row_h / 2
-        k, n = a["k"], a["n"]
-        parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" font-size="12" text-anchor="end">{esc(a["name"])}</text>')
+        k, n = a.k, a.n
+        parts.append(f'<text x="{label_w - 8}" y="{y + 4:.1f}" font-size="12" text-anchor="end">{esc(a.name)}</text>')
         if iv is not None:
             x0, x1 = label_w + plot_w * iv[0], label_w + plot_w * iv[1]
             parts.append(f'<rect x="{x0:.1f}" y="{y - 6:.1f}" width="{max(1.0, x1 - x0):.1f}" height="12" rx="3" fill="#9ecae1">'
-                         f'<title>{esc(a["name"])}: 95% interval {pct(iv[0])}–{pct(iv[1])}</title></rect>')
+                         f'<title>{esc(a.name)}: 95% interval {pct(iv[0])}–{pct(iv[1])}</title></rect>')
         px = label_w + plot_w * k / n
         parts.append(f'<circle cx="{px:.1f}" cy="{y:.1f}" r="5" fill="#08519c"/>')
         right = f"{k}/{n} = {pct(k / n)}" + (f" [{pct(iv[0])}, {pct(iv[1])}]" if iv else "")
@@ -123,12 +123,12 @@ def intervals_svg(accuracies: list[Accuracy]) -> str:
     return "".join(parts)
 
 
-def accuracy_html(title: str, accuracies: list[Accuracy]) -> str:
+def accuracy_html(title: str, accuracies: list[NamedAccuracy]) -> str:
     rows = []
     for a in accuracies:
-        k, n = a["k"], a["n"]
+        k, n = a.k, a.n
         iv = acc_interval(a)
-        rows.append([esc(a["name"]), f"{k}/{n}", pct(k / n), "-" if iv is None else f"{pct(iv[0])}–{pct(iv[1])}"])
+        rows.append([esc(a.name), f"{k}/{n}", pct(k / n), "-" if iv is None else f"{pct(iv[0])}–{pct(iv[1])}"])
     return f"<h3>{esc(title)}</h3>" + intervals_svg(accuracies) + table(["condition", "k/n", "accuracy", "95% Wilson interval"],
                                                                       rows, num=(1, 2, 3))
 

@@ -8,10 +8,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
 from kvgraft.render.views import HEAT, acc_interval, heatmap_model
 from kvgraft.results.claims import ClaimVerdict, ShownFinding
+from kvgraft.results.generalization import NamedAccuracy
 from kvgraft.results.recompute import RecomputeData
 
 
@@ -81,16 +81,16 @@ def interval_bar(k: int, n: int, lo: float, hi: float, width: int = 30) -> Text:
 
 
 
-def accuracy_view(console: Console, title: str, accuracies: list[Accuracy]) -> RenderableType:
+def accuracy_view(console: Console, title: str, accuracies: list[NamedAccuracy]) -> RenderableType:
     headers = ["condition", "k/n", "accuracy", "95% interval"]
     t = Table(title=title, title_justify="left")
     for i, h in enumerate([*headers, "0% " + " " * 24 + "100%"]):
         t.add_column(h, justify="right" if i in (1, 2, 3) else "left")
     rows = []
     for a in accuracies:
-        k, n = a["k"], a["n"]
+        k, n = a.k, a.n
         iv = acc_interval(a) if n else None
-        row = [a["name"], f"{k}/{n}", pct(k / n) if n else "-", f"{pct(iv[0])}–{pct(iv[1])}" if iv else "-"]
+        row = [a.name, f"{k}/{n}", pct(k / n) if n else "-", f"{pct(iv[0])}–{pct(iv[1])}" if iv else "-"]
         rows.append(row)
         t.add_row(*row, interval_bar(k, n, *iv) if iv else "")
     return fitted(console, t, headers, rows)

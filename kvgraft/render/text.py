@@ -6,14 +6,12 @@ import json
 import re
 import textwrap
 import unicodedata
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
-
-from kvgraft.render.shapes import KN
 
 STATUS_STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow", "incomplete": "bold yellow"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "incomplete": "?"}
@@ -100,9 +98,19 @@ def pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
+class KN(Protocol):
+    """k of n (solved of asked)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+
 def kn(a: KN | None) -> str:
-    """k/n of an accuracy dict, "-" when it has no n."""
-    return f"{a['k']}/{a['n']}" if a and a.get("n") else "-"
+    """k/n of an accuracy, "-" when it has no n."""
+    return f"{a.k}/{a.n}" if a is not None and a.n else "-"
 
 
 def ratio(k: int, n: int) -> str:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from typing import NotRequired, TypedDict
 
-from kvgraft.render.shapes import Accuracy
 from kvgraft.render.text import num as _num
 from kvgraft.results.claims import ClaimsData
 from kvgraft.results.controls import ControlsData
 from kvgraft.results.determinism import Condition, DeterminismData
+from kvgraft.results.generalization import NamedAccuracy
 from kvgraft.results.recompute import EntryData, LayerData, RecomputeData
 from kvgraft.results.verify import VerifyData
 
@@ -223,16 +223,16 @@ def verify_lines(data: VerifyData) -> tuple[str, list[str]]:
         details.append(f"signature: {sig.status} {sig.method or ''} {who}".strip())
     return result, details
 
-def acc_interval(a: Accuracy) -> tuple[float, float] | None:
+def acc_interval(a: NamedAccuracy) -> tuple[float, float] | None:
     """The accuracy's interval as recorded, else the Wilson interval of k of n; None when there is no n."""
-    iv = a.get("interval")
+    iv = a.interval
     if iv is not None:
         return iv[0], iv[1]  # the schema gives it exactly two members
-    if not a["n"]:
+    if not a.n:
         return None
     from kvgraft.generalization.stats import wilson_interval  # scipy: imported when an interval is drawn
 
-    return wilson_interval(a["k"], a["n"], a.get("confidence", 0.95))
+    return wilson_interval(a.k, a.n, 0.95 if a.confidence is None else a.confidence)
 
 def controls_rows(result: ControlsData) -> list[list[str]]:
     """One row per control: what it expects, a vs graft, p, the leakage split, the detectable effect, shows?"""

@@ -22,7 +22,7 @@ from kvgraft.generalization.conditions import CONDITIONS, LABELS
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
 from kvgraft.inference.runtime import Schedule
-from kvgraft.schema import schema_dir, validate
+from kvgraft.schema import validate
 from kvgraft.signing.policy import OwnOutput
 from kvgraft.signing.verify import VerifiedRelease, verified
 
@@ -267,9 +267,9 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
     assert [u["problem_id"] for u in build["unsolved"]] == [rejected]
     rel = verified(tmp_path / "lib", BUILT)
     queries, prepared = gen.prepare(rel)
-    assert prepared["split"]["library_ids"] == split_rec["library_ids"]  # the recorded split, reproduced
-    assert prepared["library_missing"] == [rejected]
-    assert any(rejected in n for n in prepared["notes"])
+    assert prepared.split is not None and prepared.split["library_ids"] == split_rec["library_ids"]  # reproduced
+    assert prepared.library_missing == [rejected]
+    assert any(rejected in n for n in prepared.notes)
     result = gen.audit(lm, rel, queries[:4], gen.Settings(max_new_tokens=2, n_boot=100), prepared=prepared)
     assert result["library"]["missing"] == [rejected]
     assert rejected not in _runs(result, "own") and rejected in _runs(result, "none")
@@ -300,6 +300,8 @@ def test_leakage_split_matches_the_per_query_audit(tiny_result: dict[str, Any],
             assert sp[part]["k"] == sum(runs[q]["correct"] for q in ids)
             assert sp[part]["baseline"]["n"] == len(ids)
             assert sp[part]["baseline"]["k"] == sum(baseline[q]["correct"] for q in ids)
+        for flag in ("answer_in_entry", "problem_in_entry", "solution_in_entry"):
+            assert sp["flags"][flag] == sum(r["leakage"][flag] for r in runs.values()), flag
     # the own solution holds the query's problem text and answer: every replay is contaminated
     own = tiny_result["leakage"]["by_condition"]["own"]
     assert own["clean"]["n"] == 0 and own["contaminated"]["n"] == 4 and own["flags"]["problem_in_entry"] == 4
@@ -333,6 +335,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     # a: right on q0 only; c: right on q0..q3 (q1..q3 contaminated), wrong on q4, q5 (clean)
     runs = [_fake_run(f"q{i}", "held_out", "none", i == 0, None, 10) for i in range(6)]
     runs += [_fake_run(f"q{i}", "held_out", "other", i < 4, 1 <= i <= 3, 4, upstream=100) for i in range(6)]
+    runs[-3]["leakage"]["solution_in_entry"] = True  # q3: its entry also holds the query's solution
     settings = gen.Settings(n_boot=300)
     result = gen.aggregate({"spec": "x", "identity": "0" * 64, "release_identity": "0" * 64, "forced": False}, rel, queries,
                            runs, settings, context_length=512)
@@ -341,6 +344,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     assert (sp["contaminated"]["baseline"]["k"], sp["contaminated"]["baseline"]["n"]) == (0, 3)
     assert (sp["clean"]["k"], sp["clean"]["n"]) == (1, 3)
     assert (sp["clean"]["baseline"]["k"], sp["clean"]["baseline"]["n"]) == (1, 3)
+    assert sp["flags"] == {"answer_in_entry": 3, "problem_in_entry": 0, "solution_in_entry": 1}
     held = next(c for c in result["comparisons"] if c["scope"] == "held_out")
     assert (held["mcnemar"]["b"], held["mcnemar"]["c"]) == (0, 3)
     assert held["mcnemar"]["p_exact"] == pytest.approx(0.25) and not held["significant"]
@@ -381,15 +385,14 @@ def test_result_is_valid_against_the_schema(tiny_result: dict[str, Any]) -> None
 
 
 def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, Any]) -> None:
-    from jsonschema import Draft202012Validator
-
-    report_schema = json.loads((schema_dir() / "audit-report.v1.json").read_text())
-    sub = {"$schema": report_schema["$schema"], "$defs": report_schema["$defs"], "$ref": "#/$defs/generalization"}
     from kvgraft.audit.checks.generalization import report_check_data
+    from kvgraft.schema import validate_part
 
+    # The report's rule for a generalization check refers to this part of the kind's schema file (tests/results).
     data = report_check_data(tiny_result)
-    errors = list(Draft202012Validator(sub).iter_errors(data))
-    assert not errors, errors[0].message
+    validate_part(data, gen.SCHEMA, "$defs/data", "report data")
+    with pytest.raises(SchemaError, match="p_value"):
+        validate_part({**data, "mcnemar": [{**data["mcnemar"][0], "p_value": 2}]}, gen.SCHEMA, "$defs/data", "bad")
     assert len(data["conditions"]) == len(tiny_result["conditions"])
     assert all(m["p_value"] <= 1 for m in data["mcnemar"])
 
@@ -410,12 +413,13 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
                    "context accounting", "ESTIMATE", "decode / budget"):
         assert needle in text, needle
     assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
-    from kvgraft.audit.checks import KINDS
+    from kvgraft.audit.checks import KINDS, view
     from kvgraft.audit.checks.generalization import report_check_data
 
     # A report's face of this result: its check's data as the audit run writes it (the report schema requires
     # `conditions` beside `result`).
-    face = KINDS["generalization"].face({**report_check_data(tiny_result), "result": tiny_result})
+    kind = KINDS["generalization"]
+    face = kind.face(view(kind, {**report_check_data(tiny_result), "result": tiny_result}))
     assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
 

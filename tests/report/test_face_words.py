@@ -15,6 +15,7 @@ from kvgraft.audit.checks import KINDS, view
 from kvgraft.audit.render_html import to_html
 from kvgraft.audit.render_report import print_report
 from kvgraft.generalization import stats
+from kvgraft.render.figures import Face
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 
@@ -49,17 +50,23 @@ def test_controls_face_words_the_power_figure_and_the_null() -> None:
 
 def test_generalization_face_words_the_power_figure_and_the_null() -> None:
     def comp(name: str, significant: bool, n: int) -> dict[str, Any]:
-        return {"name": name, "a": "none", "b": "own", "n": n, "significant": significant,
-                "mcnemar": {"correct_a": 1, "correct_b": 1, "p_exact": 1.0 if not significant else 0.01},
+        p = 1.0 if not significant else 0.01
+        mcnemar = {"n": n, "correct_a": 1, "correct_b": 1, "b": 0, "c": 0, "p_exact": p, "p_midp": p, "alpha": 0.05,
+                   "significant": significant, "verdict": "v"}
+        return {"name": name, "a": "none", "b": "own", "scope": "held_out", "query_ids": [], "n": n,
+                "significant": significant, "mcnemar": mcnemar, "bootstrap": None, "verdict": "v",
                 "detectable": stats.detectable_effect(n)}
 
-    face = KINDS["generalization"].face({"result": {"comparisons": [comp("replay", False, 6), comp("held-out", True, 6)]},
-                                    "conditions": []})
+    def face(*comps: dict[str, Any]) -> Face:
+        kind = KINDS["generalization"]
+        return kind.face(view(kind, {"result": {"kind": "kvgraft-generalization-result", "comparisons": list(comps)},
+                                     "conditions": []}))
+
+    face_ = face(comp("replay", False, 6), comp("held-out", True, 6))
     power, null = expected(6)
-    assert sum(power in f for f in face.figures) == 2 and sum(null in f for f in face.figures) == 1
+    assert sum(power in f for f in face_.figures) == 2 and sum(null in f for f in face_.figures) == 1
     # Nothing non-significant: no null line.
-    face = KINDS["generalization"].face({"result": {"comparisons": [comp("held-out", True, 6)]}, "conditions": []})
-    assert not any(null in f for f in face.figures)
+    assert not any(null in f for f in face(comp("held-out", True, 6)).figures)
 
 
 def test_terminal_and_html_show_the_same_words() -> None:

@@ -22,7 +22,7 @@ TYPED = [k for k in registry.BUILTIN if k.typed is not None]
 
 
 def test_the_small_kinds_are_typed() -> None:
-    assert [k.name for k in TYPED] == ["verify", "recompute", "determinism", "controls", "claims"]
+    assert [k.name for k in TYPED] == ["verify", "recompute", "determinism", "generalization", "controls", "claims"]
 
 
 @pytest.mark.parametrize("kind", TYPED, ids=lambda k: k.name)
@@ -77,6 +77,13 @@ def _data(report: dict[str, Any], kind: str) -> dict[str, Any]:
     ("recompute", lambda d: d.update(conditions={"replayed": [], "overridden": {}, "not_replayed": {}, "x": 1}), False),
     ("recompute", lambda d: d.update(conditions={"replayed": [], "overridden": {}, "not_replayed": {"t": [1]}}), False),
     ("recompute", lambda d: d.pop("entries"), False),
+    ("generalization", lambda d: d["conditions"][0].pop("interval"), True),  # optional: drawn from k of n
+    ("generalization", lambda d: d["conditions"][0].update(interval=None), False),
+    ("generalization", lambda d: d["conditions"][0].update(n=0), False),
+    ("generalization", lambda d: d["mcnemar"][0].update(p_value=1.5), False),
+    ("generalization", lambda d: d.update(ledger=None), False),
+    ("generalization", lambda d: d.pop("conditions"), False),
+    ("generalization", lambda d: d.update(result={"kind": "kvgraft-controls-result"}), False),
 ])
 def test_the_report_schema_takes_its_nulls_and_members_from_the_models(kind: str, edit: Any, valid: bool) -> None:
     report = _example()

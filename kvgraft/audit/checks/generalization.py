@@ -6,7 +6,7 @@ whole result under `result`) is built here: the generalization audit itself know
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from rich.console import Console, RenderableType
 
@@ -15,80 +15,10 @@ from kvgraft.audit.context import Context
 from kvgraft.generalization.conditions import LABELS, SHORT
 from kvgraft.render.figures import Face, detectable, null_meaning
 from kvgraft.render.html import accuracy_html, badge, esc, kv_html, table
-from kvgraft.render.shapes import KN, Accuracy, Detectable
 from kvgraft.render.terminal import accuracy_view, mapping_view
 from kvgraft.render.text import kn, num
 from kvgraft.render.text import table as text_table
-
-
-# What the face, details and HTML read of a report check's `data` ($defs/generalization of the report schema);
-# `result`, when present, is the whole result, valid against schemas/generalization-result.v1.json.
-class Benchmark(TypedDict, total=False):
-    name: str
-    size: int
-
-
-class McNemarRow(TypedDict):
-    a: str
-    b: str
-    a_only: int
-    b_only: int
-    p_value: float
-    method: NotRequired[str]
-
-
-class AccuracySplit(TypedDict, total=False):
-    clean: list[Accuracy]
-    contaminated: list[Accuracy]
-
-
-class Equality(TypedDict):
-    graft: str
-    text: str
-    n: int
-    equal: int
-
-
-class PairedTest(TypedDict):
-    correct_a: int
-    correct_b: int
-    p_exact: float
-    alpha: float
-
-
-class Comparison(TypedDict):
-    name: str
-    a: str
-    b: str
-    n: int
-    significant: bool
-    mcnemar: PairedTest
-    detectable: NotRequired[Detectable]
-
-
-class Leaked(TypedDict):
-    clean: KN
-    contaminated: KN
-
-
-class Leakage(TypedDict):
-    by_condition: dict[str, Leaked]
-
-
-class Result(TypedDict):
-    kind: str
-    equality: dict[str, Equality]
-    comparisons: list[Comparison]
-    leakage: Leakage
-
-
-class GeneralizationData(TypedDict):
-    conditions: list[Accuracy]
-    benchmark: NotRequired[Benchmark]
-    mcnemar: NotRequired[list[McNemarRow]]
-    split: NotRequired[AccuracySplit]
-    ledger: NotRequired[dict[str, object]]
-    result: NotRequired[Result]
+from kvgraft.results.generalization import TYPED, GeneralizationData, NamedAccuracy
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
@@ -172,90 +102,87 @@ def ledger_lines(g: dict[str, Any]) -> dict[str, str]:
 
 
 def face(data: GeneralizationData) -> Face:
-    result = data.get("result")
-    equality = (result.get("equality") or {}) if result is not None else {}
+    result = data.result
+    equality = (result.equality or {}) if result is not None else {}
     if equality:
-        same = [f"{SHORT.get(q['text'], q['text'])} = {SHORT.get(q['graft'], q['graft'])} on {q['equal']}/{q['n']}"
-                for q in equality.values()]
-        ok = all(q["equal"] == q["n"] for q in equality.values())
+        same = [f"{SHORT.get(q.text, q.text)} = {SHORT.get(q.graft, q.graft)} on {q.equal}/{q.n}" for q in equality.values()]
+        ok = all(q.equal == q.n for q in equality.values())
         verdict = ("the same tokens as prompt text reproduce each graft's output" if ok else
                    "the same tokens as prompt text do NOT reproduce a graft's output") + ": " + ", ".join(same)
     else:
         verdict = "no prompt-text condition to compare with the grafts"
-    bench = data.get("benchmark", Benchmark()).get("name")
-    accs = ", ".join(f"{a['name'].split(':')[0]} {kn(a)}" for a in data["conditions"])
+    bench = data.benchmark.name if data.benchmark is not None else None
+    accs = ", ".join(f"{a.name.split(':')[0]} {kn(a)}" for a in data.conditions)
     figures = [f"accuracy{' on ' + bench if bench else ''}: {accs}"] if accs else []
-    comps = (result.get("comparisons") or []) if result is not None else []
+    comps = (result.comparisons or []) if result is not None else []
     nulls = []
     for c in comps:
-        m = c["mcnemar"]
-        sig = "significant" if c.get("significant") else "not significant"
-        det = c.get("detectable")
-        n = c.get("n")
-        power = f"; {detectable(det['n'], det['effect'], det.get('power'))}" if det else ""
-        if det and n and not c.get("significant"):
-            nulls.append((det["n"], det["effect"]))
-        figures.append(f"{c['name']}: {SHORT.get(c['b'], c['b'])} {m.get('correct_b')}/{n} vs "
-                       f"{SHORT.get(c['a'], c['a'])} {m.get('correct_a')}/{n}, exact McNemar p = {num(m.get('p_exact'))}, "
-                       f"{sig} at {m.get('alpha', 0.05)}{power}")
+        m = c.mcnemar
+        sig = "significant" if c.significant else "not significant"
+        det = c.detectable
+        power = f"; {detectable(det.n, det.effect, det.power)}" if det else ""
+        if det and c.n and not c.significant:
+            nulls.append((det.n, det.effect))
+        figures.append(f"{c.name}: {SHORT.get(c.b, c.b)} {m.correct_b}/{c.n} vs {SHORT.get(c.a, c.a)} {m.correct_a}/{c.n}, "
+                       f"exact McNemar p = {num(m.p_exact)}, {sig} at {m.alpha}{power}")
     if nulls:
         figures.append(null_meaning(nulls))
     if not comps:
-        for row in data.get("mcnemar", []):
-            figures.append(f"{row['b']} vs {row['a']}: exact McNemar p = {num(row['p_value'])}")
-    leakage = result.get("leakage") if result is not None else None
-    for cond, leak in (leakage["by_condition"] if leakage is not None else {}).items():
-        dirty, clean = leak["contaminated"], leak["clean"]
-        if dirty["n"] and not cond.endswith("_text"):  # a text condition shares its graft's entries
-            figures.append(f"leakage: {dirty['n']} of {dirty['n'] + clean['n']} {SHORT.get(cond, cond)} queries "
+        for row in data.mcnemar or []:
+            figures.append(f"{row.b} vs {row.a}: exact McNemar p = {num(row.p_value)}")
+    leakage = result.leakage if result is not None else None
+    for cond, leak in (leakage.by_condition if leakage is not None else {}).items():
+        dirty, clean = leak.contaminated, leak.clean
+        if dirty.n and not cond.endswith("_text"):  # a text condition shares its graft's entries
+            figures.append(f"leakage: {dirty.n} of {dirty.n + clean.n} {SHORT.get(cond, cond)} queries "
                            f"have their answer or text in the grafted entry; right there {kn(dirty)}, "
-                           f"on clean ones {kn(clean) if clean['n'] else 'none to count'}")
+                           f"on clean ones {kn(clean) if clean.n else 'none to count'}")
     return Face(verdict, figures)
 
 
-def _splits(data: GeneralizationData) -> list[tuple[str, list[Accuracy]]]:
-    split = data.get("split", AccuracySplit())
-    return [(part, accs) for part, accs in (("clean", split.get("clean")), ("contaminated", split.get("contaminated")))
-            if accs]
+def _splits(data: GeneralizationData) -> list[tuple[str, list[NamedAccuracy]]]:
+    split = data.split
+    if split is None:
+        return []
+    return [(part, accs) for part, accs in (("clean", split.clean), ("contaminated", split.contaminated)) if accs]
+
+
+def _bench(data: GeneralizationData) -> tuple[str | None, int | None]:
+    return (data.benchmark.name, data.benchmark.size) if data.benchmark is not None else (None, None)
 
 
 def details(data: GeneralizationData, console: Console) -> list[RenderableType]:
     # The whole result under `result` is not drawn here: its tables are `kvgraft audit generalization`'s.
-    bench = data.get("benchmark", Benchmark())
-    out = [accuracy_view(console, "accuracy" + (f" on {bench['name']}" if bench.get("name") else ""),
-                         data["conditions"])]
-    mcnemar = data.get("mcnemar")
-    if mcnemar:
-        rows = [[m["a"], m["b"], str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}"] for m in mcnemar]
+    name, _ = _bench(data)
+    out = [accuracy_view(console, "accuracy" + (f" on {name}" if name else ""), data.conditions)]
+    if data.mcnemar:
+        rows = [[m.a, m.b, str(m.a_only), str(m.b_only), f"{m.p_value:.4g}"] for m in data.mcnemar]
         out.append(text_table(console, "paired comparisons (exact McNemar)", ["a", "b", "only a", "only b", "p"], rows))
     for part, accs in _splits(data):
         out.append(accuracy_view(console, f"{part} problems", accs))
-    ledger = data.get("ledger")
-    if ledger is not None:
-        out.append(mapping_view(console, "generalization ledger", ledger))
+    if data.ledger is not None:
+        out.append(mapping_view(console, "generalization ledger", data.ledger))
     return out
 
 
 def html(data: GeneralizationData) -> str:
-    bench = data.get("benchmark", Benchmark())
-    title = "accuracy" + (f" on {bench.get('name')}" if bench.get("name") else "")
-    title += f" ({bench.get('size')} problems)" if bench.get("size") else ""
-    out = accuracy_html(title, data["conditions"])
-    mcnemar = data.get("mcnemar")
-    if mcnemar:
-        rows = [[esc(m["a"]), esc(m["b"]), str(m["a_only"]), str(m["b_only"]), f"{m['p_value']:.4g}",
-                 badge("supported", "significant at 0.05") if m["p_value"] < 0.05
-                 else badge("unsupported", "not significant at 0.05")] for m in mcnemar]
+    name, size = _bench(data)
+    title = "accuracy" + (f" on {name}" if name else "")
+    title += f" ({size} problems)" if size else ""
+    out = accuracy_html(title, data.conditions)
+    if data.mcnemar:
+        rows = [[esc(m.a), esc(m.b), str(m.a_only), str(m.b_only), f"{m.p_value:.4g}",
+                 badge("supported", "significant at 0.05") if m.p_value < 0.05
+                 else badge("unsupported", "not significant at 0.05")] for m in data.mcnemar]
         out += "<h3>paired comparisons (exact McNemar)</h3>" + table(["a", "b", "solved only by a", "solved only by b", "p", ""],
                                                                      rows, num=(2, 3, 4))
     for part, accs in _splits(data):
         out += accuracy_html(f"{part} problems", accs)
-    ledger = data.get("ledger")
-    if ledger is not None:
-        out += "<h3>ledger</h3>" + kv_html(ledger)
+    if data.ledger is not None:
+        out += "<h3>ledger</h3>" + kv_html(data.ledger)
     return out
 
 
 KIND = CheckKind(
     name="generalization", schema="generalization-result.v1.json", status=status, stamps_status=True, run=run,
-    face=face, details=details, html=html, known_data=("benchmark", "conditions", "mcnemar", "split", "ledger"))
+    face=face, details=details, html=html, known_data=("benchmark", "conditions", "mcnemar", "split", "ledger"), typed=TYPED)

@@ -24,16 +24,13 @@ from kvgraft.schema import load_schema, schema_dir
 
 REPORT = "audit-report.v1.json"
 PLAN = "audit-plan.v1.json"
-# The report schema's own $defs for the kinds whose report data has no model yet (their shape is written there).
-_REPORT_DEFS = {"generalization": "generalization"}
 
 
 def data_ref(k: CheckKind) -> str:
-    """Where the report schema finds a built-in kind's report data: the `data` part of the kind's schema file,
-    or (a kind with no model yet) the report schema's own $defs."""
-    if k.typed is not None:
-        return f"{k.typed.file}#/$defs/data"
-    return f"#/$defs/{_REPORT_DEFS[k.name]}"
+    """Where the report schema finds a built-in kind's report data: the `data` part of the kind's schema file."""
+    if k.typed is None:
+        raise ValueError(f"built-in check kind {k.name!r} has no typed result: its report data has no schema")
+    return f"{k.typed.file}#/$defs/data"
 
 
 def report_schema() -> JsonSchemaValue:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from kvgraft.release.models import FileMeta
+
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
 FORMAT_VERSIONS = (1, 2)
@@ -184,20 +186,21 @@ class Release:
             found = {i: self.entry(i) for i in sorted(set(ids), key=lambda i: owner.get(i, -1))}
         return [found[i] for i in ids]
 
-    def file_meta(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def file_meta(self, entry: dict[str, Any]) -> FileMeta:
         """{sha256, size} of an entry's file, as the manifest (format 2: its shard) states it."""
         if self._index is not None:
             return self._index.file_meta(entry)
-        return dict(self.manifest["files"][entry["file"]])
+        meta: FileMeta = self.manifest["files"][entry["file"]]
+        return meta.copy()
 
-    def subject_files(self) -> dict[str, dict[str, Any]]:
+    def subject_files(self) -> dict[str, FileMeta]:
         """The files a statement lists beside manifest.json: format 1 every file, format 2 the index
         files (the shards bind the entry files)."""
         if self._index is not None:
             return self._index.index_files()
         return dict(self.manifest["files"])
 
-    def all_files(self) -> dict[str, dict[str, Any]]:
+    def all_files(self) -> dict[str, FileMeta]:
         """Every file of the release but manifest.json, with its {sha256, size} (format 2: reads every shard)."""
         if self._index is not None:
             return {**self._index.index_files(), **self._index.all_files()}

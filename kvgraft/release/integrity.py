@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -38,6 +38,9 @@ from kvgraft.release import sources
 from kvgraft.release.format import SIDE_FILES, Release, check_commitments
 from kvgraft.release.hashing import hash_file, hash_file_ranges, hash_ranges, pool
 from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import FileMeta
 
 MAX_RELEASE_FILES = 1_000_000
 # What a listing says about a release beyond its file digests, checked against the parsed manifest
@@ -517,7 +520,7 @@ def _result(future: Future[_T], path: Path) -> _T:
 # file of the release (a future holds a lock and a condition: ~1 KB each, 100 MB at 100,000 entries).
 HASH_WINDOW = 64
 
-_Files = list[tuple[str, dict[str, Any]]]
+_Files = list[tuple[str, "FileMeta"]]
 
 
 def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[str, Any]]]]]:
@@ -538,7 +541,7 @@ def _records(shard: release_index.Shard) -> Iterator[dict[str, Any]]:
     return (shard.record(e["id"]) for e in shard.entries)
 
 
-def _release_files(rel: Release) -> Iterator[tuple[str, dict[str, Any]]]:
+def _release_files(rel: Release) -> Iterator[tuple[str, FileMeta]]:
     return (item for files, _ in _groups(rel) for item in files)
 
 

@@ -18,7 +18,16 @@ from typing import Annotated, Any, Literal, NotRequired, Union, cast, get_args, 
 
 import annotated_types
 import msgspec
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    with_config,
+)
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
@@ -54,16 +63,16 @@ DType = Literal["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "f
 Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
 
 
+@with_config(_STRICT)
 class Tensor(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     byte_range: Span
     dtype: DType
     sha256: Sha256
     shape: Annotated[list[Annotated[int, Field(ge=0, le=1099511627776)]], Field(max_length=8)]
 
 
+@with_config(_STRICT)
 class Layer(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     cumulative_length: NotRequired[Count]
     index: Count
     keys: NotRequired[str]
@@ -75,28 +84,28 @@ class Layer(TypedDict):
     values: NotRequired[str]
 
 
+@with_config(_STRICT)
 class NextToken(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     argmax: Count
     dtype: DType
     logits_sha256: Sha256
 
 
+@with_config(_STRICT)
 class Probe(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     token_ids: list[Count]
 
 
+@with_config(_STRICT)
 class Source(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     kind: Literal["text", "messages"]
     messages: NotRequired[list[Any]]
     sha256: Sha256
     text: NotRequired[str]
 
 
+@with_config(_STRICT)
 class Entry(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     answer: NotRequired[str | int | float | None]
     digest: Sha256
     file: RelPath
@@ -113,14 +122,14 @@ class Entry(TypedDict):
     token_ids_sha256: Sha256
 
 
+@with_config(_STRICT)
 class FileMeta(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     sha256: Sha256
     size: Count
 
 
+@with_config(_STRICT)
 class Shard(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     entries: list[Entry]
     files: dict[RelPath, FileMeta]
     format: Literal["kvgraft-cache-index-shard"]
@@ -128,6 +137,26 @@ class Shard(TypedDict):
 
 
 SHARD = TypeAdapter(Shard)
+
+
+class ShardListing(TypedDict):
+    """One index shard as manifest.json lists it (schemas/cache-manifest.v2.json, `index.shards`)."""
+
+    file: str
+    ids: list[str]
+    num_tokens: NotRequired[list[int]]
+    sha256: str
+    size: int
+
+
+class PrefixListing(TypedDict):
+    """The prefix index as manifest.json lists it (schemas/cache-manifest.v2.json, `index.prefix`)."""
+
+    block_tokens: int
+    file: str
+    records: int
+    sha256: str
+    size: int
 
 
 class Published(GenerateJsonSchema):

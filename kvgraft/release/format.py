@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from kvgraft.release.models import FileMeta
+    from kvgraft.release.models import FileMeta, ShardListing
 
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
@@ -350,14 +350,14 @@ class ReleaseWriter:
         self.shard_entries = shard_entries
         self.shard_bytes = release_index.SHARD_BYTES if shard_bytes is None else shard_bytes
         self.entries: list[dict[str, Any]] = []  # every record (kept), or the current shard's
-        self.files: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, FileMeta] = {}
         self.count = 0
         self.tokens = 0
         self._ids: set[str] = set()
         self._shard: list[dict[str, Any]] = []
         self._shard_bytes = 0  # the current shard's records, as canonical JSON
-        self._shard_files: dict[str, dict[str, Any]] = {}
-        self._shards: list[dict[str, Any]] = []
+        self._shard_files: dict[str, FileMeta] = {}
+        self._shards: list[ShardListing] = []
         self._prefix = release_index.PrefixWriter()
         if format_version == 2:
             with self._refused():
@@ -407,7 +407,7 @@ class ReleaseWriter:
         self._add_record(entry, rel, {"sha256": sha256_hex(data), "size": len(data)})
         return entry
 
-    def _add_record(self, entry: dict[str, Any], rel: str, meta: dict[str, Any]) -> None:
+    def _add_record(self, entry: dict[str, Any], rel: str, meta: FileMeta) -> None:
         self._ids.add(entry["id"])
         if self.keep_entries:
             self.entries.append(entry)

@@ -35,6 +35,7 @@ from typing_extensions import TypedDict, get_type_hints, is_typeddict
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, SchemaError
+from kvgraft.results.base import JsonObject
 
 MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
 
@@ -198,7 +199,7 @@ def _plainer(node: Any) -> Any:
     return out
 
 
-def shard_schema() -> dict[str, Any]:
+def shard_schema() -> JsonObject:
     """The index shard's JSON Schema written from the types (`$defs` by type name)."""
     return SHARD.json_schema(schema_generator=Published)
 

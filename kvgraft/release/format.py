@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from kvgraft.release.models import FileMeta, ShardListing
+    from kvgraft.release.models import Entry, FileMeta, ShardListing
 
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
@@ -108,7 +108,7 @@ class Release:
     _checked_headers: OrderedDict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
         default_factory=OrderedDict, repr=False, compare=False)
     _index: release_index.Index | None = field(default=None, repr=False, compare=False)
-    _by_id: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    _by_id: dict[str, Entry] | None = field(default=None, repr=False, compare=False)
     _prefix: release_index.PrefixTable | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

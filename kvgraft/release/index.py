@@ -26,7 +26,7 @@ from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, entry_digest, safe_path
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import FileMeta, PrefixListing, ShardListing
+    from kvgraft.release.models import Entry, FileMeta, PrefixListing, ShardListing
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
@@ -117,15 +117,15 @@ class PrefixWriter:
 
 @dataclass
 class Shard:
-    entries: list[dict[str, Any]]
-    by_id: dict[str, dict[str, Any]]
+    entries: list[Entry]
+    by_id: dict[str, Entry]
     files: dict[str, FileMeta]
     path: Path
     num_layers: int  # the manifest's model's: each record's layer map is checked against it
     canonical: dict[str, bytes] = field(default_factory=dict)  # by id: a record's canonical JSON, no digest
     checked: set[str] = field(default_factory=set)
 
-    def record(self, entry_id: str) -> dict[str, Any]:
+    def record(self, entry_id: str) -> Entry:
         """An entry record, its own commitments checked (once)."""
         entry = self.by_id[entry_id]
         if entry_id not in self.checked:
@@ -196,7 +196,7 @@ class Index:
                                  f"{self.prefix_meta['size']} bytes")
             _bounded(root / self.prefix_meta["file"], self.prefix_meta["size"], MAX_PREFIX_BYTES, "a prefix index")
         self._cache: OrderedDict[int, Shard] = OrderedDict()
-        self._records: OrderedDict[str, tuple[dict[str, Any], FileMeta]] = OrderedDict()
+        self._records: OrderedDict[str, tuple[Entry, FileMeta]] = OrderedDict()
         self._prefix: PrefixPages | None = None
         self._shard_bytes = 0
         self.shards_read: list[int] = []  # the shards read since opening, in order (tests count them)
@@ -278,7 +278,7 @@ class Index:
             self._cache.popitem(last=False)
         return shard
 
-    def entry(self, entry_id: str) -> dict[str, Any] | None:
+    def entry(self, entry_id: str) -> Entry | None:
         kept = self._records.get(entry_id)
         if kept is not None:
             self._records.move_to_end(entry_id)
@@ -326,7 +326,7 @@ class Index:
         ids: list[str] = self.shards[k]["ids"]
         return ids[ordinal - self.starts[k]]
 
-    def all_entries(self) -> Iterator[dict[str, Any]]:
+    def all_entries(self) -> Iterator[Entry]:
         # The collector paused for the whole pass, not a shard at a time: each resume would walk the last
         # shard's tens of thousands of new objects (~15% of reading it), and the records hold no cycles.
         with jsonio.collector_paused():

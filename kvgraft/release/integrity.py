@@ -538,7 +538,7 @@ def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[s
 
 
 def _records(shard: release_index.Shard) -> Iterator[dict[str, Any]]:
-    return (shard.record(e["id"]) for e in shard.entries)
+    return (dict(shard.record(e["id"])) for e in shard.entries)
 
 
 def _release_files(rel: Release) -> Iterator[tuple[str, FileMeta]]:

@@ -14,7 +14,7 @@ import functools
 import operator
 import re
 import types
-from typing import Annotated, Any, Literal, NotRequired, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin
 
 import annotated_types
 import msgspec
@@ -260,7 +260,7 @@ _DECODER = msgspec.json.Decoder(_twin(Shard))
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
-def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
     with the same message; and, by entry id, each record's canonical JSON without its digest where the
@@ -281,8 +281,8 @@ def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, byte
     if same and _free_form_plain(doc["entries"]):
         canonical = {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
                      if _canonical(e)}
-        return cast(dict[str, Any], doc), canonical
-    return cast(dict[str, Any], _reference(raw, where)), {}
+        return doc, canonical
+    return _reference(raw, where), {}
 
 
 _SHA256_OF = operator.itemgetter("sha256")

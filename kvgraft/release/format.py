@@ -189,7 +189,7 @@ class Release:
     def file_meta(self, entry: dict[str, Any]) -> FileMeta:
         """{sha256, size} of an entry's file, as the manifest (format 2: its shard) states it."""
         if self._index is not None:
-            return self._index.file_meta(entry)
+            return self._index.file_meta(entry["id"], entry["file"])
         meta: FileMeta = self.manifest["files"][entry["file"]]
         return meta.copy()
 

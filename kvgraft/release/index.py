@@ -293,18 +293,18 @@ class Index:
             self._records.popitem(last=False)
         return record
 
-    def file_meta(self, entry: dict[str, Any]) -> FileMeta:
-        eid = entry["id"]
+    def file_meta(self, eid: str, file: str) -> FileMeta:
+        """{sha256, size} of `file` as the shard holding entry `eid` lists it."""
         k = self.owner.get(eid)
         if k is None:
             raise InputError(f"{self.where}: no entry {eid!r}")
         kept = self._records.get(eid)
-        if kept is not None and kept[0]["file"] == entry["file"]:
+        if kept is not None and kept[0]["file"] == file:
             return kept[1].copy()
         files = self.shard(k).files
-        if entry["file"] not in files:
-            raise InputError(f"{self.where}: entry {eid!r}: file {entry['file']!r} is not listed")
-        return files[entry["file"]].copy()
+        if file not in files:
+            raise InputError(f"{self.where}: entry {eid!r}: file {file!r} is not listed")
+        return files[file].copy()
 
     def ids(self) -> list[str]:
         return [eid for s in self.shards for eid in s["ids"]]

@@ -40,7 +40,7 @@ from kvgraft.release.hashing import hash_file, hash_file_ranges, hash_ranges, po
 from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import FileMeta
+    from kvgraft.release.models import FileMeta, Tensor
 
 MAX_RELEASE_FILES = 1_000_000
 # What a listing says about a release beyond its file digests, checked against the parsed manifest
@@ -705,22 +705,22 @@ def _hash_all(run: _Run, rel: Release) -> _Hashed:
                 continue
             out.tensors += len(entry["tensors"])
             if deep and out.tensor is None:
-                out.tensor = _rehash(root, entry, out)
+                out.tensor = _rehash(root, entry["id"], entry["file"], entry["tensors"], out)
     while window:
         settle()
     return out
 
 
-def _rehash(root: Path, entry: dict[str, Any], out: _Hashed) -> str | None:
-    """Step 7 for one entry: every tensor's bytes against its digest; the failure's one line, or None."""
-    table = entry["tensors"]
+def _rehash(root: Path, eid: str, file: str, table: dict[str, Tensor], out: _Hashed) -> str | None:
+    """Step 7 for one entry (its file and tensor table): every tensor's bytes against its digest; the failure's
+    one line, or None."""
     order = sorted(table, key=lambda n: table[n]["byte_range"][0])
-    path = root / entry["file"]
+    path = root / file
     got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
     for n, sha in zip(order, got, strict=True):
         if sha != table[n]["sha256"]:
             a, b = table[n]["byte_range"]
-            return tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"])
+            return tensor_mismatch(f"{path}: entry {eid!r}", n, a, b, sha, table[n]["sha256"])
     out.rehashed += len(order)
     out.rehashed_bytes += sum(t["byte_range"][1] - t["byte_range"][0] for t in table.values())
     return None

@@ -22,6 +22,7 @@ from pydantic import (
     AfterValidator,
     ConfigDict,
     Field,
+    JsonValue,
     StringConstraints,
     TypeAdapter,
     ValidationError,
@@ -113,7 +114,7 @@ class Entry(TypedDict):
     header_sha256: NotRequired[Sha256]
     id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     layers: list[Layer]
-    meta: NotRequired[dict[str, Any]]
+    meta: NotRequired[JsonObject]
     next_token: NextToken
     num_tokens: Annotated[int, Field(ge=1, le=MAX_INT)]
     probe: NotRequired[Probe]
@@ -239,6 +240,8 @@ _TWINS: dict[type, Any] = {}
 def _twin(tp: Any) -> Any:
     """The type the typed decoder (msgspec) reads for model type `tp`: the same members, kinds and bounds, so
     that the models stay the one source of both the published schema and the decoder."""
+    if tp is JsonValue:  # free-form JSON, which msgspec reads untyped: _free_form_plain checks it as the strict reader
+        return Any
     if is_typeddict(tp):
         if tp not in _TWINS:
             hints = get_type_hints(tp, include_extras=True)

@@ -116,9 +116,9 @@ def check_entry_record(where: Path, entry: Entry, files: Mapping[str, FileMeta],
     layers' tensors listed. `digest`: entry_digest's value found faster where the record's type is known
     (Index.shard: the typed serializer's bytes of the record)."""
     eid = entry["id"]
-    if (actual := digest(entry)) != entry["digest"]:
+    if digest(entry) != entry["digest"]:
         raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
-                             f"({actual})")
+                             f"({digest(entry)})")
     if entry["file"] not in files:
         raise InputError(f"{where}: entry {eid!r}: file {entry['file']!r} is not listed in files")
     if len(entry["token_ids"]) != entry["num_tokens"]:

@@ -143,7 +143,7 @@ class Listing:
 
     def file_record(self, entry: records.Entry) -> records.FileMeta:
         """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
-        return cast(records.FileMeta, self._release.file_meta(dict(entry)))
+        return self._release.file_meta(dict(entry))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from kvgraft.release.models import Entry, FileMeta, ShardListing
+
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
 FORMAT_VERSIONS = (1, 2)
@@ -106,7 +108,7 @@ class Release:
     _checked_headers: OrderedDict[str, tuple[Any, bytes, dict[str, stfile.TensorInfo]]] = field(
         default_factory=OrderedDict, repr=False, compare=False)
     _index: release_index.Index | None = field(default=None, repr=False, compare=False)
-    _by_id: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    _by_id: dict[str, Entry] | None = field(default=None, repr=False, compare=False)
     _prefix: release_index.PrefixTable | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -184,20 +186,21 @@ class Release:
             found = {i: self.entry(i) for i in sorted(set(ids), key=lambda i: owner.get(i, -1))}
         return [found[i] for i in ids]
 
-    def file_meta(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def file_meta(self, entry: dict[str, Any]) -> FileMeta:
         """{sha256, size} of an entry's file, as the manifest (format 2: its shard) states it."""
         if self._index is not None:
-            return self._index.file_meta(entry)
-        return dict(self.manifest["files"][entry["file"]])
+            return self._index.file_meta(entry["id"], entry["file"])
+        meta: FileMeta = self.manifest["files"][entry["file"]]
+        return meta.copy()
 
-    def subject_files(self) -> dict[str, dict[str, Any]]:
+    def subject_files(self) -> dict[str, FileMeta]:
         """The files a statement lists beside manifest.json: format 1 every file, format 2 the index
         files (the shards bind the entry files)."""
         if self._index is not None:
             return self._index.index_files()
         return dict(self.manifest["files"])
 
-    def all_files(self) -> dict[str, dict[str, Any]]:
+    def all_files(self) -> dict[str, FileMeta]:
         """Every file of the release but manifest.json, with its {sha256, size} (format 2: reads every shard)."""
         if self._index is not None:
             return {**self._index.index_files(), **self._index.all_files()}
@@ -347,14 +350,14 @@ class ReleaseWriter:
         self.shard_entries = shard_entries
         self.shard_bytes = release_index.SHARD_BYTES if shard_bytes is None else shard_bytes
         self.entries: list[dict[str, Any]] = []  # every record (kept), or the current shard's
-        self.files: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, FileMeta] = {}
         self.count = 0
         self.tokens = 0
         self._ids: set[str] = set()
         self._shard: list[dict[str, Any]] = []
         self._shard_bytes = 0  # the current shard's records, as canonical JSON
-        self._shard_files: dict[str, dict[str, Any]] = {}
-        self._shards: list[dict[str, Any]] = []
+        self._shard_files: dict[str, FileMeta] = {}
+        self._shards: list[ShardListing] = []
         self._prefix = release_index.PrefixWriter()
         if format_version == 2:
             with self._refused():
@@ -404,7 +407,7 @@ class ReleaseWriter:
         self._add_record(entry, rel, {"sha256": sha256_hex(data), "size": len(data)})
         return entry
 
-    def _add_record(self, entry: dict[str, Any], rel: str, meta: dict[str, Any]) -> None:
+    def _add_record(self, entry: dict[str, Any], rel: str, meta: FileMeta) -> None:
         self._ids.add(entry["id"])
         if self.keep_entries:
             self.entries.append(entry)

@@ -17,13 +17,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, IntegrityError
 from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, entry_digest, safe_path
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import Entry, FileMeta, PrefixListing, ShardListing
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
@@ -114,15 +117,15 @@ class PrefixWriter:
 
 @dataclass
 class Shard:
-    entries: list[dict[str, Any]]
-    by_id: dict[str, dict[str, Any]]
-    files: dict[str, dict[str, Any]]
+    entries: list[Entry]
+    by_id: dict[str, Entry]
+    files: dict[str, FileMeta]
     path: Path
     num_layers: int  # the manifest's model's: each record's layer map is checked against it
     canonical: dict[str, bytes] = field(default_factory=dict)  # by id: a record's canonical JSON, no digest
     checked: set[str] = field(default_factory=set)
 
-    def record(self, entry_id: str) -> dict[str, Any]:
+    def record(self, entry_id: str) -> Entry:
         """An entry record, its own commitments checked (once)."""
         entry = self.by_id[entry_id]
         if entry_id not in self.checked:
@@ -152,7 +155,7 @@ class Index:
         self.where = root / MANIFEST
         self.num_layers = int(manifest["model"]["num_hidden_layers"])
         idx = manifest["index"]
-        self.shards: list[dict[str, Any]] = idx["shards"]
+        self.shards: list[ShardListing] = idx["shards"]
         self.owner: dict[str, int] = {}
         self.starts: list[int] = []
         names: set[str] = set()
@@ -184,7 +187,7 @@ class Index:
             raise InputError(f"{self.where}: index says {idx['tokens']} tokens, its shards' token counts sum to "
                              f"{listed_tokens}")
         self.count = count
-        self.prefix_meta: dict[str, Any] | None = idx.get("prefix")
+        self.prefix_meta: PrefixListing | None = idx.get("prefix")
         if self.prefix_meta is not None:
             if check_relpath(self.prefix_meta["file"], f"{self.where}: prefix index") in names:
                 raise InputError(f"{self.where}: the prefix index shares a file with a shard")
@@ -193,7 +196,7 @@ class Index:
                                  f"{self.prefix_meta['size']} bytes")
             _bounded(root / self.prefix_meta["file"], self.prefix_meta["size"], MAX_PREFIX_BYTES, "a prefix index")
         self._cache: OrderedDict[int, Shard] = OrderedDict()
-        self._records: OrderedDict[str, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+        self._records: OrderedDict[str, tuple[Entry, FileMeta]] = OrderedDict()
         self._prefix: PrefixPages | None = None
         self._shard_bytes = 0
         self.shards_read: list[int] = []  # the shards read since opening, in order (tests count them)
@@ -205,9 +208,9 @@ class Index:
 
     # -------------------------------------------------------------------------------------- files
 
-    def index_files(self) -> dict[str, dict[str, Any]]:
+    def index_files(self) -> dict[str, FileMeta]:
         """name -> {sha256, size} of every index file (the shards, the prefix index)."""
-        files = {s["file"]: {"sha256": s["sha256"], "size": s["size"]} for s in self.shards}
+        files: dict[str, FileMeta] = {s["file"]: {"sha256": s["sha256"], "size": s["size"]} for s in self.shards}
         if self.prefix_meta is not None:
             files[self.prefix_meta["file"]] = {"sha256": self.prefix_meta["sha256"], "size": self.prefix_meta["size"]}
         return files
@@ -275,7 +278,7 @@ class Index:
             self._cache.popitem(last=False)
         return shard
 
-    def entry(self, entry_id: str) -> dict[str, Any] | None:
+    def entry(self, entry_id: str) -> Entry | None:
         kept = self._records.get(entry_id)
         if kept is not None:
             self._records.move_to_end(entry_id)
@@ -290,18 +293,18 @@ class Index:
             self._records.popitem(last=False)
         return record
 
-    def file_meta(self, entry: dict[str, Any]) -> dict[str, Any]:
-        eid = entry["id"]
+    def file_meta(self, eid: str, file: str) -> FileMeta:
+        """{sha256, size} of `file` as the shard holding entry `eid` lists it."""
         k = self.owner.get(eid)
         if k is None:
             raise InputError(f"{self.where}: no entry {eid!r}")
         kept = self._records.get(eid)
-        if kept is not None and kept[0]["file"] == entry["file"]:
-            return dict(kept[1])
+        if kept is not None and kept[0]["file"] == file:
+            return kept[1].copy()
         files = self.shard(k).files
-        if entry["file"] not in files:
-            raise InputError(f"{self.where}: entry {eid!r}: file {entry['file']!r} is not listed")
-        return dict(files[entry["file"]])
+        if file not in files:
+            raise InputError(f"{self.where}: entry {eid!r}: file {file!r} is not listed")
+        return files[file].copy()
 
     def ids(self) -> list[str]:
         return [eid for s in self.shards for eid in s["ids"]]
@@ -323,7 +326,7 @@ class Index:
         ids: list[str] = self.shards[k]["ids"]
         return ids[ordinal - self.starts[k]]
 
-    def all_entries(self) -> Iterator[dict[str, Any]]:
+    def all_entries(self) -> Iterator[Entry]:
         # The collector paused for the whole pass, not a shard at a time: each resume would walk the last
         # shard's tens of thousands of new objects (~15% of reading it), and the records hold no cycles.
         with jsonio.collector_paused():
@@ -332,8 +335,8 @@ class Index:
                 for e in shard.entries:
                     yield shard.record(e["id"])
 
-    def all_files(self) -> dict[str, dict[str, Any]]:
-        files: dict[str, dict[str, Any]] = {}
+    def all_files(self) -> dict[str, FileMeta]:
+        files: dict[str, FileMeta] = {}
         for k in range(len(self.shards)):
             files.update(self.shard(k).files)
         return files

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -38,6 +38,9 @@ from kvgraft.release import sources
 from kvgraft.release.format import SIDE_FILES, Release, check_commitments
 from kvgraft.release.hashing import hash_file, hash_file_ranges, hash_ranges, pool
 from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import FileMeta, Tensor
 
 MAX_RELEASE_FILES = 1_000_000
 # What a listing says about a release beyond its file digests, checked against the parsed manifest
@@ -517,7 +520,7 @@ def _result(future: Future[_T], path: Path) -> _T:
 # file of the release (a future holds a lock and a condition: ~1 KB each, 100 MB at 100,000 entries).
 HASH_WINDOW = 64
 
-_Files = list[tuple[str, dict[str, Any]]]
+_Files = list[tuple[str, "FileMeta"]]
 
 
 def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[str, Any]]]]]:
@@ -535,10 +538,10 @@ def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[s
 
 
 def _records(shard: release_index.Shard) -> Iterator[dict[str, Any]]:
-    return (shard.record(e["id"]) for e in shard.entries)
+    return (dict(shard.record(e["id"])) for e in shard.entries)
 
 
-def _release_files(rel: Release) -> Iterator[tuple[str, dict[str, Any]]]:
+def _release_files(rel: Release) -> Iterator[tuple[str, FileMeta]]:
     return (item for files, _ in _groups(rel) for item in files)
 
 
@@ -702,22 +705,22 @@ def _hash_all(run: _Run, rel: Release) -> _Hashed:
                 continue
             out.tensors += len(entry["tensors"])
             if deep and out.tensor is None:
-                out.tensor = _rehash(root, entry, out)
+                out.tensor = _rehash(root, entry["id"], entry["file"], entry["tensors"], out)
     while window:
         settle()
     return out
 
 
-def _rehash(root: Path, entry: dict[str, Any], out: _Hashed) -> str | None:
-    """Step 7 for one entry: every tensor's bytes against its digest; the failure's one line, or None."""
-    table = entry["tensors"]
+def _rehash(root: Path, eid: str, file: str, table: dict[str, Tensor], out: _Hashed) -> str | None:
+    """Step 7 for one entry (its file and tensor table): every tensor's bytes against its digest; the failure's
+    one line, or None."""
     order = sorted(table, key=lambda n: table[n]["byte_range"][0])
-    path = root / entry["file"]
+    path = root / file
     got = hash_ranges(path, [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in order])
     for n, sha in zip(order, got, strict=True):
         if sha != table[n]["sha256"]:
             a, b = table[n]["byte_range"]
-            return tensor_mismatch(f"{path}: entry {entry['id']!r}", n, a, b, sha, table[n]["sha256"])
+            return tensor_mismatch(f"{path}: entry {eid!r}", n, a, b, sha, table[n]["sha256"])
     out.rehashed += len(order)
     out.rehashed_bytes += sum(t["byte_range"][1] - t["byte_range"][0] for t in table.values())
     return None

@@ -14,11 +14,21 @@ import functools
 import operator
 import re
 import types
-from typing import Annotated, Any, Literal, NotRequired, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin
 
 import annotated_types
 import msgspec
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    with_config,
+)
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
@@ -26,6 +36,7 @@ from typing_extensions import TypedDict, get_type_hints, is_typeddict
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, SchemaError
+from kvgraft.results.base import JsonObject
 
 MAX_INT = jsonio.MAX_INT  # I-JSON (RFC 7493): what a canonical digest can hold
 
@@ -54,16 +65,16 @@ DType = Literal["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "f
 Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
 
 
+@with_config(_STRICT)
 class Tensor(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     byte_range: Span
     dtype: DType
     sha256: Sha256
     shape: Annotated[list[Annotated[int, Field(ge=0, le=1099511627776)]], Field(max_length=8)]
 
 
+@with_config(_STRICT)
 class Layer(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     cumulative_length: NotRequired[Count]
     index: Count
     keys: NotRequired[str]
@@ -75,35 +86,35 @@ class Layer(TypedDict):
     values: NotRequired[str]
 
 
+@with_config(_STRICT)
 class NextToken(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     argmax: Count
     dtype: DType
     logits_sha256: Sha256
 
 
+@with_config(_STRICT)
 class Probe(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     token_ids: list[Count]
 
 
+@with_config(_STRICT)
 class Source(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     kind: Literal["text", "messages"]
     messages: NotRequired[list[Any]]
     sha256: Sha256
     text: NotRequired[str]
 
 
+@with_config(_STRICT)
 class Entry(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     answer: NotRequired[str | int | float | None]
     digest: Sha256
     file: RelPath
     header_sha256: NotRequired[Sha256]
     id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     layers: list[Layer]
-    meta: NotRequired[dict[str, Any]]
+    meta: NotRequired[JsonObject]
     next_token: NextToken
     num_tokens: Annotated[int, Field(ge=1, le=MAX_INT)]
     probe: NotRequired[Probe]
@@ -113,14 +124,14 @@ class Entry(TypedDict):
     token_ids_sha256: Sha256
 
 
+@with_config(_STRICT)
 class FileMeta(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     sha256: Sha256
     size: Count
 
 
+@with_config(_STRICT)
 class Shard(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     entries: list[Entry]
     files: dict[RelPath, FileMeta]
     format: Literal["kvgraft-cache-index-shard"]
@@ -128,6 +139,26 @@ class Shard(TypedDict):
 
 
 SHARD = TypeAdapter(Shard)
+
+
+class ShardListing(TypedDict):
+    """One index shard as manifest.json lists it (schemas/cache-manifest.v2.json, `index.shards`)."""
+
+    file: str
+    ids: list[str]
+    num_tokens: NotRequired[list[int]]
+    sha256: str
+    size: int
+
+
+class PrefixListing(TypedDict):
+    """The prefix index as manifest.json lists it (schemas/cache-manifest.v2.json, `index.prefix`)."""
+
+    block_tokens: int
+    file: str
+    records: int
+    sha256: str
+    size: int
 
 
 class Published(GenerateJsonSchema):
@@ -169,7 +200,7 @@ def _plainer(node: Any) -> Any:
     return out
 
 
-def shard_schema() -> dict[str, Any]:
+def shard_schema() -> JsonObject:
     """The index shard's JSON Schema written from the types (`$defs` by type name)."""
     return SHARD.json_schema(schema_generator=Published)
 
@@ -209,6 +240,8 @@ _TWINS: dict[type, Any] = {}
 def _twin(tp: Any) -> Any:
     """The type the typed decoder (msgspec) reads for model type `tp`: the same members, kinds and bounds, so
     that the models stay the one source of both the published schema and the decoder."""
+    if tp is JsonValue:  # free-form JSON, which msgspec reads untyped: _free_form_plain checks it as the strict reader
+        return Any
     if is_typeddict(tp):
         if tp not in _TWINS:
             hints = get_type_hints(tp, include_extras=True)
@@ -230,7 +263,7 @@ _DECODER = msgspec.json.Decoder(_twin(Shard))
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
-def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+def decode_shard(raw: bytes, where: str) -> tuple[Shard, dict[str, bytes]]:
     """An index shard's bytes decoded in one typed pass, refusing what `jsonio.loads_strict` and the schema
     refuse (duplicate keys, depth, integers beyond I-JSON, lone surrogates, NaN, bytes that are not UTF-8),
     with the same message; and, by entry id, each record's canonical JSON without its digest where the
@@ -251,8 +284,8 @@ def decode_shard(raw: bytes, where: str) -> tuple[dict[str, Any], dict[str, byte
     if same and _free_form_plain(doc["entries"]):
         canonical = {e["id"]: b"{" + r[_DIGEST_MEMBER:] for e, r in zip(doc["entries"], records, strict=True)
                      if _canonical(e)}
-        return cast(dict[str, Any], doc), canonical
-    return cast(dict[str, Any], _reference(raw, where)), {}
+        return doc, canonical
+    return _reference(raw, where), {}
 
 
 _SHA256_OF = operator.itemgetter("sha256")

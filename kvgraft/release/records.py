@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import operator
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import digest_json
 from kvgraft.errors import InputError, IntegrityError, short_int
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import Entry, FileMeta
 
 MANIFEST = "manifest.json"
 
@@ -76,7 +79,7 @@ _INDEX, _KIND = operator.itemgetter("index"), operator.itemgetter("kind")
 _KEYS, _VALUES = operator.itemgetter("keys"), operator.itemgetter("values")
 
 
-def check_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
+def check_layers(where: Path, entry: Entry, num_layers: int) -> None:
     """An entry's layer map against the model the manifest records: layer i at position i, every one of its
     `num_layers` layers once; a layer that stores states names both tensors, one that shares reads another."""
     layers = entry["layers"]
@@ -89,7 +92,7 @@ def check_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
     _walk_layers(where, entry, num_layers)
 
 
-def _walk_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
+def _walk_layers(where: Path, entry: Entry, num_layers: int) -> None:
     eid, layers = entry["id"], entry["layers"]
     if len(layers) != num_layers:
         raise InputError(f"{where}: entry {eid!r}: {len(layers)} layers, the manifest's model has {num_layers}")
@@ -107,7 +110,7 @@ def _walk_layers(where: Path, entry: dict[str, Any], num_layers: int) -> None:
             raise InputError(f"{at}: a {layer['kind']} layer names no keys or no values tensor")
 
 
-def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any], num_layers: int, *,
+def check_entry_record(where: Path, entry: Entry, files: Mapping[str, FileMeta], num_layers: int, *,
                        digest: Callable[[Any], str] = entry_digest) -> None:
     """One entry record's own commitments: its digest, token ids, file listed, layer map (check_layers),
     layers' tensors listed. `digest`: entry_digest's value found faster where the record's type is known
@@ -115,7 +118,7 @@ def check_entry_record(where: Path, entry: dict[str, Any], files: dict[str, Any]
     eid = entry["id"]
     if digest(entry) != entry["digest"]:
         raise IntegrityError(f"{where}: entry {eid!r}: digest {entry['digest']} does not match its content "
-                             f"({entry_digest(entry)})")
+                             f"({digest(entry)})")
     if entry["file"] not in files:
         raise InputError(f"{where}: entry {eid!r}: file {entry['file']!r} is not listed in files")
     if len(entry["token_ids"]) != entry["num_tokens"]:

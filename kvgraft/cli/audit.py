@@ -248,7 +248,7 @@ def claims_cmd(
 
         for r in claims_check_renderables(result, out):
             out.print(r)
-    exit_with(result["status"])
+    exit_with(str(result["status"]))
 
 
 @audit_app.command("determinism")
@@ -292,7 +292,7 @@ def determinism_cmd(
     else:
         for r in check_renderables("determinism", result, out):
             out.print(r)
-    exit_with(result["status"])
+    exit_with(str(result["status"]))
 
 
 @audit_app.command("kinds")

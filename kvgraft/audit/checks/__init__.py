@@ -28,6 +28,7 @@ from typing import Any
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
+from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate, validate_with
 from kvgraft.verdict import CHECK_STATUSES, STATUSES
 
@@ -169,7 +170,7 @@ def view(k: CheckKind, data: dict[str, Any]) -> Any:
     return k.typed.data.model_validate(data) if k.typed is not None else data
 
 
-def status(name: str, result: dict[str, Any]) -> str:
+def status(name: str, result: JsonObject) -> str:
     """The status of one audit result, by its kind's rule."""
     s = kind(name).status(result)
     if s not in STATUSES:
@@ -177,7 +178,7 @@ def status(name: str, result: dict[str, Any]) -> str:
     return s
 
 
-def seal(name: str, result: dict[str, Any], where: str | None = None) -> dict[str, Any]:
+def seal(name: str, result: JsonObject, where: str | None = None) -> JsonObject:
     """Stamp `result` with its status (for kinds whose result carries it) and validate it against its kind's
     schema; returns it. The one place a result gets its status."""
     k = kind(name)

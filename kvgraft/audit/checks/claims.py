@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter
 from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
@@ -13,7 +14,21 @@ from kvgraft.render.html import esc
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
+from kvgraft.results.base import Open
 from kvgraft.results.claims import TYPED, ClaimsCheck, ClaimsData
+
+
+class _Natural(Open):
+    kl_max: float
+
+
+class _Entry(Open):
+    """What this check reads of a recompute entry: the KL against a one-shot prefill without any cache."""
+
+    natural: _Natural
+
+
+_ENTRIES = TypeAdapter(list[_Entry])
 
 
 def claim_verdicts(claims_check: ClaimsCheck) -> list[dict[str, Any]]:
@@ -38,7 +53,8 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
     measured = claims.measured_from_recompute(recomputed)
     checked = claims.check(claims.load(path), measured or None, measured_where="this audit's recompute check")
     verdicts = claim_verdicts(checked)
-    natural_kl = max(abs(e["natural"]["kl_max"]) for e in recomputed["entries"]) if recomputed["entries"] else None
+    entries = _ENTRIES.validate_python(recomputed["entries"])
+    natural_kl = max(abs(e.natural.kl_max) for e in entries) if entries else None
     if natural_kl is not None:
         # Say for which comparison exactness was measured, next to the verdict itself.
         for c in verdicts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -46,7 +47,7 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
     path = ctx.plan.resolve(cc["file"])
     recomputed = ctx.results.get("recompute") if "measured" not in cc else None
     if recomputed is None:
-        checked = claims.check_files(path, cc.get("measured"))
+        checked = claims.check_files(path, Path(cc["measured"]) if cc.get("measured") else None)
         return Ran(checked.as_json(), f"{len(checked.claims)} claims checked against internal consistency"
                             + (" and the measurements file" if cc.get("measured") else ""),
                    claims=claim_verdicts(checked))

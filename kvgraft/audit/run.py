@@ -20,6 +20,7 @@ from kvgraft.errors import InputError
 from kvgraft.execution.executor import Executor, ModelSpec
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     from kvgraft.signing.policy import VerifyPolicy
@@ -212,8 +213,8 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
                else held.enter_context(verified(release, _policy(plan, origin, pub))))
     ctx = Context(plan, lm, out, say, ex, checked)
     ledger: dict[str, str] = {"library": origin.library} if origin.library else {}
-    checks: list[dict[str, Any]] = []
-    claims: list[dict[str, Any]] = []
+    checks: list[JsonObject] = []
+    claims: list[JsonObject] = []
     for name in list(kinds()):  # in the registry's order: claims read what recompute measured
         settings = plan.check(name)
         if settings is not None:

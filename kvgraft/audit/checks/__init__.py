@@ -200,8 +200,8 @@ def run_check(ctx: Context, name: str, settings: dict[str, Any], where: str | No
     return ran
 
 
-def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, Any] | None = None, *,
-               reason: str | None = None) -> dict[str, Any]:
+def make_check(name: str, kind: str, status: str, summary: str, data: JsonObject | None = None, *,
+               reason: str | None = None) -> JsonObject:
     """One entry of `checks`; a skipped check must say why."""
     if kind not in kinds() and kind != OTHER:
         raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join([*KINDS, OTHER])})")
@@ -209,7 +209,7 @@ def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, 
         raise InputError(f"check {name!r}: unknown status {status!r} (one of {', '.join(CHECK_STATUSES)})")
     if status == "skipped" and not reason:
         raise InputError(f"check {name!r}: a skipped check needs a reason")
-    check: dict[str, Any] = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
+    check: JsonObject = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
     if reason:
         check["reason"] = reason
     return check

@@ -15,7 +15,7 @@ from kvgraft.render.html import esc
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
-from kvgraft.results.base import Open
+from kvgraft.results.base import JsonObject, Open
 from kvgraft.results.claims import TYPED, ClaimsCheck, ClaimsData
 
 
@@ -32,7 +32,7 @@ class _Entry(Open):
 _ENTRIES = TypeAdapter(list[_Entry])
 
 
-def claim_verdicts(claims_check: ClaimsCheck) -> list[dict[str, Any]]:
+def claim_verdicts(claims_check: ClaimsCheck) -> list[JsonObject]:
     """The report's `claims` list from a claims-check result (kvgraft.claims.checker.check)."""
     return [{"id": c.id, "text": c.text, "kind": c.kind, "claimed": c.claimed, "verdict": c.verdict,
              "reason": c.reason} for c in claims_check.claims]
@@ -61,8 +61,8 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
         for c in verdicts:
             if c.get("kind") == "exactness":
                 contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
-                c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
-                                f"prefix + probe without any cache, max KL = {contrast})")
+                c["reason"] = (f"{c['reason']} (under the release's recorded prefill schedule; against a one-shot "
+                               f"prefill of prefix + probe without any cache, max KL = {contrast})")
     return Ran(checked.as_json(), f"{len(verdicts)} claims checked against internal consistency"
                         + (" and this audit's measurements" if measured else ""), claims=verdicts)
 

@@ -33,7 +33,7 @@ class Ran:
     summary: str
     data: JsonObject | None = None
     ledger: dict[str, str] = field(default_factory=dict)
-    claims: list[dict[str, Any]] = field(default_factory=list)
+    claims: list[JsonObject] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

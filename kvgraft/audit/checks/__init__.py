@@ -164,7 +164,7 @@ def kind(name: str) -> CheckKind:
     return known[name]
 
 
-def view(k: CheckKind, data: dict[str, Any]) -> Any:
+def view(k: CheckKind, data: JsonObject) -> Any:
     """A check's data as its kind's face, details and html take it: its typed data model, else the dict. The
     data passed the kind's schema (validate_report, seal), which is generated from that model: it builds."""
     return k.typed.data.model_validate(data) if k.typed is not None else data

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from kvgraft.audit.plan import Plan
 from kvgraft.execution.executor import Executor
 from kvgraft.inference import models
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     from kvgraft.signing.verify import VerifiedRelease
@@ -49,14 +50,14 @@ class Context:
                  ex: Executor | Lazy[Executor], release: VerifiedRelease | Lazy[VerifiedRelease]) -> None:
         self.plan, self.out, self.say = plan, out, say
         self._lm, self._ex, self._release = lm, ex, release
-        self._results: dict[str, dict[str, Any]] = {}
+        self._results: dict[str, JsonObject] = {}
 
     @property
-    def results(self) -> Mapping[str, dict[str, Any]]:
+    def results(self) -> Mapping[str, JsonObject]:
         """The sealed results of the checks that ran before, by kind: a read-only view."""
         return MappingProxyType(self._results)
 
-    def sealed(self, kind: str, result: dict[str, Any]) -> None:
+    def sealed(self, kind: str, result: JsonObject) -> None:
         """The runner's (audit run, a single-check command): `result` of `kind` ran and is sealed."""
         self._results[kind] = result
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kvgraft._internal.digest import digest_json
 from kvgraft._internal.jsonio import MAX_DEPTH, MAX_INT, MAX_JSON_BYTES, read_bounded
 from kvgraft.errors import InputError, short_int, short_repr
+from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class Plan:
     def sha256(self) -> str:
         return digest_json(self.doc)
 
-    def check(self, name: str) -> dict[str, Any] | None:
+    def check(self, name: str) -> JsonObject | None:
         """The settings of a check, or None when the plan leaves it out or disables it."""
         c = self.doc["checks"].get(name)
         if c is None or not c.get("enabled", True):

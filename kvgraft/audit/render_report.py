@@ -18,10 +18,11 @@ from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
 from kvgraft.render.text import STATUS_STYLE, hanging, plain_tree, styled
 from kvgraft.render.views import readings_lines
+from kvgraft.results.base import JsonObject
 from kvgraft.results.claims import ClaimsCheck, ClaimsData, ClaimVerdict
 
 
-def claims_check_renderables(result: dict[str, Any], console: Console) -> list[RenderableType]:
+def claims_check_renderables(result: JsonObject, console: Console) -> list[RenderableType]:
     """The terminal rendering of a claims-check result (`audit claims`, kvgraft.claims.checker.check)."""
     plain = plain_tree(result)
     checked = ClaimsCheck.model_validate(plain)  # sealed by the CLI: valid against schemas/claims.v1.json
@@ -37,7 +38,7 @@ def claims_check_renderables(result: dict[str, Any], console: Console) -> list[R
     return out
 
 
-def check_renderables(kind: str, data: dict[str, Any], console: Console) -> list[RenderableType]:
+def check_renderables(kind: str, data: JsonObject, console: Console) -> list[RenderableType]:
     """One check's details: the view `audit recompute` and `audit determinism` print on their own, and
     `report show --detail NAME` prints for a check of a report."""
     k = kinds().get(kind)

@@ -11,7 +11,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgraft.audit.checks import kinds, make_check, run_check, status
 from kvgraft.audit.context import Context, Progress
@@ -20,6 +20,7 @@ from kvgraft.errors import InputError
 from kvgraft.execution.executor import Executor, ModelSpec
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     from kvgraft.signing.policy import VerifyPolicy
@@ -37,11 +38,20 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where the audited release comes from: the plan's existing one, or one this run wrote from records or
+    built as a solution library (then `library` is the ledger's line of what building it cost)."""
+
+    kind: Literal["existing", "records", "library"]
+    library: str | None = None
+
+
+@dataclass(frozen=True)
 class Existing:
-    """A plan's existing release, verified under the plan's trust options, and what the report says of it."""
+    """A plan's existing release, verified under the plan's trust options."""
 
     release: VerifiedRelease
-    info: dict[str, Any]
+    origin: Origin = Origin("existing")
 
 
 def _existing(plan: Plan) -> Existing | None:
@@ -63,10 +73,10 @@ def _existing(plan: Plan) -> Existing | None:
     if spec.get("root_digest") and rel.manifest["root_digest"] != spec["root_digest"]:
         rel.close()
         raise InputError(f"{path}: root digest {rel.manifest['root_digest']} is not the plan's {spec['root_digest']}")
-    return Existing(rel, {"kind": "existing", "path": str(path)})
+    return Existing(rel)
 
 
-def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, dict[str, Any]]:
+def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tuple[Path, Origin]:
     """A release the run writes: captured from records, or built as a solution library."""
     from kvgraft.inference.capture import capture, read_records
     from kvgraft.inference.runtime import Schedule
@@ -81,7 +91,7 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
         say(f"capturing {src.name}")
         capture(lm, read_records(src), target, schedule=schedule, probe_tokens=spec.get("probe_tokens", 8), overwrite=True,
                 sliding=spec.get("sliding_layers", "window"))
-        return target, {"kind": "records", "records": str(src)}
+        return target, Origin("records")
     from kvgraft.generalization import library
 
     lib = spec["library"]
@@ -91,10 +101,13 @@ def _release(plan: Plan, lm: models.LoadedModel, out: Path, say: Progress) -> tu
                           salt=lib.get("salt", "kvgraft"), source=source, schedule=schedule,
                           settings=library.BuildSettings(attempts=lib.get("attempts", 0), generate=lib.get("attempts", 0) > 0),
                           probe_tokens=spec.get("probe_tokens", 8), overwrite=True)
-    return target, {"kind": "library", "build": {k: built[k] for k in ("source", "split", "counts", "totals", "unsolved")}}
+    c, t = built["counts"], built["totals"]
+    return target, Origin("library", f"{c['reference'] + c['model']} solved entries, {t['entry_tokens']:,} tokens "
+                                     f"({c['reference']} reference traces, {c['model']} model-generated, "
+                                     f"{c['unsolved']} unsolved); upstream cost {t['upstream_tokens']:,} tokens")
 
 
-def _policy(plan: Plan, release_info: dict[str, Any], public_key: Path | None) -> VerifyPolicy:
+def _policy(plan: Plan, origin: Origin, public_key: Path | None) -> VerifyPolicy:
     """The policy the run reads its release under: the ephemeral key it signed with; else, for a release this
     run wrote (captured or built), its own output (digests only); else, a plan's existing release, what its
     `[release]` trust options ask for (none: what `kvgraft verify` checks without a key)."""
@@ -102,8 +115,8 @@ def _policy(plan: Plan, release_info: dict[str, Any], public_key: Path | None) -
 
     if public_key is not None:
         return SignedWithKeys((public_key,))
-    if release_info["kind"] != "existing":
-        return OwnOutput(f"kvgraft audit run ({release_info['kind']})")
+    if origin.kind != "existing":
+        return OwnOutput(f"kvgraft audit run ({origin.kind})")
     return plan.release_policy()
 
 
@@ -122,7 +135,7 @@ def _signing_key(plan: Plan, out: Path) -> tuple[Any, Path | None]:
 
 
 def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
-        say: Progress = lambda _m: None, executor: dict[str, Any] | None = None) -> Outcome:
+        say: Progress = lambda _m: None, executor: dict[str, str | int | bool | None] | None = None) -> Outcome:
     """Run every enabled check of `plan`; write, sign and render the report under the output folder.
 
     Recompute and generalization run on the executor of the plan's `[executor]` table (kind local|ray,
@@ -146,7 +159,7 @@ def run(plan: Plan, *, out_dir: Path | None = None, device: str | None = None,
 
 
 def _run_on(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, out_dir: Path | None,
-            device: str | None, say: Progress, executor: dict[str, Any] | None) -> Outcome:
+            device: str | None, say: Progress, executor: dict[str, str | int | bool | None] | None) -> Outcome:
     from kvgraft.execution.executor import from_options, plan_options
     from kvgraft.inference.reapply import Conditions
 
@@ -182,7 +195,7 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
     device, dtype, attn = spec.conditions.load_options({})  # the plan's, every one set
     lm = models.load(spec.spec, device=device, dtype=dtype, attn=attn)
     out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a plan refused before leaves no folder
-    release, release_info = (existing.release.root, existing.info) if existing else _release(plan, lm, out, say)
+    release, origin = (existing.release.root, existing.origin) if existing else _release(plan, lm, out, say)
     key, pub = _signing_key(plan, out)
     # A release whose signer the plan names is the author's: [signing] signs the report, never the release again.
     resign = key is not None and not (existing and existing.release.policy.checks_signature)
@@ -197,17 +210,11 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
     from kvgraft.signing.verify import signature_statement, verified
 
     checked = (existing.release if existing and not resign
-               else held.enter_context(verified(release, _policy(plan, release_info, pub))))
+               else held.enter_context(verified(release, _policy(plan, origin, pub))))
     ctx = Context(plan, lm, out, say, ex, checked)
-    ledger: dict[str, Any] = {}
-    build = release_info.get("build")
-    if build:
-        c, t = build["counts"], build["totals"]
-        ledger["library"] = (f"{c['reference'] + c['model']} solved entries, {t['entry_tokens']:,} tokens "
-                             f"({c['reference']} reference traces, {c['model']} model-generated, "
-                             f"{c['unsolved']} unsolved); upstream cost {t['upstream_tokens']:,} tokens")
-    checks: list[dict[str, Any]] = []
-    claims: list[dict[str, Any]] = []
+    ledger: dict[str, str] = {"library": origin.library} if origin.library else {}
+    checks: list[JsonObject] = []
+    claims: list[JsonObject] = []
     for name in list(kinds()):  # in the registry's order: claims read what recompute measured
         settings = plan.check(name)
         if settings is not None:

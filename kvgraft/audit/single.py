@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgraft.errors import InputError
 from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
+from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
     from kvgraft.execution.options import ExecutorOptions
@@ -162,7 +163,7 @@ class GeneralizationSettings:
     out: Path | None = None
     preamble: str = ""
 
-    def check_settings(self) -> dict[str, Any]:
+    def check_settings(self) -> JsonObject:
         """The generalization check's settings (kvgraft.audit.checks.generalization), as a plan would give them."""
         return {k: getattr(self, k) for k in ("synthetic", "policy", "max_new_tokens", "samples", "temperature", "source",
                                               "limit", "library_fraction", "salt", "synthetic_seed", "seed", "force",

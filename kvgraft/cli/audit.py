@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -33,6 +33,9 @@ from kvgraft.cli._base import (
 )
 from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, OmsSignatureOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
+
+if TYPE_CHECKING:
+    from kvgraft.results.base import JsonObject
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: this process; ray: Ray actors that each hold the "
                                                              "model (a local Ray instance, or the cluster of --ray-address).")]
@@ -205,14 +208,14 @@ def sample_cmd(
         f"{signature_sentence(signature_statement(checked.checked).model_dump(mode='json'))}")
 
 
-def _recorded_sample(doc: Any, where: Path) -> dict[str, Any]:
+def _recorded_sample(doc: Any, where: Path) -> JsonObject:
     """The sample a recompute result, or an audit report's recompute check, records."""
     if isinstance(doc, dict) and isinstance(doc.get("sample"), dict):
-        return cast(dict[str, Any], doc["sample"])
+        return cast("JsonObject", doc["sample"])
     for c in doc.get("checks", []) if isinstance(doc, dict) else []:
         data = c.get("data") if isinstance(c, dict) else None
         if isinstance(data, dict) and c.get("kind") == "recompute" and isinstance(data.get("sample"), dict):
-            return cast(dict[str, Any], data["sample"])
+            return cast("JsonObject", data["sample"])
     raise InputError(f"{where}: records no sample (a recompute result or audit report from a sampled audit)")
 
 
@@ -237,7 +240,7 @@ def claims_cmd(
 
     # The claims check as `audit run` runs it (kvgraft.audit.checks.claims), against --measured instead of this
     # audit's recompute check; it reads no model and no release.
-    settings: dict[str, Any] = {"file": str(claims_file), "measured": measured}
+    settings: JsonObject = {"file": str(claims_file), "measured": None if measured is None else str(measured)}
     ctx = Context(plan.single("claims", settings), absent("model"), Path.cwd(), silent, absent("executor"),
                   absent("release"))
     result = run_check(ctx, "claims", settings, "claims check result").result
@@ -248,7 +251,7 @@ def claims_cmd(
 
         for r in claims_check_renderables(result, out):
             out.print(r)
-    exit_with(result["status"])
+    exit_with(str(result["status"]))
 
 
 @audit_app.command("determinism")
@@ -276,7 +279,7 @@ def determinism_cmd(
     if json_out is not None:
         check_writable(json_out)
     # The determinism check as `audit run` runs it (kvgraft.audit.checks.determinism): it loads its own models.
-    settings: dict[str, Any] = {"length": length, "gpu": gpu}
+    settings: JsonObject = {"length": length, "gpu": gpu}
     ctx = Context(plan.single("determinism", settings, model=model), absent("model"), Path.cwd(), silent,
                   absent("executor"), absent("release"))
     with Progress(console=err, transient=True) as bar:
@@ -292,7 +295,7 @@ def determinism_cmd(
     else:
         for r in check_renderables("determinism", result, out):
             out.print(r)
-    exit_with(result["status"])
+    exit_with(str(result["status"]))
 
 
 @audit_app.command("kinds")

@@ -28,6 +28,7 @@ from typing import Any
 from kvgraft.audit.checks.kind import CheckKind, Ran
 from kvgraft.audit.context import Context
 from kvgraft.errors import InputError
+from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate, validate_with
 from kvgraft.verdict import CHECK_STATUSES, STATUSES
 
@@ -163,13 +164,13 @@ def kind(name: str) -> CheckKind:
     return known[name]
 
 
-def view(k: CheckKind, data: dict[str, Any]) -> Any:
+def view(k: CheckKind, data: JsonObject) -> Any:
     """A check's data as its kind's face, details and html take it: its typed data model, else the dict. The
     data passed the kind's schema (validate_report, seal), which is generated from that model: it builds."""
     return k.typed.data.model_validate(data) if k.typed is not None else data
 
 
-def status(name: str, result: dict[str, Any]) -> str:
+def status(name: str, result: JsonObject) -> str:
     """The status of one audit result, by its kind's rule."""
     s = kind(name).status(result)
     if s not in STATUSES:
@@ -177,7 +178,7 @@ def status(name: str, result: dict[str, Any]) -> str:
     return s
 
 
-def seal(name: str, result: dict[str, Any], where: str | None = None) -> dict[str, Any]:
+def seal(name: str, result: JsonObject, where: str | None = None) -> JsonObject:
     """Stamp `result` with its status (for kinds whose result carries it) and validate it against its kind's
     schema; returns it. The one place a result gets its status."""
     k = kind(name)
@@ -199,8 +200,8 @@ def run_check(ctx: Context, name: str, settings: dict[str, Any], where: str | No
     return ran
 
 
-def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, Any] | None = None, *,
-               reason: str | None = None) -> dict[str, Any]:
+def make_check(name: str, kind: str, status: str, summary: str, data: JsonObject | None = None, *,
+               reason: str | None = None) -> JsonObject:
     """One entry of `checks`; a skipped check must say why."""
     if kind not in kinds() and kind != OTHER:
         raise InputError(f"check {name!r}: unknown kind {kind!r} (one of {', '.join([*KINDS, OTHER])})")
@@ -208,7 +209,7 @@ def make_check(name: str, kind: str, status: str, summary: str, data: dict[str, 
         raise InputError(f"check {name!r}: unknown status {status!r} (one of {', '.join(CHECK_STATUSES)})")
     if status == "skipped" and not reason:
         raise InputError(f"check {name!r}: a skipped check needs a reason")
-    check: dict[str, Any] = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
+    check: JsonObject = {"name": name, "kind": kind, "status": status, "summary": summary, "data": data or {}}
     if reason:
         check["reason"] = reason
     return check

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
 from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
@@ -13,10 +15,24 @@ from kvgraft.render.html import esc
 from kvgraft.render.terminal import claims_view
 from kvgraft.render.text import hanging, styled
 from kvgraft.render.views import readings_lines
+from kvgraft.results.base import JsonObject, Open
 from kvgraft.results.claims import TYPED, ClaimsCheck, ClaimsData
 
 
-def claim_verdicts(claims_check: ClaimsCheck) -> list[dict[str, Any]]:
+class _Natural(Open):
+    kl_max: float
+
+
+class _Entry(Open):
+    """What this check reads of a recompute entry: the KL against a one-shot prefill without any cache."""
+
+    natural: _Natural
+
+
+_ENTRIES = TypeAdapter(list[_Entry])
+
+
+def claim_verdicts(claims_check: ClaimsCheck) -> list[JsonObject]:
     """The report's `claims` list from a claims-check result (kvgraft.claims.checker.check)."""
     return [{"id": c.id, "text": c.text, "kind": c.kind, "claimed": c.claimed, "verdict": c.verdict,
              "reason": c.reason} for c in claims_check.claims]
@@ -31,21 +47,22 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
     path = ctx.plan.resolve(cc["file"])
     recomputed = ctx.results.get("recompute") if "measured" not in cc else None
     if recomputed is None:
-        checked = claims.check_files(path, cc.get("measured"))
+        checked = claims.check_files(path, Path(cc["measured"]) if cc.get("measured") else None)
         return Ran(checked.as_json(), f"{len(checked.claims)} claims checked against internal consistency"
                             + (" and the measurements file" if cc.get("measured") else ""),
                    claims=claim_verdicts(checked))
     measured = claims.measured_from_recompute(recomputed)
     checked = claims.check(claims.load(path), measured or None, measured_where="this audit's recompute check")
     verdicts = claim_verdicts(checked)
-    natural_kl = max(abs(e["natural"]["kl_max"]) for e in recomputed["entries"]) if recomputed["entries"] else None
+    entries = _ENTRIES.validate_python(recomputed["entries"])
+    natural_kl = max(abs(e.natural.kl_max) for e in entries) if entries else None
     if natural_kl is not None:
         # Say for which comparison exactness was measured, next to the verdict itself.
         for c in verdicts:
             if c.get("kind") == "exactness":
                 contrast = "exactly 0" if natural_kl == 0.0 else f"{natural_kl:.3g}, not 0"
-                c["reason"] += (" (under the release's recorded prefill schedule; against a one-shot prefill of "
-                                f"prefix + probe without any cache, max KL = {contrast})")
+                c["reason"] = (f"{c['reason']} (under the release's recorded prefill schedule; against a one-shot "
+                               f"prefill of prefix + probe without any cache, max KL = {contrast})")
     return Ran(checked.as_json(), f"{len(verdicts)} claims checked against internal consistency"
                         + (" and this audit's measurements" if measured else ""), claims=verdicts)
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from kvgraft.audit.context import Context
     from kvgraft.render.figures import Face
-    from kvgraft.results.base import Typed
+    from kvgraft.results.base import JsonObject, Typed
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,11 @@ class Ran:
     What it adds to the report beside its entry: lines of the token ledger, and claim verdicts (the claims
     check's). A run writes nothing into the Context: later checks read its sealed result (`ctx.results`)."""
 
-    result: dict[str, Any]
+    result: JsonObject
     summary: str
-    data: dict[str, Any] | None = None
+    data: JsonObject | None = None
     ledger: dict[str, str] = field(default_factory=dict)
-    claims: list[dict[str, Any]] = field(default_factory=list)
+    claims: list[JsonObject] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class CheckKind:
     """Every part of one check kind. A kind without one of these parts is refused (tests/test_check_kinds.py)."""
 
     name: str  # the kind's word in plans and reports (the registry's NAME pattern; built-in ones listed in the schemas)
-    schema: str | dict[str, Any]  # the JSON schema its result satisfies: a file under schemas/, or (a plugin's) the schema
-    status: Callable[[dict[str, Any]], str]  # passed | failed | incomplete, from its result alone
+    schema: str | JsonObject  # the JSON schema its result satisfies: a file under schemas/, or (a plugin's) the schema
+    status: Callable[[JsonObject], str]  # passed | failed | incomplete, from its result alone
     stamps_status: bool  # whether its result carries its status as a member (verify's document does not)
     run: Callable[[Context, dict[str, Any]], Ran]  # run it under a plan's settings (audit run, or a one-check command)
     # face, details and html each take the kind's report data: its `typed` data model when it has one (the

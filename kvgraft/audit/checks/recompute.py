@@ -16,6 +16,7 @@ from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import Row, recompute_rows
+from kvgraft.results.base import JsonObject
 from kvgraft.results.recompute import TYPED, Cost, EntryData, RecomputeData, RecomputeResult
 
 
@@ -77,7 +78,7 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
     return Ran(result, "\n".join(result["statements"]), ledger=ledger)
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """passed when the result's requirement is met (byte-exact, or consistent under `consistent`), else failed."""
     return "passed" if result["passed"] else "failed"
 

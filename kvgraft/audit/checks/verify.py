@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console, RenderableType
 from rich.text import Text
 
@@ -13,10 +11,11 @@ from kvgraft.render.figures import Face
 from kvgraft.render.html import esc
 from kvgraft.render.text import hanging, num
 from kvgraft.render.views import verify_lines
+from kvgraft.results.base import JsonObject
 from kvgraft.results.verify import TYPED, ShownSignature, VerifyData
 
 
-def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
+def run(ctx: Context, _settings: JsonObject) -> Ran:
     from kvgraft.signing.policy import ALL
     from kvgraft.signing.verify import verify
 
@@ -29,7 +28,7 @@ def run(ctx: Context, _settings: dict[str, Any]) -> Ran:
                f"{v.files} files, {v.bytes_hashed:,} bytes hashed; signature: {v.signature.describe()}")
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """passed when the release verified; a release that does not verify stops the run before (VerificationError)."""
     return "passed" if result["ok"] else "failed"
 

@@ -205,8 +205,8 @@ def index_step(name: str, root: str, arg: str, policy: VerifyPolicy) -> dict[str
 
         doc, rows = inspection.listing(root, limit=None)
         with open(os.devnull, "w") as sink:
-            sink.write(json.dumps(doc))
-            out["rows"] = sum(sink.write(json.dumps(row)) > 0 for row in rows)
+            sink.write(json.dumps(doc.as_json()))
+            out["rows"] = sum(sink.write(json.dumps(row.as_json())) > 0 for row in rows)
     out["shards_read"] = shards_read()
     return out
 

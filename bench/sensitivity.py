@@ -176,7 +176,7 @@ def main() -> None:
                 allowed = env.allowed(name, ref[name]) / env.factor  # one row's noise
                 worst = max(worst, float(((t.double() - ref[name].double()).abs() / allowed).max()))
             loo.append({"entry": eid, "perturbation": how, "excess_in_row_noise": worst,
-                        "calibrated_from": [p["name"] for p in env.runs]})
+                        "calibrated_from": [p.name for p in env.runs]})
             print(f"  leave-one-out {eid}: {how}: {worst:.2f}x row noise", flush=True)
 
     # Planted single-element changes on the 94-token entry.

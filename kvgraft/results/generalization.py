@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
 
 from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
 from kvgraft.results.stats import Count, Fraction
+from kvgraft.results.verify import ReleaseSignature
 
 FILE = "generalization-result.v1.json"
 RESULT_KIND = "kvgraft-generalization-result"
@@ -349,24 +350,6 @@ class Query(Open):
     group: Group
     problem_hash: Digest
     gold: JsonValue
-
-
-class ReleaseSignature(Closed):
-    """What was checked of the library's signature before it was read (as an audit report's release_signature)."""
-
-    model_config = ConfigDict(json_schema_extra={
-        "if": {"properties": {"checked": {"const": True}}},
-        "then": {"properties": {"method": {"enum": ["key", "sigstore"]}, "reason": {"type": "null"}}},
-        "else": {"properties": {"method": {"type": "null"}, "reason": {"type": "string"}, "key_ids": {"maxItems": 0}}},
-    })
-
-    checked: bool
-    method: Literal["key", "sigstore"] | None
-    key_ids: list[Digest]
-    identity: str | None
-    issuer: str | None
-    signed_time: str | None
-    reason: str | None = Field(description="Why the signature was not checked; null when it was.")
 
 
 

@@ -115,7 +115,7 @@ def test_an_audit_plan_names_a_release_by_its_url(http: FolderServer, rel: Path,
 
     url, root = http.url("rel"), Release.open(rel).manifest["root_digest"]
     existing = _existing(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": root}}))
-    assert existing is not None and existing.info == {"kind": "existing", "path": url}
+    assert existing is not None and existing.origin.kind == "existing" and existing.release.location == url
     assert (existing.release.root / "manifest.json").is_file()
     with pytest.raises(InputError, match=f"^{re.escape(url)}: root digest {root} is not the plan's"):
         _existing(Plan(tmp_path / "plan.toml", {"release": {"path": url, "root_digest": "0" * 64}}))

@@ -146,7 +146,7 @@ def _range_header(start: int, end: int) -> str:
 class Store:
     """The files of one remote folder. `get` may be called from many threads at once."""
 
-    _making = threading.Lock()  # one file system (and session) per store, made by the first thread that asks
+    _making = threading.Lock()  # one file system (and HTTP client) per store, made by the first thread that asks
 
     display: str  # the folder as messages name it (the URL given)
     ranges: bool = True  # False once the server answered a range request with the whole file
@@ -206,7 +206,7 @@ class HttpStore(Store):
         fs = HTTPFileSystem(skip_instance_cache=True, client_kwargs={
             "timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t),
             "auto_decompress": False, "trust_env": True})
-        sync(fs.loop, fs.set_session)  # once, before the threads: each would open a session of its own
+        sync(fs.loop, fs.set_session)  # once, before the threads: each would open an HTTP client of its own
         return fs
 
     def get(self, name: str, start: int, end: int, sink: Sink, *, whole: int | None = None, complete: bool = False,
@@ -239,11 +239,11 @@ class HttpStore(Store):
             return await _counted(_drain(r.content.read, end - start, count), counted, ended, declared, complete)
 
         async def go() -> int:
-            session = await fs.set_session()
+            client = await fs.set_session()
             target, headers = self.url(name), {**self.headers, "Accept-Encoding": "identity",
                                                "Range": _range_header(start, end)}
             for _ in range(MAX_REDIRECTS + 1):
-                async with session.get(target, headers=headers, allow_redirects=False) as r:
+                async with client.get(target, headers=headers, allow_redirects=False) as r:
                     if r.status not in REDIRECTS:
                         return await answer(r)
                     to = urljoin(target, r.headers.get("Location", ""))

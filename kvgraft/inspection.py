@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, cast
+from typing import Final
 
 from pydantic import JsonValue, TypeAdapter
 
@@ -109,7 +109,8 @@ class Listing:
         return Header(
             ReleaseFormat.model_validate(clipped({"format": m["format"], "version": m["format_version"],
                                                   "kvgraft_version": m["kvgraft_version"]})),
-            created=cut(m["created"]), model=clipped_object(m["model"]), schedule=clipped_object(m["schedule"]),
+            created=cut(m["created"]), model=clipped_object(records.as_json(m["model"])),
+            schedule=clipped_object(records.as_json(m["schedule"])),
             root_digest=m["root_digest"], environment=clipped_object({**{k: env[k] for k in own if k in env}, **env}))
 
     def count(self) -> int:
@@ -136,14 +137,14 @@ class Listing:
             return
         with collector_paused():  # as Index.all_entries: records hold no cycles, and a resume per shard costs
             for eid in self._release.entry_ids()[offset:end]:
-                yield cast(records.Entry, self._release.entry(eid))
+                yield self._release.entry(eid)
 
     def entry(self, entry_id: str) -> records.Entry:
-        return cast(records.Entry, self._release.entry(entry_id))
+        return self._release.entry(entry_id)
 
     def file_record(self, entry: records.Entry) -> records.FileMeta:
         """The manifest's {sha256, size} of the entry's file (the file itself is not opened)."""
-        return self._release.file_meta(dict(entry))
+        return self._release.file_meta(entry)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -15,6 +14,7 @@ from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, decode, layer_map, new_cache, prefill, tokenize
 from kvgraft.inference.tensors import dtype_name, tensor_sha256
 from kvgraft.release.format import ReleaseWriter
+from kvgraft.release.models import Draft, Header, Manifest, dtype
 from kvgraft.release.records import new_entry
 from kvgraft.results.base import JsonObject
 
@@ -22,7 +22,7 @@ SLIDING_LAYOUTS = ("window", "all")
 
 
 def capture_entry(lm: LoadedModel, rec: JsonObject, schedule: Schedule, probe_tokens: int,
-                  where: str, sliding: str = "window") -> tuple[JsonObject, dict[str, torch.Tensor]]:
+                  where: str, sliding: str = "window") -> tuple[Draft, dict[str, torch.Tensor]]:
     """One record → (entry metadata without file/tensors/digest, tensors). A pure function.
 
     `sliding`: what sliding-window layers store, their window as transformers keeps it ("window") or
@@ -36,18 +36,21 @@ def capture_entry(lm: LoadedModel, rec: JsonObject, schedule: Schedule, probe_to
     cache, logits = prefill(lm, ids, schedule, new_cache(lm, every))
     layers, tensors = layer_map(lm, cache)
     entry = new_entry(rid, ids, source, layers, {"logits_sha256": tensor_sha256(logits),
-                                                 "argmax": int(torch.argmax(logits)), "dtype": dtype_name(logits)})
+                                                 "argmax": int(torch.argmax(logits)), "dtype": dtype(dtype_name(logits))})
     if "answer" in rec:
-        entry["answer"] = rec["answer"]
-    if isinstance(rec.get("meta"), dict):
-        entry["meta"] = rec["meta"]
+        answer = rec["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float | None):
+            raise InputError(f'{where}: "answer" must be a string, a number or null, not {type(answer).__name__}')
+        entry["answer"] = answer
+    if isinstance(meta := rec.get("meta"), dict):
+        entry["meta"] = meta
     if probe_tokens > 0:
         # Decoding extends the cache by concatenation; the tensors collected above are not modified.
         entry["probe"] = {"token_ids": decode(lm, cache, logits, max_new_tokens=probe_tokens).token_ids}
     return entry, tensors
 
 
-def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> JsonObject:
+def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> Header:
     cfg = lm.model.config
     env = environment(lm.device, lm.dtype, lm.attn)
     if forced:
@@ -55,7 +58,7 @@ def header(lm: LoadedModel, schedule: Schedule, *, forced: bool = False) -> Json
     return {
         "model": {"spec": lm.spec, "architecture": (cfg.architectures or [type(lm.model).__name__])[0],
                   "model_type": cfg.model_type, "num_hidden_layers": len(new_cache(lm).layers),
-                  "identity": lm.identity.as_dict()},
+                  "identity": lm.identity.record()},
         "schedule": schedule.as_dict(),
         "environment": env,
     }
@@ -77,7 +80,7 @@ def read_records(source: Path) -> list[tuple[str, JsonObject]]:
 
 def capture(lm: LoadedModel, records: list[tuple[str, JsonObject]], out: Path, *,
             schedule: Schedule = Schedule(), probe_tokens: int = 8, overwrite: bool = False,
-            progress: Callable[[int, int], None] | None = None, sliding: str = "window") -> dict[str, Any]:
+            progress: Callable[[int, int], None] | None = None, sliding: str = "window") -> Manifest:
     """Capture every record into a new release at `out`; return its manifest (`sliding`: capture_entry)."""
     if schedule.chunk_tokens is not None and schedule.chunk_tokens < 1:
         raise InputError(f"--chunk {schedule.chunk_tokens}: must be at least 1")

@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -20,25 +20,40 @@ from kvgraft.inference.runtime import decode, encode, eos_ids, forward, new_cach
 from kvgraft.inference.tensors import split_views
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
+from kvgraft.release.models import Entry, Layer, ScheduleRecord
 from kvgraft.release.records import tensor_mismatch
 from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
 
 
+class PrefixRows(TypedDict):
+    """What a prefix graft put into the cache: rows [0, tokens) of `entry`'s recorded prefill of all `of` tokens
+    under `schedule` (which need not be byte-identical to a prefill of those tokens alone), and that in words."""
+
+    entry: str
+    tokens: int
+    of: int
+    schedule: ScheduleRecord
+    rows: str
+
+
 @dataclass
 class Restored:
     cache: Any
-    entry: dict[str, Any]
+    entry: Entry | None  # None: a prefix graft that found no entry (an empty cache)
     kv_bytes: int  # read and checked against their digests: the whole entry's tensors, also for a prefix graft
     seconds: float
     forced: bool
     conditions: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # recorded vs now
     warnings: list[str] = field(default_factory=list)  # from the release's verification (e.g. unsigned)
-    # A prefix graft: {"tokens": n, "of": T, "schedule": ...}: rows [0, n) of the entry's recorded
-    # prefill of all T tokens, which need not be byte-identical to a prefill of the n tokens alone.
-    prefix: dict[str, Any] | None = None
+    prefix: PrefixRows | None = None  # a prefix graft's rows
     # Of the states put into the cache: a prefix graft's rows [0, n) of each layer; None: all kv_bytes.
     grafted_bytes: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        """The prompt's tokens the cache holds."""
+        return 0 if self.entry is None else self.entry["num_tokens"]
 
     @property
     def kv_bytes_grafted(self) -> int:
@@ -54,7 +69,7 @@ def check_model(release: VerifiedRelease, lm: LoadedModel, *, force: bool = Fals
     if force:
         return True
     raise ModelMismatchError(
-        f"{release.root}: model identity differs ({describe_identity_diff(want, have.as_dict())}): release "
+        f"{release.root}: model identity differs ({describe_identity_diff(want, have.record())}): release "
         f"{want['sha256'][:16]}…, loaded {lm.spec} {have.sha256[:16]}…; pass --force to continue anyway")
 
 
@@ -75,7 +90,7 @@ def layer_shapes(lm: LoadedModel) -> list[tuple[int, int, torch.dtype] | None]:
     return shapes
 
 
-def check_layout(lm: LoadedModel, entry: dict[str, Any], where: str) -> None:
+def check_layout(lm: LoadedModel, entry: Entry, where: str) -> None:
     """Refuse, before a byte of it is read, an entry the model cannot hold: another number of layers, or a
     stored tensor whose shape is not [1, the layer's K/V heads, at most the entry's tokens, its head size].
     A re-signed record may claim any shape its (sparse) file can back; what is read then follows the
@@ -99,7 +114,7 @@ def check_layout(lm: LoadedModel, entry: dict[str, Any], where: str) -> None:
                                      f"[1, {heads}, at most {tokens} tokens, {head_dim}]")
 
 
-def read_entry_tensors(verified: VerifiedRelease, entry: dict[str, Any],
+def read_entry_tensors(verified: VerifiedRelease, entry: Entry,
                        meanwhile: Callable[[dict[str, torch.Tensor]], object] | None = None,
                        ) -> tuple[dict[str, torch.Tensor], int]:
     """Read an entry's tensors into one buffer and check each against its SHA-256 in the same pass.
@@ -140,7 +155,7 @@ def read_entry_tensors(verified: VerifiedRelease, entry: dict[str, Any],
     return tensors, total
 
 
-def window_of(entry: dict[str, Any], meta: dict[str, Any], k: torch.Tensor, v: torch.Tensor,
+def window_of(entry: Entry, meta: Layer, k: torch.Tensor, v: torch.Tensor,
               where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A sliding layer's states as transformers keeps them (its last sliding_window - 1 positions),
     from what the release says it stores: the window itself, or every position (then cut here)."""
@@ -157,7 +172,7 @@ def window_of(entry: dict[str, Any], meta: dict[str, Any], k: torch.Tensor, v: t
     return k, v
 
 
-def build_cache(lm: LoadedModel, entry: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> Any:
+def build_cache(lm: LoadedModel, entry: Entry, tensors: dict[str, torch.Tensor], where: str) -> Any:
     """A fresh cache of the model's own layer types, filled with the stored states."""
     from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
@@ -225,7 +240,7 @@ def restore(checked: VerifiedRelease, entry_id: str, lm: LoadedModel, *, force: 
     return Restored(cache, entry, nbytes, seconds, forced, conditions, list(checked.warnings))
 
 
-def prefix_refusal(entry: dict[str, Any]) -> str | None:
+def prefix_refusal(entry: Entry) -> str | None:
     """Why no prefix of `entry` can be grafted (a layer that does not hold every position), or None."""
     total = entry["num_tokens"]
     for meta in entry["layers"]:
@@ -254,8 +269,8 @@ def check_prefix_usable(release: Release) -> None:
                          "--sliding-layers all)")
 
 
-def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int,
-                 where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def prefix_entry(entry: Entry, tensors: dict[str, torch.Tensor], n: int,
+                 where: str) -> tuple[Entry, dict[str, torch.Tensor]]:
     """The first n tokens of an entry whose layers all hold every position: its record cut to n
     tokens and views of rows [0, n) of its verified tensors. A sliding layer stored as its window is
     refused (it holds the last positions of all T tokens, not those of the first n); one stored in
@@ -265,24 +280,25 @@ def prefix_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], n: int
     refused = prefix_refusal(entry)
     if refused:
         raise InputError(f"{where}: entry {entry['id']!r} {refused}")
-    cut = dict(entry)
-    layers = []
+    cut = entry.copy()
+    layers: list[Layer] = []
     out: dict[str, torch.Tensor] = {}
     for meta in entry["layers"]:
+        cut_meta = meta.copy()
+        layers.append(cut_meta)
         if meta["kind"] == "shared":
-            layers.append(dict(meta))
             continue
-        cut_meta = {**meta, "positions": [0, n]}
+        cut_meta["positions"] = [0, n]
         if meta["kind"] == "sliding":
             cut_meta["cumulative_length"] = n
-        layers.append(cut_meta)
         for part in ("keys", "values"):
-            out[meta[part]] = tensors[meta[part]][:, :, :n, :]
-    cut.update(num_tokens=n, token_ids=entry["token_ids"][:n], layers=layers)
+            name = meta["keys"] if part == "keys" else meta["values"]
+            out[name] = tensors[name][:, :, :n, :]
+    cut["num_tokens"], cut["token_ids"], cut["layers"] = n, entry["token_ids"][:n], layers
     return cut, out
 
 
-def prefix_rows(schedule: JsonObject, n: int, total: int) -> str:
+def prefix_rows(schedule: ScheduleRecord | JsonObject, n: int, total: int) -> str:
     """What a prefix graft's rows are, in words (one sentence for the graft, `kvgraft run` and the audit)."""
     how = "one-shot" if schedule.get("chunk_tokens") is None else f"chunked ({schedule['chunk_tokens']} tokens)"
     return f"rows [0, {n}) of a {how} prefill of all {total} tokens"
@@ -310,7 +326,7 @@ def restore_prefix(checked: VerifiedRelease, token_ids: list[int], lm: LoadedMod
     cache = build_cache(lm, cut, views, str(rel.root))
     conditions = differences(rel.manifest["environment"], environment(lm.device, lm.dtype, lm.attn))
     sched = rel.manifest["schedule"]
-    prefix = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": dict(sched),
+    prefix: PrefixRows = {"entry": entry["id"], "tokens": n, "of": entry["num_tokens"], "schedule": sched.copy(),
               "rows": prefix_rows(sched, n, int(entry["num_tokens"]))}
     grafted = sum(v.numel() * v.element_size() for v in views.values())
     return Restored(cache, cut, nbytes, time.perf_counter() - t0, forced, conditions,
@@ -383,9 +399,9 @@ def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt:
             if not whole:
                 raise InputError("--prefix: the prompt is empty; a prefix graft needs the prompt it starts")
             hit = restore_prefix(checked, whole, lm, force=force)
-            restored = hit if hit is not None else Restored(new_cache(lm), {"num_tokens": 0}, 0, 0.0, False, {},
+            restored = hit if hit is not None else Restored(new_cache(lm), None, 0, 0.0, False, {},
                                                             list(checked.warnings))
-            ids = whole[int(restored.entry["num_tokens"]):]
+            ids = whole[restored.tokens:]
         else:
             assert entry_id is not None
             restored = restore(checked, entry_id, lm, force=force)
@@ -396,13 +412,14 @@ def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt:
         else:
             # Nothing to prefill: the next token comes from the stored argmax, then decode continues.
             logits = torch.zeros(lm.model.config.get_text_config().vocab_size)
+            assert restored.entry is not None  # a miss leaves the whole prompt to prefill
             logits[restored.entry["next_token"]["argmax"]] = 1.0
         t1 = time.perf_counter()
         out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
         t2 = time.perf_counter()
         conditions = reapply.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
     ledger = {
-        "restored_tokens": restored.entry["num_tokens"], "prompt_tokens": len(ids), "decode_tokens": len(out),
+        "restored_tokens": restored.tokens, "prompt_tokens": len(ids), "decode_tokens": len(out),
         # Apart: a prefix graft reads and verifies the whole entry, and grafts rows [0, n) of it.
         "kv_bytes_verified": restored.kv_bytes, "kv_bytes_grafted": restored.kv_bytes_grafted,
         "restore_seconds": restored.seconds,

@@ -13,6 +13,7 @@ from kvgraft._internal.digest import digest_json
 from kvgraft.errors import InputError
 from kvgraft.inference import presets
 from kvgraft.inference.presets import home
+from kvgraft.release import models as release_models
 from kvgraft.release.hashing import pool
 from kvgraft.results.base import JsonObject
 
@@ -45,6 +46,12 @@ class Identity:
 
     def as_dict(self) -> JsonObject:
         return dict(asdict(self))
+
+    def record(self) -> release_models.Identity:
+        """As a manifest records it."""
+        return {"sha256": self.sha256, "weights_sha256": self.weights_sha256, "tokenizer_sha256": self.tokenizer_sha256,
+                "config_sha256": self.config_sha256, "num_tensors": self.num_tensors,
+                "num_parameters": self.num_parameters}
 
 
 @dataclass
@@ -94,7 +101,7 @@ def resolve(spec: str, progress: Any = None) -> str:
     return spec  # a hub id; transformers honours HF_HUB_OFFLINE
 
 
-def for_release(recorded: JsonObject, given: str | None, *, force: bool = False) -> str:
+def for_release(recorded: release_models.ModelRecord | JsonObject, given: str | None, *, force: bool = False) -> str:
     """The model to load for a release whose manifest records `recorded` (its `model`): `given`, else the
     one it records. Decided before anything loads: a preset other than the recorded preset is refused
     (unless forced), saying which model the release needs and how to get it."""
@@ -214,7 +221,7 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
 
 
-def describe_identity_diff(a: JsonObject, b: JsonObject) -> str:
+def describe_identity_diff(a: release_models.Identity, b: release_models.Identity) -> str:
     parts = [k.removesuffix("_sha256") for k in ("weights_sha256", "tokenizer_sha256", "config_sha256")
              if a.get(k) != b.get(k)]
     return ", ".join(parts) or "identity digest"

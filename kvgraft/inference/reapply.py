@@ -12,6 +12,7 @@ this module imports no torch: a command checks its options with it before anythi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from pydantic import JsonValue
 from kvgraft.errors import InputError
 from kvgraft.inference.environment import SENSITIVE, differences
 from kvgraft.inference.models import ATTNS, DTYPES, LoadedModel, check_options
+from kvgraft.release.models import ScheduleRecord
 from kvgraft.results.base import JsonObject
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ class Conditions:
                 attn = "sdpa"
         return device, dtype, attn
 
-    def schedule(self, recorded: JsonObject) -> Schedule | None:
+    def schedule(self, recorded: ScheduleRecord | JsonObject) -> Schedule | None:
         """The schedule `--chunk N` or `--one-shot` asks for instead of the recorded one; None: replay the record."""
         if self.chunk is not None and self.one_shot:
             raise InputError("--chunk and --one-shot exclude each other")
@@ -83,7 +85,7 @@ class Conditions:
             return None
         from kvgraft.inference.runtime import Schedule
 
-        return Schedule.from_dict({**recorded, "chunk_tokens": self.chunk})
+        return dataclasses.replace(Schedule.from_dict(recorded), chunk_tokens=self.chunk)
 
     def thread_count(self, recorded: JsonObject, device: str) -> int | None:
         """Torch threads to recompute with on a CPU: the ones set here, else the recorded count; None leaves them alone.

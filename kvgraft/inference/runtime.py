@@ -15,6 +15,7 @@ import torch
 from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
 from kvgraft.inference.models import LoadedModel
+from kvgraft.release.models import Entry, Layer, ScheduleRecord, Source
 from kvgraft.release.records import source_record
 from kvgraft.results.base import JsonObject
 
@@ -27,14 +28,14 @@ class Schedule:
     add_special_tokens: bool = True
     add_generation_prompt: bool = False
 
-    def as_dict(self) -> JsonObject:
+    def as_dict(self) -> ScheduleRecord:
         return {"mode": "one-shot" if self.chunk_tokens is None else "chunked",
                 "chunk_tokens": self.chunk_tokens, "batch_size": 1,
                 "add_special_tokens": self.add_special_tokens,
                 "add_generation_prompt": self.add_generation_prompt}
 
     @classmethod
-    def from_dict(cls, d: JsonObject) -> Schedule:
+    def from_dict(cls, d: ScheduleRecord | JsonObject) -> Schedule:
         """The schedule a record states (a manifest's, a result's); a member of the wrong type is refused."""
         chunk = d.get("chunk_tokens")
         special, prompt = d.get("add_special_tokens", True), d.get("add_generation_prompt", False)
@@ -110,7 +111,7 @@ def _every_position_layer() -> type:
     return EveryPositionSlidingLayer
 
 
-def every_position_layers(entry: dict[str, Any]) -> frozenset[int]:
+def every_position_layers(entry: Entry) -> frozenset[int]:
     """The sliding-window layers an entry's record says are stored with every position (`stores: all`)."""
     return frozenset(int(m["index"]) for m in entry["layers"] if m["kind"] == "sliding" and m.get("stores") == "all")
 
@@ -255,13 +256,13 @@ def eos_ids(lm: LoadedModel) -> list[int]:
     return []
 
 
-def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[Layer], dict[str, torch.Tensor]]:
     """Describe each cache layer and collect its tensors exactly as the cache holds them."""
     from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
     modes = getattr(lm.model.config.get_text_config(), "kv_sharing_modes", None)
     layer_types = getattr(lm.model.config.get_text_config(), "layer_types", None)
-    layers: list[dict[str, Any]] = []
+    layers: list[Layer] = []
     tensors: dict[str, torch.Tensor] = {}
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, DummyLayer):
@@ -271,16 +272,17 @@ def layer_map(lm: LoadedModel, cache: Any) -> tuple[list[dict[str, Any]], dict[s
         keys, values = every if every is not None else (layer.keys, layer.values)
         kname, vname = f"layer.{i}.keys", f"layer.{i}.values"
         tensors[kname], tensors[vname] = keys, values
-        meta: dict[str, Any] = {"index": i, "keys": kname, "values": vname}
         n = int(keys.shape[-2])
+        meta: Layer
         if isinstance(layer, DynamicSlidingWindowLayer):
             cum = int(layer.cumulative_length)
             # transformers keeps the window (its last sliding_window - 1 positions): recorded as such,
             # or every position [0, cum) where the cache kept them
-            meta.update(kind="sliding", sliding_window=int(layer.sliding_window), cumulative_length=cum,
-                        positions=[cum - n, cum], stores="all" if every is not None else "window")
+            meta = {"index": i, "keys": kname, "values": vname, "kind": "sliding",
+                    "sliding_window": int(layer.sliding_window), "cumulative_length": cum, "positions": [cum - n, cum],
+                    "stores": "all" if every is not None else "window"}
         elif type(layer) is DynamicLayer:
-            meta.update(kind="full", positions=[0, n], stores="all")
+            meta = {"index": i, "keys": kname, "values": vname, "kind": "full", "positions": [0, n], "stores": "all"}
         else:
             raise InputError(f"layer {i}: cache layer type {type(layer).__name__} is not supported")
         layers.append(meta)
@@ -302,7 +304,7 @@ def encode(lm: LoadedModel, text: str, *, add_special_tokens: bool = False) -> l
     return [int(t) for t in lm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
 
-def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: str) -> tuple[list[int], dict[str, Any]]:
+def tokenize(lm: LoadedModel, rec: JsonObject, schedule: Schedule, where: str) -> tuple[list[int], Source]:
     tok = lm.tokenizer
     if "text" in rec and isinstance(rec["text"], str):
         ids = encode(lm, rec["text"], add_special_tokens=schedule.add_special_tokens)
@@ -310,7 +312,8 @@ def tokenize(lm: LoadedModel, rec: dict[str, Any], schedule: Schedule, where: st
     elif "messages" in rec and isinstance(rec["messages"], list):
         if not getattr(tok, "chat_template", None):
             raise InputError(f"{where}: record has messages but the tokenizer has no chat template")
-        out: Any = tok.apply_chat_template(rec["messages"], tokenize=True,
+        messages: Any = rec["messages"]  # the tokenizer's template checks what a message holds
+        out: Any = tok.apply_chat_template(messages, tokenize=True,
                                       add_generation_prompt=schedule.add_generation_prompt)
         ids = out["input_ids"] if not isinstance(out, list) else out
         source = source_record("messages", rec["messages"])

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvgraft import __version__
 from kvgraft._internal import jsonio
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from kvgraft.release.models import Entry, FileMeta, ShardListing
+    from kvgraft.release.models import Draft, DType, Entry, FileMeta, Header, Manifest, ShardListing, Tensor
 
 FORMAT = "kvgraft-cache-release"
 FORMAT_VERSION = 2  # written; FORMAT_VERSIONS are read
@@ -54,7 +54,7 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 CHECKED_HEADERS = 1024  # entries whose checked safetensors header an opened release remembers
 
 
-def load_manifest(root: Path) -> dict[str, Any]:
+def load_manifest(root: Path) -> Manifest:
     """Read, bound, parse (no duplicate keys), version-check and schema-validate a manifest."""
     path = safe_path(root, MANIFEST, "manifest")
     if (st := jsonio.stat_or_none(path, follow=True)) is None or not stat.S_ISREG(st.st_mode):
@@ -63,7 +63,7 @@ def load_manifest(root: Path) -> dict[str, Any]:
                           path)
 
 
-def check_manifest(doc: Any, path: Path) -> dict[str, Any]:
+def check_manifest(doc: Any, path: Path) -> Manifest:
     """Version-check and schema-validate a parsed manifest (read from `path`)."""
     if not isinstance(doc, dict):
         raise InputError(f"{path}: manifest is not a JSON object")
@@ -75,10 +75,10 @@ def check_manifest(doc: Any, path: Path) -> dict[str, Any]:
             f"this kvgraft {__version__} reads versions {', '.join(map(str, FORMAT_VERSIONS))}"
         )
     validate(doc, CACHE_MANIFEST if doc["format_version"] == 1 else CACHE_MANIFEST_V2, str(path))
-    return doc
+    return cast("Manifest", doc)  # the schema holds what Manifest types
 
 
-def check_commitments(root: Path, manifest: dict[str, Any]) -> None:
+def check_commitments(root: Path, manifest: Manifest) -> None:
     """Internal consistency of a manifest: digests, references, bounds. No file bytes read (for
     format 2, no shard either: each shard is checked against the manifest when it is read)."""
     where = root / MANIFEST
@@ -101,7 +101,7 @@ class Release:
     bytes are read and checked on demand."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     source: sources.Source | None = field(default=None, compare=False)  # where its files come from (None: in place)
     # entry id -> (its tensor table, header bytes that passed tensor_layout against it, their layout)
     # (the most recent CHECKED_HEADERS entries: a pass over every entry, as verify makes, keeps no more)
@@ -150,20 +150,20 @@ class Release:
         return [int(e["num_tokens"]) for e in self.manifest["entries"]]
 
     @property
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[Entry]:
         """Every entry record (format 2: every shard is read and checked, and every record kept: cost and
         memory grow with the index; `iter_entries`, `entry_ids` and `token_counts` do not keep them)."""
         if self._index is not None:
-            return [dict(e) for e in self._index.all_entries()]
+            return [e.copy() for e in self._index.all_entries()]
         return list(self.manifest["entries"])
 
-    def iter_entries(self) -> Iterator[dict[str, Any]]:
+    def iter_entries(self) -> Iterator[Entry]:
         """Every entry record in release order, each checked, one shard held at a time (format 2)."""
         if self._index is not None:
-            return (dict(e) for e in self._index.all_entries())
-        return (dict(e) for e in self.manifest["entries"])
+            return (e.copy() for e in self._index.all_entries())
+        return (e.copy() for e in self.manifest["entries"])
 
-    def entry(self, entry_id: str) -> dict[str, Any]:
+    def entry(self, entry_id: str) -> Entry:
         if self._index is not None:
             found = self._index.entry(entry_id)
         else:
@@ -171,11 +171,11 @@ class Release:
                 self._by_id = {e["id"]: e for e in self.manifest["entries"]}
             found = self._by_id.get(entry_id)
         if found is not None:
-            return dict(found)
+            return found.copy()
         known = ", ".join(self.entry_ids()[:10])
         raise InputError(f"{self.root}: no entry {entry_id!r} (entries: {known})")
 
-    def records(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+    def records(self, ids: Sequence[str]) -> list[Entry]:
         """The records of `ids`, in that order, read in release order: format 2 reads each shard once however
         few it keeps (a sample's ids come in draw order), with one garbage collection after them, not one
         per shard parsed."""
@@ -186,7 +186,7 @@ class Release:
             found = {i: self.entry(i) for i in sorted(set(ids), key=lambda i: owner.get(i, -1))}
         return [found[i] for i in ids]
 
-    def file_meta(self, entry: dict[str, Any]) -> FileMeta:
+    def file_meta(self, entry: Entry) -> FileMeta:
         """{sha256, size} of an entry's file, as the manifest (format 2: its shard) states it."""
         if self._index is not None:
             return self._index.file_meta(entry["id"], entry["file"])
@@ -206,12 +206,14 @@ class Release:
             return {**self._index.index_files(), **self._index.all_files()}
         return dict(self.manifest["files"])
 
-    def flat(self) -> dict[str, Any]:
+    def flat(self) -> Manifest:
         """The release as one format-1-shaped document (header, entries, their files, root digest)."""
         if self._index is None:
             return self.manifest
-        head = {k: v for k, v in self.manifest.items() if k != "index"}
-        return {**head, "entries": self.entries, "files": self._index.all_files()}
+        flat = self.manifest.copy()
+        del flat["index"]
+        flat["entries"], flat["files"] = self.entries, self._index.all_files()
+        return flat
 
     def prefix_table(self) -> release_index.PrefixTable:
         """Longest-prefix lookups by chained block hashes (format 2: the signed prefix index)."""
@@ -226,7 +228,7 @@ class Release:
                 self._prefix = release_index.PrefixTable.from_entries(self.entries)
         return self._prefix
 
-    def longest_prefix(self, token_ids: list[int], block_tokens: int | None = None) -> tuple[dict[str, Any], int] | None:
+    def longest_prefix(self, token_ids: list[int], block_tokens: int | None = None) -> tuple[Entry, int] | None:
         """(entry, n): the entry whose first n token ids are the first n of `token_ids`, n the longest
         multiple of the index's block size (and of `block_tokens`, when given) any entry offers.
 
@@ -253,7 +255,7 @@ class Release:
                                  f"first {n} tokens (the index names it)")
         return entry, n
 
-    def entry_file(self, entry: dict[str, Any]) -> Path:
+    def entry_file(self, entry: Entry) -> Path:
         if self.source is not None and self.source.remote:  # read from elsewhere: the file arrives checked
             meta = self.file_meta(entry)
             self.source.fetch(entry["file"], meta["sha256"], meta["size"], f"entry {entry['id']!r}", entry)
@@ -262,7 +264,7 @@ class Release:
             raise IntegrityError(f"{path}: entry {entry['id']!r}: file is missing")
         return path
 
-    def tensor_layout(self, entry: dict[str, Any], fd: int | None = None) -> dict[str, stfile.TensorInfo]:
+    def tensor_layout(self, entry: Entry, fd: int | None = None) -> dict[str, stfile.TensorInfo]:
         """The file's safetensors header, checked against the manifest's tensor table.
 
         With `fd`, the header is read from that open file, the one the caller then reads tensors from.
@@ -349,12 +351,12 @@ class ReleaseWriter:
         self.keep_entries = keep_entries
         self.shard_entries = shard_entries
         self.shard_bytes = release_index.SHARD_BYTES if shard_bytes is None else shard_bytes
-        self.entries: list[dict[str, Any]] = []  # every record (kept), or the current shard's
+        self.entries: list[Entry] = []  # every record (kept), or the current shard's
         self.files: dict[str, FileMeta] = {}
         self.count = 0
         self.tokens = 0
         self._ids: set[str] = set()
-        self._shard: list[dict[str, Any]] = []
+        self._shard: list[Entry] = []
         self._shard_bytes = 0  # the current shard's records, as canonical JSON
         self._shard_files: dict[str, FileMeta] = {}
         self._shards: list[ShardListing] = []
@@ -374,18 +376,18 @@ class ReleaseWriter:
         return f"{ENTRIES_DIR}/{n:05d}.safetensors" if n < 100_000 and self.format_version == 1 else \
             f"{ENTRIES_DIR}/{n // 1000:05d}/{n % 1000:03d}.safetensors"
 
-    def add_entry(self, entry: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def add_entry(self, entry: Draft, tensors: dict[str, torch.Tensor]) -> Entry:
         """Write one entry's tensors; fill in file, tensor table and digest; return the entry."""
         from safetensors.torch import save
 
         contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         return self.add_entry_file(entry, save(contiguous, metadata={"kvgraft_entry": entry["id"]}))
 
-    def add_entry_file(self, entry: dict[str, Any], data: bytes) -> dict[str, Any]:
+    def add_entry_file(self, draft: Draft, data: bytes) -> Entry:
         """Write one entry's safetensors file as given; fill in file, tensor table (each tensor's
         SHA-256 over its stored bytes) and digest; return the entry. Imports no torch."""
-        if entry["id"] in self._ids:
-            raise InputError(f"{self.out}: entry id {entry['id']!r} appears twice")
+        if draft["id"] in self._ids:
+            raise InputError(f"{self.out}: entry id {draft['id']!r} appears twice")
         rel = self._entry_name()
         path = self.tmp / rel
         with self._refused():
@@ -393,13 +395,12 @@ class ReleaseWriter:
             path.write_bytes(data)  # made durable by finish, all files at once
         header, _ = stfile.read_header(path)
         view = memoryview(data)
-        entry = dict(entry)
-        entry["file"] = rel
-        entry["tensors"] = {
-            name: {"dtype": info.dtype, "shape": list(info.shape), "sha256": sha256_hex(view[info.start:info.end]),
+        tensors: dict[str, Tensor] = {
+            name: {"dtype": cast("DType", info.dtype), "shape": list(info.shape), "sha256": sha256_hex(view[info.start:info.end]),
                    "byte_range": [info.start, info.end]}
             for name, info in sorted(header.items())
         }
+        entry = cast("Entry", {**draft, "file": rel, "tensors": tensors})  # and its digest, below
         if self.format_version == 2:
             (n,) = struct.unpack_from("<Q", data, 0)
             entry["header_sha256"] = sha256_hex(view[:8 + n])
@@ -407,7 +408,7 @@ class ReleaseWriter:
         self._add_record(entry, rel, {"sha256": sha256_hex(data), "size": len(data)})
         return entry
 
-    def _add_record(self, entry: dict[str, Any], rel: str, meta: FileMeta) -> None:
+    def _add_record(self, entry: Entry, rel: str, meta: FileMeta) -> None:
         self._ids.add(entry["id"])
         if self.keep_entries:
             self.entries.append(entry)
@@ -437,14 +438,15 @@ class ReleaseWriter:
                              "num_tokens": [int(e["num_tokens"]) for e in self._shard]})
         self._shard, self._shard_files, self._shard_bytes = [], {}, 0
 
-    def finish(self, header: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, header: Header) -> Manifest:
         """Write manifest.json (format 2: the last shard and the prefix index first), fsync, rename the
         folder into place; return the release as one document (Release.flat's shape) unless the
         writer keeps no entries (then manifest.json's document)."""
         base = {"format": FORMAT, "format_version": self.format_version, "kvgraft_version": __version__,
                 "created": now_utc(), **header}
         if self.format_version == 1:
-            manifest: dict[str, Any] = {**base, "entries": self.entries, "files": self.files}
+            # Typed once complete: its root digest is computed over the rest, then added.
+            manifest = cast("Manifest", {**base, "entries": self.entries, "files": self.files})
             manifest["root_digest"] = root_digest(manifest)
             validate(manifest, CACHE_MANIFEST, str(self.out / MANIFEST))
         else:
@@ -456,7 +458,7 @@ class ReleaseWriter:
                      "prefix": {"file": release_index.PREFIX_FILE, "sha256": sha256_hex(prefix), "size": len(prefix),
                                 "block_tokens": self._prefix.block_tokens,
                                 "records": len(prefix) // release_index.RECORD.size}}
-            manifest = {**base, "index": index}
+            manifest = cast("Manifest", {**base, "index": index})
             manifest["root_digest"] = root_digest(manifest)
             validate(manifest, CACHE_MANIFEST_V2, str(self.out / MANIFEST))
         # One flush of the file system before the release appears, instead of an fsync per entry file
@@ -466,8 +468,10 @@ class ReleaseWriter:
             os.sync()
         self._publish()
         if self.format_version == 2 and self.keep_entries:
-            head = {k: v for k, v in manifest.items() if k != "index"}
-            return {**head, "entries": self.entries, "files": self.files}
+            flat = manifest.copy()
+            del flat["index"]
+            flat["entries"], flat["files"] = self.entries, self.files
+            return flat
         return manifest
 
     def _publish(self) -> None:

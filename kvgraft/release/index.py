@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
@@ -26,7 +26,7 @@ from kvgraft.release import sources
 from kvgraft.release.records import MANIFEST, check_entry_record, check_relpath, entry_digest, safe_path
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import Entry, FileMeta, PrefixListing, ShardListing
+    from kvgraft.release.models import Entry, FileMeta, Manifest, PrefixListing, ShardListing
 
 SHARD_FORMAT = "kvgraft-cache-index-shard"
 INDEX_DIR = "index"
@@ -149,7 +149,7 @@ class Index:
     CACHED_SHARDS = 4
     CACHED_RECORDS = 64
 
-    def __init__(self, root: Path, manifest: dict[str, Any], source: sources.Source | None = None) -> None:
+    def __init__(self, root: Path, manifest: Manifest, source: sources.Source | None = None) -> None:
         self.root = root
         self.source = source
         self.where = root / MANIFEST
@@ -505,7 +505,7 @@ class PrefixTable:
         self.where = where
 
     @classmethod
-    def from_entries(cls, entries: Sequence[dict[str, Any]], block_tokens: int = BLOCK_TOKENS) -> PrefixTable:
+    def from_entries(cls, entries: Sequence[Entry], block_tokens: int = BLOCK_TOKENS) -> PrefixTable:
         w = PrefixWriter(block_tokens)
         for i, e in enumerate(entries):
             w.add(i, e["token_ids"])

@@ -40,12 +40,12 @@ from kvgraft.release.hashing import hash_file, hash_file_ranges, hash_ranges, po
 from kvgraft.release.records import MANIFEST, check_relpath, safe_path, tensor_mismatch
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import FileMeta, Tensor
+    from kvgraft.release.models import Entry, FileMeta, Manifest, Tensor
 
 MAX_RELEASE_FILES = 1_000_000
 # What a listing says about a release beyond its file digests, checked against the parsed manifest
 # (manifest, its sha256, its size); raises VerificationError when they disagree.
-ManifestCheck = Callable[[dict[str, Any], str, int], None]
+ManifestCheck = Callable[["Manifest", str, int], None]
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class CheckedRelease:
     """A release whose files, sizes, digests and safetensors headers matched its manifest."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     manifest_sha256: str
     manifest_size: int
     files: dict[str, str]  # name -> sha256 of every file, manifest.json included (format 2: see keep_files)
@@ -187,7 +187,7 @@ def _is_under(name: str, paths: Sequence[str]) -> bool:
 
 
 def _locate(rel: Release, name: str, actual: str, expected: str, source: str, by_sha: dict[str, str],
-            known: list[dict[str, Any]] | None = None) -> str:
+            known: list[Entry] | None = None) -> str:
     """One line naming where a file whose sha256 mismatches differs: which tensor, or its header. `known`: the
     entries of that file, when the caller holds them (a pulled subset lacks the other entries' shards)."""
     path = rel.root / name
@@ -410,7 +410,7 @@ def open_release(root: Path, listing: Listing | None = None, source: sources.Sou
 
 @dataclass
 class CheckedEntry:
-    entry: dict[str, Any]
+    entry: Entry
     bytes_hashed: int
     tensors: int
 
@@ -425,7 +425,8 @@ def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEn
     table = entry["tensors"]
     names = sorted(table, key=lambda n: table[n]["byte_range"][0])
     try:
-        sha, size, parts = hash_file_ranges(path, meta["size"], [tuple(table[n]["byte_range"]) for n in names])
+        spans = [(table[n]["byte_range"][0], table[n]["byte_range"][1]) for n in names]
+        sha, size, parts = hash_file_ranges(path, meta["size"], spans)
     except EOFError:
         raise IntegrityError(f"{path}: entry {entry_id!r}: the file shrank while it was being verified") from None
     except IntegrityError as exc:
@@ -450,7 +451,7 @@ def check_entry(rel: Release, entry_id: str, *, deep: bool = False) -> CheckedEn
     return CheckedEntry(entry, hashed, len(entry["tensors"]))
 
 
-def check_index(rel: Release, each: Callable[[dict[str, Any]], None] | None = None) -> int:
+def check_index(rel: Release, each: Callable[[Entry], None] | None = None) -> int:
     """Every index shard read, hashed and checked against the manifest, every record against its own
     commitments, one shard held at a time, and the prefix index's bytes (format 1: the manifest holds the
     records, checked when it was opened). `each(record)` runs on every record while its shard is held (what
@@ -523,7 +524,7 @@ HASH_WINDOW = 64
 _Files = list[tuple[str, "FileMeta"]]
 
 
-def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[str, Any]]]]]:
+def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[Entry]]]]:
     """The release's files but manifest.json ({sha256, size} each) with the entry records that use them, a
     group at a time: format 1 one group; format 2 the index files, then each shard's (one shard held at a
     time). The records are read only when asked for."""
@@ -537,8 +538,8 @@ def _groups(rel: Release) -> Iterator[tuple[_Files, Callable[[], Iterable[dict[s
         yield list(shard.files.items()), functools.partial(_records, shard)
 
 
-def _records(shard: release_index.Shard) -> Iterator[dict[str, Any]]:
-    return (dict(shard.record(e["id"])) for e in shard.entries)
+def _records(shard: release_index.Shard) -> Iterator[Entry]:
+    return (shard.record(e["id"]).copy() for e in shard.entries)
 
 
 def _release_files(rel: Release) -> Iterator[tuple[str, FileMeta]]:

@@ -14,7 +14,7 @@ import functools
 import operator
 import re
 import types
-from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NotRequired, Union, cast, get_args, get_origin
 
 import annotated_types
 import msgspec
@@ -63,6 +63,16 @@ Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 DType = Literal["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32",
                 "int16", "int8", "uint8", "bool"]
 Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
+
+
+DTYPES: tuple[str, ...] = get_args(DType)
+
+
+def dtype(name: str) -> DType:
+    """`name` as a dtype a record may state (ValueError for another)."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is none a release records ({', '.join(DTYPES)})")
+    return cast(DType, name)
 
 
 @with_config(_STRICT)
@@ -124,6 +134,22 @@ class Entry(TypedDict):
     token_ids_sha256: Sha256
 
 
+class Draft(TypedDict):
+    """An entry's record before ReleaseWriter writes its file: what `Entry` holds but its file, tensor table,
+    header digest and digest (kvgraft.release.records.new_entry)."""
+
+    answer: NotRequired[str | int | float | None]
+    id: str
+    layers: list[Layer]
+    meta: NotRequired[JsonObject]
+    next_token: NextToken
+    num_tokens: int
+    probe: NotRequired[Probe]
+    source: Source
+    token_ids: list[int]
+    token_ids_sha256: str
+
+
 @with_config(_STRICT)
 class FileMeta(TypedDict):
     sha256: Sha256
@@ -159,6 +185,76 @@ class PrefixListing(TypedDict):
     records: int
     sha256: str
     size: int
+
+
+class Identity(TypedDict):
+    """A model's identity as a manifest records it (schemas/cache-manifest.v1.json, `model.identity`)."""
+
+    config_sha256: str
+    num_parameters: int
+    num_tensors: int
+    sha256: str
+    tokenizer_sha256: str
+    weights_sha256: str
+
+
+class ModelRecord(TypedDict):
+    """The model a release was captured from (schemas/cache-manifest.v1.json, `model`)."""
+
+    architecture: str
+    identity: Identity
+    model_type: str
+    num_hidden_layers: int
+    spec: str
+
+
+class ScheduleRecord(TypedDict):
+    """The prefill schedule a release was captured under (schemas/cache-manifest.v1.json, `schedule`)."""
+
+    add_generation_prompt: bool
+    add_special_tokens: bool
+    batch_size: Literal[1]
+    chunk_tokens: int | None
+    mode: Literal["one-shot", "chunked"]
+
+
+class IndexListing(TypedDict):
+    """A format-2 manifest's index (schemas/cache-manifest.v2.json, `index`)."""
+
+    entries: int
+    prefix: NotRequired[PrefixListing]
+    shards: list[ShardListing]
+    tokens: int
+
+
+class Header(TypedDict):
+    """What a capture records about its model and conditions: the members a manifest holds beside its format,
+    its entries and its digest."""
+
+    environment: JsonObject  # open: a device's extra facts are recorded beside the required ones
+    model: ModelRecord
+    schedule: ScheduleRecord
+
+
+class Manifest(Header):
+    """manifest.json (schemas/cache-manifest.v1.json and v2): format 1 holds `entries` and `files`, format 2 its
+    `index`. Also the shape of a release as one document (`Release.flat`): format 1's members with format 2's
+    header."""
+
+    created: str
+    entries: NotRequired[list[Entry]]
+    files: NotRequired[dict[str, FileMeta]]
+    format: Literal["kvgraft-cache-release"]
+    format_version: Literal[1, 2]
+    index: NotRequired[IndexListing]
+    kvgraft_version: str
+    root_digest: str
+
+
+def as_json(record: Entry | Draft | Manifest | Header | ModelRecord | ScheduleRecord | Source) -> JsonObject:
+    """A record of these types as the JSON object it is: every member a JSON value, which a TypedDict does not
+    tell a type checker."""
+    return cast(JsonObject, record)
 
 
 class Published(GenerateJsonSchema):

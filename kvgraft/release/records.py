@@ -10,23 +10,23 @@ import stat
 from collections.abc import Callable, Mapping
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgraft._internal import jsonio
 from kvgraft._internal.digest import digest_json
 from kvgraft.errors import InputError, IntegrityError, short_int
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import Entry, FileMeta
+    from kvgraft.release.models import Draft, Entry, FileMeta, Layer, Manifest, NextToken, Source
 
 MANIFEST = "manifest.json"
 
 
-def entry_digest(entry: dict[str, Any]) -> str:
+def entry_digest(entry: Entry) -> str:
     return digest_json({k: v for k, v in entry.items() if k != "digest"})
 
 
-def root_digest(manifest: dict[str, Any]) -> str:
+def root_digest(manifest: Manifest) -> str:
     return digest_json({k: v for k, v in manifest.items() if k != "root_digest"})
 
 
@@ -34,13 +34,15 @@ def token_ids_digest(ids: list[int]) -> str:
     return digest_json(ids)
 
 
-def source_record(kind: str, value: Any) -> dict[str, Any]:
+def source_record(kind: Literal["text", "messages"], value: Any) -> Source:
     """Where an entry's tokens came from: `text` (a string) or `messages` (a chat), with its digest."""
-    return {"kind": kind, "sha256": digest_json(value), kind: value}
+    if kind == "text":
+        return {"kind": kind, "sha256": digest_json(value), "text": value}
+    return {"kind": kind, "sha256": digest_json(value), "messages": value}
 
 
-def new_entry(entry_id: str, token_ids: list[int], source: dict[str, Any], layers: list[dict[str, Any]],
-              next_token: dict[str, Any]) -> dict[str, Any]:
+def new_entry(entry_id: str, token_ids: list[int], source: Source, layers: list[Layer],
+              next_token: NextToken) -> Draft:
     """An entry's manifest record before ReleaseWriter adds its file, tensors and digest; every capture
     (kvgraft's own, the vLLM connector's) builds its entries here."""
     return {"id": entry_id, "num_tokens": len(token_ids), "token_ids": token_ids,

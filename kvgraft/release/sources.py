@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvgraft.errors import Error
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import Entry
 
 
 class Source:
@@ -39,7 +42,7 @@ class Source:
         """The verified cache its files arrive through (None: a local folder reads none)."""
         return None
 
-    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None = None) -> None:
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: Entry | None = None) -> None:
         """Put the release file `name` in place; `entry`: the record that binds it (to locate a mismatch)."""
 
     def fetch_all(self) -> None:

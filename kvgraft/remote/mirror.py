@@ -25,7 +25,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvgraft.errors import InputError
 from kvgraft.release import sources
@@ -39,7 +39,7 @@ from kvgraft.remote.subset import MAX_SUBSET_BYTES, SUBSET_NAME
 from kvgraft.remote.transfer import Meter, fetch_piece, read_small
 
 if TYPE_CHECKING:
-    from kvgraft.release.models import FileMeta
+    from kvgraft.release.models import Entry, FileMeta
 
 MAX_SIGNATURE_BYTES = 64 * 1024 * 1024  # kvgraft.signing.attest.MAX_BUNDLE_BYTES: what the verifier reads at most
 MAX_BESIDE_BYTES = 256 * 1024 * 1024  # a file beside the release on a listed location (a Hub card)
@@ -99,7 +99,7 @@ class Mirror(sources.Source):
 
     # ------------------------------------------------------------------------------------------ files
 
-    def fetch(self, name: str, sha256: str, size: int, what: str, entry: dict[str, Any] | None = None,
+    def fetch(self, name: str, sha256: str, size: int, what: str, entry: Entry | None = None,
               meter: Meter | None = None) -> None:
         if name in self._placed:
             return
@@ -138,12 +138,12 @@ class Mirror(sources.Source):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
 
-    def _many(self, files: list[tuple[str, FileMeta, dict[str, Any] | None]], label: str) -> None:
+    def _many(self, files: list[tuple[str, FileMeta, Entry | None]], label: str) -> None:
         if not files:
             return
         meter = Meter(f"{label} of {self.loc.url} ({len(files)} files)", sum(int(m["size"]) for _, m, _ in files))
 
-        def one(item: tuple[str, FileMeta, dict[str, Any] | None]) -> None:
+        def one(item: tuple[str, FileMeta, Entry | None]) -> None:
             name, meta, entry = item
             what = f"entry {entry['id']!r}" if entry is not None else name
             self.fetch(name, meta["sha256"], int(meta["size"]), what, entry, meter)

@@ -24,11 +24,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from kvgraft.errors import IntegrityError
 from kvgraft.remote.cache import Cache
 from kvgraft.remote.store import FetchError, NotFound, Oversize, Refused, Store, Transient
+
+if TYPE_CHECKING:
+    from kvgraft.release.models import Entry
 
 T = TypeVar("T")
 FIRST_PAUSE = 0.2  # seconds before the second try; doubled for each further one, up to MAX_PAUSE
@@ -178,7 +181,7 @@ def _fill(store: Store, name: str, part: Path, start: int, end: int, what: str, 
         raise FetchError(f"{where}: {exc}") from None
 
 
-def _parts(entry: dict[str, Any] | None, size: int) -> list[tuple[int, int, str, str]]:
+def _parts(entry: Entry | None, size: int) -> list[tuple[int, int, str, str]]:
     """(start, end, sha256, label) of the byte ranges an entry record binds: its safetensors header, its tensors."""
     if entry is None or not isinstance(entry.get("tensors"), dict):
         return []
@@ -190,7 +193,7 @@ def _parts(entry: dict[str, Any] | None, size: int) -> list[tuple[int, int, str,
     return sorted(out)
 
 
-def _locate(path: Path, entry: dict[str, Any] | None, size: int) -> str | None:
+def _locate(path: Path, entry: Entry | None, size: int) -> str | None:
     """'bytes [a, b) (tensor ...): sha256 X, the record says Y' for the first bound range that differs."""
     with open(path, "rb") as f:
         for a, b, want, label in _parts(entry, size):
@@ -202,7 +205,7 @@ def _locate(path: Path, entry: dict[str, Any] | None, size: int) -> str | None:
 
 
 def fetch_piece(store: Store, cache: Cache, name: str, sha256: str, size: int, what: str, *,
-                entry: dict[str, Any] | None = None, link: Path | None = None, meter: Meter | None = None) -> Path:
+                entry: Entry | None = None, link: Path | None = None, meter: Meter | None = None) -> Path:
     """The cached piece of `name`, fetched and checked first unless the cache holds it intact; with `link`,
     also hard-linked (else copied) there while the piece's lock is held, so that no eviction comes between.
     A cached piece that no longer hashes to its name (changed, or replaced by a link) is evicted and fetched
@@ -247,7 +250,7 @@ def place(piece: Path, link: Path, *, hard: bool = True) -> None:
 
 
 def _fetch_locked(store: Store, cache: Cache, name: str, sha256: str, size: int, what: str,
-                  entry: dict[str, Any] | None, shared: Meter | None) -> Path:
+                  entry: Entry | None, shared: Meter | None) -> Path:
     work = cache.partial(sha256, size)
     work.mkdir(parents=True, exist_ok=True)
     deadline = deadline_of(store)

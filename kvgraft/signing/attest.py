@@ -32,6 +32,7 @@ from kvgraft import __version__
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.format import FORMAT
+from kvgraft.release.models import Identity, Manifest
 from kvgraft.release.records import MANIFEST, check_relpath
 from kvgraft.results.base import JsonObject
 from kvgraft.schema import validate
@@ -88,7 +89,7 @@ class PredicateModel(TypedDict):
     spec: str
     architecture: str
     model_type: str
-    identity: JsonObject  # the manifest's model.identity, copied verbatim
+    identity: Identity  # the manifest's model.identity, copied verbatim
 
 
 class Predicate(TypedDict):
@@ -113,7 +114,7 @@ class Statement(TypedDict):
     predicate: Predicate
 
 
-def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int) -> Statement:
+def statement(manifest: Manifest, manifest_sha256: str, manifest_size: int) -> Statement:
     """The in-toto Statement v1 of a release whose manifest file has this digest and size."""
     subjects = [Subject(name=MANIFEST, digest=Digest(sha256=manifest_sha256))]
     subjects += [Subject(name=name, digest=Digest(sha256=sha)) for name, sha in sorted(subject_files(manifest).items())]
@@ -124,7 +125,7 @@ def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int
         "manifest": {"name": MANIFEST, "sha256": manifest_sha256, "size": manifest_size},
         "root_digest": manifest["root_digest"],
         "model": {"spec": model["spec"], "architecture": model["architecture"], "model_type": model["model_type"],
-                  "identity": dict(model["identity"])},
+                  "identity": model["identity"].copy()},
         "num_entries": len(manifest["entries"]) if manifest["format_version"] == 1 else manifest["index"]["entries"],
         "num_files": len(subjects),
         "kvgraft_version": __version__,
@@ -132,12 +133,12 @@ def statement(manifest: dict[str, Any], manifest_sha256: str, manifest_size: int
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
-def predicate_check(root: Path, stmt: Statement, source: str) -> Callable[[dict[str, Any], str, int], None]:
+def predicate_check(root: Path, stmt: Statement, source: str) -> Callable[[Manifest, str, int], None]:
     """What a statement says beyond its subjects, as a check of the parsed manifest (manifest, its sha256, its
     size; kvgraft.release.integrity.ManifestCheck): every member its predicate states must be what the manifest
     implies; only the version of the kvgraft that signed is the signer's own. `source` names the statement."""
 
-    def check(manifest: dict[str, Any], msha: str, msize: int) -> None:
+    def check(manifest: Manifest, msha: str, msize: int) -> None:
         claimed = stmt["predicate"]
         implied = statement(manifest, msha, msize)["predicate"]
         for what in sorted((set(claimed) | set(implied)) - {"kvgraft_version"}):
@@ -153,7 +154,7 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def subject_files(manifest: dict[str, Any]) -> dict[str, str]:
+def subject_files(manifest: Manifest) -> dict[str, str]:
     """name -> sha256 of the files a statement lists beside manifest.json: every file of a format-1
     release; the index files (shards, prefix index) of a format-2 one, whose records bind the entry files."""
     if manifest["format_version"] == 1:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvgraft.errors import Error
 from kvgraft.release.format import Release
+from kvgraft.release.models import Manifest
 from kvgraft.release.sources import Source
 from kvgraft.signing.policy import VerifyPolicy
 
@@ -52,7 +53,7 @@ class VerifiedRelease:
     policy: VerifyPolicy = field(init=False, compare=False)
     warnings: list[str] = field(init=False, compare=False)
     root: Path = field(init=False, compare=False)
-    manifest: dict[str, Any] = field(init=False, repr=False, compare=False)
+    manifest: Manifest = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         c = self.checked

@@ -60,6 +60,7 @@ from kvgraft.release.integrity import (
     check_release,
     open_release,
 )
+from kvgraft.release.models import Entry
 from kvgraft.release.sources import Source
 from kvgraft.remote import open_source, subset
 from kvgraft.results import verify as results
@@ -339,7 +340,7 @@ def _check_sample(checked: CheckedRelease, drawn: list[str], oms_read: _OmsList 
     wanted = set(drawn)
     done: list[CheckedEntry] = []
 
-    def each(entry: dict[str, Any]) -> None:
+    def each(entry: Entry) -> None:
         if entry["id"] in wanted:
             done.append(_check_entry(checked, entry["id"], True, oms_read, oms_path))
 

@@ -62,7 +62,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvgraft._internal.jsonio import load_file
 from kvgraft.errors import Error as KvgraftError
+from kvgraft.release import models as release_models
 from kvgraft.release.format import Release
+from kvgraft.release.models import Entry, Header, Identity, Layer
 from kvgraft.release.records import new_entry, source_record, token_ids_digest
 from kvgraft.signing.policy import SignatureNotChecked, verify_policy
 from kvgraft.signing.verify import VerifiedRelease, verified
@@ -163,7 +165,7 @@ def served_layers(kv_cache_config: Any) -> dict[int, ServedLayer]:
     return out
 
 
-def stored_rows(meta: dict[str, Any], total: int) -> tuple[int, int]:
+def stored_rows(meta: Layer, total: int) -> tuple[int, int]:
     """The token positions [a, b) a stored layer holds: every position, or a sliding layer's window."""
     a, b = (int(x) for x in meta.get("positions", [0, total]))
     return a, b
@@ -176,14 +178,14 @@ class _Refused:
     opened: Release | None  # its manifest when it could be read, to name the entry a request would have used
 
 
-def served_identity(folder: str, dtype: torch.dtype) -> dict[str, Any]:
+def served_identity(folder: str, dtype: torch.dtype) -> Identity:
     """kvgraft's identity of the model folder vLLM loads, in the dtype vLLM serves it in."""
     from kvgraft.inference import models
 
     name = str(dtype).removeprefix("torch.")
     lm = models.load(folder, device="cpu", dtype=name)
     try:
-        return lm.identity.as_dict()
+        return lm.identity.record()
     finally:
         del lm
 
@@ -225,7 +227,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if self._capture is not None and not self._kv_transfer_config.is_kv_producer:
             raise ValueError('KvgraftConnector: "capture" needs kv_role kv_producer or kv_both')
         self._vllm_config = vllm_config
-        self._identity: dict[str, Any] | None = None
+        self._identity: Identity | None = None
         self._saving: dict[str, tuple[int, ...]] = {}  # scheduler: req id -> prompt, staged by the worker
         self._layers: dict[int, Any] = {}  # worker: attention layers by index, seen in start_load_kv
         self._attn_by_index: dict[int, Any] = {}  # worker: every attention layer (KV-shared ones included)
@@ -298,7 +300,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if not self._releases:
             return
         try:
-            have: dict[str, Any] | None = served_identity(self._model_dir, self._dtype)
+            have: Identity | None = served_identity(self._model_dir, self._dtype)
             why = ""
         except (KvgraftError, OSError, ValueError) as exc:
             have, why = None, f"cannot compute the served model's identity: {_first_line(str(exc))}"
@@ -323,11 +325,11 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                  sum(r.release.num_entries for r in self._releases.values()), len(self._releases), len(self._roots),
                  have["sha256"][:16] if have else "?")
 
-    def _match(self, prompt: list[int]) -> tuple[int, dict[str, Any], int] | None:
+    def _match(self, prompt: list[int]) -> tuple[int, Entry, int] | None:
         """(release, entry, n): the longest prefix of the prompt some compatible entry holds: block-aligned
         (the prefix index), or the whole entry when the prompt starts with all of it. An entry that
         cannot be grafted is named in one log line (once per entry and length) and not used."""
-        found: list[tuple[int, int, dict[str, Any]]] = []
+        found: list[tuple[int, int, Entry]] = []
         for i, rel in self._releases.items():
             try:
                 hit = rel.release.longest_prefix(prompt, self._block_size)
@@ -358,7 +360,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             return i, entry, n
         return None
 
-    def _incompatible(self, entry: dict[str, Any]) -> tuple[str, str] | None:
+    def _incompatible(self, entry: Entry) -> tuple[str, str] | None:
         """(tensor, reason) when this entry cannot be grafted into the served model's cache."""
         if self._cache_dtype != "auto":
             return "-", f"vLLM's cache dtype is {self._cache_dtype}; only an unquantized cache is grafted"
@@ -404,7 +406,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                     return meta[part], (f"stored {t['dtype']} {t['shape']}, vLLM's cache takes {want_dtype} {shape}")
         return None
 
-    def _window_short(self, entry: dict[str, Any], n: int) -> tuple[str, str] | None:
+    def _window_short(self, entry: Entry, n: int) -> tuple[str, str] | None:
         """(tensor, reason) when a layer stored as its window lacks rows a graft of the first n tokens needs:
         the window before token n, [n - window + 1, n), where the layer holds the window before the entry's end."""
         total = int(entry["num_tokens"])
@@ -538,7 +540,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         # vLLM gives a KV connector no logits: the token is the one vLLM sampled, the digest is of no bytes.
         entry = new_entry(eid, ids, source_record("text", text), info["layers"],
                           {"logits_sha256": sha256_hex(b""), "argmax": out_ids[0] if (greedy and out_ids) else 0,
-                           "dtype": str(self._dtype).removeprefix("torch.")})
+                           "dtype": release_models.dtype(str(self._dtype).removeprefix("torch."))})
         entry["meta"] = {"captured_by": "vllm", "request_id": request.request_id, "greedy": greedy,
                          "next_token": "vLLM exposes no logits to a KV connector: logits_sha256 is the digest of no "
                                        "bytes; argmax is vLLM's first sampled token when sampling was greedy"}
@@ -552,7 +554,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
         env["engine"] = {"name": "vllm", "version": str(vllm.__version__), "block_size": self._block_size,
                          "attention_backend": info["backend"], "kv_layout": info["layout"]}
-        header = {
+        header: Header = {
             "model": {"spec": self._model_dir, "architecture": (getattr(hf, "architectures", None) or ["?"])[0],
                       "model_type": str(hf.model_type), "num_hidden_layers": self._num_layers,
                       "identity": self._identity},
@@ -696,7 +698,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         m = _LAYER_INDEX.search(str(target or ""))
         return int(m.group(1)) if m is not None else None
 
-    def _check_shared(self, entry: dict[str, Any], load: GraftLoad) -> str | None:
+    def _check_shared(self, entry: Entry, load: GraftLoad) -> str | None:
         """Why the entry's KV-shared layers do not read what vLLM's do, or None: each stored as reading layer j
         must be one vLLM runs with layer j's cache."""
         for meta in entry["layers"]:
@@ -788,7 +790,7 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if missing:
             raise ValueError(f"vLLM's attention layers {missing[:4]} have no cache here")
         tensors: dict[str, torch.Tensor] = {}
-        layers_meta: list[dict[str, Any]] = []
+        layers_meta: list[Layer] = []
         n = len(save.token_ids)
         backend = layout = ""
         for i in range(self._num_layers):
@@ -813,10 +815,10 @@ class KvgraftConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             for part, half in (("keys", combined[:, :count]), ("values", combined[:, count:])):
                 got = half.reshape(nb * n_block, served.kv_heads, served.head_size)[:n]
                 tensors[f"layer.{i}.{part}"] = got.permute(1, 0, 2).unsqueeze(0).contiguous()
-            meta: dict[str, Any] = {"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
-                                    "kind": "full", "positions": [0, n], "stores": "all"}
+            meta: Layer = {"index": i, "keys": f"layer.{i}.keys", "values": f"layer.{i}.values",
+                           "kind": "full", "positions": [0, n], "stores": "all"}
             if served.window is not None:  # every position, as `kvgraft capture --sliding-layers all` records it
-                meta.update(kind="sliding", sliding_window=served.window, cumulative_length=n)
+                meta["kind"], meta["sliding_window"], meta["cumulative_length"] = "sliding", served.window, n
             layers_meta.append(meta)
             get_name = getattr(getattr(layer, "attn_backend", None), "get_name", None)
             backend = str(get_name()) if callable(get_name) else type(layer.impl).__name__

@@ -184,6 +184,21 @@ def test_bad_source_line_is_named(tmp_path: Path, tiny_dir: Callable[[str], Path
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("answer", [["4"], {"value": 4}, True])
+def test_an_answer_a_record_cannot_hold_is_named_at_its_line(tmp_path: Path, tiny_dir: Callable[[str], Path],
+                                                              answer: Any) -> None:
+    """An entry's answer is a string, a number or null: another is refused naming the source line, before the
+    model runs, not after every entry was captured (the manifest's schema would refuse it only then)."""
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "a", "text": "ok", "answer": 4}) + "\n"
+                   + json.dumps({"id": "b", "text": "ok", "answer": answer}) + "\n")
+    res = runner.invoke(app, ["capture", str(src), "--out", str(tmp_path / "r"), "--model", str(tiny_dir("llama"))])
+    assert res.exit_code == errors.EXIT_INPUT, res.output
+    line = _one_line_error(res)
+    assert f"{src}:2" in line and '"answer" must be a string, a number or null' in line
+    assert not (tmp_path / "r").exists()
+
+
 def test_wrong_model_refused_then_forced(release: tuple[Path, Path], tmp_path: Path) -> None:
     import tiny
 

@@ -13,10 +13,11 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, get_origin
 
 import pytest
 from pydantic_core import to_json
+from typing_extensions import get_type_hints
 
 from kvgraft import inspection
 from kvgraft._internal import jsonio
@@ -365,3 +366,47 @@ def test_a_record_breaking_its_own_commitments_is_refused_when_read(tmp_path: Pa
 def test_inspect_counts_a_records_tensor_bytes() -> None:
     entry = record(0)
     assert inspection.tensor_bytes(entry) == sum(b - a for a, b in (t["byte_range"] for t in entry["tensors"].values())) == 256
+
+
+# ------------------------------------------------------------------------------------------ the manifest's types
+
+def _members(schema: dict[str, Any], resolve: Callable[[str], Any]) -> tuple[set[str], set[str]]:
+    while "$ref" in schema:
+        schema = resolve(schema["$ref"])
+    return set(schema["properties"]), set(schema.get("required", ()))
+
+
+def _typed(td: Any) -> tuple[set[str], set[str]]:
+    # The module's annotations are strings: which members are NotRequired is read from the evaluated hints.
+    hints = get_type_hints(td, include_extras=True)
+    return set(hints), {k for k, v in hints.items() if get_origin(v) is not NotRequired}
+
+
+def test_the_manifest_types_name_what_the_manifest_schemas_name() -> None:
+    """kvgraft.release.models' manifest TypedDicts (what every reader of a release is typed by) name the members
+    schemas/cache-manifest.v1.json and v2 name, and require what both require: a member added to or dropped
+    from one side only fails here."""
+    v1, v2 = load_schema(CACHE_MANIFEST), load_schema("cache-manifest.v2.json")
+
+    def resolve(ref: str) -> Any:
+        name, _, pointer = ref.partition("#")
+        return _pointer(v1 if name == CACHE_MANIFEST or not name else v2, pointer)
+
+    (n1, r1), (n2, r2) = _members(v1, resolve), _members(v2, resolve)
+    assert _typed(models.Manifest) == (n1 | n2, r1 & r2)
+    assert _typed(models.Header) == ({"model", "schedule", "environment"}, {"model", "schedule", "environment"})
+    assert _typed(models.ModelRecord) == _members(v1["properties"]["model"], resolve)
+    assert _typed(models.Identity) == _members(v1["properties"]["model"]["properties"]["identity"], resolve)
+    assert _typed(models.ScheduleRecord) == _members(v1["properties"]["schedule"], resolve)
+    index = v2["properties"]["index"]
+    assert _typed(models.IndexListing) == _members(index, resolve)
+    assert _typed(models.ShardListing) == _members(index["properties"]["shards"]["items"], resolve)
+    assert _typed(models.PrefixListing) == _members(index["properties"]["prefix"], resolve)
+    drafted, _ = _typed(models.Draft)
+    assert drafted == _typed(models.Entry)[0] - {"digest", "file", "tensors", "header_sha256"}
+
+
+def test_a_dtype_a_record_may_not_state_is_refused() -> None:
+    assert models.dtype("bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="float4"):
+        models.dtype("float4_e2m1")

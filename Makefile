@@ -117,7 +117,8 @@ bench: gemma-wheels vllm-venv
 GPU_PY ?= 3.12
 GPU_WHEELS ?= bench/wheels/py$(GPU_PY)
 GPU_WHEEL_PINS := rfc8785==0.1.4 jsonschema-rs==0.61.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
-  referencing==0.37.0 rpds-py==2026.9.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 transformers==5.24.0
+  referencing==0.37.0 rpds-py==2026.9.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 transformers==5.24.0 \
+  pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 msgspec==0.23.0
 GPU_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1,--platform $(p)_x86_64)
 
 gpu-wheels:

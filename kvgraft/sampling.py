@@ -33,6 +33,8 @@ from math import comb
 from typing import Any
 
 from kvgraft.errors import InputError, short_repr
+from kvgraft.results.base import JsonObject
+from kvgraft.results.verify import Bound as VerifyBound
 
 METHOD = "sha256-rank-v1"
 TAG = b"kvgraft-sample-v1"
@@ -116,7 +118,7 @@ def sample_record(root: str, nonce: str, ids: Sequence[str], tokens: Sequence[in
             "size": size, "positions": picked, "entries": [str(ids[i]) for i in picked]}
 
 
-def check_sample(recorded: dict[str, Any], root: str, ids: Sequence[str], tokens: Sequence[int]) -> list[str]:
+def check_sample(recorded: JsonObject, root: str, ids: Sequence[str], tokens: Sequence[int]) -> list[str]:
     """Re-derive a recorded sample from the release (its root, entry ids and token counts): the differences, [] if none.
 
     Values are compared as JSON (`true` is not 1), and each is quoted cut to 120 characters (it came from a file)."""
@@ -261,26 +263,26 @@ DETECT_FRACTION = 0.01  # the damage a sampled verification states its chance of
 
 
 def check_bound(n: int, population: int, confidence: float = CONFIDENCE,
-                fraction: float = DETECT_FRACTION) -> dict[str, Any]:
+                fraction: float = DETECT_FRACTION) -> VerifyBound:
     """What a sample of n of `population` entries with no damaged entry says of the release (`kvgraft
     verify --sample`): the exact one-sided upper bound on damaged entries, and the exact probability that
     such a sample holds at least one damaged entry had `fraction` of the entries (rounded up) been damaged."""
     most = upper_bound(0, n, population, confidence)
     damaged = max(1, -(-Fraction(str(fraction)) * population // 1))  # ceil, exactly
     caught = detection(int(damaged), n, population)
-    return {"confidence": confidence, "damaged": 0, "sampled": n, "population": population,
-            "max_damaged_entries": most, "max_damaged_fraction": most / population, "method": BOUND_METHOD,
-            "if_damaged_fraction": fraction, "if_damaged_entries": int(damaged),
-            "detection_probability": float(caught), "detection_at_least": pct_floor(caught)}
+    return VerifyBound(confidence=confidence, damaged=0, sampled=n, population=population, max_damaged_entries=most,
+                       max_damaged_fraction=most / population, method=BOUND_METHOD, if_damaged_fraction=fraction,
+                       if_damaged_entries=int(damaged), detection_probability=float(caught),
+                       detection_at_least=pct_floor(caught))
 
 
-def check_sentence(b: dict[str, Any]) -> str:
+def check_sentence(b: VerifyBound) -> str:
     """'0 of 200 sampled entries damaged: at most 1.5% of 10,000 entries ...; if 1% ... probability ≥ 86.6%'."""
-    conf = f"{100 * float(b['confidence']):g}%"
-    return (f"{b['damaged']} of {b['sampled']:,} sampled entries damaged: at most {pct(float(b['max_damaged_fraction']))} "
-            f"of {b['population']:,} entries are damaged ({b['max_damaged_entries']:,}), {conf} one-sided, exact "
-            f"hypergeometric; if {100 * float(b['if_damaged_fraction']):g}% of the entries ({b['if_damaged_entries']:,}) "
-            f"were damaged, this check would have caught one with probability ≥ {b['detection_at_least']}")
+    conf = f"{100 * b.confidence:g}%"
+    return (f"{b.damaged} of {b.sampled:,} sampled entries damaged: at most {pct(b.max_damaged_fraction)} "
+            f"of {b.population:,} entries are damaged ({b.max_damaged_entries:,}), {conf} one-sided, exact "
+            f"hypergeometric; if {100 * b.if_damaged_fraction:g}% of the entries ({b.if_damaged_entries:,}) "
+            f"were damaged, this check would have caught one with probability ≥ {b.detection_at_least}")
 
 
 def pct_floor(p: Fraction) -> str:

@@ -197,7 +197,7 @@ def _say_verified(release: str, result: VerifyResult, *, deep: bool) -> None:
             f"{s.nonce!r} ({s.nonce_source}; {s.method}, the draw of `kvgraft audit sample RELEASE --nonce "
             f"{s.nonce} --size {s.size}`): every byte of their files checked, every tensor re-hashed "
             f"({', '.join(s.entries[:5])}{', ...' if s.size > 5 else ''})")
-        say(f"  bound        {check_sentence(result.bound.model_dump(mode='json'))}")
+        say(f"  bound        {check_sentence(result.bound)}")
     elif result.scope == "entries":
         say(f"  entries      {len(result.checked_entries)} of {result.entries} checked ({', '.join(result.checked_entries[:5])}"
             f"{', ...' if len(result.checked_entries) > 5 else ''}), {result.tensors} tensors"

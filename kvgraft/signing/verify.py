@@ -318,7 +318,7 @@ def _verify(src: Source, policy: VerifyPolicy, scope: Scope) -> VerifyResult:
         model=results.Model(spec=m["model"]["spec"], identity_sha256=m["model"]["identity"]["sha256"]),
         warnings=read.warnings, policy=policy, opened=checked.release, scope=scope.name,
         checked_entries=checked_entries, sample=drawn,
-        bound=results.Bound.model_validate(sampling.check_bound(len(drawn.entries), drawn.population)) if drawn else None,
+        bound=sampling.check_bound(len(drawn.entries), drawn.population) if drawn else None,
         location=src.location,
     )
 

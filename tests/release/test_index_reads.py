@@ -190,10 +190,10 @@ def test_the_bound_is_the_exact_hypergeometric_one() -> None:
         damaged = -(-population // 100)
         most, caught = _independent_bound(n, population, damaged) if population <= 10_000 else (None, None)
         if most is not None:
-            assert b["max_damaged_entries"] == most and b["detection_probability"] == pytest.approx(caught)
-        assert b["max_damaged_entries"] == sampling.upper_bound(0, n, population)
-        floor = float(b["detection_at_least"].rstrip("%")) / 100
-        assert floor <= b["detection_probability"] < floor + 0.001  # rounded down, to 0.1%
+            assert b.max_damaged_entries == most and b.detection_probability == pytest.approx(caught)
+        assert b.max_damaged_entries == sampling.upper_bound(0, n, population)
+        floor = float(b.detection_at_least.rstrip("%")) / 100
+        assert floor <= b.detection_probability < floor + 0.001  # rounded down, to 0.1%
 
 
 @pytest.mark.parametrize("inside", [True, False])

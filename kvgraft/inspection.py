@@ -332,7 +332,7 @@ def _signature_file(root: Path, name: str, what: str, manifest_root: str) -> Sig
         return Signature.model_validate(clipped_object(info, DETAIL_TEXT_CHARS))
     info["bytes"] = len(bundle.raw)
     if bundle.has_certificate:
-        material = bundle.doc["verificationMaterial"]
+        material = bundle.material
         cert = _certificate_signer(material)
         entries = material.get("tlogEntries")
         info.update(method="sigstore", signer=cert.identity, issuer=cert.issuer,

@@ -17,16 +17,21 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rfc8785
 
 from kvgraft.errors import BusyError, Error, InputError, IOFailure
 
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from kvgraft.results.base import JsonObject
+
 MAX_JSON_BYTES = 64 * 1024 * 1024
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicates(pairs: list[tuple[str, JsonValue]]) -> JsonObject:
     out = dict(pairs)  # C speed; called for every object of every document read
     if len(out) != len(pairs):
         seen: set[str] = set()

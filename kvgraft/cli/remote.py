@@ -10,6 +10,7 @@ import typer
 from kvgraft.cli._base import ReleaseArg, app, echo_json, handled, held, say
 from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
+from kvgraft.results.base import JsonObject
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="The local cache of verified pieces of remote releases (docs/remote.md).")
@@ -51,7 +52,7 @@ def pull_cmd(
     policy = Trust(key, identity, issuer, offline, require_signature=require_signature).policy()
     checked = held(verified(release, policy))
     rel = checked.release
-    drawn = None
+    drawn: JsonObject | None = None
     ids = list(entry or [])
     if sample is not None and nonce is not None:
         ids = sampling.drawn_ids(str(rel.manifest["root_digest"]), sampling.check_nonce(nonce), rel.entry_ids(), sample)

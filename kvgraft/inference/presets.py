@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kvgraft._internal.jsonio import io_failure, load_file
 from kvgraft.errors import InputError
@@ -173,7 +173,7 @@ def _publish(tmp: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def _convert(gguf: Path, tmp: Path, source: dict[str, Any]) -> None:
+def _convert(gguf: Path, tmp: Path, source: dict[str, str | list[str]]) -> None:
     """Dequantize a GGUF file into a safetensors model folder at `tmp`."""
     import torch
     from safetensors.torch import save_file
@@ -235,9 +235,21 @@ def _folder_layout(target: Path) -> int:
     return layout if isinstance(layout, int) else 0
 
 
-def listing() -> list[dict[str, Any]]:
+class Row(TypedDict):
+    """A preset as `kvgraft models` lists it."""
+
+    name: str
+    model: str
+    installed: bool
+    converted: bool
+    folder: str
+    bytes: int
+    install: str
+
+
+def listing() -> list[Row]:
     """Each preset: whether its wheels are installed, whether it is converted, and the disk its folder uses."""
-    rows = []
+    rows: list[Row] = []
     for p in PRESETS.values():
         target = folder(p)
         rows.append({"name": p.name, "model": p.about, "installed": installed(p), "converted": converted(target),

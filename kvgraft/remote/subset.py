@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError, IntegrityError
@@ -24,6 +23,7 @@ from kvgraft.release import integrity
 from kvgraft.release.format import SIDE_FILES, Release, now_utc
 from kvgraft.release.records import MANIFEST, safe_path
 from kvgraft.remote.transfer import place
+from kvgraft.results.base import JsonObject
 
 SUBSET_NAME = "kvgraft-subset.json"
 SUBSET_FORMAT = "kvgraft-release-subset"
@@ -36,7 +36,7 @@ class Subset:
     entries: list[str]  # present, in release order
     files: list[str]  # every release file present besides manifest.json and the signatures
     origin: str
-    sample: dict[str, Any] | None  # {"nonce", "size"} when the entries are an audit sample
+    sample: JsonObject | None  # {"method", "nonce", "size"} when the entries are an audit sample (carried, not read)
 
 
 def read(root: Path) -> Subset | None:
@@ -68,7 +68,7 @@ def _needed(rel: Release, ids: list[str]) -> list[str]:
     return names
 
 
-def pull(rel: Release, ids: list[str], out: Path, *, origin: str, sample: dict[str, Any] | None = None,
+def pull(rel: Release, ids: list[str], out: Path, *, origin: str, sample: JsonObject | None = None,
          overwrite: bool = False) -> Subset:
     """Write the subset of `rel` (opened through kvgraft.remote, or a local folder) holding `ids` at `out`.
 

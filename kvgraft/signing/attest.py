@@ -217,7 +217,7 @@ class Bundle:
 
     where: str
     raw: bytes
-    doc: dict[str, Any]
+    material: JsonObject  # its verificationMaterial (members checked; a certificate's read where it is shown)
     media_type: str
     payload_type: str
     payload: bytes
@@ -304,7 +304,7 @@ def parse_bundle(raw: bytes, where: str) -> Bundle:
         if material.get("tlogEntries") or material.get("timestampVerificationData"):
             raise InputError(f"{where}: a key-signed bundle carries transparency-log entries or timestamps "
                              f"that kvgraft does not verify")
-    return Bundle(where=where, raw=raw, doc=doc, media_type=media_type, payload_type=payload_type,
+    return Bundle(where=where, raw=raw, material=material, media_type=media_type, payload_type=payload_type,
                   payload=_b64(envelope.get("payload"), f"{where}: dsseEnvelope.payload"), signature=signature,
                   keyid=keyid, key_hint=hint, has_certificate=has_certificate)
 

@@ -22,10 +22,10 @@ import importlib
 import re
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from kvgraft._internal.cores import cores
 from kvgraft.errors import InputError
@@ -38,6 +38,20 @@ RAPL_POLL_S = 30.0
 
 Method = Literal["auto", "rapl", "nvml", "estimate"]
 Device = Literal["cpu", "gpu"]
+
+
+class EnergyRecord(TypedDict):
+    """`EnergyResult.as_dict`: its fields, `is_estimate` and `watts`."""
+
+    method: str
+    joules: float
+    seconds: float
+    device: str
+    constants: dict[str, float]
+    domains: dict[str, float]
+    note: str
+    is_estimate: bool
+    watts: float
 
 
 @dataclass(frozen=True)
@@ -58,8 +72,10 @@ class EnergyResult:
     def watts(self) -> float:
         return self.joules / self.seconds if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "is_estimate": self.is_estimate, "watts": self.watts}
+    def as_dict(self) -> EnergyRecord:
+        return EnergyRecord(method=self.method, joules=self.joules, seconds=self.seconds, device=self.device,
+                            constants=dict(self.constants), domains=dict(self.domains), note=self.note,
+                            is_estimate=self.is_estimate, watts=self.watts)
 
 
 # ---------------------------------------------------------------- RAPL

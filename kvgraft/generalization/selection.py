@@ -18,8 +18,8 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Collection, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import scipy.sparse as sp
@@ -39,6 +39,18 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
+class SelectionRecord(TypedDict):
+    """`Selection.as_dict`."""
+
+    policy: str
+    id: str | None
+    score: float | None
+    runner_up_id: str | None
+    runner_up_score: float | None
+    excluded: list[str]
+    candidates: int
+
+
 @dataclass(frozen=True)
 class Selection:
     policy: str
@@ -49,10 +61,10 @@ class Selection:
     excluded: tuple[str, ...]
     candidates: int  # entries left after exclusion
 
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["excluded"] = list(self.excluded)
-        return d
+    def as_dict(self) -> SelectionRecord:
+        return SelectionRecord(policy=self.policy, id=self.id, score=self.score, runner_up_id=self.runner_up_id,
+                               runner_up_score=self.runner_up_score, excluded=list(self.excluded),
+                               candidates=self.candidates)
 
 
 class Index:

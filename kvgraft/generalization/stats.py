@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 from scipy.stats import binom, binomtest
@@ -90,6 +90,50 @@ def min_attainable_p(discordant: int) -> float:
     return 1.0 if discordant == 0 else min(1.0, 2.0 * 0.5**discordant)
 
 
+class McNemarRecord(TypedDict):
+    """`McNemarResult.as_dict`: its fields and `difference`."""
+
+    n: int
+    correct_a: int
+    correct_b: int
+    b: int
+    c: int
+    p_exact: float
+    p_midp: float
+    alpha: float
+    significant: bool
+    verdict: str
+    difference: float
+
+
+class Detectable(TypedDict):
+    """`detectable_effect`'s record (results.generalization.Power is its published shape)."""
+
+    n: int
+    alpha: float
+    power: float
+    min_discordant: int | None
+    min_significant: float | None
+    effect: float | None
+    method: str
+
+
+class BootstrapRecord(TypedDict):
+    """`BootstrapResult.as_dict`: its fields and `excludes_zero`."""
+
+    difference: float
+    lo: float
+    hi: float
+    confidence: float
+    n_boot: int
+    seed: int
+    n: int
+    discordant: int
+    note: str
+    method: str
+    excludes_zero: bool
+
+
 @dataclass(frozen=True)
 class McNemarResult:
     n: int
@@ -108,14 +152,16 @@ class McNemarResult:
         """Accuracy of B minus accuracy of A."""
         return (self.correct_b - self.correct_a) / self.n if self.n else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "difference": self.difference}
+    def as_dict(self) -> McNemarRecord:
+        return McNemarRecord(n=self.n, correct_a=self.correct_a, correct_b=self.correct_b, b=self.b, c=self.c,
+                             p_exact=self.p_exact, p_midp=self.p_midp, alpha=self.alpha, significant=self.significant,
+                             verdict=self.verdict, difference=self.difference)
 
 
 POWER = 0.8
 
 
-def detectable_effect(n: int, *, alpha: float = ALPHA, power: float = POWER) -> dict[str, Any]:
+def detectable_effect(n: int, *, alpha: float = ALPHA, power: float = POWER) -> Detectable:
     """The smallest difference in accuracy between two paired conditions on n items that the two-sided exact
     McNemar test detects with probability `power` at `alpha`, in the most favourable case (items flip one way
     only): significance needs m discordant items (2 / 2**m < alpha), and the effect is the flip rate d at which
@@ -129,9 +175,8 @@ def detectable_effect(n: int, *, alpha: float = ALPHA, power: float = POWER) -> 
     if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
         raise InputError(f"alpha and power must be within (0, 1), got {alpha}, {power}")
     m = next((k for k in range(1, n + 1) if min_attainable_p(k) < alpha), None)
-    out: dict[str, Any] = {"n": n, "alpha": alpha, "power": power, "min_discordant": m,
-                           "min_significant": None if m is None else m / n, "effect": None,
-                           "method": "exact McNemar, one-directional flips, binomial power"}
+    out = Detectable(n=n, alpha=alpha, power=power, min_discordant=m, min_significant=None if m is None else m / n,
+                     effect=None, method="exact McNemar, one-directional flips, binomial power")
     if m is None:
         return out
     lo, hi = 0.0, 1.0
@@ -214,8 +259,10 @@ class BootstrapResult:
     def excludes_zero(self) -> bool:
         return self.lo > 0.0 or self.hi < 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "excludes_zero": self.excludes_zero}
+    def as_dict(self) -> BootstrapRecord:
+        return BootstrapRecord(difference=self.difference, lo=self.lo, hi=self.hi, confidence=self.confidence,
+                               n_boot=self.n_boot, seed=self.seed, n=self.n, discordant=self.discordant, note=self.note,
+                               method=self.method, excludes_zero=self.excludes_zero)
 
 
 def paired_bootstrap(

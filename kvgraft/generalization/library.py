@@ -22,23 +22,27 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
 
 import torch
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic validates these (TypeAdapter): typing.TypedDict is refused on 3.11
 
 from kvgraft._internal import jsonio
 from kvgraft.errors import InputError
 from kvgraft.generalization import answers, problems
-from kvgraft.generalization.energy import measure
-from kvgraft.generalization.problems import Problem
+from kvgraft.generalization.energy import EnergyRecord, measure
+from kvgraft.generalization.problems import Problem, SplitRecord
 from kvgraft.inference.capture import capture as capture_release
 from kvgraft.inference.models import DEFAULT_MODEL, LoadedModel
 from kvgraft.inference.reapply import DEFAULT_CONDITIONS, Conditions
 from kvgraft.inference.runtime import Decoded, Schedule, encode, eos_ids, prefill
 from kvgraft.inference.runtime import decode as capture_decode
 from kvgraft.inference.runtime import tokenize as capture_tokenize
+from kvgraft.release.models import Entry, ScheduleRecord
+from kvgraft.results.base import JsonObject
 
 ENTRY_KIND = "kvgraft-library-entry"
 BUILD_KIND = "kvgraft-library-build"
@@ -55,7 +59,17 @@ _ANSWER_DONE = re.compile(r"(?im)^[^\n]*?\b(?:final[ \t]+answer|answer)[ \t]*(?:
 # ---------------------------------------------------------------- problem sources
 
 
-def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int = 0) -> tuple[list[Problem], dict[str, Any]]:
+class SourceRecord(TypedDict):
+    """Where a library's problems come from (`load_problems`; the controls' fact library adds its seed)."""
+
+    source: str
+    limit: int | None
+    synthetic_seed: NotRequired[int]
+    synthetic_version: NotRequired[int]
+    seed: NotRequired[int]
+
+
+def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int = 0) -> tuple[list[Problem], SourceRecord]:
     """Problems of a named source (gsm8k, synthetic, arithmetic, aime2025, champ) or a JSONL file; the first `limit`.
 
     Returns (problems, a record of the source spec). A generated source (synthetic, arithmetic) needs `limit` (how
@@ -63,7 +77,7 @@ def load_problems(source: str, limit: int | None = None, *, synthetic_seed: int 
     """
     if limit is not None and limit < 0:
         raise InputError(f"--limit must be >= 0, got {limit}")
-    record: dict[str, Any] = {"source": source, "limit": limit}
+    record = SourceRecord(source=source, limit=limit)
     if source == "gsm8k":
         found = problems.gsm8k(limit)
     elif source in problems.GENERATED:
@@ -150,8 +164,59 @@ class BuildSettings:
         if self.max_new_tokens < 1:
             raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> BuildSettingsRecord:
+        return BuildSettingsRecord(attempts=self.attempts, temperature=self.temperature, seed=self.seed,
+                                   max_new_tokens=self.max_new_tokens, use_reference=self.use_reference,
+                                   generate=self.generate, stop_at_answer=self.stop_at_answer)
+
+
+class BuildSettingsRecord(TypedDict):
+    """`BuildSettings.as_dict`."""
+
+    attempts: int
+    temperature: float
+    seed: int
+    max_new_tokens: int
+    use_reference: bool
+    generate: bool
+    stop_at_answer: bool
+
+
+class EnergyBrief(TypedDict):
+    """What a library records of the energy a block of work took (kvgraft.generalization.energy)."""
+
+    joules: float
+    method: str
+    is_estimate: bool
+
+
+class Attempt(TypedDict):
+    """One way a trace was tried: the reference solution, the greedy generation or a sampled one."""
+
+    kind: str  # "reference" | "greedy" | "sample"
+    index: int
+    seed: int | None
+    generated_tokens: int
+    prefill_tokens: int
+    extracted: str | None
+    correct: bool
+    stop: str | None
+
+
+class Unsolved(TypedDict):
+    """`Solved.as_dict`: a problem and every attempt made at it (the build result lists the unsolved ones)."""
+
+    problem_id: str
+    problem_hash: str
+    source: str
+    solved: bool
+    trace_kind: str | None
+    attempts: list[Attempt]
+    failed_attempts: int
+    generated_tokens: int
+    generation_prefill_tokens: int
+    seconds: float
+    energy: EnergyBrief | None
 
 
 @dataclass
@@ -162,22 +227,22 @@ class Solved:
     solved: bool  # a trace whose final answer equals the problem's
     trace: str | None
     trace_kind: str | None  # "reference" | "model" | None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     generated_tokens: int = 0  # every attempt, failed ones included
     generation_prefill_tokens: int = 0  # the prompt, prefilled once per model attempt
     seconds: float = 0.0
-    energy: dict[str, Any] | None = None
+    energy: EnergyBrief | None = None
 
     @property
     def failed_attempts(self) -> int:
         return sum(1 for a in self.attempts if not a["correct"])
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"problem_id": self.problem.id, "problem_hash": problems.problem_hash(self.problem.problem),
-                "source": self.problem.source, "solved": self.solved, "trace_kind": self.trace_kind,
-                "attempts": self.attempts, "failed_attempts": self.failed_attempts,
-                "generated_tokens": self.generated_tokens, "generation_prefill_tokens": self.generation_prefill_tokens,
-                "seconds": self.seconds, "energy": self.energy}
+    def as_dict(self) -> Unsolved:
+        return Unsolved(problem_id=self.problem.id, problem_hash=problems.problem_hash(self.problem.problem),
+                        source=self.problem.source, solved=self.solved, trace_kind=self.trace_kind,
+                        attempts=self.attempts, failed_attempts=self.failed_attempts,
+                        generated_tokens=self.generated_tokens, generation_prefill_tokens=self.generation_prefill_tokens,
+                        seconds=self.seconds, energy=self.energy)
 
 
 def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSettings(), *,
@@ -189,15 +254,14 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
     """
     schedule = schedule or Schedule()
     t0 = time.perf_counter()
-    attempts: list[dict[str, Any]] = []
+    attempts: list[Attempt] = []
     result = Solved(problem, False, None, None, attempts)
     with measure() as meter:
         if settings.use_reference and problem.solution:
             trace = reference_trace(problem)
             ok = bool(check(trace, problem.answer))
-            attempts.append({"kind": TRACE_REFERENCE, "index": 0, "seed": None, "generated_tokens": 0,
-                             "prefill_tokens": 0, "extracted": answers.extract_answer(trace), "correct": ok,
-                             "stop": None})
+            attempts.append(Attempt(kind=TRACE_REFERENCE, index=0, seed=None, generated_tokens=0, prefill_tokens=0,
+                                    extracted=answers.extract_answer(trace), correct=ok, stop=None))
             if ok:
                 result.solved, result.trace, result.trace_kind = True, trace, TRACE_REFERENCE
         if not result.solved and settings.generate:
@@ -215,9 +279,9 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
                 ok = bool(check(out.text, problem.answer))
                 result.generated_tokens += len(out.token_ids)
                 result.generation_prefill_tokens += len(ids)
-                attempts.append({"kind": "sample" if sampled else "greedy", "index": index, "seed": seed,
-                                 "generated_tokens": len(out.token_ids), "prefill_tokens": len(ids),
-                                 "extracted": answers.extract_answer(out.text), "correct": ok, "stop": out.stop})
+                attempts.append(Attempt(kind="sample" if sampled else "greedy", index=index, seed=seed,
+                                        generated_tokens=len(out.token_ids), prefill_tokens=len(ids),
+                                        extracted=answers.extract_answer(out.text), correct=ok, stop=out.stop))
                 if ok:
                     result.solved, result.trace, result.trace_kind = True, prompt + out.text, TRACE_MODEL
                     break
@@ -227,45 +291,140 @@ def solve(lm: LoadedModel, problem: Problem, settings: BuildSettings = BuildSett
     return result
 
 
-def _energy_brief(e: dict[str, Any]) -> dict[str, Any]:
-    return {"joules": e["joules"], "method": e["method"], "is_estimate": e["is_estimate"]}
+def _energy_brief(e: EnergyRecord) -> EnergyBrief:
+    return EnergyBrief(joules=e["joules"], method=e["method"], is_estimate=e["is_estimate"])
 
 
 # ---------------------------------------------------------------- entries and the build
 
 
-def entry_meta(solved: Solved, capture_prefill_tokens: int, probe_tokens: int, split: dict[str, Any]) -> dict[str, Any]:
+class Upstream(TypedDict):
+    """What obtaining an entry's trace cost: attempts, tokens generated and prefilled, time and energy."""
+
+    generated_tokens: int
+    generation_prefill_tokens: int
+    capture_prefill_tokens: int
+    capture_probe_tokens: int
+    attempts: int
+    failed_attempts: int
+    tokens: int  # generated to obtain the trace plus the prefill tokens of capture
+    tokens_all: int  # every token the model processed for this entry
+    seconds: float
+    energy: EnergyBrief | None
+
+
+class SplitSummary(TypedDict):
+    """What each entry carries about the split (the id lists stay in the build result)."""
+
+    salt: str
+    library_fraction: float
+    n: int
+    problems_digest: str
+    method: str
+    source: SourceRecord
+
+
+class EntryMeta(TypedDict):
+    """The `meta` of a library entry: the problem, the trace kind, the split and the upstream cost."""
+
+    kind: str
+    problem_id: str
+    problem_hash: str
+    problem: str
+    source: str
+    trace: str | None
+    upstream: Upstream
+    split: SplitSummary
+
+
+def entry_meta(solved: Solved, capture_prefill_tokens: int, probe_tokens: int, split: SplitSummary) -> EntryMeta:
     """The `meta` of a library entry: the problem, the trace kind, the split and the upstream cost."""
     p = solved.problem
-    upstream = {
-        "generated_tokens": solved.generated_tokens,
-        "generation_prefill_tokens": solved.generation_prefill_tokens,
-        "capture_prefill_tokens": capture_prefill_tokens,
-        "capture_probe_tokens": probe_tokens,
-        "attempts": len(solved.attempts),
-        "failed_attempts": solved.failed_attempts,
-        # upstream cost: tokens generated to obtain the trace plus the prefill tokens of capture
-        "tokens": solved.generated_tokens + capture_prefill_tokens,
-        # every token the model processed for this entry
-        "tokens_all": solved.generated_tokens + solved.generation_prefill_tokens + capture_prefill_tokens + probe_tokens,
-        "seconds": solved.seconds,
-        "energy": solved.energy,
-    }
-    return {"kind": ENTRY_KIND, "problem_id": p.id, "problem_hash": problems.problem_hash(p.problem),
-            "problem": p.problem, "source": p.source, "trace": solved.trace_kind, "upstream": upstream,
-            "split": split}
+    upstream = Upstream(
+        generated_tokens=solved.generated_tokens,
+        generation_prefill_tokens=solved.generation_prefill_tokens,
+        capture_prefill_tokens=capture_prefill_tokens,
+        capture_probe_tokens=probe_tokens,
+        attempts=len(solved.attempts),
+        failed_attempts=solved.failed_attempts,
+        tokens=solved.generated_tokens + capture_prefill_tokens,
+        tokens_all=solved.generated_tokens + solved.generation_prefill_tokens + capture_prefill_tokens + probe_tokens,
+        seconds=solved.seconds,
+        energy=solved.energy,
+    )
+    return EntryMeta(kind=ENTRY_KIND, problem_id=p.id, problem_hash=problems.problem_hash(p.problem), problem=p.problem,
+                     source=p.source, trace=solved.trace_kind, upstream=upstream, split=split)
 
 
-def split_summary(record: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+def split_summary(record: SplitRecord, source: SourceRecord) -> SplitSummary:
     """What each entry carries about the split (the id lists stay in the build result)."""
-    return {"salt": record["salt"], "library_fraction": record["library_fraction"], "n": record["n"],
-            "problems_digest": record["problems_digest"], "method": record["method"], "source": source}
+    return SplitSummary(salt=record["salt"], library_fraction=record["library_fraction"], n=record["n"],
+                        problems_digest=record["problems_digest"], method=record["method"], source=source)
+
+
+_ENTRY_META = TypeAdapter(EntryMeta)
+
+
+class BuiltRelease(TypedDict):
+    path: str
+    root_digest: str
+
+
+class BuiltModel(TypedDict):
+    spec: str
+    identity: str
+
+
+class InLibrary(TypedDict):
+    """A solved problem as the build result lists it: its entry and what the entry cost."""
+
+    problem_id: str
+    entry_id: str
+    trace: str | None
+    num_tokens: int
+    upstream: Upstream
+
+
+class Counts(TypedDict):
+    reference: int
+    model: int
+    unsolved: int
+
+
+class Totals(TypedDict):
+    entry_tokens: int
+    upstream_tokens: int
+    upstream_tokens_all: int
+    generated_tokens: int  # unsolved problems' attempts included
+    generated_tokens_solved: int
+    failed_attempts: int
+    seconds: float
+
+
+class BuildResult(TypedDict):
+    """`build`'s result: the split, the solved problems' entries with their upstream cost, the unsolved problems
+    with every attempt made, totals, and the release's root digest."""
+
+    kind: str
+    release: BuiltRelease
+    model: BuiltModel
+    source: SourceRecord
+    split: SplitRecord
+    settings: BuildSettingsRecord
+    schedule: ScheduleRecord
+    library: int
+    held_out: int
+    solved: list[InLibrary]
+    unsolved: list[Unsolved]
+    counts: Counts
+    totals: Totals
+    energy: EnergyRecord
 
 
 def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, library_fraction: float = 0.5,
-          salt: str = "kvgraft", source: dict[str, Any] | None = None, settings: BuildSettings = BuildSettings(),
+          salt: str = "kvgraft", source: SourceRecord | None = None, settings: BuildSettings = BuildSettings(),
           schedule: Schedule | None = None, probe_tokens: int = 0, overwrite: bool = False,
-          check: Checker = answers.check, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+          check: Checker = answers.check, progress: Callable[[int, int], None] | None = None) -> BuildResult:
     """Split, solve each library problem, capture the solved traces into a release at `out`.
 
     Returns the build result: the split, the solved problems' entries with their upstream cost, the
@@ -275,7 +434,7 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
     library, held_out, record = problems.split(all_problems, library_fraction, salt)
     if not library:
         raise InputError(f"the library split is empty ({len(all_problems)} problems, fraction {library_fraction})")
-    source = source or {"source": "problems", "limit": None}
+    source = source or SourceRecord(source="problems", limit=None)
     split_info = split_summary(record, source)
     t0 = time.perf_counter()
     solved: list[Solved] = []
@@ -285,14 +444,14 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
             solved.append(solve(lm, p, settings, schedule=schedule, check=check))
             if progress:
                 progress(i + 1, total)
-        records: list[tuple[str, dict[str, Any]]] = []
+        records: list[tuple[str, JsonObject]] = []
         for s in solved:
             if not s.solved or s.trace is None:
                 continue
             where = f"library:{s.problem.id}"
             ids, _ = capture_tokenize(lm, {"text": s.trace}, schedule, where)
-            rec = {"id": s.problem.id, "text": s.trace, "answer": s.problem.answer,
-                   "meta": entry_meta(s, len(ids), probe_tokens, split_info)}
+            meta = _ENTRY_META.dump_python(entry_meta(s, len(ids), probe_tokens, split_info), mode="json")
+            rec: JsonObject = {"id": s.problem.id, "text": s.trace, "answer": s.problem.answer, "meta": meta}
             records.append((where, rec))
         if not records:
             names = ", ".join(s.problem.id for s in solved[:10])
@@ -302,35 +461,36 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
         progress(total, total)
     assert meter.result is not None
     entries = manifest["entries"]
-    up = [e["meta"]["upstream"] for e in entries]
-    in_library = [{"problem_id": e["meta"]["problem_id"], "entry_id": e["id"], "trace": e["meta"]["trace"],
-                 "num_tokens": e["num_tokens"], "upstream": e["meta"]["upstream"]} for e in entries]
+    metas = [_ENTRY_META.validate_python(e.get("meta")) for e in entries]  # as entry_meta wrote them
+    up = [m["upstream"] for m in metas]
+    in_library = [InLibrary(problem_id=m["problem_id"], entry_id=e["id"], trace=m["trace"], num_tokens=e["num_tokens"],
+                            upstream=m["upstream"]) for e, m in zip(entries, metas, strict=True)]
     unsolved = [s.as_dict() for s in solved if not s.solved]
-    return {
-        "kind": BUILD_KIND,
-        "release": {"path": str(out), "root_digest": manifest["root_digest"]},
-        "model": {"spec": lm.spec, "identity": lm.identity.sha256},
-        "source": source,
-        "split": record,
-        "settings": settings.as_dict(),
-        "schedule": schedule.as_dict(),
-        "library": len(library),
-        "held_out": len(held_out),
-        "solved": in_library,
-        "unsolved": unsolved,
-        "counts": {"reference": sum(1 for v in in_library if v["trace"] == TRACE_REFERENCE),
-                   "model": sum(1 for v in in_library if v["trace"] == TRACE_MODEL), "unsolved": len(unsolved)},
-        "totals": {
-            "entry_tokens": sum(e["num_tokens"] for e in entries),
-            "upstream_tokens": sum(u["tokens"] for u in up),
-            "upstream_tokens_all": sum(u["tokens_all"] for u in up),
-            "generated_tokens": sum(s.generated_tokens for s in solved),  # unsolved problems' attempts included
-            "generated_tokens_solved": sum(u["generated_tokens"] for u in up),
-            "failed_attempts": sum(s.failed_attempts for s in solved),
-            "seconds": time.perf_counter() - t0,
-        },
-        "energy": meter.result.as_dict(),
-    }
+    return BuildResult(
+        kind=BUILD_KIND,
+        release=BuiltRelease(path=str(out), root_digest=manifest["root_digest"]),
+        model=BuiltModel(spec=lm.spec, identity=lm.identity.sha256),
+        source=source,
+        split=record,
+        settings=settings.as_dict(),
+        schedule=schedule.as_dict(),
+        library=len(library),
+        held_out=len(held_out),
+        solved=in_library,
+        unsolved=unsolved,
+        counts=Counts(reference=sum(1 for v in in_library if v["trace"] == TRACE_REFERENCE),
+                      model=sum(1 for v in in_library if v["trace"] == TRACE_MODEL), unsolved=len(unsolved)),
+        totals=Totals(
+            entry_tokens=sum(e["num_tokens"] for e in entries),
+            upstream_tokens=sum(u["tokens"] for u in up),
+            upstream_tokens_all=sum(u["tokens_all"] for u in up),
+            generated_tokens=sum(s.generated_tokens for s in solved),
+            generated_tokens_solved=sum(u["generated_tokens"] for u in up),
+            failed_attempts=sum(s.failed_attempts for s in solved),
+            seconds=time.perf_counter() - t0,
+        ),
+        energy=meter.result.as_dict(),
+    )
 
 
 # ---------------------------------------------------------------- reading a library back
@@ -361,7 +521,7 @@ class LibraryBuild:
 
 
 def build_from(b: LibraryBuild, *, load: Callable[[str, str, str, str], LoadedModel],
-               progress: Callable[[], AbstractContextManager[Callable[[int, int], None]]]) -> dict[str, Any]:
+               progress: Callable[[], AbstractContextManager[Callable[[int, int], None]]]) -> BuildResult:
     """`build` as `library build` asks for it: every option checked and the folder refused (an existing one without
     `overwrite`) before the model loads; the model loaded (`load(model, device, dtype, attention)`) and the build run
     under the torch thread count of `b.conditions`."""
@@ -385,9 +545,9 @@ def build_from(b: LibraryBuild, *, load: Callable[[str, str, str, str], LoadedMo
                          overwrite=b.overwrite, progress=tick)
 
 
-def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+def library_entries(entries: Iterable[Entry], where: str) -> list[Entry]:
     """The release's entries, refusing any without library metadata (problem id and hash)."""
-    out: list[dict[str, Any]] = []
+    out: list[Entry] = []
     for e in entries:
         meta = e.get("meta")
         if not isinstance(meta, dict) or meta.get("kind") != ENTRY_KIND or not isinstance(meta.get("problem_id"), str) \
@@ -398,7 +558,63 @@ def library_entries(entries: Iterable[dict[str, Any]], where: str) -> list[dict[
     return out
 
 
+
+class _Read(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class EnergyRead(_Read):
+    joules: float = 0.0
+
+
+class UpstreamRead(_Read):
+    """What the audit's ledger reads of an entry's upstream cost (`Upstream`); a member an entry lacks counts 0."""
+
+    tokens: int = 0
+    tokens_all: int = 0
+    generated_tokens: int = 0
+    failed_attempts: int = 0
+    seconds: float = 0.0
+    energy: EnergyRead | None = None
+
+
+class SourceRead(_Read):
+    source: str | None = None
+    limit: int | None = None
+    synthetic_seed: int = 0
+
+
+class SplitRead(_Read):
+    """What the audit reads of the split an entry records (`SplitSummary`), to reproduce it."""
+
+    salt: str | None = None
+    library_fraction: float | None = None
+    problems_digest: str | None = None
+    source: SourceRead | None = None
+
+
+class LibraryMeta(_Read):
+    """What the audit reads of a library entry's `meta` (`EntryMeta`, as `entry_meta` wrote it)."""
+
+    problem_id: str
+    problem_hash: str
+    problem: str
+    trace: str | None = None
+    upstream: UpstreamRead = UpstreamRead()
+    split: SplitRead | None = None
+
+
+def library_meta(entry: Entry, where: str) -> LibraryMeta:
+    """An entry's library metadata as the audit reads it; refused when it is not what `library build` writes."""
+    try:
+        return LibraryMeta.model_validate(entry.get("meta"))
+    except ValidationError as exc:
+        raise InputError(f"{where}: entry {entry['id']!r} carries no library metadata ({exc.errors()[0]['msg']}); build "
+                         "the release with `kvgraft library build`") from None
+
+
 __all__ = [
-    "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildSettings", "Decoded", "Solved", "answer_line_complete", "build", "decode",
-    "entry_meta", "library_entries", "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
+    "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildResult", "BuildSettings", "Decoded", "EntryMeta", "LibraryMeta", "Solved",
+    "SourceRecord", "answer_line_complete", "build", "decode", "entry_meta", "library_entries", "library_meta",
+    "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, RenderableType
 
@@ -11,6 +11,9 @@ from kvgraft.generalization.conditions import LABELS, SHORT
 from kvgraft.render.text import WORDS, hanging, kn, kv_lines, num, pct, plain_tree, styled, table
 from kvgraft.results.base import JsonObject
 from kvgraft.results.generalization import Accuracy, Comparison, GeneralizationResult, Group
+
+if TYPE_CHECKING:
+    from kvgraft.generalization.library import BuildResult  # torch: only to type-check
 
 GROUPS: tuple[Group, ...] = ("library", "held_out", "synthetic")
 
@@ -205,12 +208,12 @@ def renderables(result: GeneralizationResult | JsonObject, console: Console) -> 
     return out
 
 
-def build_renderables(build: dict[str, Any], console: Console) -> list[RenderableType]:
+def build_renderables(build: BuildResult, console: Console) -> list[RenderableType]:
     """A library build result: what was solved, how, at what cost; what was not."""
     build = plain_tree(build)
     counts, totals = build["counts"], build["totals"]
     how = "ESTIMATE, not a measurement" if build["energy"]["is_estimate"] else f"measured: {build['energy']['method']}"
-    rows = [[v["problem_id"], v["trace"], str(v["num_tokens"]), str(v["upstream"]["attempts"]),
+    rows = [[v["problem_id"], str(v["trace"]), str(v["num_tokens"]), str(v["upstream"]["attempts"]),
              str(v["upstream"]["failed_attempts"]), str(v["upstream"]["generated_tokens"]), str(v["upstream"]["tokens"])]
             for v in build["solved"]]
     rows += [[u["problem_id"], "unsolved", "—", str(len(u["attempts"])), str(u["failed_attempts"]),

@@ -22,11 +22,12 @@ once an "Answer: …" line is complete; `answers.check` decides correctness.
 problem id, else by exact problem hash); ``nearest`` (TF-IDF) or ``bm25`` also adds (c) and its (d),
 selected by that similarity among the other entries. Selection scores are recorded.
 
-`run_query` is a pure function of (model, library, task, settings) → a result dict; `aggregate`
-turns those into accuracy with Wilson intervals, paired exact McNemar tests (mid-p and a paired
-bootstrap as secondary figures), the clean/contaminated split, the token/energy ledger and the
-context accounting. `audit` plans the runs, maps `run_query` over them through an executor (in this
-process, in order, by default) and aggregates.
+`run_query` is a pure function of (model, library, task, settings) → a run (kvgraft.results.generalization.Run,
+as JSON: an executor's unit result); `aggregate` turns the runs into accuracy with Wilson intervals, paired exact
+McNemar tests (mid-p and a paired bootstrap as secondary figures), the clean/contaminated split, the token/energy
+ledger and the context accounting, built as the result's models (`GeneralizationResult`). `audit` plans the runs,
+maps `run_query` over them through an executor (in this process, in order, by default) and aggregates; the
+result becomes JSON where it is written (kvgraft.audit.checks.generalization).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -48,24 +49,51 @@ from kvgraft.generalization import answers, stats
 from kvgraft.generalization.conditions import AS_TEXT, CONDITIONS, GRAFTED, LABELS, SHORT
 from kvgraft.generalization.energy import measure
 from kvgraft.generalization.leakage import NGRAM, leakage_for
-from kvgraft.generalization.library import decode, library_entries, load_problems, prompt_text, sample_seed
-from kvgraft.generalization.problems import GENERATED, Problem, normalize_text, problem_hash, split, synthetic
+from kvgraft.generalization.library import (
+    LibraryMeta,
+    SourceRead,
+    SourceRecord,
+    SplitRead,
+    decode,
+    library_entries,
+    library_meta,
+    load_problems,
+    prompt_text,
+    sample_seed,
+)
+from kvgraft.generalization.problems import GENERATED, Problem, SplitRecord, normalize_text, problem_hash, split, synthetic
 from kvgraft.generalization.selection import POLICIES, Index
 from kvgraft.inference.graft import check_model, restore
 from kvgraft.inference.models import LoadedModel
 from kvgraft.inference.runtime import Schedule, encode, eos_ids, new_cache, prefill
 from kvgraft.release.format import now_utc
+from kvgraft.results import generalization as result
 from kvgraft.results.base import JsonObject
 from kvgraft.results.generalization import (
     FILE,
     MAX_PREAMBLE,
     RESULT_KIND,
     Accuracy,
+    Bootstrap,
+    Comparison,
+    ConditionAccuracy,
+    ConditionLedger,
+    Context,
     Equality,
     Flags,
+    GeneralizationResult,
     Leakage,
+    Ledger,
+    LibraryLedger,
+    McNemar,
     Mismatch,
+    PerQuery,
+    PlanSource,
+    PlanSplit,
+    PlanSynthetic,
+    Power,
     Run,
+    Selection,
     Split,
     SplitPart,
 )
@@ -132,8 +160,10 @@ class Settings:
         wanted = ("none", "own", "own_text") if self.policy == "exact" else CONDITIONS
         return wanted if self.text_conditions else tuple(c for c in wanted if c not in AS_TEXT.values())
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "decoding": self.decoding, "conditions": list(self.conditions())}
+    def record(self) -> result.Settings:
+        """These settings as the result records them."""
+        return result.Settings.model_validate({**asdict(self), "decoding": self.decoding,
+                                               "conditions": list(self.conditions())})
 
 
 @dataclass(frozen=True)
@@ -147,7 +177,7 @@ class Task:
     query: Query
     condition: str
     entry_id: str | None
-    selection: dict[str, Any] | None
+    selection: Selection | None
 
 
 @dataclass(frozen=True)
@@ -155,9 +185,9 @@ class Prepared:
     """What `prepare` records of the queries: the source and split they come from, the synthetic problems added,
     the library-split problems with no entry in the library, and notes on how this audit's split differs."""
 
-    source: JsonObject | None = None
-    split: JsonObject | None = None
-    synthetic: JsonObject | None = None
+    source: SourceRecord | None = None
+    split: SplitRecord | None = None
+    synthetic: PlanSynthetic | None = None
     queries: dict[str, int] = field(default_factory=dict)  # per group
     library_missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -168,30 +198,31 @@ class Library:
 
     def __init__(self, release: VerifiedRelease) -> None:
         self.release = release
-        self.entries = library_entries(release.release.entries, str(release.root))
-        self.index = Index((e["id"], e["meta"]["problem"]) for e in self.entries)
+        where = str(release.root)
+        self.entries = library_entries(release.release.entries, where)
+        self.meta: dict[str, LibraryMeta] = {e["id"]: library_meta(e, where) for e in self.entries}
+        self.index = Index((e["id"], self.meta[e["id"]].problem) for e in self.entries)
         self.by_id = {e["id"]: e for e in self.entries}
 
     def own_ids(self, problem: Problem) -> list[str]:
         """Entries of this problem: same problem id, same problem hash, or entry id equal to the problem id."""
         h = problem_hash(problem.problem)
-        return [e["id"] for e in self.entries
-                if e["meta"]["problem_id"] == problem.id or e["meta"]["problem_hash"] == h or e["id"] == problem.id]
+        return [i for i, m in self.meta.items() if m.problem_id == problem.id or m.problem_hash == h or i == problem.id]
 
-    def own(self, problem: Problem) -> dict[str, Any] | None:
+    def own(self, problem: Problem) -> Selection | None:
         """The selection of the query's own entry: by problem id, else by exact problem hash (selection.py)."""
-        for e in self.entries:
-            if e["meta"]["problem_id"] == problem.id:
-                return {"policy": "own", "id": e["id"], "score": 1.0, "matched_by": "problem_id"}
+        for i, m in self.meta.items():
+            if m.problem_id == problem.id:
+                return Selection(policy="own", id=i, score=1.0, matched_by="problem_id")
         sel = self.index.select(problem.problem, "exact")
         if sel.id is None:
             return None
-        return {**sel.as_dict(), "policy": "own", "matched_by": "problem_hash"}
+        return Selection.model_validate({**sel.as_dict(), "policy": "own", "matched_by": "problem_hash"})
 
-    def other(self, problem: Problem, policy: str) -> dict[str, Any]:
+    def other(self, problem: Problem, policy: str) -> Selection:
         """The nearest entry that is NOT the query's own problem (excluded by id and by hash)."""
         sel = self.index.select(problem.problem, policy, exclude=self.own_ids(problem))
-        return sel.as_dict()
+        return Selection.model_validate(sel.as_dict())
 
 
 def plan(library: Library, queries: Sequence[Query], settings: Settings) -> list[Task]:
@@ -201,11 +232,11 @@ def plan(library: Library, queries: Sequence[Query], settings: Settings) -> list
     for q in queries:
         tasks.append(Task(q, "none", None, None))
         if "own" in wanted and (own := library.own(q.problem)) is not None:
-            tasks += [Task(q, c, own["id"], own) for c in ("own", "own_text") if c in wanted]
+            tasks += [Task(q, c, own.id, own) for c in ("own", "own_text") if c in wanted]
         if "other" in wanted:
             other = library.other(q.problem, settings.policy)
-            if other["id"] is not None:
-                tasks += [Task(q, c, other["id"], other) for c in ("other", "other_text") if c in wanted]
+            if other.id is not None:
+                tasks += [Task(q, c, other.id, other) for c in ("other", "other_text") if c in wanted]
     return tasks
 
 
@@ -234,8 +265,10 @@ def reset_peak_rss() -> str | None:
 # ---------------------------------------------------------------- one run
 
 
-def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: Settings) -> dict[str, Any]:
-    """One (query, condition) run → its result. A pure function of (model, library, task, settings).
+def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: Settings) -> JsonObject:
+    """One (query, condition) run → its result: a `Run` as JSON, an executor's unit result (the executor adds its
+    placement and carries it back; `aggregate` reads it as a `Run`). A pure function of (model, library, task,
+    settings).
 
     Samples use generators seeded from (settings.seed, query id, sample index), the same for every
     condition of a query, so (b) and (d) see the same random numbers.
@@ -273,7 +306,7 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
         tp = time.perf_counter()
         cache, logits = prefill(lm, start + prompt_ids, ONE_SHOT, cache)  # one pass over the prompt, last logits only
         prefill_s += time.perf_counter() - tp
-        samples: list[dict[str, Any]] = []
+        samples: list[result.Sample] = []
         eos = eos_ids(lm)
         for i in range(settings.samples):
             c = cache if i == settings.samples - 1 else copy.deepcopy(cache)
@@ -282,39 +315,43 @@ def run_query(lm: LoadedModel, release: VerifiedRelease, task: Task, settings: S
                 gen = torch.Generator(device="cpu").manual_seed(sample_seed(settings.seed, "query", q.id, i))
             d = decode(lm, c, logits, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                        generator=gen, eos=eos, stop_at_answer=settings.stop_at_answer)
-            samples.append({"token_ids": d.token_ids, "text": d.text, "extracted": answers.extract_answer(d.text),
-                            "correct": bool(answers.check(d.text, q.answer)), "stop": d.stop,
-                            "decode_tokens": len(d.token_ids), "seconds": d.seconds})
+            samples.append(result.Sample.model_validate({
+                "token_ids": d.token_ids, "text": d.text, "extracted": answers.extract_answer(d.text),
+                "correct": bool(answers.check(d.text, q.answer)), "stop": d.stop, "decode_tokens": len(d.token_ids),
+                "seconds": d.seconds}))
     total_s = time.perf_counter() - t0
     assert meter.result is not None
     peak = _status_bytes("VmHWM") if settings.track_memory and memory_note is None else None
-    decode_tokens = sum(s["decode_tokens"] for s in samples)
+    decode_tokens = sum(s.decode_tokens for s in samples)
     prefix = restored_tokens + entry_prefill
-    upstream = entry["meta"].get("upstream", {}) if entry is not None else {}
-    return {
+    meta = library_meta(entry, str(release.root)) if entry is not None else None
+    run = Run.model_validate({
         "query_id": q.id,
         "group": task.query.group,
         "condition": cond,
         "entry_id": entry["id"] if entry is not None else None,
-        "entry_problem_id": entry["meta"]["problem_id"] if entry is not None else None,
+        "entry_problem_id": meta.problem_id if meta is not None else None,
         "selection": task.selection,
         "gold": q.answer,
         "samples": samples,
-        "correct": samples[0]["correct"],
-        "n_correct": sum(1 for s in samples if s["correct"]),
+        "correct": samples[0].correct,
+        "n_correct": sum(1 for s in samples if s.correct),
         "n_samples": len(samples),
-        "tokens": {"decode": decode_tokens, "prompt": len(start) + len(prompt_ids),
-                   "prefill": entry_prefill + len(start) + len(prompt_ids), "restored": restored_tokens, "prefix": prefix,
-                   "attended_max": prefix + len(start) + len(prompt_ids) + max(s["decode_tokens"] for s in samples)},
+        "tokens": result.Tokens(decode=decode_tokens, prompt=len(start) + len(prompt_ids),
+                                prefill=entry_prefill + len(start) + len(prompt_ids), restored=restored_tokens,
+                                prefix=prefix,
+                                attended_max=prefix + len(start) + len(prompt_ids) + max(s.decode_tokens for s in samples)),
         "kv_bytes_restored": kv_bytes,
-        "upstream_tokens": int(upstream.get("tokens", 0)),
-        "upstream_tokens_all": int(upstream.get("tokens_all", 0)),
-        "seconds": {"restore": restore_s, "prefill": prefill_s, "decode": sum(s["seconds"] for s in samples),
-                    "total": total_s},
+        "upstream_tokens": meta.upstream.tokens if meta is not None else 0,
+        "upstream_tokens_all": meta.upstream.tokens_all if meta is not None else 0,
+        "seconds": result.RunSeconds(restore=restore_s, prefill=prefill_s, decode=sum(s.seconds or 0.0 for s in samples),
+                                     total=total_s),
         "energy": {"joules": meter.result.joules, "method": meter.result.method, "is_estimate": meter.result.is_estimate},
-        "memory": {"peak_rss_bytes": peak, "rss_before_bytes": rss_before, "note": memory_note},
-        "leakage": leakage_for(entry["source"].get("text", ""), q).as_dict() if entry is not None else None,
-    }
+        "memory": result.Memory(peak_rss_bytes=peak, rss_before_bytes=rss_before, note=memory_note),
+        "leakage": result.RunLeakage(**leakage_for(entry["source"].get("text", ""), q).as_dict())
+        if entry is not None else None,
+    })
+    return run.model_dump(mode="json", exclude_unset=True)
 
 
 # ---------------------------------------------------------------- preparing the queries
@@ -330,28 +367,30 @@ def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int |
     Returns (queries, plan record) where the record lists library problems with no entry (unsolved).
     """
     lib = Library(release)
-    recorded = lib.entries[0]["meta"].get("split", {}) if lib.entries else {}
-    rec_source = recorded.get("source", {}) if isinstance(recorded.get("source"), dict) else {}
+    first = next(iter(lib.meta.values()), None)
+    recorded = (first.split if first is not None else None) or SplitRead()
+    rec_source = recorded.source or SourceRead()
     notes: list[str] = []
     if source is None:
-        source = rec_source.get("source")
+        source = rec_source.source
         if source is None:
             raise InputError(f"{release.root}: the library does not record its source; pass --source")
-    if limit is None and source == rec_source.get("source"):
-        limit = rec_source.get("limit")
-    fraction = library_fraction if library_fraction is not None else recorded.get("library_fraction", 0.5)
-    salt = salt if salt is not None else recorded.get("salt", "kvgraft")
-    rec_seed = rec_source.get("synthetic_seed", 0)
-    problems_all, source_rec = load_problems(source, limit, synthetic_seed=rec_seed if source in GENERATED else 0)
+    if limit is None and source == rec_source.source:
+        limit = rec_source.limit
+    fraction = library_fraction if library_fraction is not None else (
+        recorded.library_fraction if recorded.library_fraction is not None else 0.5)
+    salt = salt if salt is not None else (recorded.salt if recorded.salt is not None else "kvgraft")
+    problems_all, source_rec = load_problems(source, limit,
+                                             synthetic_seed=rec_source.synthetic_seed if source in GENERATED else 0)
     library, held_out, split_rec = split(problems_all, float(fraction), str(salt))
-    if recorded:
-        for key, want in (("salt", salt), ("library_fraction", fraction)):
-            if recorded.get(key) != want:
-                notes.append(f"the library was split with {key} {recorded.get(key)!r}, this audit uses {want!r}")
-        if recorded.get("problems_digest") != split_rec["problems_digest"]:
+    if recorded.model_fields_set:
+        for key, had, want in (("salt", recorded.salt, salt), ("library_fraction", recorded.library_fraction, fraction)):
+            if had != want:
+                notes.append(f"the library was split with {key} {had!r}, this audit uses {want!r}")
+        if recorded.problems_digest != split_rec["problems_digest"]:
             notes.append("the library was built from a different problem set (source or limit differ); library "
                          "problems missing from it are listed")
-    have = {e["meta"]["problem_id"] for e in lib.entries}
+    have = {m.problem_id for m in lib.meta.values()}
     missing = [p.id for p in library if p.id not in have]
     if missing:
         notes.append(f"{len(missing)} library problem(s) have no solved trace in the library and get no replay "
@@ -368,7 +407,7 @@ def prepare(release: VerifiedRelease, *, source: str | None = None, limit: int |
                              f"seed {synthetic_seed}? pass another --synthetic-seed)")
         seen.add(qq.problem.id)
     return queries, Prepared(source=source_rec, split=split_rec,
-                             synthetic={"n": synthetic_n, "seed": synthetic_seed} if synthetic_n > 0 else None,
+                             synthetic=PlanSynthetic(n=synthetic_n, seed=synthetic_seed) if synthetic_n > 0 else None,
                              queries={g: sum(1 for qq in queries if qq.group == g) for g in GROUPS},
                              library_missing=missing, notes=notes)
 
@@ -383,17 +422,18 @@ def _acc(rows: Sequence[Run]) -> Accuracy:
     return Accuracy(k=k, n=n, accuracy=k / n if n else None, interval=[lo, hi])
 
 
-def _pass(rows: Sequence[Run], samples: int) -> dict[str, Any]:
+def _pass(rows: Sequence[Run], samples: int) -> tuple[float | None, dict[str, float]]:
+    """pass@1 averaged over every sample, and pass@k for k up to `samples`."""
     if not rows:
-        return {"pass_at_1_mean": None, "pass_at_k": {}}
+        return None, {}
     p1 = sum(r.n_correct / r.n_samples for r in rows) / len(rows)
     pk = {str(k): sum(stats.pass_at_k(r.n_samples, r.n_correct, k) for r in rows) / len(rows)
           for k in range(1, samples + 1)}
-    return {"pass_at_1_mean": p1, "pass_at_k": pk}
+    return p1, pk
 
 
 def _compare(by: Runs, qids: Sequence[str], cond: str, name: str, scope: str,
-             settings: Settings) -> dict[str, Any]:
+             settings: Settings) -> Comparison:
     ids = [q for q in qids if (q, "none") in by and (q, cond) in by]
     a = [by[(q, "none")].correct for q in ids]
     b = [by[(q, cond)].correct for q in ids]
@@ -402,23 +442,24 @@ def _compare(by: Runs, qids: Sequence[str], cond: str, name: str, scope: str,
     if ids:
         fa = [by[(q, "none")].n_correct / by[(q, "none")].n_samples for q in ids]
         fb = [by[(q, cond)].n_correct / by[(q, cond)].n_samples for q in ids]
-        boot = stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict()
+        boot = Bootstrap(**stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict())
     verdict = m.verdict if ids else f"no queries to compare a and {SHORT[cond]} ({scope})"
-    detectable = stats.detectable_effect(len(ids))
+    detectable = Power(**stats.detectable_effect(len(ids)))
     if ids and not m.significant:
         verdict += f"; {power_phrase(detectable)}"
-    return {"name": name, "a": "none", "b": cond, "scope": scope, "query_ids": ids, "n": len(ids),
-            "mcnemar": m.as_dict(), "bootstrap": boot, "significant": m.significant if ids else False,
-            "detectable": detectable, "verdict": f"{name}: {verdict}"}
+    return Comparison.model_validate({
+        "name": name, "a": "none", "b": cond, "scope": scope, "query_ids": ids, "n": len(ids),
+        "mcnemar": McNemar(**m.as_dict()), "bootstrap": boot, "significant": m.significant if ids else False,
+        "detectable": detectable, "verdict": f"{name}: {verdict}"})
 
 
-def power_phrase(d: dict[str, Any]) -> str:
+def power_phrase(d: Power) -> str:
     """What a non-significant comparison on n items can say: no effect larger than the detectable one."""
-    if d["effect"] is None:
-        return f"at n = {d['n']} no difference could be significant, so this says nothing about an effect"
-    return (f"at n = {d['n']} only a difference of {d['effect'] * 100:.0f} percentage points or more is detected "
-            f"with {d['power']:.0%} power "
-            f"(at least {d['min_discordant']} one-way flips): no effect larger than that is likely missed, "
+    if d.effect is None:
+        return f"at n = {d.n} no difference could be significant, so this says nothing about an effect"
+    return (f"at n = {d.n} only a difference of {d.effect * 100:.0f} percentage points or more is detected "
+            f"with {d.power:.0%} power "
+            f"(at least {d.min_discordant} one-way flips): no effect larger than that is likely missed, "
             "smaller ones are not excluded")
 
 
@@ -443,24 +484,26 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _accuracies(results: Sequence[Run], conds: Sequence[str], settings: Settings) -> list[dict[str, Any]]:
+def _accuracies(results: Sequence[Run], conds: Sequence[str], settings: Settings) -> list[ConditionAccuracy]:
     """Accuracy per condition, overall and per group (with pass@k over the samples)."""
-    conditions: list[dict[str, Any]] = []
+    conditions: list[ConditionAccuracy] = []
     for c in conds:
         rows = [r for r in results if r.condition == c]
-        groups = {g: _acc([r for r in rows if r.group == g]).model_dump() for g in GROUPS if any(r.group == g for r in rows)}
-        conditions.append({"condition": c, "label": LABELS[c], **_acc(rows).model_dump(), **_pass(rows, settings.samples),
-                           "groups": groups})
+        groups = {g: _acc([r for r in rows if r.group == g]) for g in GROUPS if any(r.group == g for r in rows)}
+        p1, pk = _pass(rows, settings.samples)
+        conditions.append(ConditionAccuracy.model_validate({
+            "condition": c, "label": LABELS[c], **_acc(rows).model_dump(), "pass_at_1_mean": p1, "pass_at_k": pk,
+            "groups": groups}))
     return conditions
 
 
 def _comparisons(by: Runs, queries: Sequence[Query], conds: Sequence[str],
-                 settings: Settings) -> list[dict[str, Any]]:
+                 settings: Settings) -> list[Comparison]:
     """The paired comparisons against no graft (a): replay (b), and the other entry (c) per query group."""
     qids = [q.problem.id for q in queries]
     own_ids = [q for q in qids if (q, "own") in by]
     in_group = {g: [q.problem.id for q in queries if q.group == g] for g in GROUPS}
-    comparisons: list[dict[str, Any]] = []
+    comparisons: list[Comparison] = []
     if "own" in conds:
         comparisons.append(_compare(by, own_ids, "own", "replay (a vs b)", "queries with their own entry", settings))
     if "other" in conds:
@@ -500,7 +543,7 @@ def _leakage(results: Sequence[Run], by: Runs, conds: Sequence[str]) -> Leakage:
 
 
 def _condition_ledger(rows: Sequence[Run], budget_of: dict[str, float], amortized: float | None,
-                      uses_library: bool) -> dict[str, Any]:
+                      uses_library: bool) -> ConditionLedger:
     """One condition's totals, per-query means and ratios to the decode budget (upstream cost attributed, amortized)."""
     n = len(rows)
     dec = _sum(rows, lambda r: r.tokens.decode)
@@ -509,7 +552,7 @@ def _condition_ledger(rows: Sequence[Run], budget_of: dict[str, float], amortize
     dec_b = _sum([r for r in rows if r.query_id in budget_of], lambda r: r.tokens.decode)
     up_b = _sum([r for r in rows if r.query_id in budget_of], lambda r: r.upstream_tokens)
     n_b = sum(1 for r in rows if r.query_id in budget_of)
-    totals = {
+    totals: dict[str, float] = {
         "queries": n,
         "decode_tokens": int(dec),
         "prefill_tokens": int(_sum(rows, lambda r: r.tokens.prefill)),
@@ -522,23 +565,24 @@ def _condition_ledger(rows: Sequence[Run], budget_of: dict[str, float], amortize
         "decode_seconds": _sum(rows, lambda r: r.seconds.decode),
         "energy_joules": _sum(rows, lambda r: r.energy.joules),
     }
-    per_query = {k: (v / n if n else None) for k, v in totals.items() if k != "queries"}
-    budget = {
+    per_query = PerQuery.model_validate({k: (v / n if n else None) for k, v in totals.items() if k != "queries"})
+    return ConditionLedger.model_validate({
+        **totals,
+        "per_query": per_query,
         "budget_tokens": int(bud),
         "decode_vs_budget": _ratio(dec_b, bud),
         "with_upstream_attributed": _ratio(dec_b + (up_b if uses_library else 0.0), bud),
         "with_upstream_amortized": _ratio(dec_b + ((amortized or 0.0) * n_b if uses_library else 0.0), bud),
-    }
-    return {**totals, "per_query": per_query, **budget}
+    })
 
 
 def _ledger(lib: Library, results: Sequence[Run], by: Runs,
-            qids: Sequence[str], conds: Sequence[str], settings: Settings) -> dict[str, Any]:
+            qids: Sequence[str], conds: Sequence[str], settings: Settings) -> Ledger:
     """Tokens, time and energy per condition, against the decode budget, with and without the library's upstream cost."""
-    up_entries = [e["meta"].get("upstream", {}) for e in lib.entries]
+    up_entries = [m.upstream for m in lib.meta.values()]
     served = sorted({r.query_id for r in results if r.condition != "none"})
-    lib_up = int(sum(u.get("tokens", 0) for u in up_entries))
-    lib_up_all = int(sum(u.get("tokens_all", 0) for u in up_entries))
+    lib_up = int(sum(u.tokens for u in up_entries))
+    lib_up_all = int(sum(u.tokens_all for u in up_entries))
     amortized = lib_up / len(served) if served else None
     budget_of: dict[str, float] = {}
     for q in qids:
@@ -548,26 +592,27 @@ def _ledger(lib: Library, results: Sequence[Run], by: Runs,
             budget_of[q] = float(by[(q, "none")].tokens.decode)
     per_condition = {c: _condition_ledger([r for r in results if r.condition == c], budget_of, amortized, c != "none")
                      for c in conds}
-    ledger = {
-        "per_condition": per_condition,
-        "library": {
-            "entries": len(lib.entries),
-            "entry_tokens": sum(int(e["num_tokens"]) for e in lib.entries),
-            "upstream_tokens": lib_up,
-            "upstream_tokens_all": lib_up_all,
-            "generated_tokens": int(sum(u.get("generated_tokens", 0) for u in up_entries)),
-            "failed_attempts": int(sum(u.get("failed_attempts", 0) for u in up_entries)),
-            "reference_traces": sum(1 for e in lib.entries if e["meta"].get("trace") == "reference"),
-            "model_traces": sum(1 for e in lib.entries if e["meta"].get("trace") == "model"),
-            "upstream_seconds": float(sum(u.get("seconds", 0.0) for u in up_entries)),
-            "upstream_energy_joules": float(sum((u.get("energy") or {}).get("joules", 0.0) for u in up_entries)),
-            "queries_served": len(served),
-            "amortized_upstream_tokens_per_query": amortized,
-        },
-        "budget": {"source": (f"--budget {settings.budget} decode tokens per query and sample" if settings.budget is not None
-                              else "decode tokens of condition a (no graft) on the same query"),
-                   "per_query": settings.budget},
-        "definitions": {
+    return Ledger(
+        per_condition=per_condition,
+        library=LibraryLedger(
+            entries=len(lib.entries),
+            entry_tokens=sum(int(e["num_tokens"]) for e in lib.entries),
+            upstream_tokens=lib_up,
+            upstream_tokens_all=lib_up_all,
+            generated_tokens=int(sum(u.generated_tokens for u in up_entries)),
+            failed_attempts=int(sum(u.failed_attempts for u in up_entries)),
+            reference_traces=sum(1 for m in lib.meta.values() if m.trace == "reference"),
+            model_traces=sum(1 for m in lib.meta.values() if m.trace == "model"),
+            upstream_seconds=float(sum(u.seconds for u in up_entries)),
+            upstream_energy_joules=float(sum(u.energy.joules if u.energy is not None else 0.0 for u in up_entries)),
+            queries_served=len(served),
+            amortized_upstream_tokens_per_query=amortized,
+        ),
+        budget=result.Budget(source=(f"--budget {settings.budget} decode tokens per query and sample"
+                                     if settings.budget is not None
+                                     else "decode tokens of condition a (no graft) on the same query"),
+                             per_query=settings.budget),
+        definitions={
             "upstream_tokens": "tokens generated to obtain the solved trace (failed attempts included) + prefill "
                                "tokens of its capture",
             "upstream_tokens_all": "upstream_tokens + prompt tokens prefilled for generation attempts + capture probe tokens",
@@ -577,11 +622,10 @@ def _ledger(lib: Library, results: Sequence[Run], by: Runs,
             "with_upstream_attributed": "(decode + upstream_tokens_attributed) / budget",
             "with_upstream_amortized": "(decode + library upstream_tokens / queries_served per query) / budget",
         },
-    }
-    return ledger
+    )
 
 
-def _context(lib: Library, results: Sequence[Run], context_length: int | None) -> dict[str, Any]:
+def _context(lib: Library, results: Sequence[Run], context_length: int | None) -> Context:
     """Context accounting: library size against what is attended at once and the model's context, peak memory."""
     graft_rows = [r for r in results if r.condition != "none"]
     peaks = [r.memory.peak_rss_bytes for r in results if r.condition in GRAFTED and r.memory.peak_rss_bytes]
@@ -589,28 +633,27 @@ def _context(lib: Library, results: Sequence[Run], context_length: int | None) -
     notes_mem = sorted({str(r.memory.note) for r in results if r.memory.note})
     library_tokens = sum(int(e["num_tokens"]) for e in lib.entries)
     attended = max((r.tokens.attended_max for r in graft_rows), default=0)
-    context = {
-        "library_tokens": library_tokens,
-        "largest_prefix_tokens": max((r.tokens.prefix for r in graft_rows), default=0),
-        "attended_at_once_max": attended,
-        "attended_at_once_max_all": max((r.tokens.attended_max for r in results), default=0),
-        "model_context_tokens": context_length,
-        "attended_fits_context": None if context_length is None else attended <= context_length,
-        "library_fits_context": None if context_length is None else library_tokens <= context_length,
-        "peak_rss_bytes_grafted": max(peaks) if peaks else None,
-        "rss_before_bytes_min": min(before) if before else None,
-        "memory_method": MEMORY_METHOD if not notes_mem else f"{MEMORY_METHOD}; {'; '.join(notes_mem)}",
-    }
-    return context
+    return Context(
+        library_tokens=library_tokens,
+        largest_prefix_tokens=max((r.tokens.prefix for r in graft_rows), default=0),
+        attended_at_once_max=attended,
+        attended_at_once_max_all=max((r.tokens.attended_max for r in results), default=0),
+        model_context_tokens=context_length,
+        attended_fits_context=None if context_length is None else attended <= context_length,
+        library_fits_context=None if context_length is None else library_tokens <= context_length,
+        peak_rss_bytes_grafted=max(peaks) if peaks else None,
+        rss_before_bytes_min=min(before) if before else None,
+        memory_method=MEMORY_METHOD if not notes_mem else f"{MEMORY_METHOD}; {'; '.join(notes_mem)}",
+    )
 
 
-def _statements(prepared: Prepared, comparisons: Sequence[dict[str, Any]],
+def _statements(prepared: Prepared, comparisons: Sequence[Comparison],
                 equality: dict[Literal["own", "other"], Equality], leakage: Leakage, results: Sequence[Run],
-                energy: dict[str, Any] | None, settings: Settings) -> list[str]:
+                energy: result.Energy | None, settings: Settings) -> list[str]:
     """The result's sentences: preparation notes, each comparison's verdict, (d) vs graft, leakage, caveats."""
     statements: list[str] = list(prepared.notes)
     for comp in comparisons:
-        statements.append(comp["verdict"])
+        statements.append(comp.verdict)
     for g, eq in equality.items():
         if eq.n == 0:
             continue
@@ -630,8 +673,8 @@ def _statements(prepared: Prepared, comparisons: Sequence[dict[str, Any]],
     if foreign:
         statements.append(f"{len(foreign)} query(ies) outside the library split have their own entry in the library: "
                           f"{', '.join(foreign[:10])}")
-    if energy and energy.get("is_estimate"):
-        statements.append(f"energy figures are an ESTIMATE, not a measurement: {energy.get('note', '')}")
+    if energy is not None and energy.is_estimate:
+        statements.append(f"energy figures are an ESTIMATE, not a measurement: {energy.note}")
     if settings.preamble:
         statements.append(f"every query, in every condition, was asked after the same preamble of "
                           f"{len(settings.preamble)} characters (settings.preamble): the accuracies are those of "
@@ -642,13 +685,13 @@ def _statements(prepared: Prepared, comparisons: Sequence[dict[str, Any]],
     return statements
 
 
-def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequence[Query], results: Sequence[dict[str, Any]],
-              settings: Settings, *, prepared: Prepared | None = None, energy: dict[str, Any] | None = None,
-              context_length: int | None = None, seconds: float | None = None) -> dict[str, Any]:
-    """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed)."""
+def aggregate(model: result.Model, release: VerifiedRelease, queries: Sequence[Query], runs: Sequence[Run],
+              settings: Settings, *, prepared: Prepared | None = None, energy: result.Energy | None = None,
+              context_length: int | None = None, seconds: float | None = None) -> GeneralizationResult:
+    """Per-run results → the audit result (valid against schemas/generalization-result.v1.json once sealed, as
+    `model_dump(mode="json", exclude_unset=True)`: a member the producer did not set is not written)."""
     prepared = prepared or Prepared()
     lib = Library(release)
-    runs = [Run.model_validate(r) for r in results]
     by: Runs = {(r.query_id, r.condition): r for r in runs}
     qids = [q.problem.id for q in queries]
     conds = [c for c in CONDITIONS if any(r.condition == c for r in runs)]
@@ -659,36 +702,37 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
     ledger = _ledger(lib, runs, by, qids, conds, settings)
     context = _context(lib, runs, context_length)
     statements = _statements(prepared, comparisons, equality, leakage, runs, energy, settings)
-    library_tokens = context["library_tokens"]
-    return {
+    plan_ = result.Plan.model_validate({
+        "source": PlanSource(**prepared.source) if prepared.source is not None else None,
+        "split": PlanSplit(**prepared.split) if prepared.split is not None else None,
+        "synthetic": prepared.synthetic,
+        "queries": {g: sum(1 for q in queries if q.group == g) for g in GROUPS}, "conditions": conds, "runs": len(runs)})
+    return GeneralizationResult.model_validate({
         "kind": RESULT_KIND,
         "format_version": FORMAT_VERSION,
         "kvgraft_version": __version__,
         "created": now_utc(),
-        "model": lm_info,
-        "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
-                    "entries": len(lib.entries), "entry_tokens": library_tokens,
-                    "missing": list(prepared.library_missing)},
-        "plan": {"source": prepared.source, "split": prepared.split, "synthetic": prepared.synthetic,
-                 "queries": {g: sum(1 for q in queries if q.group == g) for g in GROUPS}, "conditions": conds,
-                 "runs": len(results)},
-        "settings": settings.as_dict(),
+        "model": model,
+        "library": result.Library(path=str(release.root), root_digest=release.manifest["root_digest"],
+                                  entries=len(lib.entries), entry_tokens=sum(int(e["num_tokens"]) for e in lib.entries),
+                                  missing=list(prepared.library_missing)),
+        "plan": plan_,
+        "settings": settings.record(),
         "schedule": release.manifest["schedule"],
         "conditions": conditions,
         "comparisons": comparisons,
-        "equality": {g: eq.model_dump(mode="json") for g, eq in equality.items()},
-        "leakage": leakage.model_dump(mode="json"),
+        "equality": equality,
+        "leakage": leakage,
         "ledger": ledger,
         "context": context,
         "energy": energy,
         "seconds": seconds,
-        "queries": [{"id": q.problem.id, "group": q.group, "source": q.problem.source,
-                     "problem_hash": problem_hash(q.problem.problem), "gold": q.problem.answer} for q in queries],
-        "runs": list(results),
+        "queries": [result.Query.model_validate({
+            "id": q.problem.id, "group": q.group, "source": q.problem.source,
+            "problem_hash": problem_hash(q.problem.problem), "gold": q.problem.answer}) for q in queries],
+        "runs": runs,
         "statements": statements,
-    }
-
-
+    })
 
 
 # ---------------------------------------------------------------- the whole audit
@@ -696,7 +740,8 @@ def aggregate(lm_info: dict[str, Any], release: VerifiedRelease, queries: Sequen
 
 def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], settings: Settings = Settings(), *,
           prepared: Prepared | None = None,
-          progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int, str], None] | None = None,
+          executor: Executor | None = None) -> GeneralizationResult:
     """Plan, run every (query, condition) through `executor` (default: in this process, in order), aggregate."""
     from kvgraft.execution.executor import LocalExecutor
 
@@ -718,11 +763,12 @@ def audit(lm: LoadedModel, rel: VerifiedRelease, queries: Sequence[Query], setti
     assert meter.result is not None
     cfg = lm.model.config.get_text_config()
     ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    lm_info = {"spec": lm.spec, "identity": lm.identity.sha256, "release_identity": rel.manifest["model"]["identity"]["sha256"],
-               "forced": forced, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "executor": ex.describe(),
-               "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    model = result.Model(spec=lm.spec, identity=lm.identity.sha256, release_identity=rel.manifest["model"]["identity"]["sha256"],
+                         forced=forced, device=lm.device, dtype=lm.dtype, attn=lm.attn, executor=ex.describe(),
+                         threads=torch.get_num_threads(), omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
     # Unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal).
-    return aggregate(lm_info, rel, queries, results, settings, prepared=prepared, energy=meter.result.as_dict(),
+    return aggregate(model, rel, queries, [Run.model_validate(r) for r in results], settings, prepared=prepared,
+                     energy=result.Energy.model_validate(meter.result.as_dict()),
                      context_length=int(ctx) if ctx else None, seconds=time.perf_counter() - t0)
 
 

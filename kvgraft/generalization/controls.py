@@ -28,14 +28,19 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgraft import __version__
 from kvgraft.errors import InputError
 from kvgraft.generalization.problems import Problem
+from kvgraft.results.base import JsonObject
+from kvgraft.results.controls import ControlsResult, Generator, Library, PlantedControl, Row, SplitPart, SplitParts
+from kvgraft.results.generalization import GeneralizationResult
+from kvgraft.results.stats import KN
 
 if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
+    from kvgraft.generalization.library import BuildResult
     from kvgraft.inference.models import LoadedModel
     from kvgraft.signing.verify import VerifiedRelease
 
@@ -78,7 +83,7 @@ def problems(n: int, seed: int) -> ControlSet:
     facts, related = [], []
     for i, (name, num) in enumerate(zip(names, lockers, strict=True)):
         place = _PLACES[i % len(_PLACES)]
-        meta = {"control": "fact", "seed": seed, "index": i, "version": VERSION}
+        meta: JsonObject = {"control": "fact", "seed": seed, "index": i, "version": VERSION}
         facts.append(Problem(f"control-{seed}-fact-{i:03d}", f"What is the locker number of {name} at the {place}?",
                              str(num), f"The {place} records show that {name} has locker number {num}.", SOURCE, meta))
         related.append(Problem(f"control-{seed}-related-{i:03d}",
@@ -93,63 +98,65 @@ def problems(n: int, seed: int) -> ControlSet:
     return ControlSet(facts, related, unrelated)
 
 
-def build(lm: LoadedModel, out: Path, *, n: int, seed: int, schedule: Any = None, overwrite: bool = False) -> dict[str, Any]:
+def build(lm: LoadedModel, out: Path, *, n: int, seed: int, schedule: Any = None, overwrite: bool = False) -> BuildResult:
     """Capture the fact library (every fact in it, reference traces only) as a release at `out`."""
     from kvgraft.generalization import library
 
     cs = problems(n, seed)
     return library.build(lm, cs.facts, out, library_fraction=1.0, salt=f"controls-{seed}",
-                         source={"source": SOURCE, "limit": n, "seed": seed}, schedule=schedule,
+                         source=library.SourceRecord(source=SOURCE, limit=n, seed=seed), schedule=schedule,
                          settings=library.BuildSettings(generate=False), overwrite=overwrite)
 
 
-def _outcome(name: str, g: dict[str, Any], condition: str, comparison: str) -> dict[str, Any]:
+def _outcome(name: Literal["replay", "related", "null"], g: GeneralizationResult, condition: Literal["own", "other"],
+             comparison: str) -> PlantedControl:
     """One control's figures and whether it shows what it expects."""
-    comp = next(c for c in g["comparisons"] if c["name"] == comparison)
-    m = comp["mcnemar"]
-    split = g["leakage"]["by_condition"][condition]
-    better = m["c"] > m["b"]
+    comp = next(c for c in g.comparisons if c.name == comparison)
+    m = comp.mcnemar
+    split = g.leakage.by_condition[condition]
+    better = m.c > m.b
     if name == "replay":
-        flagged = split["contaminated"]["n"] == comp["n"]
-        shows = comp["significant"] and better and flagged
+        flagged = split.contaminated.n == comp.n
+        shows = comp.significant and better and flagged
     elif name == "related":
-        shows = comp["significant"] and better
+        shows = comp.significant and better
     else:
-        shows = not comp["significant"]
-    runs = {(r["query_id"], r["condition"]): r for r in g["runs"]}
-    rows = [{"query_id": q, "entry_id": runs[(q, condition)]["entry_id"],
-             "entry_problem_id": runs[(q, condition)]["entry_problem_id"],
-             "baseline_correct": bool(runs[(q, "none")]["correct"]), "graft_correct": bool(runs[(q, condition)]["correct"]),
-             "contaminated": bool((runs[(q, condition)]["leakage"] or {}).get("contaminated"))} for q in comp["query_ids"]]
-    return {"name": name, "expect": EXPECT[name], "condition": condition, "n": comp["n"],
-            "baseline": {"k": m["correct_a"], "n": comp["n"]}, "graft": {"k": m["correct_b"], "n": comp["n"]},
-            "mcnemar": m, "significant": comp["significant"], "detectable": comp["detectable"],
-            "split": {part: {"k": split[part]["k"], "n": split[part]["n"], "baseline_k": split[part]["baseline"]["k"]}
-                      for part in ("clean", "contaminated")},
-            "shows": shows, "verdict": comp["verdict"], "rows": rows}
+        shows = not comp.significant
+    assert comp.detectable is not None  # every comparison the audit makes says what it could detect
+    runs = {(r.query_id, r.condition): r for r in g.runs}
+    rows = [Row(query_id=q, entry_id=runs[(q, condition)].entry_id, entry_problem_id=runs[(q, condition)].entry_problem_id,
+                baseline_correct=runs[(q, "none")].correct, graft_correct=runs[(q, condition)].correct,
+                contaminated=bool(leak.contaminated) if (leak := runs[(q, condition)].leakage) is not None else False)
+            for q in comp.query_ids]
+    parts = {part: SplitPart(k=getattr(split, part).k, n=getattr(split, part).n, baseline_k=getattr(split, part).baseline.k)
+             for part in ("clean", "contaminated")}
+    return PlantedControl(name=name, expect=EXPECT[name], condition=condition, n=comp.n,
+                          baseline=KN(k=m.correct_a, n=comp.n), graft=KN(k=m.correct_b, n=comp.n), mcnemar=m,
+                          significant=comp.significant, detectable=comp.detectable, split=SplitParts(**parts),
+                          shows=shows, verdict=comp.verdict, rows=rows)
 
 
-def _statement(o: dict[str, Any]) -> str:
+def _statement(o: PlantedControl) -> str:
     from kvgraft.generalization.audit import power_phrase
 
-    g, a, n = o["graft"]["k"], o["baseline"]["k"], o["n"]
-    cond = "b" if o["condition"] == "own" else "c"
-    head = f"{o['name']} control: {cond} {g}/{n} vs a {a}/{n}, exact McNemar p = {o['mcnemar']['p_exact']:.3g}"
-    sp = o["split"]
-    split = (f"; wins clean {sp['clean']['k']}/{sp['clean']['n']}, contaminated {sp['contaminated']['k']}/"
-             f"{sp['contaminated']['n']} (answer or text of the query in the grafted entry)")
-    if o["name"] == "null":
-        body = ("no significant difference, as planted; " + power_phrase(o["detectable"])) if o["shows"] else \
+    g, a, n = o.graft.k, o.baseline.k, o.n
+    cond = "b" if o.condition == "own" else "c"
+    head = f"{o.name} control: {cond} {g}/{n} vs a {a}/{n}, exact McNemar p = {o.mcnemar.p_exact:.3g}"
+    sp = o.split
+    split = (f"; wins clean {sp.clean.k}/{sp.clean.n}, contaminated {sp.contaminated.k}/"
+             f"{sp.contaminated.n} (answer or text of the query in the grafted entry)")
+    if o.name == "null":
+        body = ("no significant difference, as planted; " + power_phrase(o.detectable)) if o.shows else \
             "a significant difference where none was planted: the audit's nulls cannot be read as evidence"
         return f"{head}: {body}"
-    if o["shows"]:
+    if o.shows:
         return f"{head}: shows the planted effect{split}"
-    return (f"{head}: does NOT show the planted effect ({o['expect']}){split}; the audit could not show that it "
+    return (f"{head}: does NOT show the planted effect ({o.expect}){split}; the audit could not show that it "
             "finds this effect at this size")
 
 
 def run(lm: LoadedModel, release: VerifiedRelease, *, n: int, seed: int, max_new_tokens: int = 32,
-        executor: Executor | None = None) -> dict[str, Any]:
+        executor: Executor | None = None) -> ControlsResult:
     """Run the three controls against the fact library `release` (built by `build` with the same n and seed, then
     `kvgraft.signing.verify.verified` under the policy it is read with: `OwnOutput` when built in this process)."""
     from kvgraft.generalization import audit as gen
@@ -162,20 +169,20 @@ def run(lm: LoadedModel, release: VerifiedRelease, *, n: int, seed: int, max_new
     replay = gen.audit(lm, release, [gen.Query(p, "library") for p in cs.facts], settings("exact"), executor=executor)
     related = gen.audit(lm, release, [gen.Query(p, "held_out") for p in cs.related], settings("nearest"), executor=executor)
     null = gen.audit(lm, release, [gen.Query(p, "held_out") for p in cs.unrelated], settings("nearest"), executor=executor)
+    related_out = _outcome("related", related, "other", "held-out generalization (a vs c)")
+    right_entry = sum(1 for r in related_out.rows if r.entry_problem_id == f"control-{seed}-fact-{r.query_id[-3:]}")
     outcomes = [_outcome("replay", replay, "own", "replay (a vs b)"),
-                _outcome("related", related, "other", "held-out generalization (a vs c)"),
+                related_out.model_copy(update={"fact_entry_selected": right_entry}),
                 _outcome("null", null, "other", "held-out generalization (a vs c)")]
-    right_entry = sum(1 for r in outcomes[1]["rows"] if r["entry_problem_id"] == f"control-{seed}-fact-{r['query_id'][-3:]}")
-    outcomes[1]["fact_entry_selected"] = right_entry
     statements = [_statement(o) for o in outcomes]
     statements.append(f"related control: the entry holding the query's fact was the nearest other entry for "
-                      f"{right_entry}/{outcomes[1]['n']} queries")
-    result = {"kind": KIND, "format_version": 1, "kvgraft_version": __version__, "model": replay["model"]["spec"],
-              "library": {"path": str(release.root), "root_digest": release.manifest["root_digest"],
-                          "entries": release.release.num_entries},
-              "generator": {"source": SOURCE, "n": n, "seed": seed},
-              "settings": {"max_new_tokens": max_new_tokens, "decoding": "greedy"},
-              "controls": outcomes, "statements": statements, "seconds": time.perf_counter() - t0,
-              "decode_tokens": sum(c["decode_tokens"] for g in (replay, related, null)
-                                   for c in g["ledger"]["per_condition"].values())}
-    return result  # unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal)
+                      f"{right_entry}/{outcomes[1].n} queries")
+    # Unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal).
+    return ControlsResult.model_validate({
+        "kind": KIND, "format_version": 1, "kvgraft_version": __version__, "model": replay.model.spec,
+        "library": Library(path=str(release.root), root_digest=release.manifest["root_digest"],
+                           entries=release.release.num_entries),
+        "generator": Generator(source=SOURCE, n=n, seed=seed),
+        "settings": {"max_new_tokens": max_new_tokens, "decoding": "greedy"},
+        "controls": outcomes, "statements": statements, "seconds": time.perf_counter() - t0,
+        "decode_tokens": sum(r.tokens.decode for g in (replay, related, null) for r in g.runs)})

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
+from kvgraft.results.generalization import McNemar, Power
 from kvgraft.results.stats import KN, Count, Detectable, Fraction
 
 Status = Literal["passed", "failed", "incomplete"]
@@ -52,25 +53,9 @@ class Library(Open):
 
 
 class Generator(Open):
-    source: Any
-    n: Any
-    seed: Any
-
-
-class McNemar(Open):
-    b: Any
-    c: Any
-    p_exact: Any
-    significant: Any
-
-
-class Power(Open):
-    n: Any
-    alpha: Any
-    power: Any
-    min_discordant: Any
-    min_significant: Any
-    effect: Any
+    source: str
+    n: Count
+    seed: int
 
 
 class SplitPart(Open):

@@ -43,16 +43,31 @@ class Accuracy(Open):
 
 
 class Selection(Open):
+    """How the grafted entry was chosen (kvgraft.generalization.selection): the best and second best candidates,
+    the entries excluded as the query's own, and for the own entry what it matched by."""
+
     policy: str
     id: str | None
     score: float | None
+    runner_up_id: str | None = nullable()
+    runner_up_score: float | None = nullable()
+    excluded: list[str] | None = None
+    candidates: Count | None = None
+    matched_by: Literal["problem_id", "problem_hash"] | None = None
 
 
 class RunLeakage(Open):
+    """kvgraft.generalization.leakage: what of the query the grafted entry's text holds."""
+
     answer_in_entry: bool
     problem_in_entry: bool
     solution_in_entry: bool
     contaminated: bool
+    problem_ngrams: Count | None = None
+    solution_ngrams: Count | None = None
+    problem_n: Count | None = None
+    solution_n: Count | None = None
+    text_overlap: bool | None = None
 
 
 class Sample(Open):
@@ -119,16 +134,25 @@ class Run(Open):
     energy: RunEnergy
     memory: Memory
     leakage: RunLeakage | None
+    placement: JsonObject | None = Field(None, description="Where the run ran (kvgraft.execution.records.Placement).")
 
 
 # ---------------------------------------------------------------- the aggregate
 
 
 class Model(Open):
+    """The model the audit ran, and where and how it ran."""
+
     spec: str
     identity: Digest
     release_identity: Digest
     forced: bool
+    device: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
+    executor: JsonObject | None = None
+    threads: int | None = None
+    omp_wait_policy: str | None = nullable()
 
 
 class Library(Open):
@@ -147,10 +171,38 @@ class QueryCounts(Open):
     __pydantic_extra__: dict[str, Count] = Field(init=False)
 
 
+class PlanSource(Open):
+    """kvgraft.generalization.library.load_problems' record of the problems' source."""
+
+    source: str
+    limit: Count | None
+    synthetic_seed: int | None = None
+    synthetic_version: int | None = None
+    seed: int | None = None
+
+
+class PlanSplit(Open):
+    """kvgraft.generalization.problems.split's record of the split."""
+
+    method: str
+    salt: str
+    library_fraction: Fraction
+    n: Count
+    library_ids: list[str]
+    held_out_ids: list[str]
+    problems_digest: Digest
+    duplicates_across_split: list[list[str]]
+
+
+class PlanSynthetic(Open):
+    n: Count
+    seed: int
+
+
 class Plan(Open):
-    source: JsonValue
-    split: JsonValue
-    synthetic: JsonValue
+    source: PlanSource | None
+    split: PlanSplit | None
+    synthetic: PlanSynthetic | None
     queries: QueryCounts
     conditions: list[ConditionName]
     runs: Count
@@ -165,6 +217,14 @@ class Settings(Open):
     decoding: JsonValue
     preamble: Annotated[str, Field(max_length=MAX_PREAMBLE)] | None = Field(
         None, description="Text put before every query in every condition alike.")
+    stop_at_answer: bool | None = None
+    force: bool | None = None
+    budget: Annotated[int, Field(ge=1)] | None = nullable(description="Decode tokens per query and sample; null: "
+                                                          "condition a's on the same query.")
+    track_memory: bool | None = None
+    n_boot: Annotated[int, Field(ge=1)] | None = None
+    text_conditions: bool | None = None
+    conditions: list[ConditionName] | None = None
 
 
 class ConditionAccuracy(Accuracy):
@@ -178,16 +238,20 @@ class ConditionAccuracy(Accuracy):
 
 
 class McNemar(Open):
-    n: JsonValue
-    correct_a: JsonValue
-    correct_b: JsonValue
-    b: JsonValue
-    c: JsonValue
+    """kvgraft.generalization.stats.mcnemar: the exact paired test on the discordant queries (b: right under a only,
+    c: right under b only)."""
+
+    n: Count
+    correct_a: Count
+    correct_b: Count
+    b: Count
+    c: Count
     p_exact: Fraction
     p_midp: Fraction
-    alpha: JsonValue
-    significant: JsonValue
-    verdict: JsonValue
+    alpha: float
+    significant: bool
+    verdict: str
+    difference: float | None = None
 
 
 class Bootstrap(Open):
@@ -197,6 +261,11 @@ class Bootstrap(Open):
     confidence: JsonValue
     n_boot: JsonValue
     seed: JsonValue
+    n: Count | None = None
+    discordant: Count | None = None
+    note: str | None = None
+    method: str | None = None
+    excludes_zero: bool | None = None
 
 
 class Power(Open):
@@ -208,6 +277,7 @@ class Power(Open):
     min_discordant: int | None
     min_significant: float | None
     effect: float | None
+    method: str | None = None
 
 
 class Comparison(Open):
@@ -288,6 +358,9 @@ class ConditionLedger(Open):
     kv_bytes_restored: JsonValue
     upstream_tokens_attributed: JsonValue
     seconds: JsonValue
+    restore_seconds: float | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
     energy_joules: JsonValue
     per_query: PerQuery = Field(description="The condition's totals divided by its runs (null for a condition with "
                                 "none).")
@@ -328,6 +401,8 @@ class Context(Open):
     library_tokens: JsonValue
     largest_prefix_tokens: JsonValue
     attended_at_once_max: JsonValue
+    attended_at_once_max_all: Count | None = Field(None, description="As attended_at_once_max, over every run (no "
+                                                   "graft included).")
     model_context_tokens: Annotated[int, Field(ge=1)] | None
     attended_fits_context: bool | None
     library_fits_context: bool | None
@@ -343,11 +418,15 @@ class Energy(Open):
     is_estimate: bool
     constants: JsonObject
     note: str
+    device: str | None = None
+    domains: dict[str, float] | None = None
+    watts: float | None = None
 
 
 class Query(Open):
     id: str
     group: Group
+    source: str | None = None
     problem_hash: Digest
     gold: JsonValue
 

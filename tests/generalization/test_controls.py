@@ -48,7 +48,8 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
     lm = tiny_lm("llama")
     controls.build(lm, tmp_path / "rel", n=6, seed=0)
     built = verified(tmp_path / "rel", OwnOutput("the controls test"))  # read back where it was written
-    r = registry.seal("controls", controls.run(lm, built, n=6, seed=0, max_new_tokens=3))
+    r = registry.seal("controls", controls.run(lm, built, n=6, seed=0, max_new_tokens=3).model_dump(
+        mode="json", exclude_unset=True))
     validate(r, controls.SCHEMA, "controls")
     assert [c["name"] for c in r["controls"]] == ["replay", "related", "null"]
     assert all(c["n"] == 6 for c in r["controls"])
@@ -71,7 +72,7 @@ def test_controls_on_a_tiny_model_are_schema_valid(tiny_lm: Callable[[str], Any]
 def test_controls_show_their_planted_effects_on_the_default_model(smollm2: Any, tmp_path: Path) -> None:
     controls.build(smollm2, tmp_path / "rel", n=20, seed=0)
     built = verified(tmp_path / "rel", OwnOutput("the controls test"))  # read back where it was written
-    r = registry.seal("controls", controls.run(smollm2, built, n=20, seed=0))
+    r = registry.seal("controls", controls.run(smollm2, built, n=20, seed=0).model_dump(mode="json", exclude_unset=True))
     replay, related, null = r["controls"]
     assert replay["shows"] and replay["significant"] and replay["graft"]["k"] > replay["baseline"]["k"]
     assert related["shows"] and related["significant"] and related["graft"]["k"] > related["baseline"]["k"]

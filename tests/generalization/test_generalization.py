@@ -22,6 +22,7 @@ from kvgraft.generalization.conditions import CONDITIONS, LABELS
 from kvgraft.generalization.leakage import leakage_for
 from kvgraft.generalization.problems import Problem, problem_hash
 from kvgraft.inference.runtime import Schedule
+from kvgraft.results.generalization import GeneralizationResult, Model, Run
 from kvgraft.schema import validate
 from kvgraft.signing.policy import OwnOutput
 from kvgraft.signing.verify import VerifiedRelease, verified
@@ -53,7 +54,19 @@ def tiny_library(tiny_lm: Callable[[str], Any], tmp_path_factory: pytest.TempPat
 def tiny_result(tiny_library: tuple[Any, VerifiedRelease, Path]) -> dict[str, Any]:
     lm, rel, _ = tiny_library
     queries, prepared = gen.prepare(rel, synthetic_n=2)
-    return gen.audit(lm, rel, queries, gen.Settings(max_new_tokens=6, n_boot=500), prepared=prepared)
+    return _json(gen.audit(lm, rel, queries, gen.Settings(max_new_tokens=6, n_boot=500), prepared=prepared))
+
+
+def _json(result: GeneralizationResult) -> dict[str, Any]:
+    """The result as the check writes it."""
+    return result.model_dump(mode="json", exclude_unset=True)
+
+
+def _data(result: dict[str, Any]) -> dict[str, Any]:
+    """A report check's data, less `result`, as the check writes it."""
+    from kvgraft.audit.checks.generalization import report_check_data
+
+    return report_check_data(GeneralizationResult.model_validate(result)).model_dump(mode="json", exclude_none=True)
 
 
 def _runs(result: dict[str, Any], cond: str) -> dict[str, dict[str, Any]]:
@@ -154,7 +167,7 @@ def test_a_preamble_is_asked_before_every_query_in_every_condition(
         if task.condition == "none":
             cache, logits = prefill(lm, asked, Schedule(), new_cache(lm))
             assert run["samples"][0]["token_ids"] == library.decode(lm, cache, logits, max_new_tokens=4).token_ids
-    result = gen.audit(lm, rel, [q], settings)
+    result = _json(gen.audit(lm, rel, [q], settings))
     assert result["settings"]["preamble"] == PREAMBLE
     assert all(eq["equal"] == eq["n"] for eq in result["equality"].values())
     assert any("after the same preamble of" in s for s in result["statements"])
@@ -177,7 +190,7 @@ def test_text_condition_equals_graft_on_smollm2(smollm2: Any, tmp_path: Path) ->
     library.build(smollm2, short, tmp_path / "lib", library_fraction=1.0, settings=library.BuildSettings(generate=False))
     rel = verified(tmp_path / "lib", BUILT)
     queries = [gen.Query(p, "library") for p in short]
-    result = gen.audit(smollm2, rel, queries[:1], gen.Settings(max_new_tokens=8, n_boot=200))
+    result = _json(gen.audit(smollm2, rel, queries[:1], gen.Settings(max_new_tokens=8, n_boot=200)))
     for graft in ("own", "other"):
         assert result["equality"][graft]["n"] == 1
         assert result["equality"][graft]["equal"] == 1, result["equality"][graft]["mismatches"]
@@ -218,12 +231,12 @@ def test_exclusion_by_problem_hash_as_well_as_id(tiny_library: tuple[Any, Verifi
     assert lib.index.select(copy.problem, "nearest").id == entry["id"]
     assert lib.own_ids(copy) == [entry["id"]]
     own = lib.own(copy)
-    assert own is not None and own["id"] == entry["id"] and own["matched_by"] == "problem_hash"
+    assert own is not None and own.id == entry["id"] and own.matched_by == "problem_hash"
     other = lib.other(copy, "nearest")
-    assert other["id"] is not None and other["id"] != entry["id"] and entry["id"] in other["excluded"]
+    assert other.id is not None and other.id != entry["id"] and entry["id"] in (other.excluded or [])
     # and by id: a query with the library problem's id but reworded text
     reworded = Problem(entry["meta"]["problem_id"], "Completely different wording about trains and apples.", "1")
-    assert lib.other(reworded, "bm25")["id"] != entry["id"]
+    assert lib.other(reworded, "bm25").id != entry["id"]
     settings = gen.Settings(max_new_tokens=2)
     tasks = gen.plan(lib, [gen.Query(copy, "held_out"), gen.Query(reworded, "held_out")], settings)
     for t in tasks:
@@ -241,7 +254,8 @@ def test_policy_controls_the_conditions(tiny_library: tuple[Any, VerifiedRelease
     exact = {t.condition for t in gen.plan(lib, q, gen.Settings(policy="exact"))}
     assert exact == ({"none", "own", "own_text"} if own_exists else {"none"})
     nearest = [t for t in gen.plan(lib, q, gen.Settings(policy="nearest")) if t.condition == "other"]
-    assert len(nearest) == 1 and nearest[0].selection is not None and 0 < nearest[0].selection["score"] <= 1
+    assert len(nearest) == 1 and nearest[0].selection is not None
+    assert nearest[0].selection.score is not None and 0 < nearest[0].selection.score <= 1
     with pytest.raises(Exception, match="--policy"):
         gen.Settings(policy="closest")
     with pytest.raises(Exception, match="--temperature"):
@@ -270,7 +284,7 @@ def test_library_problems_without_a_trace_are_reported(tiny_lm: Callable[[str], 
     assert prepared.split is not None and prepared.split["library_ids"] == split_rec["library_ids"]  # reproduced
     assert prepared.library_missing == [rejected]
     assert any(rejected in n for n in prepared.notes)
-    result = gen.audit(lm, rel, queries[:4], gen.Settings(max_new_tokens=2, n_boot=100), prepared=prepared)
+    result = _json(gen.audit(lm, rel, queries[:4], gen.Settings(max_new_tokens=2, n_boot=100), prepared=prepared))
     assert result["library"]["missing"] == [rejected]
     assert rejected not in _runs(result, "own") and rejected in _runs(result, "none")
     assert any(rejected in s for s in result["statements"])
@@ -337,8 +351,8 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     runs += [_fake_run(f"q{i}", "held_out", "other", i < 4, 1 <= i <= 3, 4, upstream=100) for i in range(6)]
     runs[-3]["leakage"]["solution_in_entry"] = True  # q3: its entry also holds the query's solution
     settings = gen.Settings(n_boot=300)
-    result = gen.aggregate({"spec": "x", "identity": "0" * 64, "release_identity": "0" * 64, "forced": False}, rel, queries,
-                           runs, settings, context_length=512)
+    model = Model(spec="x", identity="0" * 64, release_identity="0" * 64, forced=False)
+    result = _json(gen.aggregate(model, rel, queries, [Run.model_validate(r) for r in runs], settings, context_length=512))
     sp = result["leakage"]["by_condition"]["other"]
     assert (sp["contaminated"]["k"], sp["contaminated"]["n"]) == (3, 3)
     assert (sp["contaminated"]["baseline"]["k"], sp["contaminated"]["baseline"]["n"]) == (0, 3)
@@ -364,8 +378,7 @@ def test_aggregate_split_statistics_and_ledger_arithmetic(tiny_library: tuple[An
     assert result["ledger"]["per_condition"]["none"]["decode_vs_budget"] == pytest.approx(1.0)
     assert result["context"]["attended_at_once_max"] == 3 + 4 + 10 and result["context"]["model_context_tokens"] == 512
     # a fixed budget replaces condition a's decode tokens
-    fixed = gen.aggregate({"spec": "x", "identity": "0" * 64, "release_identity": "0" * 64, "forced": False}, rel, queries,
-                          runs, gen.Settings(budget=8, n_boot=300))
+    fixed = _json(gen.aggregate(model, rel, queries, [Run.model_validate(r) for r in runs], gen.Settings(budget=8, n_boot=300)))
     assert fixed["ledger"]["per_condition"]["other"]["decode_vs_budget"] == pytest.approx(24 / 48)
 
 
@@ -385,11 +398,10 @@ def test_result_is_valid_against_the_schema(tiny_result: dict[str, Any]) -> None
 
 
 def test_report_check_data_fits_the_audit_report_schema(tiny_result: dict[str, Any]) -> None:
-    from kvgraft.audit.checks.generalization import report_check_data
     from kvgraft.schema import validate_part
 
     # The report's rule for a generalization check refers to this part of the kind's schema file (tests/results).
-    data = report_check_data(tiny_result)
+    data = _data(tiny_result)
     validate_part(data, gen.SCHEMA, "$defs/data", "report data")
     with pytest.raises(SchemaError, match="p_value"):
         validate_part({**data, "mcnemar": [{**data["mcnemar"][0], "p_value": 2}]}, gen.SCHEMA, "$defs/data", "bad")
@@ -414,12 +426,11 @@ def test_render_shows_every_part(tiny_result: dict[str, Any], width: int) -> Non
         assert needle in text, needle
     assert "…" not in text and max(map(len, text.splitlines())) <= width  # wrapped, not cut
     from kvgraft.audit.checks import KINDS, view
-    from kvgraft.audit.checks.generalization import report_check_data
 
     # A report's face of this result: its check's data as the audit run writes it (the report schema requires
     # `conditions` beside `result`).
     kind = KINDS["generalization"]
-    face = kind.face(view(kind, {**report_check_data(tiny_result), "result": tiny_result}))
+    face = kind.face(view(kind, {**_data(tiny_result), "result": tiny_result}))
     assert "reproduce each graft's output" in face.verdict and any(f.startswith("replay") for f in face.figures)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console, RenderableType
 
 from kvgraft.audit.checks.kind import CheckKind, Ran
@@ -13,33 +11,53 @@ from kvgraft.render.html import esc, table
 from kvgraft.render.text import hanging, num, ratio, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import CONTROLS_HEAD, controls_rows
+from kvgraft.results.base import JsonObject, Open
 from kvgraft.results.controls import TYPED, ControlsData
 
 
-def run(ctx: Context, kc: dict[str, Any]) -> Ran:
+class ControlsSettings(Open):
+    """A plan's `[checks.controls]`: how many facts, the generator's seed, the decode budget per query."""
+
+    n: int = 20
+    seed: int = 0
+    max_new_tokens: int = 32
+
+
+class _Shows(Open):
+    shows: bool
+
+
+class _Judged(Open):
+    """What the status rule reads of a sealed result."""
+
+    controls: list[_Shows]
+
+
+def run(ctx: Context, kc: JsonObject) -> Ran:
     from kvgraft.generalization import controls
     from kvgraft.signing.policy import OwnOutput
     from kvgraft.signing.verify import verified
 
-    n, seed = kc.get("n", 20), kc.get("seed", 0)
+    s = ControlsSettings.model_validate(kc)
+    n, seed = s.n, s.seed
     ctx.say(f"controls: a library of {n} generated facts; replay, related-entry and null controls")
     controls.build(ctx.lm, ctx.out / "controls-release", n=n, seed=seed, overwrite=True)
     # Written here, read back here: verified as this run's own output (manifest, digests), not as a signed release.
     library = verified(ctx.out / "controls-release", OwnOutput("the controls check of kvgraft audit run"))
-    k = controls.run(ctx.lm, library, n=n, seed=seed,
-                     max_new_tokens=kc.get("max_new_tokens", 32), executor=ctx.ex)
-    shown = sum(c["shows"] for c in k["controls"])
-    ledger = {"controls": f"{n} generated facts, {k['decode_tokens']:,} decode tokens, {k['seconds']:.1f} s "
+    k = controls.run(ctx.lm, library, n=n, seed=seed, max_new_tokens=s.max_new_tokens, executor=ctx.ex)
+    shown = sum(c.shows for c in k.controls)
+    ledger = {"controls": f"{n} generated facts, {k.decode_tokens:,} decode tokens, {k.seconds:.1f} s "
                           "(its own release, out/…/controls-release, not signed)"}
-    return Ran(k, f"{shown}/{len(k['controls'])} controls show what they expect "
-                  f"({', '.join(c['name'] for c in k['controls'] if c['shows']) or 'none'})", ledger=ledger)
+    return Ran(k.model_dump(mode="json", exclude_unset=True),
+               f"{shown}/{len(k.controls)} controls show what they expect "
+               f"({', '.join(c.name for c in k.controls if c.shows) or 'none'})", ledger=ledger)
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """passed when every control shows what it expects; incomplete when one does not (the audit could not
     show its power, or reported a difference where none was planted); failed is left to the checks that
     judge the graft itself."""
-    return "passed" if all(c["shows"] for c in result["controls"]) else "incomplete"
+    return "passed" if all(c.shows for c in _Judged.model_validate(result).controls) else "incomplete"
 
 
 def face(data: ControlsData) -> Face:

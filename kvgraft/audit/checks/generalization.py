@@ -18,7 +18,32 @@ from kvgraft.render.html import accuracy_html, badge, esc, kv_html, table
 from kvgraft.render.terminal import accuracy_view, mapping_view
 from kvgraft.render.text import kn, num
 from kvgraft.render.text import table as text_table
-from kvgraft.results.generalization import TYPED, GeneralizationData, NamedAccuracy
+from kvgraft.results.base import Count, JsonObject, Open
+from kvgraft.results.generalization import (
+    TYPED,
+    Accuracy,
+    AccuracySplit,
+    Benchmark,
+    GeneralizationData,
+    GeneralizationResult,
+    McNemarRow,
+    NamedAccuracy,
+)
+
+
+class _Reproduced(Open):
+    """Of a prompt-text condition against its graft (`Equality`): on how many queries the outputs were equal."""
+
+    equal: Count
+    n: Count
+
+
+class _Judged(Open):
+    """What the status rule reads of a sealed result: each (d)-vs-graft comparison, and whether any run ran (a
+    run's members are not read here: `Run` is the result schema's to check, when the result is sealed)."""
+
+    equality: dict[str, _Reproduced]
+    runs: list[JsonObject]
 
 
 def run(ctx: Context, gc: dict[str, Any]) -> Ran:
@@ -40,64 +65,68 @@ def run(ctx: Context, gc: dict[str, Any]) -> Ran:
                   executor=ctx.ex)
     from kvgraft.signing.verify import signature_statement
 
-    g["release_signature"] = signature_statement(ctx.release.checked).model_dump(mode="json")  # whose library these are
-    return Ran(g, "\n".join(g.get("statements", [])), {**report_check_data(g), "result": g}, ledger=ledger_lines(g))
+    result = g.model_dump(mode="json", exclude_unset=True)
+    result["release_signature"] = signature_statement(ctx.release.checked).model_dump(mode="json")  # whose library
+    data = report_check_data(g).model_dump(mode="json", exclude_none=True)
+    return Ran(result, "\n".join(g.statements), {**data, "result": result}, ledger=ledger_lines(g))
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """failed when a prompt-text condition (d) did not reproduce its graft's tokens (the graft is not the same
     computation as its text); incomplete when nothing ran; else passed."""
-    if any(eq["equal"] != eq["n"] for eq in result["equality"].values()):
+    judged = _Judged.model_validate(result)
+    if any(eq.equal != eq.n for eq in judged.equality.values()):
         return "failed"
-    return "passed" if result["runs"] else "incomplete"
+    return "passed" if judged.runs else "incomplete"
 
 
-def report_check_data(result: dict[str, Any]) -> dict[str, Any]:
+def report_check_data(result: GeneralizationResult) -> GeneralizationData:
     """The `data` of a report check of kind "generalization" (schemas/audit-report.v1.json), less `result`."""
 
-    def acc(name: str, a: dict[str, Any]) -> dict[str, Any] | None:
-        if not a["n"]:
+    def acc(name: str, a: Accuracy) -> NamedAccuracy | None:
+        if not a.n:
             return None
-        return {"name": name, "k": a["k"], "n": a["n"], "interval": a["interval"], "confidence": 0.95}
+        return NamedAccuracy(name=name, k=a.k, n=a.n, interval=a.interval, confidence=0.95)
 
-    conditions = [x for c in result["conditions"] if (x := acc(c["label"], c)) is not None]
-    mcnemar = [{"a": LABELS[c["a"]], "b": f"{LABELS[c['b']]} [{c['scope']}]", "a_only": c["mcnemar"]["b"],
-                "b_only": c["mcnemar"]["c"], "p_value": c["mcnemar"]["p_exact"], "method": "exact McNemar (two-sided)"}
-               for c in result["comparisons"] if c["n"]]
-    split_data: dict[str, list[dict[str, Any]]] = {"clean": [], "contaminated": []}
-    for cond, sp in result["leakage"]["by_condition"].items():
-        for part in ("clean", "contaminated"):
-            for row in (acc(LABELS[cond], sp[part]), acc(f"a: no graft, same queries as {SHORT[cond]}", sp[part]["baseline"])):
+    conditions = [x for c in result.conditions if (x := acc(c.label, c)) is not None]
+    mcnemar = [McNemarRow(a=LABELS[c.a], b=f"{LABELS[c.b]} [{c.scope}]", a_only=c.mcnemar.b, b_only=c.mcnemar.c,
+                          p_value=c.mcnemar.p_exact, method="exact McNemar (two-sided)")
+               for c in result.comparisons if c.n]
+    clean: list[NamedAccuracy] = []
+    contaminated: list[NamedAccuracy] = []
+    for cond, sp in result.leakage.by_condition.items():
+        for rows, part in ((clean, sp.clean), (contaminated, sp.contaminated)):
+            for row in (acc(LABELS[cond], part), acc(f"a: no graft, same queries as {SHORT[cond]}", part.baseline)):
                 if row is not None:
-                    split_data[part].append(row)
-    lg = result["ledger"]
-    ledger = {f"{SHORT[c]} decode tokens": v["decode_tokens"] for c, v in lg["per_condition"].items()}
-    ledger["library upstream tokens"] = lg["library"]["upstream_tokens"]
-    n = sum(result["plan"]["queries"].values())
-    data: dict[str, Any] = {"conditions": conditions, "mcnemar": mcnemar, "split": split_data, "ledger": ledger}
-    source = (result["plan"].get("source") or {}).get("source")
-    data["benchmark"] = {"name": str(source)} | ({"size": n} if n else {})
-    return data
+                    rows.append(row)
+    lg = result.ledger
+    ledger: JsonObject = {f"{SHORT[c]} decode tokens": v.decode_tokens for c, v in lg.per_condition.items()}
+    ledger["library upstream tokens"] = lg.library.upstream_tokens
+    q = result.plan.queries
+    n = q.library + q.held_out + q.synthetic + sum((q.__pydantic_extra__ or {}).values())
+    source = result.plan.source.source if result.plan.source is not None else None
+    return GeneralizationData(conditions=conditions, mcnemar=mcnemar,
+                              split=AccuracySplit(clean=clean, contaminated=contaminated), ledger=ledger,
+                              benchmark=Benchmark(name=str(source), size=n or None))
 
 
-def ledger_lines(g: dict[str, Any]) -> dict[str, str]:
+def ledger_lines(g: GeneralizationResult) -> dict[str, str]:
     """One readable line per condition for the report's ledger; the full ledger stays in the check's data."""
     lines: dict[str, str] = {}
-    for cond, v in g["ledger"]["per_condition"].items():
-        line = (f"{v['decode_tokens']:,} decode, {v['prefill_tokens']:,} prefill, {v['restored_tokens']:,} restored tokens "
-                f"over {v['queries']} queries")
-        if v.get("decode_vs_budget") is not None:
-            line += f"; decode/budget {v['decode_vs_budget']:.2f}"
-        if v.get("with_upstream_amortized") is not None and v["restored_tokens"]:
-            line += f", {v['with_upstream_amortized']:.2f} with the library's upstream cost amortized"
+    for cond, v in g.ledger.per_condition.items():
+        line = (f"{v.decode_tokens:,} decode, {v.prefill_tokens:,} prefill, {v.restored_tokens:,} restored tokens "
+                f"over {v.queries} queries")
+        if v.decode_vs_budget is not None:
+            line += f"; decode/budget {v.decode_vs_budget:.2f}"
+        if v.with_upstream_amortized is not None and v.restored_tokens:
+            line += f", {v.with_upstream_amortized:.2f} with the library's upstream cost amortized"
         lines[LABELS.get(cond, cond)] = line
-    lib = g["ledger"]["library"]
-    lines["library upstream"] = (f"{lib['upstream_tokens']:,} tokens, {lib['amortized_upstream_tokens_per_query']:.1f} per query "
-                                 f"over {lib['queries_served']} queries")
-    energy = g.get("energy") or {}
-    if energy:
-        kind = "ESTIMATE" if energy.get("method") == "estimate" else "measured"
-        lines["energy"] = f"{energy.get('joules', 0):,.0f} J ({kind}, {energy.get('method')})"
+    lib = g.ledger.library
+    lines["library upstream"] = (f"{lib.upstream_tokens:,} tokens, {lib.amortized_upstream_tokens_per_query:.1f} per query "
+                                 f"over {lib.queries_served} queries")
+    if g.energy is not None:
+        kind = "ESTIMATE" if g.energy.method == "estimate" else "measured"
+        lines["energy"] = f"{g.energy.joules:,.0f} J ({kind}, {g.energy.method})"
     return lines
 
 

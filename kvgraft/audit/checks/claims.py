@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import TypeAdapter
 from rich.console import Console, RenderableType
@@ -32,24 +31,40 @@ class _Entry(Open):
 _ENTRIES = TypeAdapter(list[_Entry])
 
 
+class ClaimsSettings(Open):
+    """A plan's `[checks.claims]`: the claims file; `audit claims` sets `measured` (a measurements file, or None)
+    instead of reading this audit's recompute check."""
+
+    file: str
+    measured: str | None = None
+
+
+class _Judged(Open):
+    """What the status rule reads of a sealed result (kvgraft.results.claims.ClaimsCheck)."""
+
+    failed: bool
+    counts: dict[str, int]
+
+
 def claim_verdicts(claims_check: ClaimsCheck) -> list[JsonObject]:
     """The report's `claims` list from a claims-check result (kvgraft.claims.checker.check)."""
     return [{"id": c.id, "text": c.text, "kind": c.kind, "claimed": c.claimed, "verdict": c.verdict,
              "reason": c.reason} for c in claims_check.claims]
 
 
-def run(ctx: Context, cc: dict[str, Any]) -> Ran:
+def run(ctx: Context, cc: JsonObject) -> Ran:
     """Under a plan's `[checks.claims]` (file), against what this audit's recompute check measured (its sealed
     result, when it ran); `audit claims` sets `measured` (a measurements file, or None) instead."""
     from kvgraft.claims import checker as claims
 
     ctx.say("checking the claims file")
-    path = ctx.plan.resolve(cc["file"])
-    recomputed = ctx.results.get("recompute") if "measured" not in cc else None
+    s = ClaimsSettings.model_validate(cc)
+    path = ctx.plan.resolve(s.file)
+    recomputed = ctx.results.get("recompute") if "measured" not in s.model_fields_set else None
     if recomputed is None:
-        checked = claims.check_files(path, Path(cc["measured"]) if cc.get("measured") else None)
+        checked = claims.check_files(path, Path(s.measured) if s.measured else None)
         return Ran(checked.as_json(), f"{len(checked.claims)} claims checked against internal consistency"
-                            + (" and the measurements file" if cc.get("measured") else ""),
+                            + (" and the measurements file" if s.measured else ""),
                    claims=claim_verdicts(checked))
     measured = claims.measured_from_recompute(recomputed)
     checked = claims.check(claims.load(path), measured or None, measured_where="this audit's recompute check")
@@ -67,11 +82,12 @@ def run(ctx: Context, cc: dict[str, Any]) -> Ran:
                         + (" and this audit's measurements" if measured else ""), claims=verdicts)
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """failed when a claim is contradicted or inconsistent; incomplete when no claim could be judged."""
-    if result["failed"]:
+    read = _Judged.model_validate(result)
+    if read.failed:
         return "failed"
-    judged = sum(n for v, n in result["counts"].items() if v != "not-testable")
+    judged = sum(n for v, n in read.counts.items() if v != "not-testable")
     return "passed" if judged else "incomplete"
 
 

@@ -287,10 +287,11 @@ def test_generalization_local_and_ray_give_identical_results(pool: RayExecutor, 
     rel = verified(tmp_path / "lib", OwnOutput("a library this test built"))
     queries, prepared = gen.prepare(rel, synthetic_n=1)
     settings = gen.Settings(max_new_tokens=4, n_boot=200, track_memory=False)
-    local = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=LocalExecutor(threads=1))
+    local = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=LocalExecutor(threads=1)).model_dump(
+        mode="json", exclude_unset=True)
     labels: list[str] = []
     remote = gen.audit(lm, rel, queries, settings, prepared=prepared, executor=pool,
-                       progress=lambda i, n, label: labels.append(label))
+                       progress=lambda i, n, label: labels.append(label)).model_dump(mode="json", exclude_unset=True)
     assert_same_apart_from_timing_and_placement(local, remote)
     assert len(remote["runs"]) == len(local["runs"]) > 9 and labels[-1] == "aggregating"
     assert [(r["query_id"], r["condition"]) for r in remote["runs"]] == [(r["query_id"], r["condition"]) for r in local["runs"]]

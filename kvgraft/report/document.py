@@ -1,8 +1,9 @@
 """The audit report: building, verdict logic, loading and validation.
 
-A report is a JSON object valid against schemas/audit-report.v1.json. Its `verdict` is derived from its
-checks and claim verdicts (see `compute_verdict`); `validate_report` refuses a report whose stored verdict
-or binding disagrees with its own content, so a renderer never shows a verdict the data does not carry.
+A report is a JSON object valid against schemas/audit-report.v1.json, read as its model
+(kvgraft.results.report.Report) and written from it. Its `verdict` is derived from its checks and claim verdicts
+(see `compute_verdict`); a report whose stored verdict or binding disagrees with its own content is refused
+(`consistent`), so a renderer never shows a verdict the data does not carry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kvgraft.release.format import now_utc
 from kvgraft.results.base import JsonObject
 from kvgraft.results.determinism import DeterminismData
 from kvgraft.results.generalization import GeneralizationData
-from kvgraft.results.report import Binding, Check, Claim, Model, Plan, Report, Verdict
+from kvgraft.results.report import Check, Claim, Model, Report, Verdict
 from kvgraft.results.verify import ReleaseSignature
 from kvgraft.schema import validate
 from kvgraft.verdict import CHECK_STATUSES
@@ -82,7 +83,8 @@ def typed(model: type[T], raw: object, where: str) -> T:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise InputError(f"{where}: {exc}") from None
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the object'}: {e['msg']}" for e in exc.errors())
+        raise InputError(f"{where}: {said}") from None
 
 
 def new_report(*, plan_name: str, plan_content: JsonObject | str, environment: JsonObject, model: Model | None,
@@ -100,15 +102,15 @@ def new_report(*, plan_name: str, plan_content: JsonObject | str, environment: J
         "format_version": REPORT_FORMAT_VERSION,
         "kvgraft_version": __version__,
         "created": created or now_utc(),
-        "plan": Plan(name=plan_name, sha256=plan_digest(plan_content), content=plan_content),
+        "plan": {"name": plan_name, "sha256": plan_digest(plan_content), "content": plan_content},
         "environment": environment,
         "model": model,
         "release_root_digest": release_root_digest,
         "checks": checks,
         "ledger": ledger,
         "claims": claims,
-        "binding": Binding(release_attestation_digest=release_attestation_digest,
-                           release_root_digest=release_root_digest),
+        "binding": {"release_attestation_digest": release_attestation_digest,
+                    "release_root_digest": release_root_digest},
         "verdict": compute_verdict(checks, claims),
         **optional,
     }, "report")

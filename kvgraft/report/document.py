@@ -19,6 +19,7 @@ from kvgraft._internal.jsonio import canonical, load_file, write_json
 from kvgraft.claims.checker import CLAIM_VERDICTS, FAILING_CLAIM_VERDICTS
 from kvgraft.errors import InputError
 from kvgraft.release.format import now_utc
+from kvgraft.results import report as report_model
 from kvgraft.results.base import JsonObject
 from kvgraft.results.determinism import DeterminismData
 from kvgraft.results.generalization import GeneralizationData
@@ -27,10 +28,10 @@ from kvgraft.results.verify import ReleaseSignature
 from kvgraft.schema import validate
 from kvgraft.verdict import CHECK_STATUSES
 
-REPORT_SCHEMA = "audit-report.v1.json"
+REPORT_SCHEMA = report_model.FILE
 GENERALIZATION_SCHEMA = "generalization-result.v1.json"
-REPORT_FORMAT = "kvgraft-audit-report"
-REPORT_FORMAT_VERSION = 1
+REPORT_FORMAT = report_model.FORMAT
+REPORT_FORMAT_VERSION = report_model.FORMAT_VERSION
 
 T = TypeVar("T", bound=BaseModel)
 

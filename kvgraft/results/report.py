@@ -26,7 +26,7 @@ CREATED = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|
 KIND = r"^[a-z][a-z0-9_-]{0,63}$"
 
 CheckStatus = Literal["passed", "failed", "incomplete", "skipped"]
-ClaimVerdict = Literal["supported", "contradicted", "not-testable", "inconsistent", "unsupported", "consistent"]
+ClaimStatus = Literal["supported", "contradicted", "not-testable", "inconsistent", "unsupported", "consistent"]
 Status = Literal["passed", "failed", "incomplete"]
 
 
@@ -41,8 +41,8 @@ def _absent_not_null(model: type[Open], data: object) -> object:
 
 
 class _Closed(Closed):
-    # Patterns matched as the schema validator matches them (Python's `re`, where `$` also matches before a final
-    # newline): the model accepts what the schema accepts.
+    # Patterns matched as the reference schema validator matches them (Python's `re`, where `$` also matches before
+    # a final newline), since kvgraft.schema accepts what either validator accepts: the model accepts it too.
     model_config = ConfigDict(regex_engine="python-re")
 
     @model_validator(mode="before")
@@ -54,7 +54,7 @@ class _Closed(Closed):
 class _Open(Open):
     """An open part of the report: members beyond those named are kept as written."""
 
-    model_config = ConfigDict(regex_engine="python-re", extra="allow")
+    model_config = ConfigDict(regex_engine="python-re", extra="allow")  # see _Closed
 
     @model_validator(mode="before")
     @classmethod
@@ -119,7 +119,7 @@ class Claim(_Closed):
     text: Annotated[str, Field(max_length=4000)]
     kind: Annotated[str, Field(max_length=64)] | None = None
     claimed: Annotated[str, Field(max_length=1000)] | None = None
-    verdict: ClaimVerdict
+    verdict: ClaimStatus
     reason: Annotated[str, Field(min_length=1, max_length=4000)]
 
 

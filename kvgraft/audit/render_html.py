@@ -8,11 +8,11 @@ never dropped silently. Each kind's section comes from its module in the check r
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from kvgraft.audit import face
 from kvgraft.audit.checks import kinds, view
 from kvgraft.render.html import HTML_COLOR, as_json, badge, esc, kv_html, table
+from kvgraft.results.report import Claim, Report
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -41,58 +41,55 @@ svg{display:block;margin:6px 0 10px}
 """
 
 
-def claims_html(claims: list[dict[str, Any]]) -> str:
-    rows = [[f"<b>{esc(c['id'])}</b>", esc(c.get("text", "")), esc(c.get("claimed", "")), badge(c["verdict"]), esc(c["reason"])]
-            for c in claims]
+def claims_html(claims: list[Claim]) -> str:
+    rows = [[f"<b>{esc(c.id)}</b>", esc(c.text), esc(c.claimed or ""), badge(c.verdict), esc(c.reason)] for c in claims]
     return table(["claim", "text", "claimed", "verdict", "reason"], rows)
 
 
-def to_html(report: dict[str, Any]) -> str:
+def to_html(report: Report) -> str:
     """One self-contained HTML page with the content of the terminal rendering."""
-    v = report["verdict"]
-    title = f"kvgraft audit: {report['plan']['name']} — {v['status']}"
-    claims_counts = ", ".join(f"{n} {k}" for k, n in v["claims"].items() if n) or "none"
-    body = [f"<h1>kvgraft audit report: {esc(report['plan']['name'])}</h1>"]
-    if report.get("note"):
-        body.append(f'<div class="note">{esc(report["note"])}</div>')
-    body.append(f'<div class="verdict" style="background:{HTML_COLOR.get(v["status"], "#555")}">'
-                f'<div class="status">{esc(v["status"].upper())}</div><div class="headline">{esc(v["headline"])}</div>'
-                f'<div class="counts">checks: {v["checks"]["passed"]} passed, {v["checks"]["failed"]} failed, '
-                + (f'{v["checks"]["incomplete"]} incomplete, ' if v["checks"].get("incomplete") else "")
-                + f'{v["checks"]["skipped"]} skipped · claims: {esc(claims_counts)}</div></div>')
+    v = report.verdict
+    title = f"kvgraft audit: {report.plan.name} — {v.status}"
+    body = [f"<h1>kvgraft audit report: {esc(report.plan.name)}</h1>"]
+    if report.note:
+        body.append(f'<div class="note">{esc(report.note)}</div>')
+    body.append(f'<div class="verdict" style="background:{HTML_COLOR.get(v.status, "#555")}">'
+                f'<div class="status">{esc(v.status.upper())}</div><div class="headline">{esc(v.headline)}</div>'
+                f'<div class="counts">checks: {v.checks.passed} passed, {v.checks.failed} failed, '
+                + (f'{v.checks.incomplete} incomplete, ' if v.checks.incomplete else "")
+                + f'{v.checks.skipped} skipped · claims: {esc(face.claim_counts(report))}</div></div>')
     # The same list the terminal shows (face.audited); digests in a monospace face.
     ident = [[esc(label), f"<code>{esc(value)}</code>" if _DIGEST.fullmatch(value) else esc(value)]
              for label, value in face.audited(report)]
     body.append("<h2>What was audited</h2>" + table(["what", "value"], ident))
     items = []
-    for c in report["checks"]:
+    for c in report.checks:
         f = face.face(c)
         figures = "".join(f"<li>{esc(x)}</li>" for x in f.figures)
-        items.append(f'<li><b>{esc(c["name"])}</b> {badge(c["status"])} <span class="muted">{esc(c["kind"])}</span>'
+        items.append(f'<li><b>{esc(c.name)}</b> {badge(c.status)} <span class="muted">{esc(c.kind)}</span>'
                      f'<div>{esc(f.verdict)}</div>' + (f'<ul class="muted">{figures}</ul>' if figures else "") + "</li>")
     body.append('<h2>Checks</h2><ul class="face">' + "".join(items) + "</ul>")
-    if report["claims"]:
-        body.append("<h2>Claims</h2>" + claims_html(report["claims"]))
+    if report.claims:
+        body.append("<h2>Claims</h2>" + claims_html(report.claims))
     body.append("<h2>Details</h2>")
-    for c in report["checks"]:
-        section = [f'<div class="check"><h3>{esc(c["name"])} {badge(c["status"])} '
-                   f'<span class="muted">{esc(c["kind"])}</span></h3>', f"<p>{esc(c['summary'])}</p>"]
-        kind = kinds().get(c["kind"])
-        if kind is not None and c["data"]:
-            section.append(kind.html(view(kind, c["data"])))
-        rest = {k: v for k, v in c["data"].items() if k not in (kind.known_data if kind is not None else ())}
+    for c in report.checks:
+        section = [f'<div class="check"><h3>{esc(c.name)} {badge(c.status)} '
+                   f'<span class="muted">{esc(c.kind)}</span></h3>', f"<p>{esc(c.summary)}</p>"]
+        kind = kinds().get(c.kind)
+        if kind is not None and c.data:
+            section.append(kind.html(view(kind, c.data)))
+        rest = {k: v for k, v in c.data.items() if k not in (kind.known_data if kind is not None else ())}
         if rest:
             section.append(f"<details><summary>more data</summary><pre>{esc(as_json(rest))}</pre></details>")
         section.append("</div>")
         body.append("".join(section))
-    if report.get("ledger"):
-        body.append("<h2>Token ledger</h2>" + kv_html(report["ledger"]))
-    if report.get("environment"):
-        body.append("<h2>Environment</h2>" + kv_html(report["environment"]))
-    content = report["plan"]["content"]
+    if report.ledger:
+        body.append("<h2>Token ledger</h2>" + kv_html(report.ledger))
+    if report.environment:
+        body.append("<h2>Environment</h2>" + kv_html(report.environment))
+    content = report.plan.content
     body.append(f"<h2>Plan</h2><pre>{esc(content if isinstance(content, str) else as_json(content))}</pre>")
-    binding = report["binding"]
-    binding_rows = [[esc(k), f"<code>{esc(val)}</code>"] for k, val in binding.items()]
+    binding_rows = [[esc(k), f"<code>{esc(val)}</code>"] for k, val in report.binding.model_dump().items()]
     body.append("<h2>Binding</h2>" + table(["member", "digest"], binding_rows))
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -7,8 +7,6 @@ Each kind's details come from its module in the check registry (kvgraft.audit.ch
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console, RenderableType
 from rich.text import Text
 
@@ -16,10 +14,11 @@ from kvgraft.audit import face
 from kvgraft.audit.checks import kinds, view
 from kvgraft.errors import InputError
 from kvgraft.render.terminal import claims_view, mapping_view
-from kvgraft.render.text import STATUS_STYLE, hanging, plain_tree, styled
+from kvgraft.render.text import STATUS_STYLE, hanging, plain_model, plain_tree, styled
 from kvgraft.render.views import readings_lines
 from kvgraft.results.base import JsonObject
 from kvgraft.results.claims import ClaimsCheck, ClaimsData, ClaimVerdict
+from kvgraft.results.report import Check, Report
 
 
 def claims_check_renderables(result: JsonObject, console: Console) -> list[RenderableType]:
@@ -45,41 +44,42 @@ def check_renderables(kind: str, data: JsonObject, console: Console) -> list[Ren
     return k.details(view(k, plain_tree(data)), console) if k is not None else []
 
 
-def _check_details(c: dict[str, Any], console: Console) -> list[RenderableType]:
-    head = Text(f"{c['name']} ", style="bold")
-    head.append(c["status"], style=STATUS_STYLE.get(c["status"], ""))
-    head.append(f" ({c['kind']})", style="dim")
-    out: list[RenderableType] = [head, styled(hanging("", c["summary"], console.width, indent=0))]
-    if c["status"] == "skipped":
-        out.append(Text(f"skipped: {c['reason']}", style="yellow"))
-    if c["data"]:
-        out += check_renderables(c["kind"], c["data"], console)
-        k = kinds().get(c["kind"])
+def _check_details(c: Check, console: Console) -> list[RenderableType]:
+    head = Text(f"{c.name} ", style="bold")
+    head.append(c.status, style=STATUS_STYLE.get(c.status, ""))
+    head.append(f" ({c.kind})", style="dim")
+    out: list[RenderableType] = [head, styled(hanging("", c.summary, console.width, indent=0))]
+    if c.status == "skipped":
+        out.append(Text(f"skipped: {c.reason}", style="yellow"))
+    if c.data:
+        out += check_renderables(c.kind, c.data, console)
+        k = kinds().get(c.kind)
         known = k.known_data if k is not None else ()
-        rest = {k: v for k, v in c["data"].items() if k not in known}
+        rest = {k: v for k, v in c.data.items() if k not in known}
         if rest:
             out.append(mapping_view(console, "other data", rest))
     return out
 
 
-def detail_renderables(report: dict[str, Any], name: str, console: Console) -> list[RenderableType]:
+def detail_renderables(report: Report, name: str, console: Console) -> list[RenderableType]:
     """`report show --detail NAME`: one check's details, the token ledger, or (`all`) everything."""
     if name not in face.detail_names(report):
         raise InputError(f"no check named {name!r} in this report (one of: {', '.join(face.detail_names(report))})")
     out: list[RenderableType] = []
-    for c in report["checks"]:
-        if name in (c["name"], "all"):
+    for c in report.checks:
+        if name in (c.name, "all"):
             out += [*_check_details(c, console), Text("")]
     if name in ("claims", "all") and face.claims_outside_checks(report):
-        out += [claims_view(console, [ClaimVerdict.model_validate(c) for c in report["claims"]]), Text("")]
-    if name in ("ledger", "all") and report.get("ledger"):
-        out.append(mapping_view(console, "token ledger", report["ledger"]))
+        shown = [ClaimVerdict(id=c.id, verdict=c.verdict, claimed=c.claimed, reason=c.reason) for c in report.claims]
+        out += [claims_view(console, shown), Text("")]
+    if name in ("ledger", "all") and report.ledger:
+        out.append(mapping_view(console, "token ledger", report.ledger))
     return out
 
 
-def print_report(report: dict[str, Any], console: Console, *, detail: str | None = None, path: str = "REPORT") -> None:
+def print_report(report: Report, console: Console, *, detail: str | None = None, path: str = "REPORT") -> None:
     """The face of a report, or with `detail` the details of one check (see detail_renderables)."""
-    report = plain_tree(report)  # every field it shows as text: ids, names, environment strings
+    report = plain_model(report)  # every field it shows as text: ids, names, environment strings
     shown = face.renderables(report, console.width, path) if detail is None else detail_renderables(report, detail, console)
     for r in shown:
         console.print(r)

@@ -21,6 +21,7 @@ from kvgraft.execution.executor import Executor, ModelSpec
 from kvgraft.inference import models
 from kvgraft.release.hashing import hash_file
 from kvgraft.results.base import JsonObject
+from kvgraft.results.report import Check, Claim, Model, Report
 
 if TYPE_CHECKING:
     from kvgraft.signing.policy import VerifyPolicy
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Outcome:
-    report: dict[str, Any]
+    report: Report
     report_path: Path
     bundle_path: Path | None
     public_key: Path | None
@@ -186,7 +187,7 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
          spec: ModelSpec, say: Progress, ex: Executor) -> Outcome:
     from kvgraft.audit.render_html import to_html
     from kvgraft.inference.environment import record as environment
-    from kvgraft.report.document import new_report, write_report
+    from kvgraft.report.document import new_report, typed, write_report
     from kvgraft.signing import attest, sign
 
     started = time.perf_counter()
@@ -212,26 +213,26 @@ def _run(plan: Plan, existing: Existing | None, held: contextlib.ExitStack, *, o
     checked = (existing.release if existing and not resign
                else held.enter_context(verified(release, _policy(plan, origin, pub))))
     ctx = Context(plan, lm, out, say, ex, checked)
-    ledger: dict[str, str] = {"library": origin.library} if origin.library else {}
-    checks: list[JsonObject] = []
-    claims: list[JsonObject] = []
+    ledger: JsonObject = {"library": origin.library} if origin.library else {}
+    checks: list[Check] = []
+    claims: list[Claim] = []
     for name in list(kinds()):  # in the registry's order: claims read what recompute measured
         settings = plan.check(name)
         if settings is not None:
             ran = run_check(ctx, name, settings)
-            checks.append(make_check(name, name, status(name, ran.result), ran.summary,
-                                     ran.data if ran.data is not None else ran.result))
+            checks.append(typed(Check, make_check(name, name, status(name, ran.result), ran.summary,
+                                                  ran.data if ran.data is not None else ran.result), f"check {name!r}"))
             ledger.update(ran.ledger)
-            claims += ran.claims
+            claims += [typed(Claim, c, f"check {name!r}: a claim") for c in ran.claims]
     wall = time.perf_counter() - started
     limit = plan.doc.get("limits", {}).get("max_minutes")
     ledger["wall time"] = f"{wall / 60:.1f} min" + (f" (plan limit {limit} min)" if limit is not None else "")
     report = new_report(
         plan_name=plan.name, plan_content=plan.doc, environment=environment(lm.device, lm.dtype, lm.attn),
-        model={"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
-               "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()},
+        model=typed(Model, {"spec": lm.spec, "architecture": (lm.model.config.architectures or ["?"])[0],
+                            "model_type": lm.model.config.model_type, "identity": lm.identity.as_dict()}, "model"),
         release_root_digest=str(ctx.release.manifest["root_digest"]),
-        release_signature=signature_statement(ctx.release.checked).model_dump(mode="json"), checks=checks, ledger=ledger,
+        release_signature=signature_statement(ctx.release.checked), checks=checks, ledger=ledger,
         claims=claims,
         release_attestation_digest=attestation_digest)
     report_path = out / "report.json"

@@ -54,10 +54,10 @@ def audit_run_cmd(
     outcome = auditrun.run(p, out_dir=out_dir, device=None if device == "auto" else device, say=say,
                            executor={"kind": executor, "address": ray_address, "workers": workers, "ship": ship or None})
     if as_json:
-        echo_json(outcome.report)
+        echo_json(outcome.report.as_json())
     elif not quiet:
         _show(outcome)
-    exit_with(outcome.report["verdict"]["status"])
+    exit_with(outcome.report.verdict.status)
 
 
 def _show(outcome: Outcome) -> None:

@@ -38,7 +38,7 @@ def show_cmd(
 
     refuse_existing(html_out, overwrite)
     write_atomic(html_out, to_html(doc).encode())
-    out.print(f"wrote {html_out} ({doc['verdict']['status']})")
+    out.print(f"wrote {html_out} ({doc.verdict.status})")
 
 
 @report_app.command("verify")
@@ -65,11 +65,11 @@ def report_verify_cmd(
     if as_json:
         echo_json(result.as_json())
         return
-    from kvgraft.signing.verify import signature_sentence
+    from kvgraft.audit.face import signature_words
 
     bound = " and bound to the release" if result.release_checked else ""
-    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report['verdict']['status']}; "
-        f"release signature {signature_sentence(result.report.get('release_signature'))}")
+    say(f"verified: {report} signed by {result.signer}{bound}; verdict {result.report.verdict.status}; "
+        f"release signature {signature_words(result.report)}")
 
 
 COMPARE_HELP = """Verify each report's signature and binding, group them by release and model, and show the replications side

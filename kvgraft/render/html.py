@@ -9,6 +9,7 @@ from typing import Any
 
 from kvgraft.render.text import pct
 from kvgraft.render.views import HEAT, IDENTICAL_COLOR, acc_interval, cell_text, heatmap_model
+from kvgraft.results.base import JsonObject
 from kvgraft.results.generalization import NamedAccuracy
 from kvgraft.results.recompute import RecomputeData
 
@@ -133,7 +134,7 @@ def accuracy_html(title: str, accuracies: list[NamedAccuracy]) -> str:
                                                                       rows, num=(1, 2, 3))
 
 
-def kv_html(mapping: dict[str, Any]) -> str:
+def kv_html(mapping: JsonObject) -> str:
     rows = [[esc(k), esc(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else
                       (json.dumps(v) if isinstance(v, (dict, list)) else v))] for k, v in mapping.items()]
     return table(["what", "value"], rows)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from kvgraft.render.text import WORDS, fitted, hanging, kv_lines, num, pct, styled
 from kvgraft.render.views import HEAT, acc_interval, heatmap_model
+from kvgraft.results.base import JsonObject
 from kvgraft.results.claims import ClaimVerdict, ShownFinding
 from kvgraft.results.generalization import NamedAccuracy
 from kvgraft.results.recompute import RecomputeData
@@ -98,7 +97,7 @@ def accuracy_view(console: Console, title: str, accuracies: list[NamedAccuracy])
 
 
 
-def mapping_view(console: Console, title: str, mapping: dict[str, Any]) -> RenderableType:
+def mapping_view(console: Console, title: str, mapping: JsonObject) -> RenderableType:
     """`key value` lines; a nested value is named by its size (it is in the JSON), never dumped."""
     rows = [(str(k), f"({len(v)} items, in the report JSON)" if isinstance(v, (dict, list)) else num(v))
             for k, v in mapping.items()]

@@ -6,8 +6,9 @@ import json
 import re
 import textwrap
 import unicodedata
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from pydantic import BaseModel
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
@@ -76,6 +77,26 @@ def plain_tree(doc: Any) -> Any:
     if isinstance(doc, tuple):
         return tuple(plain_tree(v) for v in doc)
     return doc
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def plain_model(model: M) -> M:
+    """A copy of a model with every string in it made `plain`, as plain_tree copies a document. Built without
+    validating again: a string made plain may no longer match a pattern the original did (a digest or a date
+    with a newline at its end, which a schema's `$` lets through)."""
+    values = {name: _plain_value(getattr(model, name)) for name in type(model).model_fields}
+    extra = {plain(k): _plain_value(v) for k, v in (model.model_extra or {}).items()}
+    return model.model_construct(_fields_set=model.model_fields_set, **values, **extra)
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return plain_model(value)
+    if isinstance(value, list):
+        return [_plain_value(v) for v in value]
+    return plain_tree(value)
 
 
 def num(x: Any, spec: str | None = None) -> str:

@@ -18,7 +18,9 @@ import itertools
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from pydantic import JsonValue
 
 from kvgraft import __version__, errors, sampling
 from kvgraft._internal import jsonio
@@ -27,6 +29,8 @@ from kvgraft.inference.environment import SENSITIVE
 from kvgraft.report.signing import bundle_path, verify_report
 from kvgraft.results import compare as results
 from kvgraft.results.base import JsonObject
+from kvgraft.results.recompute import RecomputeData
+from kvgraft.results.report import Check, Report
 from kvgraft.signing.sigstore import SigstoreTrust
 
 SCHEMA = results.FILE
@@ -137,58 +141,68 @@ def _signer(path: Path, shown: str, trust: Trust) -> results.Signer:
 # ------------------------------------------------------------------------------------------------ one replication
 
 
-def _recompute(report: dict[str, Any]) -> dict[str, Any] | None:
-    for c in report["checks"]:
-        if c["kind"] == "recompute" and c["status"] != "skipped" and isinstance(c.get("data"), dict) \
-                and isinstance(c["data"].get("entries"), list):
-            data: dict[str, Any] = c["data"]
-            return data
+def _recompute(report: Report) -> Check | None:
+    """The report's recompute check that ran and judged entries."""
+    for c in report.checks:
+        if c.kind == "recompute" and c.status != "skipped" and isinstance(c.data.get("entries"), list):
+            return c
     return None
 
 
-def _rederived(data: dict[str, Any], root: str, shown: str) -> int:
+def _object(value: JsonValue) -> JsonObject:
+    """A member of a check's data read as an object: one that is absent or null reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def _rederived(data: RecomputeData, written: JsonObject, root: str, shown: str) -> int:
     """The population the recompute result judged entries of, its sample re-derived from its nonce and the root
-    (not taken from the report); VerificationError naming what differs."""
-    drawn = data.get("sample")
-    ids = [e["id"] for e in data["entries"]]
+    (not taken from the report); VerificationError naming what differs. `written`: the data as the report holds
+    it, whose counts must be integers as written (the model would read 3.0 as 3)."""
+    drawn = data.sample
+    ids = [e.id for e in data.entries]
     if drawn is None:
-        population = (data.get("bound") or {}).get("population")
-        if not isinstance(population, int) or population != len(ids):
+        bound = data.bound
+        if bound is None or type(_object(written.get("bound")).get("population")) is not int \
+                or bound.population != len(ids):
             raise VerificationError(f"{shown}: its recompute judged {len(ids)} entries but records no sample: a chosen "
                                     "subset bounds nothing")
-        return population
-    size, population = drawn.get("size"), drawn.get("population")
-    if drawn.get("method") != sampling.METHOD or drawn.get("root_digest") != root:
-        raise VerificationError(f"{shown}: sample method {errors.short_repr(drawn.get('method'))} or root "
-                                f"{errors.short_repr(drawn.get('root_digest'))} is not {sampling.METHOD} of {root}")
-    if type(size) is not int or type(population) is not int or not 1 <= size <= population:
-        raise VerificationError(f"{shown}: sample size {errors.short_repr(size)} of {errors.short_repr(population)}")
-    positions = sampling.draw(root, sampling.check_nonce(drawn.get("nonce"), f"{shown}: the sample's nonce"),
+        return bound.population
+    size, population = drawn.size, drawn.population
+    if drawn.method != sampling.METHOD or drawn.root_digest != root:
+        raise VerificationError(f"{shown}: sample method {errors.short_repr(drawn.method)} or root "
+                                f"{errors.short_repr(drawn.root_digest)} is not {sampling.METHOD} of {root}")
+    sample = _object(written.get("sample"))
+    if type(sample.get("size")) is not int or type(sample.get("population")) is not int or not 1 <= size <= population:
+        raise VerificationError(f"{shown}: sample size {errors.short_repr(sample.get('size'))} of "
+                                f"{errors.short_repr(sample.get('population'))}")
+    positions = sampling.draw(root, sampling.check_nonce(drawn.nonce, f"{shown}: the sample's nonce"),
                               population, size)
-    if drawn.get("positions") != positions:
+    if drawn.positions != positions:
         raise VerificationError(f"{shown}: sample not re-derived: recorded positions differ from those the nonce "
-                                f"{drawn.get('nonce')!r} and root {root} draw (first: {positions[:5]})")
-    if drawn.get("entries") != ids or len(set(ids)) != len(ids):
+                                f"{drawn.nonce!r} and root {root} draw (first: {positions[:5]})")
+    if drawn.entries != ids or len(set(ids)) != len(ids):
         raise VerificationError(f"{shown}: the entries recomputed are not the sample's, in its order")
     return population
 
 
-def _conditions(data: dict[str, Any], entry: dict[str, Any], report: dict[str, Any]) -> JsonObject:
-    env = (entry.get("placement") or {}).get("environment") or (data.get("environment") or {}).get("current") \
-        or report.get("environment") or {}
+def _conditions(data: JsonObject, entry: JsonObject, report: Report) -> JsonObject:
+    """The conditions an entry was recomputed under, as recorded: where it was placed, else the run's, else the
+    report's environment."""
+    env = _object(_object(entry.get("placement")).get("environment")) \
+        or _object(_object(data.get("environment")).get("current")) or report.environment
     return {k: env.get(k) for k in SENSITIVE if k in env}
 
 
 @dataclass(frozen=True)
 class _Replicated:
     """One trusted replication: what the result shows of it, what it audited (release root digest and model
-    identity: its group), and its recompute entries and their recorded conditions by entry id, which the group's
-    comparison reads."""
+    identity: its group), and its recompute entries (as the check's data holds them) and their recorded conditions
+    by entry id, which the group's comparison reads."""
 
     shown: results.Replication
     audited: tuple[str, str]
     model: str | None
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entries: dict[str, JsonObject] = field(default_factory=dict)
     conditions: dict[str, JsonObject] = field(default_factory=dict)
 
     @property
@@ -196,61 +210,71 @@ class _Replicated:
         return self.shown.index
 
 
-def _condition(a: dict[str, Any]) -> results.Condition:
-    return results.Condition.model_validate({"name": a["name"], "k": a["k"], "n": a["n"],
-                                             **({"interval": a["interval"]} if "interval" in a else {})})
+def _condition(a: JsonValue) -> results.Condition:
+    return results.Condition.model_validate({k: v for k, v in _object(a).items() if k in ("name", "k", "n", "interval")})
 
 
-def _replication(index: int, source: str, signer: results.Signer, report: dict[str, Any]) -> _Replicated:
-    env = report.get("environment") or {}
-    data = _recompute(report)
-    model = report.get("model") or {}
-    audited = (str(report["release_root_digest"]), str((model.get("identity") or {}).get("sha256") or "unknown"))
+def _replication(index: int, source: str, signer: results.Signer, report: Report) -> _Replicated:
+    env = report.environment
+    check = _recompute(report)
+    data = check.data if check is not None else None
+    model = report.model
+    identity = model.identity.sha256 if model is not None and model.identity is not None else None
+    audited = (str(report.release_root_digest), identity or "unknown")
+    spec = model.spec if model is not None else None
+    signature = report.release_signature
     shown = {
-        "index": index, "source": source, "signer": signer, "created": report["created"],
-        "plan": report["plan"]["name"], "verdict": report["verdict"]["status"],
-        "release_signature": report.get("release_signature"),
+        "index": index, "source": source, "signer": signer, "created": report.created,
+        "plan": report.plan.name, "verdict": report.verdict.status,
+        "release_signature": signature.model_dump(mode="json") if signature is not None else None,
         "environment": {k: env.get(k) for k in ("device", "device_name", "cpu_isa", "dtype", "attn_implementation",
                                                 "threads", "torch", "transformers", "platform") if k in env},
         "executor": (data or {}).get("executor"),
-        "checks": [results.ShownCheck(name=c["name"], kind=c["kind"], status=c["status"],
-                                      summary=c["summary"].splitlines()) for c in report["checks"]],
-        "claims": {c["id"]: c["verdict"] for c in report.get("claims", [])},
-        "generalization": [_condition(a) for c in report["checks"]
-                           if c["kind"] == "generalization" and c["status"] != "skipped"
-                           for a in (c.get("data") or {}).get("conditions", [])],
+        "checks": [results.ShownCheck(name=c.name, kind=c.kind, status=c.status, summary=c.summary.splitlines())
+                   for c in report.checks],
+        "claims": {c.id: c.verdict for c in report.claims},
+        "generalization": [_condition(a) for c in report.checks if c.kind == "generalization" and c.status != "skipped"
+                           for a in _list(c.data.get("conditions"))],
         "recompute": None,
     }
     if data is None:
-        return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"))
-    population = _rederived(data, str(report["release_root_digest"]), source)
-    entries = {e["id"]: e for e in data["entries"]}
+        return _Replicated(results.Replication.model_validate(shown), audited, spec)
+    typed = RecomputeData.model_validate(data)  # the report passed its schema: the kind's data model builds
+    population = _rederived(typed, data, str(report.release_root_digest), source)
+    entries = {str(e["id"]): e for e in map(_object, _list(data.get("entries")))}
     failing = sum(1 for e in entries.values() if _verdict(e) == "inconsistent")
-    own = (data.get("bound") or {}).get("max_failing_entries")
+    own = typed.bound.max_failing_entries if typed.bound is not None else None
     shown["recompute"] = results.Recomputed(
-        require=data.get("require"), verdict=data.get("verdict"), population=population, sampled=len(entries),
-        nonce=(data.get("sample") or {}).get("nonce"), byte_exact=sum(1 for e in entries.values() if e["byte_exact"]),
+        require=typed.require, verdict=typed.verdict, population=population, sampled=len(entries),
+        nonce=typed.sample.nonce if typed.sample is not None else None,
+        byte_exact=sum(1 for e in entries.values() if e["byte_exact"]),
         inconsistent=failing, stated_bound=own, bound=sampling.upper_bound(failing, len(entries), population))
-    return _Replicated(results.Replication.model_validate(shown), audited, model.get("spec"), entries,
+    return _Replicated(results.Replication.model_validate(shown), audited, spec, entries,
                        {i: _conditions(data, e, report) for i, e in entries.items()})
 
 
-def _verdict(entry: dict[str, Any]) -> str:
+def _list(value: JsonValue) -> list[JsonValue]:
+    return value if isinstance(value, list) else []
+
+
+def _verdict(entry: JsonObject) -> str:
     return str(entry.get("verdict") or ("byte-exact" if entry["byte_exact"] else "differs"))
 
 
 # ------------------------------------------------------------------------------------------------ a group
 
 
-def _location(replication: int, entry: dict[str, Any]) -> results.Location:
+def _location(replication: int, entry: JsonObject) -> results.Location:
     """Where a replication found the entry's fresh bytes differ from the stored ones: layers, first tensor, element."""
-    layers = [row["index"] for row in entry.get("layers", [])
-              if any(not (row.get(p) or {"equal": True})["equal"] for p in ("keys", "values")) or "layout_mismatch" in row]
-    first = entry.get("first_difference") or {}
+    rows = [_object(row) for row in _list(entry.get("layers"))]
+    layers = [row["index"] for row in rows
+              if any(not (_object(row.get(p)) or {"equal": True})["equal"] for p in ("keys", "values"))
+              or "layout_mismatch" in row]
+    first = _object(entry.get("first_difference"))
     out: JsonObject = {"replication": replication, "layers": layers, "layer": first.get("layer"),
                        "tensor": first.get("tensor"), "element": first.get("named") or first.get("location")}
-    tensor = next((row.get(first.get("tensor") or "") for row in entry.get("layers", [])
-                   if row["index"] == first.get("layer")), None)
+    tensor = next((row.get(str(first.get("tensor") or "")) for row in rows if row["index"] == first.get("layer")),
+                  None)
     if isinstance(tensor, dict) and isinstance(tensor.get("differing"), int):
         out["differing_elements"] = tensor["differing"]
         out["elements"] = tensor.get("elements")
@@ -356,7 +380,7 @@ def compare(sources: list[str], trust: Trust, *, allow_unverified: bool = False,
                 found += _remote(s, Path(tmp), shown_as) if is_remote(s) else _local(s)
                 if len(found) > MAX_REPORTS:
                     raise InputError(f"more than {MAX_REPORTS} reports named")
-            trusted: list[tuple[str, results.Signer, dict[str, Any]]] = []
+            trusted: list[tuple[str, results.Signer, Report]] = []
             unverified: list[results.Unverified] = []
             for shown, path in found:
                 try:

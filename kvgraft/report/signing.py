@@ -21,7 +21,9 @@ from kvgraft._internal import jsonio
 from kvgraft._internal.digest import sha256_hex
 from kvgraft.errors import InputError, VerificationError
 from kvgraft.release.hashing import hash_file
-from kvgraft.results.base import Closed, JsonObject
+from kvgraft.results.base import Closed
+from kvgraft.results.report import Binding, Report
+from kvgraft.results.verify import ReleaseSignature
 from kvgraft.signing import attest
 from kvgraft.signing.keys import PrivateKey, key_id, load_public_key
 from kvgraft.signing.keys import sign as key_sign
@@ -77,18 +79,18 @@ class ReportStatement(Closed):
         return self.model_dump(mode="json", by_alias=True)
 
 
-def report_statement(report_path: Path, report: dict[str, Any], data: bytes | None = None) -> ReportStatement:
+def report_statement(report_path: Path, report: Report, data: bytes | None = None) -> ReportStatement:
     """The statement over the report at `report_path`, or over `data`, the bytes about to be written there."""
     sha, size = hash_file(report_path) if data is None else (sha256_hex(data), len(data))
-    binding = report["binding"]
-    attested = binding.get("release_attestation_digest")
+    binding = report.binding
+    attested = binding.release_attestation_digest
     subjects = [Subject(name=report_path.name, digest=Digest(sha256=sha))]
     if attested:
         subjects.append(Subject(name=RELEASE_ATTESTATION, digest=Digest(sha256=attested)))
     predicate = ReportPredicate(
-        report=ReportFile(name=report_path.name, sha256=sha, size=size), verdict=report["verdict"]["status"],
-        release_root_digest=binding.get("release_root_digest"), release_attestation_digest=attested,
-        plan=PlanRef(name=report["plan"]["name"], sha256=report["plan"].get("sha256")), kvgraft_version=__version__)
+        report=ReportFile(name=report_path.name, sha256=sha, size=size), verdict=report.verdict.status,
+        release_root_digest=binding.release_root_digest, release_attestation_digest=attested,
+        plan=PlanRef(name=report.plan.name, sha256=report.plan.sha256), kvgraft_version=__version__)
     return ReportStatement.model_validate({"_type": attest.STATEMENT_TYPE, "subject": subjects,
                                            "predicateType": REPORT_PREDICATE_TYPE, "predicate": predicate})
 
@@ -100,13 +102,13 @@ def sign_report(report_path: Path, key: PrivateKey) -> Path:
     return _write_bundle(report_path, report_statement(report_path, load_report(report_path)), key)
 
 
-def write_signed_report(report_path: Path, report: dict[str, Any], key: PrivateKey) -> Path:
+def write_signed_report(report_path: Path, report: Report, key: PrivateKey) -> Path:
     """Write a report and its signature, the signature first: a writer killed between the two leaves a
     signature without a report (nothing at the report's path), never a report nobody signed."""
     from kvgraft.report.document import validate_report
 
     validate_report(report, str(report_path))
-    data = jsonio.json_bytes(report)
+    data = jsonio.json_bytes(report.as_json())
     out = _write_bundle(report_path, report_statement(report_path, report, data), key)
     try:
         jsonio.write_atomic(report_path, data)
@@ -133,22 +135,22 @@ class VerifiedJson(Closed):
     report_sha256: str
     verdict: str
     release_checked: bool
-    binding: JsonObject
-    release_signature: JsonObject | None
+    binding: Binding
+    release_signature: ReleaseSignature | None
 
 
 @dataclass(frozen=True)
 class ReportVerified:
-    report: dict[str, Any]
+    report: Report
     signer: str
     report_sha256: str
     release_checked: bool
 
     def as_json(self) -> dict[str, JsonValue]:
         return VerifiedJson(ok=True, signer=self.signer, report_sha256=self.report_sha256,
-                            verdict=self.report["verdict"]["status"], release_checked=self.release_checked,
-                            binding=self.report["binding"],
-                            release_signature=self.report.get("release_signature")).model_dump(mode="json")
+                            verdict=self.report.verdict.status, release_checked=self.release_checked,
+                            binding=self.report.binding,
+                            release_signature=self.report.release_signature).model_dump(mode="json")
 
 
 def verify_report(report_path: Path, *, key: Path | None = None, identity: str | None = None,
@@ -190,16 +192,15 @@ def verify_report(report_path: Path, *, key: Path | None = None, identity: str |
         raise VerificationError(f"{report_path}: sha256 {sha} differs from the signed {signed}: the report was edited "
                                 "after signing (or is not the signed file)")
     report = load_report(report_path)
-    binding = report["binding"]
-    if subjects.get(RELEASE_ATTESTATION) != binding.get("release_attestation_digest"):
-        raise VerificationError(f"{report_path}: binding.release_attestation_digest {binding.get('release_attestation_digest')} "
+    binding = report.binding
+    if subjects.get(RELEASE_ATTESTATION) != binding.release_attestation_digest:
+        raise VerificationError(f"{report_path}: binding.release_attestation_digest {binding.release_attestation_digest} "
                                 f"is not the signed {subjects.get(RELEASE_ATTESTATION)}")
     if release is not None:
         from kvgraft.remote import open_source
 
         with open_source(release) as source:  # a release read from elsewhere: its folder, named by its URL
-            _bound_release(source.root, release, binding.get("release_attestation_digest"),
-                           binding.get("release_root_digest"))
+            _bound_release(source.root, release, binding.release_attestation_digest, binding.release_root_digest)
     return ReportVerified(report, signer, sha, release is not None)
 
 

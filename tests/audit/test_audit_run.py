@@ -170,9 +170,10 @@ def test_the_report_is_signed_before_it_is_written(signed_run: Path, tmp_path: P
     neither."""
     from kvgraft._internal import jsonio
     from kvgraft.report import signing
+    from kvgraft.report.document import load_report
     from kvgraft.signing import keys
 
-    report = json.loads((signed_run / "report.json").read_text())
+    report = load_report(signed_run / "report.json")
     private, public = keys.write_keypair(tmp_path / "k")
     key, path = keys.load_private_key(private), tmp_path / "report.json"
     real, written = jsonio.write_atomic, []
@@ -190,3 +191,4 @@ def test_the_report_is_signed_before_it_is_written(signed_run: Path, tmp_path: P
     monkeypatch.undo()
     signing.write_signed_report(path, report, key)
     assert signing.verify_report(path, key=public).report == report
+    assert path.read_bytes() == (signed_run / "report.json").read_bytes()  # read as the model, written back as it was

@@ -16,6 +16,8 @@ from kvgraft.audit import face, render_html, render_report
 from kvgraft.audit.checks.kind import CheckKind
 from kvgraft.errors import InputError, SchemaError
 from kvgraft.render.figures import Face
+from kvgraft.report.document import load_report
+from kvgraft.results.report import Report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "fixtures" / "report-example.json"
@@ -84,9 +86,8 @@ def test_seal_stamps_the_status_by_the_kinds_rule_and_validates_by_its_schema() 
     assert registry.status("controls", {"controls": [{"shows": True}, {"shows": False}]}) == "incomplete"
 
 
-def _example() -> dict[str, Any]:
-    report: dict[str, Any] = json.loads(EXAMPLE.read_text())
-    return report
+def _example() -> Report:
+    return load_report(EXAMPLE)
 
 
 def test_face_details_and_html_dispatch_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,16 +96,16 @@ def test_face_details_and_html_dispatch_through_the_registry(monkeypatch: pytest
     from rich.text import Text
 
     report = _example()
-    check = next(c for c in report["checks"] if c["kind"] == "determinism")
+    check = next(c for c in report.checks if c.kind == "determinism")
     real = registry.KINDS["determinism"]
     fake = dataclasses.replace(real, face=lambda d: Face("FAKE FACE", ["fake figure"]),
                                details=lambda d, c: [Text("FAKE DETAILS")], html=lambda d: "<p>FAKE HTML</p>",
-                               known_data=tuple(check["data"]))
+                               known_data=tuple(check.data))
     assert face.face(check).verdict != "FAKE FACE"
     monkeypatch.setitem(registry.KINDS, "determinism", fake)
     assert face.face(check) == Face("FAKE FACE", ["fake figure"])
     console = Console(width=80, record=True, color_system=None)
-    for r in render_report.detail_renderables(report, check["name"], console):
+    for r in render_report.detail_renderables(report, check.name, console):
         console.print(r)
     text = console.export_text()
     assert "FAKE DETAILS" in text and "other data" not in text
@@ -117,12 +118,12 @@ def test_every_part_renders_the_example_report() -> None:
     report = _example()
     console = Console(width=80, record=True, color_system=None)
     seen = set()
-    for c in report["checks"]:
-        kind = registry.KINDS.get(c["kind"])
-        if kind is None or not c["data"]:
+    for c in report.checks:
+        kind = registry.KINDS.get(c.kind)
+        if kind is None or not c.data:
             continue
-        seen.add(c["kind"])
-        data = registry.view(kind, c["data"])  # as the registry hands it over: a typed kind's model
+        seen.add(c.kind)
+        data = registry.view(kind, c.data)  # as the registry hands it over: a typed kind's model
         assert kind.face(data).verdict
         assert kind.details(data, console)
         assert isinstance(kind.html(data), str)

@@ -389,9 +389,9 @@ def test_audit_run_plan_executor_on_ray(ray_session: Any, release_dir: Path, mod
         f'[model]\nspec = "{model_dir}"\ndevice = "cpu"\n[release]\npath = "{release_dir}"\n'
         '[checks.recompute]\n[executor]\nkind = "ray"\nworkers = 2\nthreads = 1\n')
     outcome = auditrun.run(plan.load(tmp_path / "plan.toml"), out_dir=tmp_path / "out")
-    check = next(c for c in outcome.report["checks"] if c["kind"] == "recompute")
-    data = check["data"]
-    assert check["status"] == "passed" and data["all_byte_exact"]
+    check = next(c for c in outcome.report.checks if c.kind == "recompute")
+    data = check.data
+    assert check.status == "passed" and data["all_byte_exact"]
     assert data["executor"]["kind"] == "ray" and {e["placement"]["worker"] for e in data["entries"]} == {0, 1}
     assert _cpus_back(ray_session)
 

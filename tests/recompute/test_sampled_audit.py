@@ -165,8 +165,8 @@ def test_plan_executor_threads_override_the_record(tiny_lm: Callable[[str], Any]
     p.write_text('format = "kvgraft-audit-plan"\nformat_version = 1\nname = "t"\n'
                  f'[model]\nspec = "{model_dir}"\ndevice = "cpu"\n[release]\npath = "{rel}"\n'
                  '[checks.recompute]\n[executor]\nthreads = 1\n')
-    data = next(c for c in audit_run.run(plan.load(p), out_dir=tmp_path / "out").report["checks"]
-                if c["kind"] == "recompute")["data"]
+    data = next(c for c in audit_run.run(plan.load(p), out_dir=tmp_path / "out").report.checks
+                if c.kind == "recompute").data
     assert data["conditions"]["overridden"] == {"threads": {"recorded": 2, "used": 1}}
     assert data["environment"]["current"]["threads"] == 1
 
@@ -262,18 +262,18 @@ def test_sampled_audit_in_the_report_face_html_and_claim(tiny_lm: Callable[[str]
                  '[checks.recompute]\nsample = 3\nnonce = "plan-nonce"\n'
                  f'[checks.claims]\nfile = "{claims}"\n')
     outcome = audit_run.run(plan.load(p), out_dir=tmp_path / "out")
-    check = next(c for c in outcome.report["checks"] if c["kind"] == "recompute")
-    assert check["data"]["sample"]["nonce"] == "plan-nonce" and len(check["data"]["entries"]) == 3
+    check = next(c for c in outcome.report.checks if c.kind == "recompute")
+    assert check.data["sample"]["nonce"] == "plan-nonce" and len(check.data["entries"]) == 3
     f = face.face(check)
     assert "(a sample of 8)" in f.verdict
     bound_line = next(x for x in f.figures if x.startswith("bound: "))
-    assert bound_line == "bound: " + sampling.sentence(check["data"]["bound"])
+    assert bound_line == "bound: " + sampling.sentence(check.data["bound"])
     assert any(x.startswith("sample: 3 of 8 entries") and "plan-nonce" in x for x in f.figures)
     assert any(x.startswith("cost: ") and "tokens/s" in x for x in f.figures)
     html = to_html(outcome.report)
-    assert "sample and bound" in html and sampling.sentence(check["data"]["bound"]) in html
-    exact = next(c for c in outcome.report["claims"] if c["id"] == "restore-exact")
-    assert "0 of 3 sampled fail (not byte-exact): at most" in json.dumps(exact)
+    assert "sample and bound" in html and sampling.sentence(check.data["bound"]) in html
+    exact = next(c for c in outcome.report.claims if c.id == "restore-exact")
+    assert "0 of 3 sampled fail (not byte-exact): at most" in json.dumps(exact.model_dump())
     # The report's sample re-derives from the release.
     r = runner.invoke(app, ["audit", "sample", str(release_dir), "--check", str(outcome.report_path)])
     assert r.exit_code == 0, r.output

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from kvgraft import errors
 from kvgraft.cli import app
 from kvgraft.results.compare import ReportCompare
+from kvgraft.results.report import Report
 from kvgraft.signing import keys
 
 from release_factory import captured_release, replication_plan
@@ -161,9 +162,10 @@ def _plant(source: Path, out: Path, signer: Path, *, device_name: str | None = N
     if verdict == "inconsistent":
         data.update(all_byte_exact=False, verdict="inconsistent", passed=False, status="failed")
         check["status"] = "failed"
-    doc["verdict"] = compute_verdict(doc)
+    report = Report.model_validate(doc)
+    report = report.model_copy(update={"verdict": compute_verdict(report.checks, report.claims)})
     out.mkdir()
-    write_signed_report(out / "report.json", doc, keys.load_private_key(signer))
+    write_signed_report(out / "report.json", report, keys.load_private_key(signer))
     return str(entry["id"])
 
 
@@ -202,7 +204,7 @@ def test_a_sample_that_does_not_rederive_is_refused(published: dict[str, Any], t
     next(c for c in doc["checks"] if c["kind"] == "recompute")["data"]["sample"]["nonce"] = "chosen-afterwards"
     private, pub = keys.write_keypair(tmp_path / "chooser")
     (tmp_path / "chosen").mkdir()
-    write_signed_report(tmp_path / "chosen" / "report.json", doc, keys.load_private_key(private))
+    write_signed_report(tmp_path / "chosen" / "report.json", Report.model_validate(doc), keys.load_private_key(private))
     res = _compare(str(published["reps"][1]), str(tmp_path / "chosen"), *_keys([published["trusted"][1], pub]))
     assert res.exit_code == errors.EXIT_FAILED, res.output
     assert "sample not re-derived" in res.output and str(tmp_path / "chosen" / "report.json") in " ".join(res.output.split())

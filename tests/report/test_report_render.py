@@ -30,6 +30,7 @@ from kvgraft.render.terminal import interval_bar
 from kvgraft.render.views import HEAT, heatmap_model
 from kvgraft.report import document as rp
 from kvgraft.results.recompute import RecomputeData
+from kvgraft.results.report import Check, Claim, Model
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report-example.json"
 VERDICT_WORDS = ("FAILED", "contradicted", "inconsistent", "unsupported", "supported", "consistent", "not-testable")
@@ -48,24 +49,26 @@ def example() -> dict[str, Any]:
 
 def test_fixture_is_valid_and_marked(example: dict[str, Any]) -> None:
     assert "TEST FIXTURE" in example["note"] and "not a measurement" in example["note"]
-    assert rp.load_report(FIXTURE)["verdict"]["status"] == "failed"
-    v = rp.compute_verdict(example)
-    assert v == example["verdict"]
-    assert v["checks"] == {"passed": 3, "failed": 1, "skipped": 1}
-    assert v["claims"]["contradicted"] == 1 and v["claims"]["inconsistent"] == 3 and v["claims"]["supported"] == 1
+    report = rp.load_report(FIXTURE)
+    assert report.verdict.status == "failed"
+    assert report.as_json() == example  # read as the model, written back member for member
+    v = rp.compute_verdict(report.checks, report.claims)
+    assert v == report.verdict
+    assert v.checks.model_dump(exclude_none=True) == {"passed": 3, "failed": 1, "skipped": 1}
+    assert v.claims.contradicted == 1 and v.claims.inconsistent == 3 and v.claims.supported == 1
 
 
 def test_verdict_logic() -> None:
-    ok = registry.make_check("verify", "verify", "passed", "ok", {"ok": True})
-    skipped = registry.make_check("energy", "other", "skipped", "energy", reason="no meter")
-    failed = registry.make_check("recompute", "recompute", "failed", "differs", {"entries": []})
-    claim = {"id": "c", "text": "t", "verdict": "supported", "reason": "r"}
-    assert rp.compute_verdict({"checks": [ok], "claims": []})["status"] == "passed"
-    assert rp.compute_verdict({"checks": [ok, skipped], "claims": []})["status"] == "incomplete"
-    assert rp.compute_verdict({"checks": [], "claims": []})["status"] == "incomplete"
-    assert rp.compute_verdict({"checks": [ok, failed], "claims": [claim]})["status"] == "failed"
-    assert rp.compute_verdict({"checks": [ok], "claims": [claim | {"verdict": "contradicted"}]})["status"] == "failed"
-    assert rp.compute_verdict({"checks": [ok], "claims": [claim | {"verdict": "not-testable"}]})["status"] == "passed"
+    ok = Check.model_validate(registry.make_check("verify", "verify", "passed", "ok", {"ok": True}))
+    skipped = Check.model_validate(registry.make_check("energy", "other", "skipped", "energy", reason="no meter"))
+    failed = Check.model_validate(registry.make_check("recompute", "recompute", "failed", "differs", {"entries": []}))
+    claim = Claim(id="c", text="t", verdict="supported", reason="r")
+    assert rp.compute_verdict([ok], []).status == "passed"
+    assert rp.compute_verdict([ok, skipped], []).status == "incomplete"
+    assert rp.compute_verdict([], []).status == "incomplete"
+    assert rp.compute_verdict([ok, failed], [claim]).status == "failed"
+    assert rp.compute_verdict([ok], [claim.model_copy(update={"verdict": "contradicted"})]).status == "failed"
+    assert rp.compute_verdict([ok], [claim.model_copy(update={"verdict": "not-testable"})]).status == "passed"
     with pytest.raises(InputError, match="needs a reason"):
         registry.make_check("x", "other", "skipped", "s")
     with pytest.raises(InputError, match="unknown kind"):
@@ -73,14 +76,16 @@ def test_verdict_logic() -> None:
 
 
 def test_new_report_round_trip(tmp_path: Path) -> None:
-    checks = [registry.make_check("verify", "verify", "passed", "ok", {"ok": True})]
+    checks = [Check.model_validate(registry.make_check("verify", "verify", "passed", "ok", {"ok": True}))]
     r = rp.new_report(plan_name="p", plan_content="checks = ['verify']\n", environment={"device": "cpu"},
-                      model={"spec": "smollm2-135m"}, release_root_digest="a" * 64, checks=checks,
+                      model=Model(spec="smollm2-135m"), release_root_digest="a" * 64, checks=checks,
                       release_attestation_digest="b" * 64)
-    assert r["verdict"]["status"] == "passed"
-    assert r["binding"] == {"release_attestation_digest": "b" * 64, "release_root_digest": "a" * 64}
+    assert r.verdict.status == "passed"
+    assert r.binding.model_dump() == {"release_attestation_digest": "b" * 64, "release_root_digest": "a" * 64}
+    assert "release_signature" not in r.as_json() and "note" not in r.as_json()  # absent, never null
     rp.write_report(tmp_path / "r.json", r)
     assert rp.load_report(tmp_path / "r.json") == r
+    assert json.loads((tmp_path / "r.json").read_text()) == r.as_json()
 
 
 def test_tampered_reports_are_refused(example: dict[str, Any], tmp_path: Path) -> None:
@@ -139,7 +144,7 @@ def test_heatmap_model(example: dict[str, Any]) -> None:
 
 def _render(report: dict[str, Any], width: int, detail: str | None = None) -> tuple[str, str]:
     console = Console(file=io.StringIO(), width=width, record=True, color_system="truecolor")
-    print_report(report, console, detail=detail)
+    print_report(rp.read_report(report, "report"), console, detail=detail)
     return console.export_text(clear=False), console.export_html(inline_styles=True)
 
 
@@ -254,7 +259,7 @@ def test_html_is_self_contained_and_escaped(example: dict[str, Any]) -> None:
     evil = copy.deepcopy(example)
     evil["checks"][0]["summary"] = '<script>alert(1)</script><img src="https://example.com/x.png">'
     evil["checks"][1]["data"]["entries"][0]["id"] = '"><svg onload=alert(1)>'
-    page = to_html(evil)
+    page = to_html(rp.read_report(evil, "report"))
     seen = _Tags()
     seen.feed(page)
     assert not seen.tags & {"script", "img", "link", "iframe", "object", "embed", "image", "use", "foreignobject", "a"}, seen.tags
@@ -268,7 +273,7 @@ def test_html_is_self_contained_and_escaped(example: dict[str, Any]) -> None:
 
 
 def test_html_contains_report_content(example: dict[str, Any]) -> None:
-    page = to_html(example)
+    page = to_html(rp.read_report(example, "report"))
     assert example["release_root_digest"] in page
     assert "aime25-II-07 layer 29: " in page  # heat-map cell tooltip
     assert "byte-identical" in page and "not significant at 0.05" in page
@@ -337,7 +342,7 @@ def test_html_in_headless_chromium(example: dict[str, Any], tmp_path: Path) -> N
     if chromium is None:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); the HTML is not looked at in a browser")
     page = tmp_path / "report.html"
-    page.write_text(to_html(example))
+    page.write_text(to_html(rp.read_report(example, "report")))
     png = tmp_path / "shot.png"
     env = dict(os.environ, HOME=str(tmp_path))
     with tempfile.TemporaryDirectory() as profile:

@@ -1,8 +1,8 @@
 """The schemas the check registry decides, generated from it: each typed kind's own schema file (from its models,
-kvgraft.results.<kind>), the report schema's kind list and its rule per built-in kind (the check's `data` is
-that kind's report data, by `$ref` to the `data` part of the kind's schema file), and the plan schema's `checks`
-tables in the registry's order. The report compare result's schema file is generated here too, from its models
-(kvgraft.results.compare).
+kvgraft.results.<kind>), the report schema (from its models, kvgraft.results.report) with its kind list and its
+rule per built-in kind (the check's `data` is that kind's report data, by `$ref` to the `data` part of the kind's
+schema file), and the plan schema's `checks` tables in the registry's order. The report compare result's schema
+file is generated here too, from its models (kvgraft.results.compare).
 
 `python -m kvgraft.audit.checks.schemas --write` rewrites a file whose generated parts differ from the
 registry; `--check` (what tests/audit/test_check_kinds.py runs) names the files that differ and exits 1.
@@ -18,7 +18,7 @@ from pydantic.json_schema import JsonSchemaValue
 
 from kvgraft.audit.checks import BUILTIN, NAME, OTHER
 from kvgraft.audit.checks.kind import CheckKind
-from kvgraft.results import compare
+from kvgraft.results import compare, report
 from kvgraft.results.base import reachable
 from kvgraft.schema import load_schema, schema_dir
 
@@ -34,13 +34,14 @@ def data_ref(k: CheckKind) -> str:
 
 
 def report_schema() -> JsonSchemaValue:
-    doc = copy.deepcopy(load_schema(REPORT))
+    """The report's models' schema (kvgraft.results.report), with the registry's kind list and its rule per
+    built-in kind."""
+    doc = report.schema()
     check = doc["$defs"]["check"]
     kind = check["properties"]["kind"]
     kind["examples"] = [*(k.name for k in BUILTIN), OTHER]
     kind["pattern"] = f"^{NAME.pattern}$"
-    skipped = {"if": {"properties": {"status": {"const": "skipped"}}}, "then": {"required": ["reason"]}}
-    check["allOf"] = [skipped] + [
+    check["allOf"] = check.get("allOf", []) + [
         {"if": {"properties": {"kind": {"const": k.name}}},
          "then": {"properties": {"data": {"$ref": data_ref(k)}}}}
         for k in BUILTIN if isinstance(k.schema, str)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,9 @@ from kvgraft.cli._base import (
 from kvgraft.cli.trust import IdentityOpt, IssuerOpt, KeysOpt, OfflineOpt, RequireSignatureOpt, Trust
 from kvgraft.errors import InputError
 from kvgraft.render.text import plain
+
+if TYPE_CHECKING:
+    from kvgraft.inference.graft import Ledger
 
 
 @app.command()
@@ -119,7 +122,8 @@ def run_cmd(
     if prefix:
         say(f"kvgraft: note: {prefix_words(result.ledger)}", error=True)
     if as_json:
-        grafted = entry if not prefix else (result.ledger["prefix"] or {}).get("entry")
+        hit = result.ledger.get("prefix")
+        grafted = entry if not prefix else hit["entry"] if hit else None
         echo_json({"entry": grafted, "token_ids": result.token_ids, "text": result.text, "ledger": result.ledger})
         return
     from kvgraft.render.text import ledger_table
@@ -129,7 +133,7 @@ def run_cmd(
     out.print(ledger_table(result.ledger))
 
 
-def prefix_words(ledger: dict[str, Any]) -> str:
+def prefix_words(ledger: Ledger) -> str:
     """What `kvgraft run --prefix` grafted, in one line (the ledger's `prefix`)."""
     p = ledger.get("prefix")
     if not p:

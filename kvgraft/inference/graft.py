@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import torch
 
@@ -343,11 +343,29 @@ def load_cache(release: VerifiedRelease, entry_id: str, lm: LoadedModel, *, forc
     return restore(release, entry_id, lm, force=force).cache
 
 
+class Ledger(TypedDict):
+    """What one graft cost and under which conditions it ran (`kvgraft run`, `run --json`'s `ledger`)."""
+
+    restored_tokens: int
+    prompt_tokens: int
+    decode_tokens: int
+    kv_bytes_verified: int  # a prefix graft reads and verifies the whole entry
+    kv_bytes_grafted: int  # and grafts rows [0, n) of it
+    restore_seconds: float
+    prefill_seconds: float
+    decode_seconds: float
+    forced_model: bool
+    conditions_differing: dict[str, list[Any]]  # condition -> [recorded, now]
+    conditions: JsonObject  # kvgraft.inference.reapply.describe
+    verification_warnings: list[str]
+    prefix: NotRequired[PrefixRows | None]  # run --prefix: what was grafted; None: no entry starts the prompt
+
+
 @dataclass
 class Continuation:
     token_ids: list[int]
     text: str
-    ledger: dict[str, Any]
+    ledger: Ledger
 
 
 def model_for(release: VerifiedRelease, spec: str | None = None, *, device: str | None = None,
@@ -418,7 +436,7 @@ def run(checked: VerifiedRelease, entry_id: str | None, lm: LoadedModel, prompt:
         out = decode(lm, restored.cache, logits, max_new_tokens=max_new_tokens, eos=eos_ids(lm)).token_ids
         t2 = time.perf_counter()
         conditions = reapply.describe(recorded, environment(lm.device, lm.dtype, lm.attn), overrides)
-    ledger = {
+    ledger: Ledger = {
         "restored_tokens": restored.tokens, "prompt_tokens": len(ids), "decode_tokens": len(out),
         # Apart: a prefix graft reads and verifies the whole entry, and grafts rows [0, n) of it.
         "kv_bytes_verified": restored.kv_bytes, "kv_bytes_grafted": restored.kv_bytes_grafted,

@@ -6,13 +6,16 @@ import json
 import re
 import textwrap
 import unicodedata
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from kvgraft.inference.graft import Ledger
 
 STATUS_STYLE = {"passed": "bold green", "failed": "bold red", "skipped": "yellow", "incomplete": "bold yellow"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "incomplete": "?"}
@@ -211,9 +214,9 @@ def kv_lines(width: int, title: str, rows: list[tuple[str, str]]) -> list[str]:
     return out
 
 
-def ledger_table(ledger: dict[str, Any]) -> Table:
+def ledger_table(graft: Ledger) -> Table:
     """The token ledger of one graft (`kvgraft run`); its condition names and values come from the release."""
-    ledger = plain_tree(ledger)
+    ledger = plain_tree(graft)
     t = Table(title="token ledger", show_header=False, title_justify="left")
     t.add_column("what")
     t.add_column("value", justify="right")

@@ -23,6 +23,9 @@ Infinity = Literal["Infinity"]
 Real = float | Infinity
 NonNegative = Annotated[float, Field(ge=0)] | Infinity
 Value = float | Literal["Infinity", "-Infinity", "NaN"]
+# A measure taken over values that may be non-finite: infinite, or NaN where it is undefined (|NaN - x|, a KL whose
+# logits hold an infinity). Never -Infinity: each such measure is a magnitude or a divergence.
+Measure = float | Literal["Infinity", "NaN"]
 Tensor = Literal["keys", "values"]
 
 
@@ -35,7 +38,7 @@ class WorstValues(Open):
 
     stored: Value
     fresh: Value
-    abs_diff: Real
+    abs_diff: Measure
     allowed: Real
 
 
@@ -79,15 +82,16 @@ class LayerResult(Open):
 
 
 class Distribution(Open):
-    """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions)."""
+    """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions); a KL or logit
+    difference over logits that hold a non-finite value is itself one."""
 
-    kl_per_position: list[float]
-    kl_max: float
-    kl_mean: float
+    kl_per_position: list[Measure]
+    kl_max: Measure
+    kl_mean: Measure
     greedy_agreement: float
     topk: int
     topk_overlap_mean: float
-    max_abs_logit_diff: float
+    max_abs_logit_diff: Measure
     logits_equal: bool
 
 
@@ -107,7 +111,7 @@ class Worst(Where):
 
     stored: Value | None = None
     fresh: Value | None = None
-    abs_diff: Real | None = None
+    abs_diff: Measure | None = None
     allowed: Real | None = None
     excess: Real | None = None
 
@@ -297,7 +301,7 @@ class PrefixComparison(Open):
     verdict: Verdict
     byte_exact: bool
     first_differing_tensor: str | None
-    max_abs_diff: float = Field(ge=0)
+    max_abs_diff: NonNegative
     differing_elements: Count
     outside: Count
     max_excess: NonNegative

@@ -86,6 +86,32 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
     assert e["outside"]["first"] == {"layer": 1, "tensor": "values", "batch": 0, "head": head, "position": pos, "dim": dim}
 
 
+def test_non_finite_measures_are_written_as_the_schema_says(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
+    """An infinity stored in one entry makes its graft's logits, and so its KL values, NaN; a NaN stored in another
+    makes |stored - fresh| NaN; a prefix graft's largest difference is infinite. The result file writes each as a
+    string (JSON has no such number), and the file it writes satisfies its own schema."""
+    from kvgraft._internal.jsonio import write_json
+    from kvgraft.audit import checks as registry
+    from kvgraft.recompute import prefix
+    from kvgraft.schema import validate
+
+    lm = tiny_lm("llama")
+    capture.capture(lm, [("t", {"id": "a", "text": _text(40)}), ("t", {"id": "b", "text": _text(48)})],
+                    tmp_path / "rel", probe_tokens=2)
+    rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, lambda x: float("inf"))
+    rewrite.element(tmp_path / "rel", 1, "layer.0.values", 3, lambda x: float("nan"))
+    result = prefix.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16, require="consistent")
+    write_json(tmp_path / "r.json", registry.seal("recompute", result))
+    written = json.loads((tmp_path / "r.json").read_text())
+    a, b = written["entries"]
+    assert a["matched"]["kl_max"] == a["matched"]["kl_mean"] == a["matched"]["max_abs_logit_diff"] == "NaN"
+    assert "NaN" in a["natural"]["kl_per_position"] and a["outside"]["worst"]["abs_diff"] == "Infinity"
+    assert b["outside"]["worst"]["abs_diff"] == "NaN" and b["layers"][0]["values"]["worst_values"]["stored"] == "NaN"
+    graft = written["prefix_grafts"]["entries"][0]
+    assert graft["under_recorded_schedule"]["max_abs_diff"] == "Infinity"
+    validate(written, "recompute-result.v1.json", "the written result")
+
+
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     from kvgraft.inference import models
 

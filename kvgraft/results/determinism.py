@@ -67,7 +67,7 @@ class DeterminismResult(Closed):
     sign in both (across zero a ULP count is no useful figure), null when dtypes differ from the baseline. kl is
     KL(baseline || condition) of the next-token distribution, float64, not clamped."""
 
-    status: Status | None = Field(None, description="This result's own verdict (kvgraft.verdict): it decides the exit "
+    status: Status | None = Field(default=None, description="This result's own verdict (kvgraft.verdict): it decides the exit "
                                   "code of the single-audit command and the check's status in `audit run`.")
     kind: Literal["kvgraft-determinism-result"]
     format_version: Literal[1]

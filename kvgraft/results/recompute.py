@@ -8,6 +8,7 @@ of a result's members: a member that is present has the shape the renderers draw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
@@ -85,7 +86,7 @@ class Distribution(Open):
     """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions); a KL or logit
     difference over logits that hold a non-finite value is itself one."""
 
-    kl_per_position: list[Measure]
+    kl_per_position: Sequence[Measure]
     kl_max: Measure
     kl_mean: Measure
     greedy_agreement: float
@@ -374,7 +375,7 @@ class RecomputeResult(Closed):
     statements: list[str]
     release_signature: ReleaseSignature | None = None
     status: Literal["passed", "failed", "incomplete"] | None = Field(
-        None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
+        default=None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
         "code).")
 
 

@@ -135,14 +135,15 @@ def test_determinism_matrix_on_tiny_model(tiny_dir: Callable[[str], Path], tmp_p
     from kvgraft.schema import validate
 
     result = determinism.matrix(str(tiny_dir("qwen3")), length=40, include_gpu=False)
-    validate(result, "determinism-result.v1.json", "test")
-    rows = {r["name"]: r for r in result["conditions"]}
-    assert rows["one-shot, all threads"]["class"] == "A"
+    written = result.model_dump(by_alias=True, exclude_unset=True)
+    validate(written, "determinism-result.v1.json", "test")
+    rows = {r["name"]: r for r in written["conditions"]}
+    assert rows["one-shot, all threads"]["class"] == "A" and "status" not in written  # sealed where it is judged
     # 256-token chunks of a 40-token prefix are one pass: the same computation, the same bytes.
     assert rows["chunks of 256, all threads"]["identical_to_baseline"]
     bf16 = rows["bfloat16, one-shot, all threads"]
     assert not bf16["identical_to_baseline"] and bf16["max_ulp"] is None and bf16["kl"] != 0.0
-    assert len(result["conditions"]) == 14 and len({r["kv_digest"] for r in result["conditions"]}) >= 2
+    assert len(result.conditions) == 14 and len({r.kv_digest for r in result.conditions}) >= 2
 
 
 def test_recompute_cli_json_is_schema_valid_and_exit_zero(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:

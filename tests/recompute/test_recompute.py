@@ -146,6 +146,25 @@ def test_determinism_matrix_on_tiny_model(tiny_dir: Callable[[str], Path], tmp_p
     assert len(result.conditions) == 14 and len({r.kv_digest for r in result.conditions}) >= 2
 
 
+def test_a_determinism_matrix_with_non_finite_measures_is_written_as_its_schema_says(tmp_path: Path) -> None:
+    """A condition whose states overflow has an infinite max |diff| and a NaN KL: written as strings, which the
+    schema admits."""
+    from kvgraft._internal.jsonio import write_json
+    from kvgraft.results.determinism import DeterminismResult
+    from kvgraft.schema import validate
+
+    row = {"name": "overflow", "condition": {}, "kv_digest": "0" * 64, "class": "B", "identical_to_baseline": False,
+           "max_ulp": None, "max_abs": float("inf"), "kl": float("nan")}
+    result = DeterminismResult.model_validate({
+        "kind": "kvgraft-determinism-result", "format_version": 1, "model": "m", "length": 8, "baseline": "base",
+        "environment": {}, "conditions": [{**row, "name": "base", "class": "A", "max_abs": 0.0, "kl": 0.0}, row],
+        "notes": []})
+    write_json(tmp_path / "d.json", result.model_dump(by_alias=True, exclude_unset=True))
+    written = json.loads((tmp_path / "d.json").read_text())
+    assert (written["conditions"][1]["max_abs"], written["conditions"][1]["kl"]) == ("Infinity", "NaN")
+    validate(written, "determinism-result.v1.json", "the written matrix")
+
+
 def test_recompute_cli_json_is_schema_valid_and_exit_zero(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:
     from kvgraft.schema import validate
 

@@ -497,9 +497,10 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     return cast(list[Entry], rel.records([ids[i] for i in drawn.positions])), drawn
 
 
-def failing(entry: res.EntryResult, require: str) -> bool:
-    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`."""
-    return not passes(entry.verdict, require)
+def failing(entry: res.EntryResult | JsonObject, require: str) -> bool:
+    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`.
+    `entry`: an entry's result, or the JSON a result file holds of it."""
+    return not passes(entry.verdict if isinstance(entry, res.EntryResult) else str(entry["verdict"]), require)
 
 
 FAIL_MEANS: dict[res.Require, Literal["not byte-exact", "inconsistent"]] = {

@@ -728,6 +728,8 @@ def test_requirements_and_failing() -> None:
     recompute.check_requirement("consistent")
     consistent = EntryResult.model_validate(_entry(0, "consistent"))
     assert recompute.failing(consistent, "exact") and not recompute.failing(consistent, "consistent")
+    assert recompute.failing({"verdict": "consistent"}, "exact") and not recompute.failing({"verdict": "consistent"},
+                                                                                            "consistent")
     assert recompute.check_requirement("consistent") == "consistent"
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import torch
 from pydantic import BaseModel, JsonValue
@@ -28,6 +28,7 @@ from kvgraft.recompute.compare import JUDGED, Judged, TensorDiff, diff_tensors, 
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
+from kvgraft.release.models import Entry
 from kvgraft.release.records import tensor_mismatch
 from kvgraft.results import recompute as res
 from kvgraft.results.base import JsonObject
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from kvgraft.execution.executor import Executor
     from kvgraft.execution.journal import Journal, Unit
 
-RESULT_KIND = "kvgraft-recompute-result"
+RESULT_KIND: Final = "kvgraft-recompute-result"
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,13 @@ class FollowUp:
     `unit(entry)`: the entry's unit id, a tuple (an entry's own unit is its id: the two never meet).
     `check(entry, result)`: why a result read back cannot stand for that entry's unit (None: it can).
     `judge(chosen, journal)`: judges the chosen entries' units the journal (if any) does not hold, records
-    each as it lands, and returns what the result holds under `key`.
+    each as it lands, and returns what the result holds under `prefix_grafts`.
     """
 
-    key: str
     run: JsonObject
-    unit: Callable[[dict[str, Any]], Unit]
-    check: Callable[[dict[str, Any], JsonValue], str | None]
-    judge: Callable[[list[dict[str, Any]], Journal | None], res.PrefixGrafts]
+    unit: Callable[[Entry], Unit]
+    check: Callable[[Entry, JsonValue], str | None]
+    judge: Callable[[list[Entry], Journal | None], res.PrefixGrafts]
 
 
 def _stored(fd: int, info: Any, expected: str, where: str) -> tuple[bytearray, str]:
@@ -80,7 +80,10 @@ def _as_tensor(buf: bytearray, info: Any) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=TORCH_DTYPES[info.dtype]).view(info.shape)
 
 
-def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, fresh_cache: Any,
+_PARTS: tuple[res.Tensor, ...] = ("keys", "values")
+
+
+def compare_layers(checked: VerifiedRelease, entry: Entry, lm: LoadedModel, fresh_cache: Any,
                    noise_bound: Callable[[], NoiseBound] | None = None,
                    fresh_digests: dict[str, str] | None = None) -> list[res.LayerResult]:
     """Per layer, per K/V: digest equality, and on a difference its size and first location.
@@ -93,13 +96,13 @@ def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedMo
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
     digests = fresh_digests if fresh_digests is not None else {}
     try:
-        fd = os.open(rel.entry_file(entry), os.O_RDONLY)
+        fd = os.open(rel.entry_file(entry), os.O_RDONLY)  # type: ignore[arg-type]
     except OSError as exc:  # gone or changed since it was verified
-        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
-    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
+        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None  # type: ignore[arg-type]
+    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"  # type: ignore[arg-type]
     rows: list[res.LayerResult] = []
     try:
-        layout = rel.tensor_layout(entry, fd)  # the layout checked is the layout read
+        layout = rel.tensor_layout(entry, fd)  # type: ignore[arg-type]  # the layout checked is the layout read
         for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
             # a member only where it is: no layout_mismatch where the layouts agree, no K or V of a shared layer
             present: dict[str, str | res.TensorDiff] = {}
@@ -107,7 +110,7 @@ def compare_layers(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedMo
                 present["layout_mismatch"] = f"stored {stored_meta}, fresh {fresh_meta}"
             if stored_meta["kind"] != "shared":
                 offset = stored_meta.get("positions", [0, 0])[0]
-                for part in ("keys", "values"):
+                for part in _PARTS:
                     name = stored_meta[part]
                     info = layout[name]
                     stored, stored_sha = _stored(fd, info, entry["tensors"][name]["sha256"], where)
@@ -155,8 +158,7 @@ _JUDGED = frozenset(JUDGED)
 
 def _tensors(rows: list[res.LayerResult]) -> list[tuple[int, res.Tensor, res.TensorDiff]]:
     """Each layer's K and V comparison (a shared layer has neither), with its layer and part."""
-    parts: tuple[tuple[res.Tensor, str], ...] = (("keys", "keys"), ("values", "values"))
-    return [(r.index, p, t) for r in rows for p, name in parts if (t := getattr(r, name)) is not None]
+    return [(r.index, p, t) for r in rows for p in _PARTS if (t := getattr(r, p)) is not None]
 
 
 def classify(rows: list[res.LayerResult]) -> tuple[res.Verdict, res.Outside | None]:
@@ -229,7 +231,14 @@ def judged_fields(rows: list[res.LayerResult]) -> EntryVerdict:
                         sum(t.equal for t in tensors), len(tensors), _first_difference(rows))
 
 
-def resumed_problem(entry: dict[str, Any], result: JsonValue) -> str | None:
+def _real(x: res.Measure | None) -> float:
+    """A measure as a number (a non-finite one is written as a string); absent where it must be: ValueError."""
+    if x is None:
+        raise ValueError("no such measure")
+    return float(x)
+
+
+def resumed_problem(entry: Entry, result: JsonValue) -> str | None:
     """Why `result`, read back from a journal, cannot stand for `entry`'s judgement (None: it can).
 
     A journal lies in the output folder, where someone else may have planted or edited it. A result read
@@ -253,7 +262,8 @@ def resumed_problem(entry: dict[str, Any], result: JsonValue) -> str | None:
     if [(r.index, r.kind) for r in rows] != [(m["index"], m["kind"]) for m in metas]:
         return "its layers are not the entry's"
     for row, meta in zip(rows, metas, strict=True):
-        for part, d in (("keys", row.keys), ("values", row.values)):
+        for part in _PARTS:
+            d: res.TensorDiff | None = getattr(row, part)
             if (d is not None) != (meta["kind"] != "shared"):
                 return f"layer {meta['index']}: {part} {'missing' if d is None else 'of a shared layer'}"
             committed = entry["tensors"][meta[part]]["sha256"] if d is not None else None
@@ -263,7 +273,7 @@ def resumed_problem(entry: dict[str, Any], result: JsonValue) -> str | None:
         derived = judged_fields(rows)
         worst = derived.outside.worst if derived.outside is not None else None
         if worst is not None:
-            float(worst.abs_diff), float(worst.excess)  # type: ignore[arg-type]  # what the verdict's sentence quotes
+            _real(worst.abs_diff), _real(worst.excess)  # what the verdict's sentence quotes
     except (KeyError, TypeError, ValueError, IndexError):  # a comparison missing what a fresh one always holds
         return "its comparisons are incomplete"
     for k, v in derived.recorded().items():
@@ -272,10 +282,11 @@ def resumed_problem(entry: dict[str, Any], result: JsonValue) -> str | None:
     return None
 
 
-def probe_ids(lm: LoadedModel, entry: dict[str, Any], probe_text: str | None) -> list[int]:
+def probe_ids(lm: LoadedModel, entry: Entry, probe_text: str | None) -> list[int]:
     if probe_text:
         return encode(lm, probe_text)
-    recorded = entry.get("probe", {}).get("token_ids") or []
+    probe = entry.get("probe")
+    recorded = (probe.get("token_ids") if probe is not None else None) or []
     return [int(t) for t in recorded] or [int(entry["next_token"]["argmax"])]
 
 
@@ -290,7 +301,7 @@ def natural_logits(lm: LoadedModel, ids: list[int], keep: int) -> torch.Tensor:
     return logits
 
 
-def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel, *, probe_text: str | None = None,
+def audit_entry(checked: VerifiedRelease, entry: Entry, lm: LoadedModel, *, probe_text: str | None = None,
                 force: bool = False, schedule: Schedule | None = None) -> res.EntryResult:
     """One entry → its result. A pure function of (entry, model, settings); holds one cache at a time."""
     rel = checked.release
@@ -302,7 +313,7 @@ def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     # Sliding layers the entry stores with every position are recomputed keeping every position
     # (the same computation: runtime.new_cache), so each stored position is compared.
-    every = every_position_layers(entry)
+    every = every_position_layers(entry)  # type: ignore[arg-type]
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule, new_cache(lm, every))
     t_prefill = time.perf_counter() - t0
     measured: list[NoiseBound] = []
@@ -343,27 +354,27 @@ def audit_entry(checked: VerifiedRelease, entry: dict[str, Any], lm: LoadedModel
                             total=time.perf_counter() - t0))
 
 
-def entry_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, probe_text: str | None = None,
-               force: bool = False, schedule: Schedule | None = None) -> dict[str, Any]:
+def entry_unit(lm: LoadedModel, checked: VerifiedRelease, entry: Entry, *, probe_text: str | None = None,
+               force: bool = False, schedule: Schedule | None = None) -> JsonObject:
     """`audit_entry` as an executor work unit: (model, verified release, entry) → its result as JSON (an executor
     adds its placement, a journal records it, Ray ships it)."""
     return audit_entry(checked, entry, lm, probe_text=probe_text, force=force, schedule=schedule).model_dump(
         exclude_unset=True)
 
 
-def statements(result: dict[str, Any]) -> list[str]:
+def statements(result: res.RecomputeResult) -> list[str]:
     """Plain sentences saying for which comparison byte-exactness and zero KL hold."""
-    entries = result["entries"]
+    entries = result.entries
     n = len(entries)
-    exact = sum(e["byte_exact"] for e in entries)
-    kl0 = sum(e["matched"]["kl_max"] == 0.0 and e["matched"]["logits_equal"] for e in entries)
-    nat_max = max((abs(e["natural"]["kl_max"]) for e in entries), default=0.0)
-    nat0 = sum(e["natural"]["logits_equal"] for e in entries)
-    sched = result["schedule"]
-    mode = "one-shot" if sched["chunk_tokens"] is None else f"chunks of {sched['chunk_tokens']}"
-    diffs = result["environment"]["differences"]
+    exact = sum(e.byte_exact for e in entries)
+    kl0 = sum(e.matched.kl_max == 0.0 and e.matched.logits_equal for e in entries)
+    nat_max = max((abs(float(e.natural.kl_max)) for e in entries), default=0.0)
+    nat0 = sum(e.natural.logits_equal for e in entries)
+    chunk = result.schedule["chunk_tokens"]
+    mode = "one-shot" if chunk is None else f"chunks of {chunk}"
+    diffs = result.environment.differences
     env = "same recorded environment" if not diffs else "environment differs in " + ", ".join(sorted(diffs))
-    label = "Recomputed with an overridden schedule" if result.get("schedule_overridden") else "Matched schedule"
+    label = "Recomputed with an overridden schedule" if result.schedule_overridden else "Matched schedule"
     out = [
         f"{label} ({mode}, {env}): KV bytes identical (SHA-256 equal) in {exact}/{n} entries; "
         f"KL(fresh ‖ grafted) exactly 0.0 in {kl0}/{n}.",
@@ -371,90 +382,95 @@ def statements(result: dict[str, Any]) -> list[str]:
         f"max KL(natural ‖ grafted) = {fmt_kl(nat_max)}"
         + ("." if nat0 == n else "; byte-exactness and zero KL do not hold for this comparison."),
     ]
-    if result["model"]["forced"]:
+    if result.model.forced:
         out.append("The model's identity differs from the release's (forced): differences are expected.")
-    drawn = result.get("sample")
-    if drawn:  # before the verdict, which stays the last statement
-        origin = sampling.nonce_origin(drawn, (result.get("cost") or {}).get("resumed_from"))
-        out.append(f"Sample: {drawn['size']:,} of {drawn['population']:,} entries drawn by {drawn['method']} from the "
-                   f"root digest and nonce {drawn['nonce']!r} ({origin}), {drawn['weighting']}; "
+    drawn = result.sample
+    if drawn is not None:  # before the verdict, which stays the last statement
+        origin = sampling.nonce_origin(drawn.model_dump(), result.cost.resumed_from if result.cost is not None else None)
+        out.append(f"Sample: {drawn.size:,} of {drawn.population:,} entries drawn by {drawn.method} from the "
+                   f"root digest and nonce {drawn.nonce!r} ({origin}), {drawn.weighting}; "
                    "re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
-        if result.get("bound"):
-            out.append(f"Bound: {sampling.sentence(result['bound'])}.")
-    resumed = resumed_statement(result.get("cost") or {})
+        if result.bound is not None:
+            out.append(f"Bound: {sampling.sentence(result.bound.model_dump())}.")
+    resumed = resumed_statement(result.cost) if result.cost is not None else None
     if resumed:
         out.append(resumed)
-    grafts = result.get("prefix_grafts")
-    if grafts:
-        out.append(prefix_statement(grafts))
+    if result.prefix_grafts is not None:
+        out.append(prefix_statement(result.prefix_grafts))
     out.append(verdict_statement(result))
     return out
 
 
-def resumed_statement(cost: dict[str, Any]) -> str | None:
-    """Which results were not computed by this run: read back from a journal, and which one."""
-    if not cost.get("resumed_from"):
+def resumed_statement(cost: res.Cost | JsonObject) -> str | None:
+    """Which results were not computed by this run: read back from a journal, and which one. `cost`: a result's
+    cost ledger, or the JSON a result file holds of it."""
+    ledger = cost if isinstance(cost, res.Cost) else res.Cost.model_validate(cost)
+    if not ledger.resumed_from:
         return None
-    n, grafts = cost["entries_resumed"], cost.get("prefix_grafts_resumed", 0)
+    n, grafts = ledger.entries_resumed, ledger.prefix_grafts_resumed or 0
     also = f" and {grafts} prefix graft{'' if grafts == 1 else 's'}" if grafts else ""
-    return (f"{n} result{'' if n == 1 else 's'}{also} resumed from {cost['resumed_from']} (judged by an earlier run "
-            f"and read back, each re-judged from its recorded comparisons; {cost['entries_recomputed']} recomputed "
+    return (f"{n} result{'' if n == 1 else 's'}{also} resumed from {ledger.resumed_from} (judged by an earlier run "
+            f"and read back, each re-judged from its recorded comparisons; {ledger.entries_recomputed} recomputed "
             f"now).")
 
 
-def prefix_statement(grafts: dict[str, Any]) -> str:
+def prefix_statement(grafts: res.PrefixGrafts) -> str:
     """One sentence on the prefix grafts judged: under their recorded schedule, and against the prefix alone."""
-    judged = grafts["entries"]
-    counts = {v: sum(g["verdict"] == v for g in judged) for v in VERDICTS}
-    alone = {v: sum(g["against_prefix_alone"]["verdict"] == v for g in judged) for v in VERDICTS}
-    skipped = f"; {len(grafts['skipped'])} entries skipped (no such prefix graft)" if grafts["skipped"] else ""
-    return (f"Prefix grafts of {grafts['tokens']} tokens (rows [0, {grafts['tokens']}) of each entry's recorded "
+    judged = grafts.entries
+    counts = {v: sum(g.verdict == v for g in judged) for v in VERDICTS}
+    alone = {v: sum(g.against_prefix_alone.verdict == v for g in judged) for v in VERDICTS}
+    skipped = f"; {len(grafts.skipped)} entries skipped (no such prefix graft)" if grafts.skipped else ""
+    return (f"Prefix grafts of {grafts.tokens} tokens (rows [0, {grafts.tokens}) of each entry's recorded "
             f"prefill), judged under that schedule: {counts['byte-exact']} byte-exact, {counts['consistent']} "
             f"consistent, {counts['inconsistent']} inconsistent of {len(judged)}; against a prefill of the prefix "
             f"alone: {alone['byte-exact']} byte-identical, {alone['consistent']} inside its noise bound, "
             f"{alone['inconsistent']} outside{skipped}.")
 
 
-def verdict_statement(result: dict[str, Any]) -> str:
+def verdict_statement(result: res.RecomputeResult) -> str:
     """The release's verdict, for which comparison it holds, and whether the requirement is met."""
-    entries = result["entries"]
-    counts = {v: sum(e["verdict"] == v for e in entries) for v in VERDICTS}
-    env = result["environment"]["current"]
+    entries = result.entries
+    counts = {v: sum(e.verdict == v for e in entries) for v in VERDICTS}
+    env = result.environment.current
     machine = f"{env.get('device_name')} ({env.get('device')}, {env.get('dtype')}, {env.get('attn_implementation')}, " \
               f"{env.get('threads')} threads)"
-    cond = result["conditions"]
+    cond = result.conditions
     parts = []
-    if cond["not_replayed"]:
-        parts.append("not replayed: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(cond["not_replayed"].items())))
-    if cond["overridden"]:
-        parts.append("overridden: " + ", ".join(f"{k} {v['recorded']!r} -> {v['used']!r}"
-                                                 for k, v in sorted(cond["overridden"].items())))
+    if cond.not_replayed:
+        parts.append("not replayed: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(cond.not_replayed.items())))
+    if cond.overridden:
+        parts.append("overridden: " + ", ".join(f"{k} {v.recorded!r} -> {v.used!r}"
+                                                 for k, v in sorted(cond.overridden.items())))
     where = "; ".join(parts) if parts else "every recorded condition replayed"
-    verdict = result["verdict"]
+    verdict = result.verdict
     meaning = {"byte-exact": "every SHA-256 equal",
                "consistent": "bytes differ, every difference inside the measured noise bound of the same computation",
                "inconsistent": "some difference lies outside the noise bound: not the same computation"}[verdict]
     located = []
     for e in entries:
-        w = (e.get("outside") or {}).get("worst")
-        if w:
-            at = ", ".join(f"{k} {w[k]}" for k in ("head", "position", "dim") if k in w)
-            located.append(f"{e['id']}: layer {w['layer']} {w['tensor']} ({at}) |diff| {w['abs_diff']:.3g} is "
-                           f"{w['excess']:.3g}x the noise bound")
-        elif e.get("outside"):
-            located.append(f"{e['id']}: " + "; ".join(e["outside"]["layout"] + e["outside"]["shape"]))
+        w = e.outside.worst if e.outside is not None else None
+        if w is not None:
+            at = ", ".join(f"{k} {v}" for k, v in (("head", w.head), ("position", w.position), ("dim", w.dim))
+                           if v is not None)
+            located.append(f"{e.id}: layer {w.layer} {w.tensor} ({at}) |diff| {_real(w.abs_diff):.3g} is "
+                           f"{_real(w.excess):.3g}x the noise bound")
+        elif e.outside is not None:
+            located.append(f"{e.id}: " + "; ".join(e.outside.layout + e.outside.shape))
     return (f"Verdict {verdict} ({meaning}) on {machine}, {where}: {counts['byte-exact']} byte-exact, "
             f"{counts['consistent']} consistent, {counts['inconsistent']} inconsistent of {len(entries)} entries; "
-            f"requirement {result['require']}: {'met' if result['passed'] else 'NOT met'}."
+            f"requirement {result.require}: {'met' if result.passed else 'NOT met'}."
             + (" Outside the noise bound: " + "; ".join(located) + "." if located else ""))
 
 
-REQUIREMENTS = ("exact", "consistent")
+REQUIREMENTS: tuple[res.Require, ...] = ("exact", "consistent")
 
 
-def check_requirement(require: str) -> None:
-    if require not in REQUIREMENTS:
-        raise InputError(f"--require {require}: expected one of {', '.join(REQUIREMENTS)}")
+def check_requirement(require: str) -> res.Require:
+    """`require` as a requirement (InputError if it is none)."""
+    for known in REQUIREMENTS:
+        if require == known:
+            return known
+    raise InputError(f"--require {require}: expected one of {', '.join(REQUIREMENTS)}")
 
 
 def passes(verdict: str, require: str) -> bool:
@@ -464,47 +480,66 @@ def passes(verdict: str, require: str) -> bool:
 
 
 def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None = None,
-           nonce: str | None = None, nonce_source: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+           nonce: str | None = None, nonce_source: str | None = None) -> tuple[list[Entry], res.Sample | None]:
     """The entries to audit: the named ones, a sample (kvgraft.sampling: root digest + nonce), or all."""
     if sample is None:
         if nonce is not None:
             raise InputError("--nonce draws a sample: pass --sample N (or --target-fraction F) too")
-        return (rel.records(entries) if entries else rel.entries), None
+        return cast(list[Entry], rel.records(entries) if entries else rel.entries), None
     if entries:
         raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
     source = nonce_source or ("given" if nonce is not None else "drawn")
     nonce = sampling.check_nonce(nonce) if nonce is not None else sampling.new_nonce()
     # Drawn from the ids and token counts the manifest lists: only the sampled entries' records are read.
     ids = rel.entry_ids()
-    record = sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids, rel.token_counts(), sample,
-                                    nonce_source=source)
-    return rel.records([ids[i] for i in record["positions"]]), record
+    drawn = res.Sample.model_validate(sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids,
+                                                             rel.token_counts(), sample, nonce_source=source))
+    return cast(list[Entry], rel.records([ids[i] for i in drawn.positions])), drawn
 
 
-def failing(entry: dict[str, Any], require: str) -> bool:
-    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`."""
-    return not passes(entry["verdict"], require)
+def failing(entry: res.EntryResult | JsonObject, require: str) -> bool:
+    """Whether an entry fails the requirement: not byte-exact under `exact`, inconsistent under `consistent`.
+    `entry`: an entry's result, or the JSON a result file holds of it."""
+    return not passes(entry.verdict if isinstance(entry, res.EntryResult) else str(entry["verdict"]), require)
 
 
-FAIL_MEANS = {"exact": "not byte-exact", "consistent": "inconsistent"}
+FAIL_MEANS: dict[res.Require, Literal["not byte-exact", "inconsistent"]] = {
+    "exact": "not byte-exact", "consistent": "inconsistent"}
 
 
-def bound(result: dict[str, Any], ids: Sequence[str], tokens: Sequence[int]) -> dict[str, Any]:
-    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling), whose
-    entries have these ids and token counts (in release order)."""
-    judged = {e["id"] for e in result["entries"]}
+def bound(entries: Sequence[res.EntryResult], require: res.Require, ids: Sequence[str],
+          tokens: Sequence[int]) -> res.Bound:
+    """The one-sided 95% bound on failing entries and tokens of the whole release (kvgraft.sampling) from its judged
+    `entries`, the release's entries having these ids and token counts (in release order)."""
+    judged = {e.id for e in entries}
     rest = [n for i, n in zip(ids, tokens, strict=True) if i not in judged]
-    b = sampling.bound([failing(e, result["require"]) for e in result["entries"]],
-                       [int(e["num_tokens"]) for e in result["entries"]], rest)
-    return b.as_dict(FAIL_MEANS[result["require"]])
+    b = sampling.bound([failing(e, require) for e in entries], [e.num_tokens for e in entries], rest)
+    return res.Bound.model_validate(b.as_dict(FAIL_MEANS[require]))
 
 
-def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | None = None,
-          probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
-          progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
-          overrides: dict[str, Any] | None = None, require: str = "exact", sample: int | None = None,
-          nonce: str | None = None, journal: Path | None = None,
-          on_progress: Callable[[dict[str, int]], None] | None = None, then: FollowUp | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Conclusion:
+    """The release's verdict and whether it meets the requirement."""
+
+    all_byte_exact: bool
+    verdict: res.Verdict
+    passed: bool
+
+
+def conclude(entries: Sequence[res.EntryResult], grafts: res.PrefixGrafts | None, require: str) -> Conclusion:
+    """The release's verdict and whether it meets the requirement: the worst of its entries' verdicts and of its
+    prefix grafts' (kvgraft.recompute.prefix)."""
+    verdict = worst([e.verdict for e in entries] + [g.verdict for g in (grafts.entries if grafts else [])])
+    return Conclusion(all(e.byte_exact for e in entries), verdict, passes(verdict, require))
+
+
+def audit_result(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | None = None,
+                 probe_text: str | None = None, force: bool = False, schedule: Schedule | None = None,
+                 progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,
+                 overrides: JsonObject | None = None, require: str = "exact", sample: int | None = None,
+                 nonce: str | None = None, journal: Path | None = None,
+                 on_progress: Callable[[dict[str, int]], None] | None = None,
+                 then: FollowUp | None = None) -> res.RecomputeResult:
     """Recompute and compare every (or the named, or a sample of the) entries of a release.
 
     The recorded conditions are replayed: attention kernel, threads and deterministic flags are set
@@ -519,12 +554,12 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
     interrupted audit resumes from it (the caller removes the journal once it has written the result).
     `on_progress({done, total, tokens_done, tokens_total, resumed, tokens_resumed})` after each entry.
     `then`: units judged after the entries, journaled with them (kvgraft.recompute.prefix.audit: the
-    entries' prefix grafts), their result under `then.key`.
+    entries' prefix grafts), their result the result's `prefix_grafts`.
     """
     from kvgraft.execution.executor import LocalExecutor
     from kvgraft.execution.journal import header
 
-    check_requirement(require)  # before any work
+    required = check_requirement(require)  # before any work
     rel = checked.release  # verified under its policy by whoever turned a path into it (the CLI, a plan's run)
     forced = check_model(checked, lm, force=force)
     nonce_source = None
@@ -539,57 +574,79 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str] | Non
     ex = executor or LocalExecutor()
     recorded = rel.manifest["environment"]
     overrides = dict(overrides or {})
-    wanted_threads = Conditions(threads=overrides.get("threads")).thread_count(recorded, lm.device)
+    threads = overrides.get("threads")
+    wanted_threads = Conditions(threads=threads if isinstance(threads, int) else None).thread_count(recorded, lm.device)
     if wanted_threads is not None:
         ex.reapply_threads(wanted_threads)
+    recorded_schedule = rel.manifest["schedule"]
+    used_schedule = schedule.as_dict() if schedule else recorded_schedule
     with reapply.applied(lm, recorded, overrides):
         current = ex.environment(lm)
-        diffs = differences(recorded, current)
-        result: dict[str, Any] = {
-            "kind": RESULT_KIND, "format_version": 1, "kvgraft_version": __version__,
-            "release": {"path": str(rel.root), "root_digest": rel.manifest["root_digest"]},
-            "model": {"spec": lm.spec, "identity": lm.identity.as_dict(),
-                      "release_identity": rel.manifest["model"]["identity"]["sha256"], "forced": forced},
-            "schedule": (schedule.as_dict() if schedule else rel.manifest["schedule"]),
-            "schedule_overridden": schedule is not None and schedule.as_dict() != rel.manifest["schedule"],
-            "environment": {"recorded": recorded, "current": current,
-                            "differences": {k: list(v) for k, v in diffs.items()}},
-            "conditions": reapply.describe(recorded, current, overrides),
-            "require": require,
-            "entries": [],
-        }
-        ids = [str(e["id"]) for e in chosen]
+        ids: list[JsonValue] = [str(e["id"]) for e in chosen]
         # What decides each entry's verdict: a journal of any other run is refused, never mixed in.
-        run = {"release_root_digest": rel.manifest["root_digest"], "entries": ids,
-               "sample": {k: drawn[k] for k in ("method", "nonce", "size")} if drawn else None,
-               "schedule": result["schedule"], "probe_text": probe_text, "force": force, "overrides": overrides,
-               "model_identity": lm.identity.sha256,
-               "environment": {k: current.get(k) for k in sorted(SENSITIVE)}, **(then.run if then else {})}
+        run: JsonObject = {
+            "release_root_digest": rel.manifest["root_digest"], "entries": ids,
+            "sample": {"method": drawn.method, "nonce": drawn.nonce, "size": drawn.size} if drawn else None,
+            "schedule": used_schedule, "probe_text": probe_text, "force": force, "overrides": overrides,
+            "model_identity": lm.identity.sha256,
+            "environment": {k: current.get(k) for k in sorted(SENSITIVE)}, **(then.run if then else {})}
         jr = _open_journal(journal, run, chosen, then) if journal is not None else None
+        grafts, grafts_resumed = None, None
         try:
-            result["entries"] = _judge(checked, lm, ex, chosen, jr, progress, on_progress,
-                                       functools.partial(entry_unit, probe_text=probe_text, force=force,
-                                                         schedule=schedule), result)
+            judged, tally = _judge(checked, lm, ex, chosen, jr, progress, on_progress,
+                                   functools.partial(entry_unit, probe_text=probe_text, force=force, schedule=schedule))
             if then is not None:
-                result[then.key] = then.judge(chosen, jr).model_dump(exclude_unset=True)
-                result["cost"][f"{then.key}_resumed"] = sum(then.unit(e) in jr.done for e in chosen) if jr else 0
+                grafts = then.judge(chosen, jr)
+                grafts_resumed = sum(then.unit(e) in jr.done for e in chosen) if jr else 0
         finally:
             if jr is not None:
                 jr.close()
-    result["cost"]["resumed_from"] = str(journal) if jr is not None and jr.resumed else None
-    result["executor"] = ex.describe()
-    result["cost"]["executor"] = ex.kind
-    result["cost"]["workers"] = len(result["executor"]["workers"]) if ex.kind == "ray" else 1
-    conclude(result)
+    described = ex.describe()
+    workers = described.get("workers")
+    cost = res.Cost(entries_recomputed=tally.entries_recomputed, entries_resumed=tally.entries_resumed,
+                    tokens_recomputed=tally.tokens_recomputed, tokens_resumed=tally.tokens_resumed,
+                    wall_seconds=tally.wall_seconds, tokens_per_second=tally.tokens_per_second,
+                    library_entries=tally.library_entries, library_tokens=tally.library_tokens,
+                    projected_library_seconds=tally.projected_library_seconds,
+                    resumed_from=str(journal) if jr is not None and jr.resumed else None, executor=ex.kind,
+                    workers=len(workers) if ex.kind == "ray" and isinstance(workers, list) else 1)
+    concluded = conclude(judged, grafts, required)
+    result = res.RecomputeResult(
+        kind=RESULT_KIND, format_version=1, kvgraft_version=__version__,
+        release=res.Release(path=str(rel.root), root_digest=rel.manifest["root_digest"]),
+        model=res.Model(spec=lm.spec, identity=lm.identity.as_dict(),
+                        release_identity=rel.manifest["model"]["identity"]["sha256"], forced=forced),
+        schedule=used_schedule, schedule_overridden=schedule is not None and used_schedule != recorded_schedule,
+        environment=res.Environment(recorded=recorded, current=current,
+                                    differences={k: list(v) for k, v in differences(recorded, current).items()}),
+        conditions=res.Conditions.model_validate(reapply.describe(recorded, current, overrides)),
+        require=required, entries=judged, cost=cost, executor=described, all_byte_exact=concluded.all_byte_exact,
+        verdict=concluded.verdict, passed=concluded.passed, statements=[])
+    # Each optional member only where it is: absent, not null, where there is none.
+    if grafts is not None:
+        result = result.model_copy(update={"prefix_grafts": grafts,
+                                           "cost": cost.model_copy(update={"prefix_grafts_resumed": grafts_resumed})})
     if drawn is not None:
-        result["sample"] = drawn
+        result = result.model_copy(update={"sample": drawn})
     if drawn is not None or not entries:  # a sample, or the whole release; a chosen subset bounds nothing
-        result["bound"] = bound(result, rel.entry_ids(), rel.token_counts())
-    result["statements"] = statements(result)
-    return result
+        result = result.model_copy(update={"bound": bound(judged, required, rel.entry_ids(), rel.token_counts())})
+    return result.model_copy(update={"statements": statements(result)})
 
 
-def _open_journal(path: Path, run: dict[str, Any], chosen: list[dict[str, Any]], then: FollowUp | None) -> Journal:
+def document(result: res.RecomputeResult) -> JsonObject:
+    """A recompute result as its file holds it (schemas/recompute-result.v1.json), each member only where it is.
+
+    Python's floats kept as they are, an infinity or NaN among them (write_json writes each as the schema's string):
+    a JSON-mode dump would write null for one in a list."""
+    return result.model_dump(exclude_unset=True)
+
+
+def audit(checked: VerifiedRelease, lm: LoadedModel, **options: Any) -> JsonObject:
+    """`audit_result` (its options) as the JSON document its file holds."""
+    return document(audit_result(checked, lm, **options))
+
+
+def _open_journal(path: Path, run: JsonObject, chosen: list[Entry], then: FollowUp | None) -> Journal:
     """The journal of this run: each chosen entry's unit (its id), and its follow-up unit; every result read
     back is checked against the entry it stands for."""
     from kvgraft.execution.journal import Journal
@@ -597,7 +654,7 @@ def _open_journal(path: Path, run: dict[str, Any], chosen: list[dict[str, Any]],
     by_id = {str(e["id"]): e for e in chosen}
     more = {then.unit(e): e for e in chosen} if then is not None else {}
 
-    def check(unit: Unit, r: dict[str, Any]) -> str | None:
+    def check(unit: Unit, r: JsonObject) -> str | None:
         if isinstance(unit, str):
             return resumed_problem(by_id[unit], r)
         assert then is not None  # a tuple unit is a follow-up's: the units allowed say so
@@ -606,18 +663,24 @@ def _open_journal(path: Path, run: dict[str, Any], chosen: list[dict[str, Any]],
     return Journal.open(path, run, {*by_id, *more}, check=check)
 
 
-def conclude(result: dict[str, Any]) -> None:
-    """The release's verdict and whether it meets the requirement: the worst of its entries' verdicts
-    and of its prefix grafts' (kvgraft.recompute.prefix adds them, then concludes again)."""
-    result["all_byte_exact"] = all(e["byte_exact"] for e in result["entries"])
-    grafts = (result.get("prefix_grafts") or {}).get("entries", [])
-    result["verdict"] = worst([e["verdict"] for e in result["entries"]] + [g["verdict"] for g in grafts])
-    result["passed"] = passes(result["verdict"], result["require"])
+@dataclass(frozen=True)
+class _Tally:
+    """The cost ledger's counts and timing (`res.Cost` without the executor's members)."""
+
+    entries_recomputed: int
+    entries_resumed: int
+    tokens_recomputed: int
+    tokens_resumed: int
+    wall_seconds: float
+    tokens_per_second: float | None
+    library_entries: int
+    library_tokens: int
+    projected_library_seconds: float | None
 
 
-def _judge(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], jr: Any,
+def _judge(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[Entry], jr: Journal | None,
            progress: Callable[[int, int], None] | None, on_progress: Callable[[dict[str, int]], None] | None,
-           unit: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+           unit: Callable[[LoadedModel, VerifiedRelease, Entry], JsonObject]) -> tuple[list[res.EntryResult], _Tally]:
     """Each chosen entry's result: from the journal where an earlier run judged it, else recomputed now."""
     rel = checked.release
     # The entries' own units (a follow-up's are tuples, read back by it).
@@ -629,7 +692,7 @@ def _judge(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list
     if on_progress:
         on_progress(dict(state))
 
-    def landed(i: int, r: dict[str, Any]) -> None:
+    def landed(i: int, r: JsonObject) -> None:
         if jr is not None:
             jr.record(str(todo[i]["id"]), r)
         state["done"] += 1
@@ -641,21 +704,47 @@ def _judge(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list
     fresh = ex.map(unit, checked, todo, lm=lm, labels=[e["id"] for e in todo], on_result=landed,
                    progress=(lambda i, n, _label: progress(i, n)) if progress else None) if todo else []
     wall = time.perf_counter() - t0
-    by_id = {str(e["id"]): r for e, r in zip(todo, fresh, strict=True)}
+    by_id = {str(e["id"]): res.EntryResult.model_validate(r) for e, r in zip(todo, fresh, strict=True)}
     for i, r in done.items():
-        r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
-        by_id[i] = r
+        read = res.EntryResult.model_validate(r)
+        # judged by the interrupted run, read back
+        by_id[i] = read.model_copy(update={"placement": {**(read.placement or {}), "resumed": True}})
     recomputed = sum(tokens[str(e["id"])] for e in todo)
     rate = recomputed / wall if recomputed and wall > 0 else None
     library = sum(rel.token_counts())  # from the manifest: no index shard read for the ledger
-    result["cost"] = {"entries_recomputed": len(todo), "entries_resumed": len(done), "tokens_recomputed": recomputed,
-                      "tokens_resumed": state["tokens_resumed"], "wall_seconds": wall, "tokens_per_second": rate,
-                      "library_entries": rel.num_entries, "library_tokens": library,
-                      "projected_library_seconds": library / rate if rate else None}
-    return [by_id[str(e["id"])] for e in chosen]
+    tally = _Tally(entries_recomputed=len(todo), entries_resumed=len(done), tokens_recomputed=recomputed,
+                   tokens_resumed=state["tokens_resumed"], wall_seconds=wall, tokens_per_second=rate,
+                   library_entries=rel.num_entries, library_tokens=library,
+                   projected_library_seconds=library / rate if rate else None)
+    return [by_id[str(e["id"])] for e in chosen], tally
 
 
-def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DigestMismatch:
+    """A fresh tensor whose SHA-256 is not the one the manifest records."""
+
+    layer: int
+    tensor: str
+    expected: str
+    actual: str
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    """One entry recomputed against a manifest's digests alone: the tensors that differ (the first of them), whether
+    the next-token logits and the model identity are the recorded ones, and the recorded vs current environment."""
+
+    entry: str
+    mismatches: list[DigestMismatch]
+    first: DigestMismatch | None
+    next_token_logits_equal: bool
+    identity_equal: bool
+    recorded_environment: JsonObject
+    current_environment: JsonObject
+    differences: dict[str, list[JsonValue]]
+
+
+def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> DigestCheck:
     """Recompute one entry and compare per-tensor SHA-256 with a manifest alone (no stored tensors).
 
     Returns the first differing layer (if any) and the recorded vs current environment, so that
@@ -669,15 +758,14 @@ def digest_check(manifest: dict[str, Any], entry_id: str, lm: LoadedModel) -> di
     _, fresh = layer_map(lm, cache)
     mismatches = []
     for meta in entry["layers"]:
-        for part in ("keys", "values"):
+        for part in _PARTS:
             if part in meta:
                 actual = tensor_sha256(fresh[meta[part]])
-                if actual != entry["tensors"][meta[part]]["sha256"]:
-                    mismatches.append({"layer": meta["index"], "tensor": part, "expected":
-                                       entry["tensors"][meta[part]]["sha256"], "actual": actual})
+                expected = entry["tensors"][meta[part]]["sha256"]
+                if actual != expected:
+                    mismatches.append(DigestMismatch(meta["index"], part, expected, actual))
     current = environment(lm.device, lm.dtype, lm.attn)
-    return {"entry": entry_id, "mismatches": mismatches, "first": mismatches[0] if mismatches else None,
-            "next_token_logits_equal": tensor_sha256(logits) == entry["next_token"]["logits_sha256"],
-            "identity_equal": lm.identity.sha256 == manifest["model"]["identity"]["sha256"],
-            "recorded_environment": manifest["environment"], "current_environment": current,
-            "differences": {k: list(v) for k, v in differences(manifest["environment"], current).items()}}
+    return DigestCheck(entry_id, mismatches, mismatches[0] if mismatches else None,
+                       tensor_sha256(logits) == entry["next_token"]["logits_sha256"],
+                       lm.identity.sha256 == manifest["model"]["identity"]["sha256"], manifest["environment"], current,
+                       {k: list(v) for k, v in differences(manifest["environment"], current).items()})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -16,6 +16,7 @@ from kvgraft.inference.runtime import Schedule, encode, layer_map, padded_batch_
 from kvgraft.inference.tensors import tensor_sha256
 from kvgraft.recompute.compare import distributions
 from kvgraft.recompute.compare import max_ulp as ulp_max
+from kvgraft.results.determinism import DeterminismResult, MatrixCondition
 
 EXAMPLE = Path(__file__).parents[1] / "data" / "example.jsonl"
 PAD = 16
@@ -71,12 +72,12 @@ def run_condition(lm: models.LoadedModel, ids: list[int], c: Condition) -> tuple
 
 
 def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
-           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[int, int], None] | None = None) -> DeterminismResult:
     conds = conditions(include_gpu)
     loaded: dict[tuple[str, str, str], models.LoadedModel] = {}
     base_kv: list[torch.Tensor] = []
     base_logits = torch.empty(0)
-    rows: list[dict[str, Any]] = []
+    rows: list[MatrixCondition] = []
     classes: dict[str, str] = {}
     ids: list[int] = []
     for i, c in enumerate(conds):
@@ -96,19 +97,20 @@ def matrix(spec: str, *, length: int = 300, include_gpu: bool = True,
         # ULP only between finite same-sign normal numbers (compare.max_ulp): across zero it is no useful figure.
         max_ulp = max(ulp_max(a, b.cpu())[0] for a, b in zip(base_kv, kv, strict=True)) if same_dtype else None
         kl = distributions(base_logits[None], logits.cpu()[None]).kl[0]
-        rows.append({"name": c.name, "condition": c.__dict__, "kv_digest": digest, "class": cls,
-                     "identical_to_baseline": cls == "A", "max_ulp": max_ulp, "max_abs": max_abs, "kl": kl})
+        rows.append(MatrixCondition.model_validate({
+            "name": c.name, "condition": dataclasses.asdict(c), "kv_digest": digest, "class": cls,
+            "identical_to_baseline": cls == "A", "max_ulp": max_ulp, "max_abs": max_abs, "kl": kl}))
         if progress:
             progress(i + 1, len(conds))
     env = environment("cpu", "float32", "sdpa")
-    odd = [r["name"] for r in rows if r["identical_to_baseline"] and r["kl"] != 0.0]
+    odd = [r.name for r in rows if r.identical_to_baseline and r.kl != 0.0]
     notes = [f"{len(classes)} distinct KV byte classes among {len(rows)} conditions; "
-             f"class A is the baseline ({rows[0]['name']}).",
+             f"class A is the baseline ({rows[0].name}).",
              "KL is KL(baseline ‖ condition) of the next-token distribution after the prefix, in float64.",
              f"Measured on {env['device_name']} with torch {env['torch']}, transformers {env['transformers']}."]
     if odd:
         notes.append("KV bytes identical to the baseline but next-token logits not (the final projection ran "
                      f"with another batch shape): {'; '.join(odd)}.")
     # Unsealed: its status is judged where it becomes a verdict (kvgraft.audit.checks.seal).
-    return {"kind": "kvgraft-determinism-result", "format_version": 1, "model": spec, "length": length,
-            "baseline": rows[0]["name"], "environment": env, "conditions": rows, "notes": notes}
+    return DeterminismResult(kind="kvgraft-determinism-result", format_version=1, model=spec, length=length,
+                             baseline=rows[0].name, environment=env, conditions=rows, notes=notes)

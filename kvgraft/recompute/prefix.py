@@ -42,6 +42,7 @@ from kvgraft.inference.runtime import Schedule, every_position_layers, layer_map
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.compare import diff_tensors
 from kvgraft.recompute.noise import NoiseBound, calibrate, judge, worst
+from kvgraft.release.models import Entry
 from kvgraft.results import recompute as res
 from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
@@ -86,20 +87,20 @@ def graft_verdict(under: res.PrefixComparison, against: res.PrefixComparison) ->
     return worst([under.verdict, "inconsistent" if against.verdict == "inconsistent" else "byte-exact"])
 
 
-def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: LoadedModel,
+def judge_prefix(checked: VerifiedRelease, entry: Entry, n: int, lm: LoadedModel,
                  schedule: Schedule | None = None) -> res.PrefixGraft:
     """Judge a graft of `entry`'s first n tokens (module docstring), under the conditions in force.
 
     `schedule`: the prefill schedule to recompute with (default: the recorded one).
     """
     rel = checked.release
-    check_layout(lm, entry, str(rel.root))
-    stored, _ = read_entry_tensors(checked, entry)
-    _, rows = prefix_entry(entry, stored, n, str(rel.root))
+    check_layout(lm, entry, str(rel.root))  # type: ignore[arg-type]
+    stored, _ = read_entry_tensors(checked, entry)  # type: ignore[arg-type]
+    _, rows = prefix_entry(entry, stored, n, str(rel.root))  # type: ignore[arg-type]
     recorded_schedule = rel.manifest["schedule"]
     schedule = schedule or Schedule.from_dict(recorded_schedule)
     ids = [int(t) for t in entry["token_ids"]]
-    every = every_position_layers(entry)  # sliding layers stored in full are recomputed in full
+    every = every_position_layers(entry)  # type: ignore[arg-type]  # sliding layers stored in full are recomputed in full
     with torch.no_grad():
         whole, _ = prefill(lm, ids, schedule, new_cache(lm, every))
         _, fresh_whole = layer_map(lm, whole)
@@ -124,8 +125,8 @@ def judge_prefix(checked: VerifiedRelease, entry: dict[str, Any], n: int, lm: Lo
         noise_bounds={k: e.record() for k, e in bounds.items()})
 
 
-def prefix_unit(lm: LoadedModel, checked: VerifiedRelease, entry: dict[str, Any], *, tokens: int,
-                schedule: Schedule | None = None) -> dict[str, Any]:
+def prefix_unit(lm: LoadedModel, checked: VerifiedRelease, entry: Entry, *, tokens: int,
+                schedule: Schedule | None = None) -> JsonObject:
     """`judge_prefix` as an executor work unit (kvgraft.execution.executor): (model, verified release, entry) → its
     result as JSON (an executor adds its placement, a journal records it, Ray ships it)."""
     return judge_prefix(checked, entry, tokens, lm, schedule).model_dump(exclude_unset=True)
@@ -143,7 +144,7 @@ def audit_prefix(checked: VerifiedRelease, entry_id: str, n: int, lm: LoadedMode
     forced = check_model(checked, lm, force=force)
     entry = checked.release.entry(entry_id)
     with reapply.applied(lm, checked.manifest["environment"], {}):
-        result = judge_prefix(checked, entry, n, lm)
+        result = judge_prefix(checked, entry, n, lm)  # type: ignore[arg-type]
     return {**result.model_dump(exclude_unset=True), "forced_model": forced}
 
 
@@ -152,7 +153,7 @@ def unit_id(tokens: int, entry_id: str) -> Unit:
     return ("prefix", tokens, entry_id)
 
 
-def resumed_problem(entry: dict[str, Any], tokens: int, schedule: JsonObject, result: JsonValue) -> str | None:
+def resumed_problem(entry: Entry, tokens: int, schedule: JsonObject, result: JsonValue) -> str | None:
     """Why `result`, read back from a journal, cannot stand for the graft of `entry`'s first `tokens` tokens
     (None: it can). As recompute.audit.resumed_problem: a whole graft result (the schema), of this entry,
     these tokens and this recorded schedule, whose verdicts are the ones its own comparisons give."""
@@ -168,7 +169,7 @@ def resumed_problem(entry: dict[str, Any], tokens: int, schedule: JsonObject, re
         return f"graft of {got.tokens} of {got.entry!r}'s {got.of} tokens, not of this entry's first {tokens}"
     if got.schedule != schedule or got.rows != prefix_rows(schedule, tokens, int(entry["num_tokens"])):
         return "its schedule or rows are not the recorded ones"
-    if got.sliding_layers_every_position != sorted(every_position_layers(entry)):
+    if got.sliding_layers_every_position != sorted(every_position_layers(entry)):  # type: ignore[arg-type]
         return "its sliding layers are not the entry's"
     for part, c in (("under_recorded_schedule", got.under_recorded_schedule),
                     ("against_prefix_alone", got.against_prefix_alone)):
@@ -182,7 +183,7 @@ def resumed_problem(entry: dict[str, Any], tokens: int, schedule: JsonObject, re
     return None
 
 
-def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[dict[str, Any]], tokens: int,
+def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chosen: list[Entry], tokens: int,
                   schedule: Schedule | None, journal: Journal | None = None) -> res.PrefixGrafts:
     """Each chosen entry's prefix graft of `tokens` tokens judged (`judge_prefix`) on the executor; an
     entry no longer than that, or with a layer that does not hold every position, is listed as skipped.
@@ -190,7 +191,7 @@ def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chose
     todo, skipped = [], []
     for e in chosen:
         why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
-            else prefix_refusal(e)
+            else prefix_refusal(e)  # type: ignore[arg-type]
         if why:
             skipped.append(res.Skipped(entry=e["id"], reason=why))
         else:
@@ -198,29 +199,29 @@ def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chose
     done = journal.done if journal is not None else {}
     fresh = [e for e in todo if unit_id(tokens, e["id"]) not in done]
 
-    def landed(i: int, r: dict[str, Any]) -> None:
+    def landed(i: int, r: JsonObject) -> None:
         assert journal is not None
         journal.record(unit_id(tokens, fresh[i]["id"]), r)
 
     judged = ex.map(functools.partial(prefix_unit, tokens=tokens, schedule=schedule), checked, fresh, lm=lm,
                     labels=[str(e["id"]) for e in fresh],
                     on_result=landed if journal is not None else None) if fresh else []
-    by_id = {str(e["id"]): r for e, r in zip(fresh, judged, strict=True)}
+    by_id = {str(e["id"]): res.PrefixGraft.model_validate(r) for e, r in zip(fresh, judged, strict=True)}
     for e in todo:
         if str(e["id"]) not in by_id:
-            r = done[unit_id(tokens, e["id"])]
-            r.setdefault("placement", {})["resumed"] = True  # judged by the interrupted run, read back
-            by_id[str(e["id"])] = r
-    return res.PrefixGrafts(tokens=tokens, entries=[res.PrefixGraft.model_validate(by_id[str(e["id"])]) for e in todo],
-                            skipped=skipped)
+            read = res.PrefixGraft.model_validate(done[unit_id(tokens, e["id"])])
+            # judged by the interrupted run, read back
+            by_id[str(e["id"])] = read.model_copy(update={"placement": {**(read.placement or {}), "resumed": True}})
+    return res.PrefixGrafts(tokens=tokens, entries=[by_id[str(e["id"])] for e in todo], skipped=skipped)
 
 
-def audit(checked: VerifiedRelease, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
-          overrides: dict[str, Any] | None = None, schedule: Schedule | None = None, **options: Any) -> dict[str, Any]:
+def audit_result(checked: VerifiedRelease, lm: LoadedModel, *, prefix: int, executor: Executor | None = None,
+                 overrides: JsonObject | None = None, schedule: Schedule | None = None,
+                 **options: Any) -> res.RecomputeResult:
     """`kvgraft.recompute.audit` of the release, then a graft of each audited entry's first `prefix`
     tokens judged under the same conditions (`prefix_grafts` in the result); its verdicts count in the
     release's verdict and requirement. With `journal` (in `options`, recompute.audit's) the grafts are
-    journaled with the entries. `options` are recompute.audit's."""
+    journaled with the entries. `options` are recompute.audit_result's."""
     from kvgraft.execution.executor import LocalExecutor
 
     check_tokens(prefix)
@@ -228,9 +229,15 @@ def audit(checked: VerifiedRelease, lm: LoadedModel, *, prefix: int, executor: E
     ex = executor or LocalExecutor()
     recorded = checked.manifest["schedule"]
     grafts = recompute.FollowUp(
-        key="prefix_grafts", run={"prefix_tokens": prefix},
+        run={"prefix_tokens": prefix},
         unit=lambda e: unit_id(prefix, e["id"]),
         check=lambda e, r: resumed_problem(e, prefix, recorded, r),
         judge=lambda chosen, journal: prefix_grafts(checked, lm, ex, chosen, prefix, schedule, journal))
     # recompute.audit judges them under its conditions (reapply.applied), in its journal, and concludes with them.
-    return recompute.audit(checked, lm, executor=ex, overrides=overrides, schedule=schedule, then=grafts, **options)
+    return recompute.audit_result(checked, lm, executor=ex, overrides=overrides, schedule=schedule, then=grafts,
+                                  **options)
+
+
+def audit(checked: VerifiedRelease, lm: LoadedModel, **options: Any) -> JsonObject:
+    """`audit_result` (its options) as the JSON document its file holds."""
+    return recompute.document(audit_result(checked, lm, **options))

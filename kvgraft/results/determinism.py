@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kvgraft.results.base import Closed, JsonObject, Open, Typed, nullable
+from kvgraft.results.recompute import Measure
 
 SHA256 = r"^[0-9a-f]{64}$"
 Status = Literal["passed", "failed", "incomplete"]
@@ -21,9 +22,9 @@ class Condition(Open):
     kv_digest: str | None = Field(None, pattern=SHA256)
     identical_to_baseline: bool | None = None
     max_ulp: int | None = nullable(ge=0)
-    max_abs: Annotated[float, Field(ge=0)] | Literal["Infinity"] | None = Field(
-        None, description="A non-finite value is written as the string Infinity (JSON has none).")
-    kl: float | None = None
+    max_abs: Annotated[float, Field(ge=0)] | Literal["Infinity", "NaN"] | None = Field(
+        None, description="A non-finite value is written as the string Infinity or NaN (JSON has neither).")
+    kl: Measure | None = None
 
 
 class ClassRow(Open):
@@ -56,8 +57,9 @@ class MatrixCondition(Closed):
     class_: str = Field(alias="class")
     identical_to_baseline: bool
     max_ulp: int | None
-    max_abs: float
-    kl: float
+    max_abs: Annotated[float, Field(ge=0)] | Literal["Infinity", "NaN"] = Field(
+        description="A non-finite value is written as the string Infinity or NaN (JSON has neither).")
+    kl: Measure
 
 
 class DeterminismResult(Closed):
@@ -67,7 +69,7 @@ class DeterminismResult(Closed):
     sign in both (across zero a ULP count is no useful figure), null when dtypes differ from the baseline. kl is
     KL(baseline || condition) of the next-token distribution, float64, not clamped."""
 
-    status: Status | None = Field(None, description="This result's own verdict (kvgraft.verdict): it decides the exit "
+    status: Status | None = Field(default=None, description="This result's own verdict (kvgraft.verdict): it decides the exit "
                                   "code of the single-audit command and the check's status in `audit run`.")
     kind: Literal["kvgraft-determinism-result"]
     format_version: Literal[1]

@@ -8,6 +8,7 @@ of a result's members: a member that is present has the shape the renderers draw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
@@ -23,6 +24,9 @@ Infinity = Literal["Infinity"]
 Real = float | Infinity
 NonNegative = Annotated[float, Field(ge=0)] | Infinity
 Value = float | Literal["Infinity", "-Infinity", "NaN"]
+# A measure taken over values that may be non-finite: infinite, or NaN where it is undefined (|NaN - x|, a KL whose
+# logits hold an infinity). Never -Infinity: each such measure is a magnitude or a divergence.
+Measure = float | Literal["Infinity", "NaN"]
 Tensor = Literal["keys", "values"]
 
 
@@ -35,7 +39,7 @@ class WorstValues(Open):
 
     stored: Value
     fresh: Value
-    abs_diff: Real
+    abs_diff: Measure
     allowed: Real
 
 
@@ -79,15 +83,16 @@ class LayerResult(Open):
 
 
 class Distribution(Open):
-    """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions)."""
+    """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions); a KL or logit
+    difference over logits that hold a non-finite value is itself one."""
 
-    kl_per_position: list[float]
-    kl_max: float
-    kl_mean: float
+    kl_per_position: Sequence[Measure]
+    kl_max: Measure
+    kl_mean: Measure
     greedy_agreement: float
     topk: int
     topk_overlap_mean: float
-    max_abs_logit_diff: float
+    max_abs_logit_diff: Measure
     logits_equal: bool
 
 
@@ -107,7 +112,7 @@ class Worst(Where):
 
     stored: Value | None = None
     fresh: Value | None = None
-    abs_diff: Real | None = None
+    abs_diff: Measure | None = None
     allowed: Real | None = None
     excess: Real | None = None
 
@@ -297,7 +302,7 @@ class PrefixComparison(Open):
     verdict: Verdict
     byte_exact: bool
     first_differing_tensor: str | None
-    max_abs_diff: float = Field(ge=0)
+    max_abs_diff: NonNegative
     differing_elements: Count
     outside: Count
     max_excess: NonNegative
@@ -370,7 +375,7 @@ class RecomputeResult(Closed):
     statements: list[str]
     release_signature: ReleaseSignature | None = None
     status: Literal["passed", "failed", "incomplete"] | None = Field(
-        None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
+        default=None, description="passed: the --require is met; failed: it is not (kvgraft/verdict.py maps it to the exit "
         "code).")
 
 

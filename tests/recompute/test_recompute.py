@@ -86,6 +86,32 @@ def test_one_changed_element_with_rehashed_commitments_is_located(tiny_lm: Calla
     assert e["outside"]["first"] == {"layer": 1, "tensor": "values", "batch": 0, "head": head, "position": pos, "dim": dim}
 
 
+def test_non_finite_measures_are_written_as_the_schema_says(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
+    """An infinity stored in one entry makes its graft's logits, and so its KL values, NaN; a NaN stored in another
+    makes |stored - fresh| NaN; a prefix graft's largest difference is infinite. The result file writes each as a
+    string (JSON has no such number), and the file it writes satisfies its own schema."""
+    from kvgraft._internal.jsonio import write_json
+    from kvgraft.audit import checks as registry
+    from kvgraft.recompute import prefix
+    from kvgraft.schema import validate
+
+    lm = tiny_lm("llama")
+    capture.capture(lm, [("t", {"id": "a", "text": _text(40)}), ("t", {"id": "b", "text": _text(48)})],
+                    tmp_path / "rel", probe_tokens=2)
+    rewrite.element(tmp_path / "rel", 0, "layer.1.keys", 5, lambda x: float("inf"))
+    rewrite.element(tmp_path / "rel", 1, "layer.0.values", 3, lambda x: float("nan"))
+    result = prefix.audit(verified(tmp_path / "rel", SignatureNotChecked()), lm, prefix=16, require="consistent")
+    write_json(tmp_path / "r.json", registry.seal("recompute", result))
+    written = json.loads((tmp_path / "r.json").read_text())
+    a, b = written["entries"]
+    assert a["matched"]["kl_max"] == a["matched"]["kl_mean"] == a["matched"]["max_abs_logit_diff"] == "NaN"
+    assert "NaN" in a["natural"]["kl_per_position"] and a["outside"]["worst"]["abs_diff"] == "Infinity"
+    assert b["outside"]["worst"]["abs_diff"] == "NaN" and b["layers"][0]["values"]["worst_values"]["stored"] == "NaN"
+    graft = written["prefix_grafts"]["entries"][0]
+    assert graft["under_recorded_schedule"]["max_abs_diff"] == "Infinity"
+    validate(written, "recompute-result.v1.json", "the written result")
+
+
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
     from kvgraft.inference import models
 
@@ -109,14 +135,34 @@ def test_determinism_matrix_on_tiny_model(tiny_dir: Callable[[str], Path], tmp_p
     from kvgraft.schema import validate
 
     result = determinism.matrix(str(tiny_dir("qwen3")), length=40, include_gpu=False)
-    validate(result, "determinism-result.v1.json", "test")
-    rows = {r["name"]: r for r in result["conditions"]}
-    assert rows["one-shot, all threads"]["class"] == "A"
+    written = result.model_dump(by_alias=True, exclude_unset=True)
+    validate(written, "determinism-result.v1.json", "test")
+    rows = {r["name"]: r for r in written["conditions"]}
+    assert rows["one-shot, all threads"]["class"] == "A" and "status" not in written  # sealed where it is judged
     # 256-token chunks of a 40-token prefix are one pass: the same computation, the same bytes.
     assert rows["chunks of 256, all threads"]["identical_to_baseline"]
     bf16 = rows["bfloat16, one-shot, all threads"]
     assert not bf16["identical_to_baseline"] and bf16["max_ulp"] is None and bf16["kl"] != 0.0
-    assert len(result["conditions"]) == 14 and len({r["kv_digest"] for r in result["conditions"]}) >= 2
+    assert len(result.conditions) == 14 and len({r.kv_digest for r in result.conditions}) >= 2
+
+
+def test_a_determinism_matrix_with_non_finite_measures_is_written_as_its_schema_says(tmp_path: Path) -> None:
+    """A condition whose states overflow has an infinite max |diff| and a NaN KL: written as strings, which the
+    schema admits."""
+    from kvgraft._internal.jsonio import write_json
+    from kvgraft.results.determinism import DeterminismResult
+    from kvgraft.schema import validate
+
+    row = {"name": "overflow", "condition": {}, "kv_digest": "0" * 64, "class": "B", "identical_to_baseline": False,
+           "max_ulp": None, "max_abs": float("inf"), "kl": float("nan")}
+    result = DeterminismResult.model_validate({
+        "kind": "kvgraft-determinism-result", "format_version": 1, "model": "m", "length": 8, "baseline": "base",
+        "environment": {}, "conditions": [{**row, "name": "base", "class": "A", "max_abs": 0.0, "kl": 0.0}, row],
+        "notes": []})
+    write_json(tmp_path / "d.json", result.model_dump(by_alias=True, exclude_unset=True))
+    written = json.loads((tmp_path / "d.json").read_text())
+    assert (written["conditions"][1]["max_abs"], written["conditions"][1]["kl"]) == ("Infinity", "NaN")
+    validate(written, "determinism-result.v1.json", "the written matrix")
 
 
 def test_recompute_cli_json_is_schema_valid_and_exit_zero(tiny_dir: Callable[[str], Path], tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from kvgraft.recompute import audit as recompute
 from kvgraft.recompute import noise
 from kvgraft.recompute.compare import Judged
 from kvgraft.recompute.noise import FACTOR, Judgement, NoiseBound, judge, worst
-from kvgraft.results.recompute import LayerResult, TensorDiff, WorstValues
+from kvgraft.results.recompute import EntryResult, LayerResult, PrefixGrafts, RecomputeResult, TensorDiff, WorstValues
 
 # --------------------------------------------------------------------------- noise.judge / worst / allowed
 
@@ -195,23 +195,38 @@ def test_judged_row_positions_are_absolute() -> None:
     assert recompute._judged(Judgement(1, 2.0, [4, 5], None, None), 10).worst == [4, 5]  # not a row: as given
 
 
-def test_prefix_statement_whole() -> None:
-    def graft(verdict: str, alone: str) -> dict[str, Any]:
-        return {"verdict": verdict, "against_prefix_alone": {"verdict": alone}}
+def _comparison(verdict: str) -> dict[str, Any]:
+    exact = verdict == "byte-exact"
+    return {"verdict": verdict, "byte_exact": exact, "first_differing_tensor": None if exact else "layer.0.keys",
+            "max_abs_diff": 0.0 if exact else 1e-3, "differing_elements": 0 if exact else 1,
+            "outside": int(verdict == "inconsistent"), "max_excess": 2.0 if verdict == "inconsistent" else 0.5,
+            "first_outside_tensor": "layer.0.keys" if verdict == "inconsistent" else None}
 
-    grafts = {"tokens": 32, "skipped": ["a", "b"],
-              "entries": [graft("byte-exact", "consistent"), graft("consistent", "inconsistent"),
-                          graft("inconsistent", "inconsistent"), graft("byte-exact", "byte-exact"),
-                          graft("byte-exact", "inconsistent")]}
-    assert recompute.prefix_statement(grafts) == (
+
+def _graft(verdict: str, alone: str, entry: str = "e0") -> dict[str, Any]:
+    return {"entry": entry, "tokens": 32, "of": 40, "schedule": {"chunk_tokens": None}, "rows": "rows [0, 32)",
+            "verdict": verdict, "byte_exact": verdict == "byte-exact", "under_recorded_schedule": _comparison(verdict),
+            "against_prefix_alone": _comparison(alone)}
+
+
+def _grafts(*pairs: tuple[str, str], skipped: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"tokens": 32, "entries": [_graft(v, a) for v, a in pairs],
+            "skipped": [{"entry": e, "reason": "too short"} for e in skipped]}
+
+
+def test_prefix_statement_whole() -> None:
+    grafts = _grafts(("byte-exact", "consistent"), ("consistent", "inconsistent"), ("inconsistent", "inconsistent"),
+                     ("byte-exact", "byte-exact"), ("byte-exact", "inconsistent"), skipped=("a", "b"))
+    assert recompute.prefix_statement(PrefixGrafts.model_validate(grafts)) == (
         "Prefix grafts of 32 tokens (rows [0, 32) of each entry's recorded prefill), judged under that schedule: "
         "3 byte-exact, 1 consistent, 1 inconsistent of 5; against a prefill of the prefix alone: 1 byte-identical, "
         "1 inside its noise bound, 3 outside; 2 entries skipped (no such prefix graft).")
-    assert recompute.prefix_statement({**grafts, "skipped": []}).endswith("1 inside its noise bound, 3 outside.")
-    r = _result(["byte-exact"])
-    r["prefix_grafts"] = grafts
+    assert recompute.prefix_statement(PrefixGrafts.model_validate({**grafts, "skipped": []})).endswith(
+        "1 inside its noise bound, 3 outside.")
+    r = _model(_result(["byte-exact"], prefix_grafts=grafts))
     out = recompute.statements(r)
-    assert out[-2:] == [recompute.prefix_statement(grafts), recompute.verdict_statement(r)]
+    assert r.prefix_grafts is not None
+    assert out[-2:] == [recompute.prefix_statement(r.prefix_grafts), recompute.verdict_statement(r)]
 
 
 def test_perturbations_run_the_other_attention_kernel(tiny_lm: Callable[[str], Any]) -> None:
@@ -582,32 +597,54 @@ def test_classify_every_case() -> None:
         recompute.classify([_row(1, values=partial)])
 
 
+def _distribution(kl: float, equal: bool) -> dict[str, Any]:
+    return {"kl_per_position": [kl], "kl_max": kl, "kl_mean": kl, "greedy_agreement": 1.0, "topk": 5,
+            "topk_overlap_mean": 1.0, "max_abs_logit_diff": 0.0 if equal else 0.5, "logits_equal": equal}
+
+
+def _entry(i: int, v: str) -> dict[str, Any]:
+    """A whole entry result with verdict `v` (its comparisons left out: what the statements read is here)."""
+    return {"id": f"e{i}", "num_tokens": 10 + i, "byte_exact": v == "byte-exact", "verdict": v, "outside": None,
+            "noise_bound": None, "max_excess": 0.0, "tensors_equal": 0, "tensors": 0, "next_token_logits_equal": True,
+            "first_difference": None, "layers": [], "probe_token_ids": [1],
+            "matched": _distribution(0.0 if v == "byte-exact" else 0.5, v == "byte-exact"),
+            "natural": _distribution(-0.25 * i, i == 0),
+            "seconds": {"prefill": 0.0, "compare": 0.0, "noise_bound": 0.0, "total": 0.0}}
+
+
 def _result(verdicts: list[str], *, require: str = "exact", passed: bool = True, **extra: Any) -> dict[str, Any]:
-    entries = []
-    for i, v in enumerate(verdicts):
-        entries.append({"id": f"e{i}", "verdict": v, "byte_exact": v == "byte-exact",
-                        "matched": {"kl_max": 0.0 if v == "byte-exact" else 0.5, "logits_equal": v == "byte-exact"},
-                        "natural": {"kl_max": -0.25 * i, "logits_equal": i == 0}, "num_tokens": 10 + i})
-    return {"entries": entries, "schedule": {"chunk_tokens": None},
-            "environment": {"differences": {}, "current": {"device_name": "cpu0", "device": "cpu", "dtype": "float32",
-                                                           "attn_implementation": "sdpa", "threads": 2}},
-            "conditions": {"not_replayed": {}, "overridden": {}}, "verdict": worst(verdicts), "require": require,
-            "passed": passed, "model": {"forced": False}, **extra}
+    """A whole recompute result of entries with these verdicts, as its file holds it."""
+    return {"kind": "kvgraft-recompute-result", "format_version": 1, "kvgraft_version": "0",
+            "release": {"path": "rel", "root_digest": "0" * 64},
+            "model": {"spec": "m", "identity": {}, "release_identity": "0" * 64, "forced": False},
+            "schedule": {"chunk_tokens": None},
+            "environment": {"recorded": {}, "differences": {},
+                            "current": {"device_name": "cpu0", "device": "cpu", "dtype": "float32",
+                                        "attn_implementation": "sdpa", "threads": 2}},
+            "conditions": {"replayed": [], "not_replayed": {}, "overridden": {}}, "require": require,
+            "entries": [_entry(i, v) for i, v in enumerate(verdicts)], "all_byte_exact": False,
+            "verdict": worst(verdicts), "passed": passed, "statements": [], **extra}
+
+
+def _model(r: dict[str, Any]) -> RecomputeResult:
+    return RecomputeResult.model_validate(r)
 
 
 def test_verdict_statement_whole() -> None:
     r = _result(["byte-exact"])
-    assert recompute.verdict_statement(r) == (
+    assert recompute.verdict_statement(_model(r)) == (
         "Verdict byte-exact (every SHA-256 equal) on cpu0 (cpu, float32, sdpa, 2 threads), every recorded condition "
         "replayed: 1 byte-exact, 0 consistent, 0 inconsistent of 1 entries; requirement exact: met.")
     r = _result(["byte-exact", "consistent", "inconsistent", "inconsistent"], require="consistent", passed=False)
-    r["conditions"] = {"not_replayed": {"threads": [4, 2], "cpu_isa": ["a", "b"]},
+    r["conditions"] = {"replayed": [], "not_replayed": {"threads": [4, 2], "cpu_isa": ["a", "b"]},
                        "overridden": {"dtype": {"recorded": "float32", "used": "bfloat16"},
                                       "threads": {"recorded": 4, "used": 1}}}
     r["entries"][2]["outside"] = {"worst": {"layer": 1, "tensor": "keys", "head": 0, "position": 3, "dim": 7,
-                                            "abs_diff": 0.012345, "excess": 123.456}, "layout": [], "shape": []}
-    r["entries"][3]["outside"] = {"layout": ["layer 0: gone"], "shape": ["layer 1 keys: s"]}
-    assert recompute.verdict_statement(r) == (
+                                            "abs_diff": 0.012345, "excess": 123.456}, "layout": [], "shape": [],
+                                  "elements": 1, "tensors": 1, "layers": [1]}
+    r["entries"][3]["outside"] = {"layout": ["layer 0: gone"], "shape": ["layer 1 keys: s"], "elements": 0,
+                                  "tensors": 1, "layers": [0, 1]}
+    assert recompute.verdict_statement(_model(r)) == (
         "Verdict inconsistent (some difference lies outside the noise bound: not the same computation) on cpu0 (cpu, "
         "float32, sdpa, 2 threads), not replayed: cpu_isa 'a' -> 'b', threads 4 -> 2; overridden: dtype 'float32' -> "
         "'bfloat16', threads 4 -> 1: 1 byte-exact, 1 consistent, 2 inconsistent of 4 entries; requirement consistent: NOT met. "
@@ -615,11 +652,11 @@ def test_verdict_statement_whole() -> None:
         "e3: layer 0: gone; layer 1 keys: s.")
     r = _result(["consistent"])
     assert "Verdict consistent (bytes differ, every difference inside the measured noise bound of the same " \
-           "computation)" in recompute.verdict_statement(r)
+           "computation)" in recompute.verdict_statement(_model(r))
 
 
 def test_statements_whole() -> None:
-    r = _result(["byte-exact"])
+    r = _model(_result(["byte-exact"]))
     out = recompute.statements(r)
     assert out[:2] == [
         "Matched schedule (one-shot, same recorded environment): KV bytes identical (SHA-256 equal) in 1/1 entries; "
@@ -627,10 +664,11 @@ def test_statements_whole() -> None:
         "Natural contrast (one forward pass over prefix + probe, no cache): logits identical in 1/1 entries; "
         "max KL(natural ‖ grafted) = 0.0."]
     assert len(out) == 3 and out[2] == recompute.verdict_statement(r)
-    r = _result(["byte-exact", "consistent", "inconsistent"], schedule_overridden=True)
-    r["schedule"] = {"chunk_tokens": 16}
-    r["environment"]["differences"] = {"torch": 1, "cpu_isa": 2}
-    r["model"]["forced"] = True
+    d = _result(["byte-exact", "consistent", "inconsistent"], schedule_overridden=True)
+    d["schedule"] = {"chunk_tokens": 16}
+    d["environment"]["differences"] = {"torch": [1, 2], "cpu_isa": [2, 3]}
+    d["model"]["forced"] = True
+    r = _model(d)
     out = recompute.statements(r)
     assert out[0] == ("Recomputed with an overridden schedule (chunks of 16, environment differs in cpu_isa, torch): "
                       "KV bytes identical (SHA-256 equal) in 1/3 entries; KL(fresh ‖ grafted) exactly 0.0 in 1/3.")
@@ -640,43 +678,43 @@ def test_statements_whole() -> None:
     assert out[2] == "The model's identity differs from the release's (forced): differences are expected."
     assert out[-1] == recompute.verdict_statement(r) and len(out) == 4
     # no entry compared: no natural KL was measured, and none is made up
-    out = recompute.statements(_result([]))
+    out = recompute.statements(_model(_result([])))
     assert out[1] == ("Natural contrast (one forward pass over prefix + probe, no cache): logits identical in 0/0 "
                       "entries; max KL(natural ‖ grafted) = 0.0.")
 
 
 def test_statements_of_a_sampled_audit_say_how_it_was_drawn_and_its_bound() -> None:
-    r = _result(["byte-exact", "byte-exact"])
-    r["sample"] = {"size": 2, "population": 12000, "method": "sha256-rank", "nonce": "n0", "nonce_source": "given",
-                   "weighting": "uniform over entries"}
+    d = _result(["byte-exact", "byte-exact"])
+    d["sample"] = {"size": 2, "population": 12000, "method": "sha256-rank-v1", "nonce": "n0", "nonce_source": "given",
+                   "weighting": "uniform over entries", "root_digest": "0" * 64, "population_tokens": 480000,
+                   "positions": [7, 11], "entries": ["e0", "e1"]}
+    r = _model(d)
     out = recompute.statements(r)
-    assert out[2] == ("Sample: 2 of 12,000 entries drawn by sha256-rank from the root digest and nonce 'n0' (given), "
+    assert out[2] == ("Sample: 2 of 12,000 entries drawn by sha256-rank-v1 from the root digest and nonce 'n0' (given), "
                       "uniform over entries; re-derive: kvgraft audit sample RELEASE --check RESULT.json.")
     assert len(out) == 4 and out[3] == recompute.verdict_statement(r)  # no bound recorded: no bound sentence
     from kvgraft import sampling
 
-    r["bound"] = sampling.bound([False, False], [10, 11], [40] * 11998).as_dict("not byte-exact")
+    d["bound"] = sampling.bound([False, False], [10, 11], [40] * 11998).as_dict("not byte-exact")
+    r = _model(d)
     out = recompute.statements(r)
-    assert out[3] == f"Bound: {sampling.sentence(r['bound'])}." and out[3].startswith("Bound: 0 of 2 sampled fail")
+    assert out[3] == f"Bound: {sampling.sentence(d['bound'])}." and out[3].startswith("Bound: 0 of 2 sampled fail")
     assert len(out) == 5 and out[4] == recompute.verdict_statement(r)
 
 
 def test_the_verdict_is_the_worst_of_the_entries_and_the_prefix_grafts() -> None:
-    r = _result(["byte-exact", "byte-exact"])
-    recompute.conclude(r)
-    assert (r["verdict"], r["passed"], r["all_byte_exact"]) == ("byte-exact", True, True)
-    r["prefix_grafts"] = {"entries": [{"verdict": "byte-exact"}, {"verdict": "inconsistent"}]}
-    recompute.conclude(r)
-    assert (r["verdict"], r["passed"], r["all_byte_exact"]) == ("inconsistent", False, True)
-    r["prefix_grafts"] = {"entries": [{"verdict": "consistent"}]}
-    lenient = {**r, "require": "consistent"}
-    recompute.conclude(lenient)
-    assert (lenient["verdict"], lenient["passed"]) == ("consistent", True)
-    recompute.conclude(r)
-    assert (r["verdict"], r["passed"]) == ("consistent", False)
-    r["entries"][1].update(verdict="inconsistent", byte_exact=False)
-    recompute.conclude(r)
-    assert (r["verdict"], r["passed"], r["all_byte_exact"]) == ("inconsistent", False, False)
+    def conclude(verdicts: list[str], grafts: list[str] | None, require: str = "exact") -> tuple[str, bool, bool]:
+        entries = [EntryResult.model_validate(_entry(i, v)) for i, v in enumerate(verdicts)]
+        judged = None if grafts is None else PrefixGrafts.model_validate(_grafts(*((g, g) for g in grafts)))
+        c = recompute.conclude(entries, judged, require)
+        return c.verdict, c.passed, c.all_byte_exact
+
+    assert conclude(["byte-exact", "byte-exact"], None) == ("byte-exact", True, True)
+    assert conclude(["byte-exact", "byte-exact"], ["byte-exact", "inconsistent"]) == ("inconsistent", False, True)
+    assert conclude(["byte-exact", "byte-exact"], ["consistent"], "consistent") == ("consistent", True, True)
+    assert conclude(["byte-exact", "byte-exact"], ["consistent"]) == ("consistent", False, True)
+    assert conclude(["byte-exact", "inconsistent"], ["consistent"]) == ("inconsistent", False, False)
+    assert conclude([], []) == ("byte-exact", True, True)
 
 
 def test_requirements_and_failing() -> None:
@@ -688,21 +726,23 @@ def test_requirements_and_failing() -> None:
     assert str(info.value) == "--require close: expected one of exact, consistent"
     recompute.check_requirement("exact")
     recompute.check_requirement("consistent")
+    consistent = EntryResult.model_validate(_entry(0, "consistent"))
+    assert recompute.failing(consistent, "exact") and not recompute.failing(consistent, "consistent")
     assert recompute.failing({"verdict": "consistent"}, "exact") and not recompute.failing({"verdict": "consistent"},
                                                                                             "consistent")
+    assert recompute.check_requirement("consistent") == "consistent"
 
 
 def test_bound_counts_failing_entries_and_the_rest() -> None:
     from kvgraft import sampling
 
-    r = _result(["byte-exact", "consistent", "inconsistent"], require="consistent")
-    population = [*r["entries"], {"id": "x", "num_tokens": 40}, {"id": "y", "num_tokens": 50}]
-    ids, tokens = [e["id"] for e in population], [e["num_tokens"] for e in population]
-    got = recompute.bound(r, ids, tokens)
+    r = _model(_result(["byte-exact", "consistent", "inconsistent"], require="consistent"))
+    ids, tokens = [*(e.id for e in r.entries), "x", "y"], [*(e.num_tokens for e in r.entries), 40, 50]
+    got = recompute.bound(r.entries, "consistent", ids, tokens)
     want = sampling.bound([False, False, True], [10, 11, 12], [40, 50]).as_dict("inconsistent")
-    assert got == want
-    exact = recompute.bound({**r, "require": "exact"}, ids, tokens)
-    assert exact == sampling.bound([False, True, True], [10, 11, 12], [40, 50]).as_dict("not byte-exact")
+    assert got.model_dump() == want
+    exact = recompute.bound(r.entries, "exact", ids, tokens)
+    assert exact.model_dump() == sampling.bound([False, True, True], [10, 11, 12], [40, 50]).as_dict("not byte-exact")
 
 
 # --------------------------------------------------------------------------- the status rules (audit/checks) and verdict.py

@@ -14,6 +14,7 @@ from kvgraft.render.html import esc, table
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
 from kvgraft.render.views import determinism_model
+from kvgraft.results.base import JsonObject
 from kvgraft.results.determinism import TYPED, DeterminismData
 
 
@@ -25,12 +26,14 @@ def run(ctx: Context, dc: dict[str, Any]) -> Ran:
     ctx.say("running the determinism matrix")
     d = determinism.matrix(ctx.plan.doc["model"]["spec"], length=dc.get("length", 128),
                            include_gpu=dc.get("gpu", True), progress=dc.get("progress"))
-    return Ran(d, "\n".join(d["notes"]))
+    # by alias: each condition's class is written `class`
+    return Ran(d.model_dump(by_alias=True, exclude_unset=True), "\n".join(d.notes))
 
 
-def status(result: dict[str, Any]) -> str:
+def status(result: JsonObject) -> str:
     """The matrix describes; it fails nothing. Incomplete when fewer than two conditions were compared."""
-    return "passed" if len(result["conditions"]) >= 2 else "incomplete"
+    conditions = result["conditions"]
+    return "passed" if isinstance(conditions, list) and len(conditions) >= 2 else "incomplete"
 
 
 def face(data: DeterminismData) -> Face:

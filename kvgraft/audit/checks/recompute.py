@@ -50,11 +50,11 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
 
         # the plan's [executor] threads: an override of the record, recorded
         overrides = Conditions(threads=ctx.ex.fixed_threads()).overrides(ctx.release.manifest["environment"])
-    audit = recompute.audit
+    audit = recompute.audit_result
     if rc.get("prefix") is not None:  # the entries' prefix grafts too (checks.recompute.prefix)
         from kvgraft.recompute import prefix
 
-        audit = functools.partial(prefix.audit, prefix=int(rc["prefix"]))
+        audit = functools.partial(prefix.audit_result, prefix=int(rc["prefix"]))
     result = audit(ctx.release, ctx.lm, entries=rc.get("entries") or None, executor=ctx.ex,
                    require=rc.get("require", "exact"), sample=sample, nonce=rc.get("nonce"), journal=journal,
                    overrides=overrides, probe_text=rc.get("probe"), force=rc.get("force", False),
@@ -63,19 +63,24 @@ def run(ctx: Context, rc: dict[str, Any]) -> Ran:
         journal.unlink(missing_ok=True)
     from kvgraft.signing.verify import signature_statement
 
-    result["release_signature"] = signature_statement(ctx.release.checked).model_dump(mode="json")  # whose release
-    exact = sum(e["byte_exact"] for e in result["entries"])
-    cost = result["cost"]
-    rate = f", {cost['tokens_per_second']:,.0f} tokens/s" if cost["tokens_per_second"] else ""
-    projected = (f"; the whole release ({cost['library_tokens']:,} tokens) about "
-                 f"{cost['projected_library_seconds'] / 60:.1f} min on {cost['executor']}"
-                 if cost["projected_library_seconds"] else "")
-    ledger = {"recompute": (f"{exact}/{len(result['entries'])} entries byte-exact, verdict {result['verdict']} "
-                            f"(required: {result['require']}); {cost['tokens_recomputed']:,} tokens recomputed in "
-                            f"{cost['wall_seconds']:.1f} s{rate}{projected}")}
-    if result.get("sample"):
-        ledger["recompute bound"] = sampling.sentence(result["bound"])
-    return Ran(result, "\n".join(result["statements"]), ledger=ledger)
+    result = result.model_copy(update={"release_signature": signature_statement(ctx.release.checked)})  # whose release
+    exact = sum(e.byte_exact for e in result.entries)
+    ledger = {"recompute": f"{exact}/{len(result.entries)} entries byte-exact, verdict {result.verdict} "
+                           f"(required: {result.require}); " + _ledger_cost(result.cost)}
+    if result.sample is not None and result.bound is not None:
+        ledger["recompute bound"] = sampling.sentence(result.bound.model_dump())
+    return Ran(recompute.document(result), "\n".join(result.statements), ledger=ledger)
+
+
+def _ledger_cost(cost: Cost | None) -> str:
+    """The token ledger's words on a recompute's cost: tokens, wall time, tokens/s, the whole release projected."""
+    if cost is None:
+        return "no cost recorded"
+    rate = f", {cost.tokens_per_second:,.0f} tokens/s" if cost.tokens_per_second else ""
+    projected = (f"; the whole release ({cost.library_tokens:,} tokens) about "
+                 f"{cost.projected_library_seconds / 60:.1f} min on {cost.executor}"
+                 if cost.projected_library_seconds else "")
+    return f"{cost.tokens_recomputed:,} tokens recomputed in {cost.wall_seconds:.1f} s{rate}{projected}"
 
 
 def status(result: JsonObject) -> str:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import torch
 from pydantic import BaseModel, JsonValue
@@ -28,7 +28,7 @@ from kvgraft.recompute.compare import JUDGED, Judged, TensorDiff, diff_tensors, 
 from kvgraft.recompute.noise import VERDICTS, Judgement, NoiseBound, calibrate, judge, worst
 from kvgraft.release.format import Release
 from kvgraft.release.hashing import read_and_hash
-from kvgraft.release.models import Entry
+from kvgraft.release.models import Entry, as_json
 from kvgraft.release.records import tensor_mismatch
 from kvgraft.results import recompute as res
 from kvgraft.results.base import JsonObject
@@ -96,13 +96,13 @@ def compare_layers(checked: VerifiedRelease, entry: Entry, lm: LoadedModel, fres
     fresh_layers, fresh_tensors = layer_map(lm, fresh_cache)
     digests = fresh_digests if fresh_digests is not None else {}
     try:
-        fd = os.open(rel.entry_file(entry), os.O_RDONLY)  # type: ignore[arg-type]
+        fd = os.open(rel.entry_file(entry), os.O_RDONLY)
     except OSError as exc:  # gone or changed since it was verified
-        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None  # type: ignore[arg-type]
-    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"  # type: ignore[arg-type]
+        raise IntegrityError(f"{rel.entry_file(entry)}: entry {entry['id']!r}: cannot read: {exc.strerror}") from None
+    where = f"{rel.entry_file(entry)}: entry {entry['id']!r}"
     rows: list[res.LayerResult] = []
     try:
-        layout = rel.tensor_layout(entry, fd)  # type: ignore[arg-type]  # the layout checked is the layout read
+        layout = rel.tensor_layout(entry, fd)  # the layout checked is the layout read
         for stored_meta, fresh_meta in zip(entry["layers"], fresh_layers, strict=True):
             # a member only where it is: no layout_mismatch where the layouts agree, no K or V of a shared layer
             present: dict[str, str | res.TensorDiff] = {}
@@ -313,7 +313,7 @@ def audit_entry(checked: VerifiedRelease, entry: Entry, lm: LoadedModel, *, prob
     schedule = schedule or Schedule.from_dict(rel.manifest["schedule"])
     # Sliding layers the entry stores with every position are recomputed keeping every position
     # (the same computation: runtime.new_cache), so each stored position is compared.
-    every = every_position_layers(entry)  # type: ignore[arg-type]
+    every = every_position_layers(entry)
     fresh_cache, next_logits = prefill(lm, entry["token_ids"], schedule, new_cache(lm, every))
     t_prefill = time.perf_counter() - t0
     measured: list[NoiseBound] = []
@@ -485,7 +485,7 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     if sample is None:
         if nonce is not None:
             raise InputError("--nonce draws a sample: pass --sample N (or --target-fraction F) too")
-        return cast(list[Entry], rel.records(entries) if entries else rel.entries), None
+        return rel.records(entries) if entries else rel.entries, None
     if entries:
         raise InputError("--sample and --entry exclude each other: a chosen subset bounds nothing")
     source = nonce_source or ("given" if nonce is not None else "drawn")
@@ -494,7 +494,7 @@ def choose(rel: Release, *, entries: list[str] | None = None, sample: int | None
     ids = rel.entry_ids()
     drawn = res.Sample.model_validate(sampling.sample_record(str(rel.manifest["root_digest"]), nonce, ids,
                                                              rel.token_counts(), sample, nonce_source=source))
-    return cast(list[Entry], rel.records([ids[i] for i in drawn.positions])), drawn
+    return rel.records([ids[i] for i in drawn.positions]), drawn
 
 
 def failing(entry: res.EntryResult | JsonObject, require: str) -> bool:
@@ -579,7 +579,7 @@ def audit_result(checked: VerifiedRelease, lm: LoadedModel, *, entries: list[str
     if wanted_threads is not None:
         ex.reapply_threads(wanted_threads)
     recorded_schedule = rel.manifest["schedule"]
-    used_schedule = schedule.as_dict() if schedule else recorded_schedule
+    used_schedule = as_json(schedule.as_dict() if schedule else recorded_schedule)
     with reapply.applied(lm, recorded, overrides):
         current = ex.environment(lm)
         ids: list[JsonValue] = [str(e["id"]) for e in chosen]

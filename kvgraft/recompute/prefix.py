@@ -42,7 +42,7 @@ from kvgraft.inference.runtime import Schedule, every_position_layers, layer_map
 from kvgraft.recompute import audit as recompute
 from kvgraft.recompute.compare import diff_tensors
 from kvgraft.recompute.noise import NoiseBound, calibrate, judge, worst
-from kvgraft.release.models import Entry
+from kvgraft.release.models import Entry, ScheduleRecord, as_json
 from kvgraft.results import recompute as res
 from kvgraft.results.base import JsonObject
 from kvgraft.signing.verify import VerifiedRelease
@@ -94,13 +94,13 @@ def judge_prefix(checked: VerifiedRelease, entry: Entry, n: int, lm: LoadedModel
     `schedule`: the prefill schedule to recompute with (default: the recorded one).
     """
     rel = checked.release
-    check_layout(lm, entry, str(rel.root))  # type: ignore[arg-type]
-    stored, _ = read_entry_tensors(checked, entry)  # type: ignore[arg-type]
-    _, rows = prefix_entry(entry, stored, n, str(rel.root))  # type: ignore[arg-type]
+    check_layout(lm, entry, str(rel.root))
+    stored, _ = read_entry_tensors(checked, entry)
+    _, rows = prefix_entry(entry, stored, n, str(rel.root))
     recorded_schedule = rel.manifest["schedule"]
     schedule = schedule or Schedule.from_dict(recorded_schedule)
     ids = [int(t) for t in entry["token_ids"]]
-    every = every_position_layers(entry)  # type: ignore[arg-type]  # sliding layers stored in full are recomputed in full
+    every = every_position_layers(entry)  # sliding layers stored in full are recomputed in full
     with torch.no_grad():
         whole, _ = prefill(lm, ids, schedule, new_cache(lm, every))
         _, fresh_whole = layer_map(lm, whole)
@@ -119,7 +119,7 @@ def judge_prefix(checked: VerifiedRelease, entry: Entry, n: int, lm: LoadedModel
     against = _compare(rows, fresh_alone, n, measured("alone", ids[:n], fresh_alone))
     verdict = graft_verdict(under, against)
     return res.PrefixGraft(
-        entry=entry["id"], tokens=n, of=entry["num_tokens"], schedule=dict(recorded_schedule),
+        entry=entry["id"], tokens=n, of=entry["num_tokens"], schedule=as_json(recorded_schedule.copy()),
         rows=prefix_rows(recorded_schedule, n, int(entry["num_tokens"])), sliding_layers_every_position=sorted(every),
         verdict=verdict, byte_exact=under.byte_exact, under_recorded_schedule=under, against_prefix_alone=against,
         noise_bounds={k: e.record() for k, e in bounds.items()})
@@ -144,7 +144,7 @@ def audit_prefix(checked: VerifiedRelease, entry_id: str, n: int, lm: LoadedMode
     forced = check_model(checked, lm, force=force)
     entry = checked.release.entry(entry_id)
     with reapply.applied(lm, checked.manifest["environment"], {}):
-        result = judge_prefix(checked, entry, n, lm)  # type: ignore[arg-type]
+        result = judge_prefix(checked, entry, n, lm)
     return {**result.model_dump(exclude_unset=True), "forced_model": forced}
 
 
@@ -153,7 +153,7 @@ def unit_id(tokens: int, entry_id: str) -> Unit:
     return ("prefix", tokens, entry_id)
 
 
-def resumed_problem(entry: Entry, tokens: int, schedule: JsonObject, result: JsonValue) -> str | None:
+def resumed_problem(entry: Entry, tokens: int, schedule: ScheduleRecord, result: JsonValue) -> str | None:
     """Why `result`, read back from a journal, cannot stand for the graft of `entry`'s first `tokens` tokens
     (None: it can). As recompute.audit.resumed_problem: a whole graft result (the schema), of this entry,
     these tokens and this recorded schedule, whose verdicts are the ones its own comparisons give."""
@@ -169,7 +169,7 @@ def resumed_problem(entry: Entry, tokens: int, schedule: JsonObject, result: Jso
         return f"graft of {got.tokens} of {got.entry!r}'s {got.of} tokens, not of this entry's first {tokens}"
     if got.schedule != schedule or got.rows != prefix_rows(schedule, tokens, int(entry["num_tokens"])):
         return "its schedule or rows are not the recorded ones"
-    if got.sliding_layers_every_position != sorted(every_position_layers(entry)):  # type: ignore[arg-type]
+    if got.sliding_layers_every_position != sorted(every_position_layers(entry)):
         return "its sliding layers are not the entry's"
     for part, c in (("under_recorded_schedule", got.under_recorded_schedule),
                     ("against_prefix_alone", got.against_prefix_alone)):
@@ -191,7 +191,7 @@ def prefix_grafts(checked: VerifiedRelease, lm: LoadedModel, ex: Executor, chose
     todo, skipped = [], []
     for e in chosen:
         why = f"{e['num_tokens']} tokens, not more than {tokens}" if int(e["num_tokens"]) <= tokens \
-            else prefix_refusal(e)  # type: ignore[arg-type]
+            else prefix_refusal(e)
         if why:
             skipped.append(res.Skipped(entry=e["id"], reason=why))
         else:

@@ -163,8 +163,9 @@ def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened
     from kvgraft.recompute.audit import choose
 
     chosen, record = choose(Release.open(base), sample=4, nonce="c0ffee")
-    assert doc["checked_entries"] == printed == record["entries"] == [e["id"] for e in chosen]
-    assert doc["scope"] == "sample" and doc["sample"]["positions"] == record["positions"]
+    assert record is not None
+    assert doc["checked_entries"] == printed == record.entries == [e["id"] for e in chosen]
+    assert doc["scope"] == "sample" and doc["sample"]["positions"] == record.positions
     # One pass over the index: each drawn entry's file is checked while its shard is held, none read twice.
     opened.clear()
     monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)

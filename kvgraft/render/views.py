@@ -13,7 +13,7 @@ from kvgraft.results.claims import ClaimsData
 from kvgraft.results.controls import ControlsData
 from kvgraft.results.determinism import Condition, DeterminismData
 from kvgraft.results.generalization import NamedAccuracy
-from kvgraft.results.recompute import EntryData, LayerData, RecomputeData
+from kvgraft.results.recompute import EntryData, LayerData, Measure, RecomputeData
 from kvgraft.results.verify import VerifyData
 
 # Heat-map palette, low to high divergence.
@@ -70,7 +70,7 @@ class Row(TypedDict):
     max_abs: float | None
     max_rel: float | None
     first: str
-    kl: float | None
+    kl: float | None  # a non-finite KL (written as a string) as the float it is
     kl_natural: float | None
 
 
@@ -159,6 +159,15 @@ def cell_text(c: Cell) -> str:
     return ", ".join(parts)
 
 
+def _measure(x: Measure | None) -> float | None:
+    return None if x is None else float(x)  # float("NaN"), float("Infinity"): what the string stands for
+
+
+def largest(xs: list[float]) -> float:
+    """The largest of `xs`, a NaN above any number (max() would depend on where the NaN stands)."""
+    return max(xs, key=lambda x: (math.isnan(x), x if not math.isnan(x) else 0.0))
+
+
 def recompute_rows(data: RecomputeData) -> list[Row]:
     """One summary per entry of a recompute check: the table both renderings show."""
     out: list[Row] = []
@@ -173,8 +182,8 @@ def recompute_rows(data: RecomputeData) -> list[Row]:
                     "differing_layers": sum(1 for x in cells if not x["identical"] and (x["known"] or x["mismatch"])),
                     "layers": len(cells), "max_ulp": max(ulps) if ulps else None, "max_abs": max(absd) if absd else None,
                     "max_rel": max(rel) if rel else None,
-                    "first": _first_difference(e), "kl": e.matched.kl_max if e.matched is not None else None,
-                    "kl_natural": e.natural.kl_max if e.natural is not None else None})
+                    "first": _first_difference(e), "kl": _measure(e.matched.kl_max if e.matched is not None else None),
+                    "kl_natural": _measure(e.natural.kl_max if e.natural is not None else None)})
     return out
 
 

@@ -424,12 +424,12 @@ class DistributionData(Open):
     """Next-token distributions compared on probe positions (kvgraft.recompute.compare.distributions); KL in float64,
     not clamped."""
 
-    kl_max: float | None = None
-    kl_mean: float | None = None
-    kl_per_position: list[float] | None = None
+    kl_max: Measure | None = None
+    kl_mean: Measure | None = None
+    kl_per_position: list[Measure] | None = None
     greedy_agreement: float | None = None
     logits_equal: bool | None = None
-    max_abs_logit_diff: float | None = None
+    max_abs_logit_diff: Measure | None = None
 
 
 class EntryData(Open):

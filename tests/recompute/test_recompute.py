@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,14 @@ def test_non_finite_measures_are_written_as_the_schema_says(tiny_lm: Callable[[s
     graft = written["prefix_grafts"]["entries"][0]
     assert graft["under_recorded_schedule"]["max_abs_diff"] == "Infinity"
     validate(written, "recompute-result.v1.json", "the written result")
+    # As a report's recompute check holds it: its data part admits the same strings, and the face reads them as
+    # the numbers they stand for (a NaN KL is the largest).
+    from kvgraft.schema import validate_part
+
+    validate_part(written, "recompute-result.v1.json", "$defs/data", "the report's recompute data")
+    kind = registry.kind("recompute")
+    face = kind.face(registry.view(kind, written))
+    assert "max nan" in " ".join(str(x) for x in face.figures)
 
 
 def test_wrong_model_refused_names_fingerprints_then_forced(tiny_lm: Callable[[str], Any], tmp_path: Path) -> None:
@@ -201,3 +210,11 @@ def test_schedule_and_threads_replayed_unless_overridden() -> None:
     assert Conditions().thread_count(env, "cpu") == 2  # on every executor: Ray actors replay it too
     assert Conditions(threads=1).thread_count(env, "cpu") == 1
     assert Conditions().thread_count(env, "cuda") is None
+
+
+def test_the_largest_kl_shown_is_nan_wherever_a_nan_stands() -> None:
+    """max() keeps a NaN only when it comes first: the face's largest KL is NaN in any order, else the largest."""
+    from kvgraft.render.views import largest
+
+    assert all(math.isnan(largest(xs)) for xs in ([0.5, float("nan")], [float("nan"), 0.5], [0.0, float("nan"), 1.0]))
+    assert largest([0.5, float("inf"), 2.0]) == float("inf") and largest([0.0, 0.25]) == 0.25

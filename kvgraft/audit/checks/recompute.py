@@ -15,7 +15,7 @@ from kvgraft.render.html import badge, esc, heatmap_svg, kv_html, table
 from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
-from kvgraft.render.views import Row, recompute_rows
+from kvgraft.render.views import Row, largest, recompute_rows
 from kvgraft.results.base import JsonObject
 from kvgraft.results.recompute import TYPED, Cost, EntryData, RecomputeData, RecomputeResult
 
@@ -137,9 +137,9 @@ def face(data: RecomputeData) -> Face:
     kls = [r["kl"] for r in rows if r["kl"] is not None]
     natural = [r["kl_natural"] for r in rows if r["kl_natural"] is not None]
     if kls:
-        zero = sum(1 for x in kls if x == 0)
-        figures.append(f"KL(fresh ‖ grafted) exactly 0 in {zero}/{len(kls)}" + (f", max {num(max(kls))}" if max(kls) else "")
-                       + (f"; without any cache (one forward pass) max KL {num(max(natural))}" if natural else ""))
+        zero, top = sum(1 for x in kls if x == 0), largest(kls)
+        figures.append(f"KL(fresh ‖ grafted) exactly 0 in {zero}/{len(kls)}" + (f", max {num(top)}" if top else "")
+                       + (f"; without any cache (one forward pass) max KL {num(largest(natural))}" if natural else ""))
     differing = [r for r in rows if r["verdict"] != "byte-exact"]
     for r in differing[:3]:
         figures.append(f"{r['id']} {r['verdict']}: {difference_size(r)}; first difference {r['first']}")

@@ -169,7 +169,7 @@ def test_verify_sample_checks_the_index_and_the_drawn_entries(base: Path, opened
     # One pass over the index: each drawn entry's file is checked while its shard is held, none read twice.
     opened.clear()
     monkeypatch.setattr(release_index.Index, "CACHED_SHARDS", 1)
-    assert verify_result(base, None, Sample(4, "c0ffee")).checked_entries == record["entries"]
+    assert verify_result(base, None, Sample(4, "c0ffee")).checked_entries == record.entries
     assert sorted(k for idx in opened for k in idx.shards_read) == [0, 1, 2, 3]
     monkeypatch.undo()
     most, caught = _independent_bound(4, ENTRIES, 1)  # 1% of 10 entries, rounded up: 1

@@ -187,6 +187,16 @@ def sign_as(root: Path, private: Path) -> None:
     (Path(root) / attest.OMS_NAME).unlink(missing_ok=True)
 
 
+def signed_release(base: Path, *, entries: int, seed: int) -> tuple[Path, Path, Path]:
+    """A release at base/rel signed (kvgraft sign) with a new key pair at base/k: (release, private key, public key)."""
+    from kvgraft.signing import keys, sign
+
+    private, public = keys.write_keypair(base / "k")
+    make_release(base / "rel", entries=entries, seed=seed)
+    sign.sign_release(base / "rel", keys.load_private_key(private))
+    return base / "rel", private, public
+
+
 def records_plan(folder: Path, name: str, model: Path | str, texts: list[str], tables: str, probe_tokens: int = 2) -> Path:
     """`folder`/records.jsonl of `texts` (ids r0, r1, …) and `folder`/plan.toml, an audit plan that captures them with
     `model` into its release (under `folder`/out) and then runs `tables` (its [checks.*] and [signing] tables)."""

@@ -237,6 +237,27 @@ def folder_server(**folders: Path) -> Iterator[FolderServer]:
         server.stop()
 
 
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@contextmanager
+def hub_server(rel: Path, tmp_path: Path, monkeypatch: Any) -> Iterator[FolderServer]:
+    """A local server standing in for the Hub: dataset org/kv-releases, its main revision pinned to HUB_COMMIT,
+    `rel` at releases/v1; huggingface_hub pointed at it (HF_ENDPOINT's constants), online, with a token and a cache
+    under `tmp_path`."""
+    from huggingface_hub import constants
+
+    with folder_server(**{f"datasets/org/kv-releases/resolve/{HUB_COMMIT}/releases/v1": rel}) as server:
+        server.documents["/api/datasets/org/kv-releases/revision/main"] = {"id": "org/kv-releases", "sha": HUB_COMMIT}
+        endpoint = server.url("").rstrip("/")  # what HF_ENDPOINT sets when huggingface_hub is imported
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("HF_TOKEN", "hf_kvgraft_test_token")
+        yield server
+
+
 class _Requests(logging.Handler):
     """werkzeug's access log lines, parsed: ("GET", "/bucket/key", status)."""
 

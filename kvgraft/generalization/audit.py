@@ -74,7 +74,6 @@ from kvgraft.results.generalization import (
     MAX_PREAMBLE,
     RESULT_KIND,
     Accuracy,
-    Bootstrap,
     Comparison,
     ConditionAccuracy,
     ConditionLedger,
@@ -442,7 +441,7 @@ def _compare(by: Runs, qids: Sequence[str], cond: str, name: str, scope: str,
     if ids:
         fa = [by[(q, "none")].n_correct / by[(q, "none")].n_samples for q in ids]
         fb = [by[(q, cond)].n_correct / by[(q, cond)].n_samples for q in ids]
-        boot = Bootstrap(**stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).as_dict())
+        boot = stats.paired_bootstrap(fa, fb, n_boot=settings.n_boot, seed=settings.seed).model()
     verdict = m.verdict if ids else f"no queries to compare a and {SHORT[cond]} ({scope})"
     detectable = Power(**stats.detectable_effect(len(ids)))
     if ids and not m.significant:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 from scipy.stats import binom, binomtest
 
 from kvgraft.errors import InputError
+from kvgraft.results.generalization import Bootstrap
 
 ALPHA = 0.05
 FEW_DISCORDANT = 20  # below this many discordant items the bootstrap result carries a warning note
@@ -116,22 +118,6 @@ class Detectable(TypedDict):
     min_significant: float | None
     effect: float | None
     method: str
-
-
-class BootstrapRecord(TypedDict):
-    """`BootstrapResult.as_dict`: its fields and `excludes_zero`."""
-
-    difference: float
-    lo: float
-    hi: float
-    confidence: float
-    n_boot: int
-    seed: int
-    n: int
-    discordant: int
-    note: str
-    method: str
-    excludes_zero: bool
 
 
 @dataclass(frozen=True)
@@ -259,10 +245,9 @@ class BootstrapResult:
     def excludes_zero(self) -> bool:
         return self.lo > 0.0 or self.hi < 0.0
 
-    def as_dict(self) -> BootstrapRecord:
-        return BootstrapRecord(difference=self.difference, lo=self.lo, hi=self.hi, confidence=self.confidence,
-                               n_boot=self.n_boot, seed=self.seed, n=self.n, discordant=self.discordant, note=self.note,
-                               method=self.method, excludes_zero=self.excludes_zero)
+    def model(self) -> Bootstrap:
+        """As a result records it: its fields and `excludes_zero`."""
+        return Bootstrap(**dataclasses.asdict(self), excludes_zero=self.excludes_zero)
 
 
 def paired_bootstrap(

@@ -16,6 +16,7 @@ from pydantic.config import JsonDict
 from pydantic.json_schema import JsonSchemaValue
 
 from kvgraft.results.base import Closed, Count, JsonObject, Open, Sha256, document_schema
+from kvgraft.results.claims import Counts
 from kvgraft.results.verify import ReleaseSignature
 
 FILE = "audit-report.v1.json"
@@ -130,13 +131,8 @@ class CheckCounts(_Closed):
     skipped: Count
 
 
-class ClaimCounts(_Closed):
-    contradicted: Count
-    inconsistent: Count
-    unsupported: Count
-    supported: Count
-    consistent: Count
-    not_testable: Count = Field(alias="not-testable")
+class ClaimCounts(Counts):
+    """The report's claims by verdict: the claims check's own counts."""
 
 
 class Verdict(_Closed):

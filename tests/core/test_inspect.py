@@ -17,10 +17,10 @@ from test_verify_no_torch import run as run_blocked
 from typer.testing import CliRunner
 
 from kvgraft.cli import app
-from kvgraft.signing import keys, sign
+from kvgraft.signing import keys
 
 import rewrite
-from release_factory import make_release, unsign
+from release_factory import make_release, signed_release, unsign
 from third_party import needs_sigstore_bundles
 
 runner = CliRunner()
@@ -40,11 +40,7 @@ def wide_console() -> Any:
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    base = tmp_path_factory.mktemp("inspect")
-    private, _public = keys.write_keypair(base / "k")
-    root = base / "rel"
-    make_release(root, entries=7, seed=5)
-    sign.sign_release(root, keys.load_private_key(private))
+    root, private, _public = signed_release(tmp_path_factory.mktemp("inspect"), entries=7, seed=5)
     return root, keys.key_id(keys.load_private_key(private))
 
 

@@ -138,9 +138,9 @@ def test_paired_bootstrap_is_a_direct_resampling_and_reports_its_settings() -> N
     lo, hi = np.quantile(diff[draw].mean(axis=1), [0.05, 0.95])
     assert (got.lo, got.hi) == (pytest.approx(float(lo), abs=1e-12), pytest.approx(float(hi), abs=1e-12))
     assert got.difference == pytest.approx(float(diff.mean()))
-    d = got.as_dict()
-    assert (d["confidence"], d["n_boot"], d["seed"], d["n"], d["discordant"]) == (0.9, 2500, 11, n, int(np.count_nonzero(diff)))
-    assert d["excludes_zero"] == (got.lo > 0 or got.hi < 0) and d["method"] == "paired percentile bootstrap over items"
+    d = got.model()
+    assert (d.confidence, d.n_boot, d.seed, d.n, d.discordant) == (0.9, 2500, 11, n, int(np.count_nonzero(diff)))
+    assert d.excludes_zero == (got.lo > 0 or got.hi < 0) and d.method == "paired percentile bootstrap over items"
     again = stats.paired_bootstrap(list(a), list(b), n_boot=2500, seed=11, confidence=0.9)
     assert (again.lo, again.hi) == (got.lo, got.hi)
     default = stats.paired_bootstrap([True, False, True], [True, True, True])

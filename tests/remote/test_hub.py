@@ -14,24 +14,15 @@ from kvgraft.cli import app
 from kvgraft.release.format import Release
 from kvgraft.remote.location import parse
 
-from remote_servers import FolderServer, folder_server
+from remote_servers import HUB_COMMIT, FolderServer, hub_server
 
 runner = CliRunner()
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+COMMIT = HUB_COMMIT
 
 
 @pytest.fixture()
 def hub(rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FolderServer]:
-    from huggingface_hub import constants
-
-    with folder_server(**{f"datasets/org/kv-releases/resolve/{COMMIT}/releases/v1": rel}) as server:
-        server.documents["/api/datasets/org/kv-releases/revision/main"] = {"id": "org/kv-releases", "sha": COMMIT}
-        endpoint = server.url("").rstrip("/")  # what HF_ENDPOINT sets when huggingface_hub is imported
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_TOKEN", "hf_kvgraft_test_token")
+    with hub_server(rel, tmp_path, monkeypatch) as server:
         yield server
 
 

@@ -18,7 +18,7 @@ from kvgraft.cli import app
 from kvgraft.release.format import Release
 from kvgraft.remote.store import Settings
 
-from remote_servers import Fault, FolderServer, folder_server, quiet
+from remote_servers import HUB_COMMIT, Fault, FolderServer, hub_server, quiet
 
 runner = CliRunner()
 CHUNK = 512
@@ -198,21 +198,12 @@ def test_an_unusable_cache_folder_is_one_line_exit_2(where: str, http: FolderSer
         assert cache.read_text() == "not a folder"
 
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+COMMIT = HUB_COMMIT
 
 
 @pytest.fixture()
 def hub_token(rel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from huggingface_hub import constants
-
-    with folder_server(**{f"datasets/org/kv-releases/resolve/{COMMIT}/releases/v1": rel}) as server:
-        server.documents["/api/datasets/org/kv-releases/revision/main"] = {"id": "org/kv-releases", "sha": COMMIT}
-        endpoint = server.url("").rstrip("/")
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_TOKEN", "hf_kvgraft_test_token")
+    with hub_server(rel, tmp_path, monkeypatch) as server:
         yield server
 
 

@@ -21,7 +21,7 @@ from kvgraft.cli import app
 from kvgraft.schema import validate
 from kvgraft.signing import attest, keys, oms
 
-from release_factory import make_release
+from release_factory import release_fixtures
 
 runner = CliRunner()
 MODEL_SIGNING = shutil.which("model_signing") or str(Path(sys.executable).parent / "model_signing")
@@ -47,16 +47,7 @@ def _ec_keypair(folder: Path, name: str, curve: ec.EllipticCurve) -> tuple[Path,
     return private, public
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("oms-published")
-    make_release(folder / "rel", entries=2, seed=23)
-    return folder / "rel"
-
-
-@pytest.fixture
-def release(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / "rel"))
+built, release = release_fixtures("built", "release", entries=2, seed=23)
 
 
 def _model_signing(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft.signing import keys, sign
-
-from release_factory import make_release
+from release_factory import signed_release
 from third_party import SIGSTORE_BUNDLES, needs_sigstore_bundles
 
 FIXTURES = SIGSTORE_BUNDLES
@@ -69,11 +67,7 @@ report(identity=r.identity)
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("notorch")
-    private, public = keys.write_keypair(base / "k")
-    root = base / "rel"
-    make_release(root, entries=2, seed=11)
-    sign.sign_release(root, keys.load_private_key(private))
+    root, _private, public = signed_release(tmp_path_factory.mktemp("notorch"), entries=2, seed=11)
     return root, public
 
 

@@ -37,20 +37,21 @@ def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return keys.write_keypair(tmp_path_factory.mktemp("keys") / "signer")
 
 
-@pytest.fixture(scope="module")
-def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> Path:
-    root = tmp_path_factory.mktemp("base") / "rel"
-    make_release(root, entries=3, seed=1)
+def _signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path], name: str, seed: int) -> Path:
+    root = tmp_path_factory.mktemp(name) / "rel"
+    make_release(root, entries=3, seed=seed)
     sign.sign_release(root, keys.load_private_key(keypair[0]))
     return root
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> Path:
+    return _signed(tmp_path_factory, keypair, "base", 1)
 
 
 @pytest.fixture(scope="module")
 def other_signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> Path:
-    root = tmp_path_factory.mktemp("other") / "rel"
-    make_release(root, entries=3, seed=2)
-    sign.sign_release(root, keys.load_private_key(keypair[0]))
-    return root
+    return _signed(tmp_path_factory, keypair, "other", 2)
 
 
 @pytest.fixture

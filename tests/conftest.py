@@ -20,7 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "kvgraft" / "data" / "example.js
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Folder of a tiny random model of a family (built once per session, fixed seed)."""
+    """Folder of a tiny random model of a family (built once per test run, fixed seed)."""
     import tiny
 
     built: dict[str, Path] = {}

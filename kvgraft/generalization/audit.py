@@ -55,7 +55,6 @@ from kvgraft.generalization.library import (
     SourceRecord,
     SplitRead,
     decode,
-    library_entries,
     library_meta,
     load_problems,
     prompt_text,
@@ -198,7 +197,8 @@ class Library:
     def __init__(self, release: VerifiedRelease) -> None:
         self.release = release
         where = str(release.root)
-        self.entries = library_entries(release.release.entries, where)
+        self.entries = release.release.entries
+        # each refused, naming it, unless it carries what `library build` writes
         self.meta: dict[str, LibraryMeta] = {e["id"]: library_meta(e, where) for e in self.entries}
         self.index = Index((e["id"], self.meta[e["id"]].problem) for e in self.entries)
         self.by_id = {e["id"]: e for e in self.entries}

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 import torch
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -445,12 +445,14 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
             if progress:
                 progress(i + 1, total)
         records: list[tuple[str, JsonObject]] = []
+        built: dict[str, EntryMeta] = {}  # by entry id: what the build result reports of each entry
         for s in solved:
             if not s.solved or s.trace is None:
                 continue
             where = f"library:{s.problem.id}"
             ids, _ = capture_tokenize(lm, {"text": s.trace}, schedule, where)
-            meta = _ENTRY_META.dump_python(entry_meta(s, len(ids), probe_tokens, split_info), mode="json")
+            built[s.problem.id] = entry_meta(s, len(ids), probe_tokens, split_info)
+            meta = _ENTRY_META.dump_python(built[s.problem.id], mode="json")
             rec: JsonObject = {"id": s.problem.id, "text": s.trace, "answer": s.problem.answer, "meta": meta}
             records.append((where, rec))
         if not records:
@@ -461,7 +463,7 @@ def build(lm: LoadedModel, all_problems: Sequence[Problem], out: Path, *, librar
         progress(total, total)
     assert meter.result is not None
     entries = manifest["entries"]
-    metas = [_ENTRY_META.validate_python(e.get("meta")) for e in entries]  # as entry_meta wrote them
+    metas = [built[e["id"]] for e in entries]
     up = [m["upstream"] for m in metas]
     in_library = [InLibrary(problem_id=m["problem_id"], entry_id=e["id"], trace=m["trace"], num_tokens=e["num_tokens"],
                             upstream=m["upstream"]) for e, m in zip(entries, metas, strict=True)]
@@ -545,19 +547,6 @@ def build_from(b: LibraryBuild, *, load: Callable[[str, str, str, str], LoadedMo
                          overwrite=b.overwrite, progress=tick)
 
 
-def library_entries(entries: Iterable[Entry], where: str) -> list[Entry]:
-    """The release's entries, refusing any without library metadata (problem id and hash)."""
-    out: list[Entry] = []
-    for e in entries:
-        meta = e.get("meta")
-        if not isinstance(meta, dict) or meta.get("kind") != ENTRY_KIND or not isinstance(meta.get("problem_id"), str) \
-                or not isinstance(meta.get("problem_hash"), str) or not isinstance(meta.get("problem"), str):
-            raise InputError(f"{where}: entry {e.get('id')!r} carries no library metadata; build the release with "
-                             "`kvgraft library build`")
-        out.append(e)
-    return out
-
-
 
 class _Read(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -596,6 +585,7 @@ class SplitRead(_Read):
 class LibraryMeta(_Read):
     """What the audit reads of a library entry's `meta` (`EntryMeta`, as `entry_meta` wrote it)."""
 
+    kind: Literal["kvgraft-library-entry"]  # ENTRY_KIND
     problem_id: str
     problem_hash: str
     problem: str
@@ -615,6 +605,6 @@ def library_meta(entry: Entry, where: str) -> LibraryMeta:
 
 __all__ = [
     "BUILD_KIND", "ENTRY_KIND", "SOURCES", "BuildResult", "BuildSettings", "Decoded", "EntryMeta", "LibraryMeta", "Solved",
-    "SourceRecord", "answer_line_complete", "build", "decode", "entry_meta", "library_entries", "library_meta",
+    "SourceRecord", "answer_line_complete", "build", "decode", "entry_meta", "library_meta",
     "load_problems", "prompt_text", "reference_trace", "sample_seed", "solve",
 ]

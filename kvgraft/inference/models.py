@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ class Identity:
     num_parameters: int
 
     def as_dict(self) -> JsonObject:
-        return dict(asdict(self))
+        return release_models.as_json(self.record())
 
     def record(self) -> release_models.Identity:
         """As a manifest records it."""

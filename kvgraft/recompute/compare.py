@@ -144,7 +144,7 @@ class DistributionDiff:
 
     @property
     def kl_max(self) -> float:
-        return max(self.kl) if self.kl else 0.0
+        return res.largest(self.kl) if self.kl else 0.0
 
     @property
     def kl_mean(self) -> float:

@@ -251,7 +251,7 @@ class Manifest(Header):
     root_digest: str
 
 
-def as_json(record: Entry | Draft | Manifest | Header | ModelRecord | ScheduleRecord | Source) -> JsonObject:
+def as_json(record: Entry | Draft | Manifest | Header | ModelRecord | Identity | ScheduleRecord | Source) -> JsonObject:
     """A record of these types as the JSON object it is: every member a JSON value, which a TypedDict does not
     tell a type checker."""
     return cast(JsonObject, record)

@@ -163,11 +163,6 @@ def _measure(x: Measure | None) -> float | None:
     return None if x is None else float(x)  # float("NaN"), float("Infinity"): what the string stands for
 
 
-def largest(xs: list[float]) -> float:
-    """The largest of `xs`, a NaN above any number (max() would depend on where the NaN stands)."""
-    return max(xs, key=lambda x: (math.isnan(x), x if not math.isnan(x) else 0.0))
-
-
 def recompute_rows(data: RecomputeData) -> list[Row]:
     """One summary per entry of a recompute check: the table both renderings show."""
     out: list[Row] = []

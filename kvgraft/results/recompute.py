@@ -8,6 +8,7 @@ of a result's members: a member that is present has the shape the renderers draw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -27,6 +28,11 @@ Value = float | Literal["Infinity", "-Infinity", "NaN"]
 # A measure taken over values that may be non-finite: infinite, or NaN where it is undefined (|NaN - x|, a KL whose
 # logits hold an infinity). Never -Infinity: each such measure is a magnitude or a divergence.
 Measure = float | Literal["Infinity", "NaN"]
+
+
+def largest(xs: Sequence[float]) -> float:
+    """The largest of measures, a NaN above any number (max() keeps a NaN only when it comes first)."""
+    return max(xs, key=lambda x: (math.isnan(x), 0.0 if math.isnan(x) else x))
 Tensor = Literal["keys", "values"]
 
 

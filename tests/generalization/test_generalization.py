@@ -572,3 +572,24 @@ def test_acceptance_plan_on_smollm2_within_ten_minutes(tmp_path: Path) -> None:
     for needle in ("McNemar", "clean", "contaminated", "ledger", "context accounting"):
         assert needle in run.stdout
     assert elapsed < 600, elapsed
+
+
+@pytest.mark.parametrize("meta", [None, {"kind": "other", "problem_id": "p", "problem_hash": "h", "problem": "x"},
+                                  {"kind": library.ENTRY_KIND, "problem_id": 7, "problem_hash": "h", "problem": "x"}])
+def test_a_release_whose_entries_carry_no_library_metadata_is_refused_naming_the_entry(
+        tmp_path: Path, meta: dict[str, Any] | None) -> None:
+    """The generalization audit reads a library: an entry without what `library build` writes (no meta, another
+    kind, a problem id that is not a string) is refused naming the release and the entry."""
+    from kvgraft.errors import InputError
+
+    from release_factory import make_release
+
+    make_release(tmp_path / "rel", entries=2, seed=3)
+    rel = verified(tmp_path / "rel", OwnOutput("a release this test built"))
+    if meta is not None:  # each entry given this meta, its digests recommitted
+        import rewrite
+
+        rewrite.manifest(tmp_path / "rel", lambda m: [e.update(meta=meta) for e in m["entries"]])
+        rel = verified(tmp_path / "rel", OwnOutput("a release this test built"))
+    with pytest.raises(InputError, match=r"rel: entry 'rec-000' carries no library metadata .*`kvgraft library build`"):
+        gen.Library(rel)

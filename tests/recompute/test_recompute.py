@@ -212,9 +212,12 @@ def test_schedule_and_threads_replayed_unless_overridden() -> None:
     assert Conditions().thread_count(env, "cuda") is None
 
 
-def test_the_largest_kl_shown_is_nan_wherever_a_nan_stands() -> None:
-    """max() keeps a NaN only when it comes first: the face's largest KL is NaN in any order, else the largest."""
-    from kvgraft.render.views import largest
+def test_the_largest_kl_is_nan_wherever_a_nan_stands() -> None:
+    """max() keeps a NaN only when it comes first: an entry's largest KL, and the face's over entries, are NaN in
+    any order, else the largest."""
+    from kvgraft.recompute.compare import DistributionDiff
+    from kvgraft.results.recompute import largest
 
     assert all(math.isnan(largest(xs)) for xs in ([0.5, float("nan")], [float("nan"), 0.5], [0.0, float("nan"), 1.0]))
     assert largest([0.5, float("inf"), 2.0]) == float("inf") and largest([0.0, 0.25]) == 0.25
+    assert math.isnan(DistributionDiff([0.0, float("nan"), 0.5], [True] * 3, [1.0] * 3, 0.0, 1).kl_max)

@@ -15,9 +15,9 @@ from kvgraft.render.html import badge, esc, heatmap_svg, kv_html, table
 from kvgraft.render.terminal import heatmap_text
 from kvgraft.render.text import hanging, num, styled
 from kvgraft.render.text import table as text_table
-from kvgraft.render.views import Row, largest, recompute_rows
+from kvgraft.render.views import Row, recompute_rows
 from kvgraft.results.base import JsonObject
-from kvgraft.results.recompute import TYPED, Cost, EntryData, RecomputeData, RecomputeResult
+from kvgraft.results.recompute import TYPED, Cost, EntryData, RecomputeData, RecomputeResult, largest
 
 
 def run(ctx: Context, rc: dict[str, Any]) -> Ran:
